@@ -1,0 +1,144 @@
+"""The dataclasses every stage shares.
+
+The run directory (written by kit.store, read by monitor/audit/export) holds:
+
+    run_dir/
+      config.json            {"fingerprint": str, "config": RunConfig as dict}  (no secrets)
+      plan.json              written by 01_plan (kit.plan.write_plan), read by generate
+      prompts.parquet        the prompt frame the run draws from (sources.load output)
+      records/<dataset>.jsonl  one Record per line (dataclasses.asdict), append-only
+      errors.jsonl           one ErrorRecord per line: requests that failed every attempt
+
+A prompt frame (kit.sources.load) has the columns:
+    dataset: str, prompt_id: str, messages: list[struct{role: str, content: str}],
+    n_turns: int, row: int (index of the row in its source file)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+CountSource = Literal["server_ids", "usage", "retokenized"]
+FinishReason = str  # "stop" | "length" | "cancelled" | server-specific
+Message = dict  # {"role": "system"|"user"|"assistant", "content": str}
+
+
+@dataclass(slots=True)
+class Sampling:
+    """Sampling parameters sent with every request; part of the run fingerprint."""
+
+    max_tokens: int = 512
+    temperature: float = 0.7
+    top_p: float = 1.0
+    seed: int | None = None
+    n: int = 1  # samples per prompt
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise ValueError(f"Sampling.max_tokens must be a positive int, got {self.max_tokens!r}")
+        if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 10):
+            raise ValueError(f"Sampling.temperature must be in [0, 10], got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"Sampling.n must be an int >= 1, got {self.n!r}")
+
+
+@dataclass(slots=True)
+class Completion:
+    """What a backend returns for one request."""
+
+    text: str
+    finish_reason: FinishReason
+    completion_tokens: int
+    count_source: CountSource
+    prompt_tokens: int | None = None
+    output_ids: list[int] | None = None  # exact ids from the server, when it gives them
+    prompt_ids: list[int] | None = None
+
+
+@dataclass(slots=True)
+class Record:
+    """One generated sample, keyed by (dataset, prompt_id, sample)."""
+
+    dataset: str
+    prompt_id: str
+    sample: int
+    messages: list[Message]  # the prompt only
+    completion: str
+    finish_reason: FinishReason
+    completion_tokens: int
+    count_source: CountSource
+    prompt_tokens: int | None = None
+    output_ids: list[int] | None = None
+    prompt_ids: list[int] | None = None
+    endpoint: str = ""
+    latency_s: float = 0.0
+    attempts: int = 1
+    t_done: float = 0.0  # unix time the response arrived
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.dataset, self.prompt_id, self.sample)
+
+
+@dataclass(slots=True)
+class ErrorRecord:
+    """A request that failed every attempt; retried on the next resume."""
+
+    dataset: str
+    prompt_id: str
+    sample: int
+    error: str  # kind and message, never a secret
+    attempts: int
+    t: float
+
+
+class BackendError(Exception):
+    """A failed request. `retryable` says whether another attempt may succeed."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = True,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind  # "http_429" | "http_5xx" | "http_4xx" | "connect" | "timeout" | "malformed"
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class Backend(Protocol):
+    """One server endpoint. Implementations live in kit.backends."""
+
+    url: str
+
+    async def complete(self, messages: list[Message], sampling: Sampling, *, timeout: float) -> Completion:
+        """Send one request; raise BackendError on failure."""
+        ...
+
+    async def health(self) -> bool:
+        """True when the endpoint answers its health check."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(slots=True)
+class Budget:
+    """Completion-token budget per dataset."""
+
+    tokens: dict[str, int] = field(default_factory=dict)  # dataset -> completion tokens
+
+    def __post_init__(self) -> None:
+        for name, value in self.tokens.items():
+            bad = not isinstance(value, (int, float)) or isinstance(value, bool)
+            if bad or (isinstance(value, float) and math.isnan(value)) or value <= 0:
+                raise ValueError(f"budget for dataset {name!r} must be a positive number, got {value!r}")
