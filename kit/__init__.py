@@ -19,12 +19,12 @@ _EXPORTS = {
     "backends": "kit.backends:",
     "store": "kit.store:",
     "monitor": "kit.monitor:",
-    "audit": "kit.audit:"  # callable module: kit.audit(run_dir),
+    "audit": "kit.audit:",  # callable module: kit.audit(run_dir)
     "export": "kit.export:",
     "charts": "kit.charts:",
     "serve": "kit.serve:",
     "load": "kit.sources:load",
-    "generate": "kit.generate:"  # callable module: await kit.generate(...),
+    "generate": "kit.generate:",  # callable module: await kit.generate(...)
     "generate_sync": "kit.generate:generate_sync",
     "watch": "kit.monitor:watch",
     "Sampling": "kit.types:Sampling",

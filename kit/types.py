@@ -142,3 +142,29 @@ class Budget:
             bad = not isinstance(value, (int, float)) or isinstance(value, bool)
             if bad or (isinstance(value, float) and math.isnan(value)) or value <= 0:
                 raise ValueError(f"budget for dataset {name!r} must be a positive number, got {value!r}")
+
+
+@dataclass(slots=True)
+class RunConfig:
+    """Everything a run needs; stored in run_dir/config.json (never an API key, only its env var name).
+
+    The fingerprint (kit.store.fingerprint) covers what changes outputs: model, sampling,
+    chat_template_hash, source_hashes. Budgets, endpoints and concurrency may change on resume.
+    """
+
+    model: str
+    endpoints: list[str]  # base URLs, e.g. "http://127.0.0.1:8000/v1" (openai/vllm) or "http://host:30000" (sglang)
+    sampling: Sampling
+    budgets: dict[str, int]  # dataset -> completion-token budget
+    source_hashes: dict[str, str] = field(default_factory=dict)  # dataset -> hash of its sorted prompt_ids
+    datasets: dict[str, str] = field(default_factory=dict)  # dataset -> source path ("" for in-memory)
+    chat_template_hash: str | None = None
+    tokenizer: str | None = None  # local path of the target's tokenizer (re-tokenizing, chat template)
+    api: Literal["openai", "vllm", "sglang"] = "openai"
+    api_key_env: str | None = None  # NAME of the environment variable holding the key
+    concurrency: int = 32  # requests in flight, all endpoints together
+    per_endpoint_concurrency: int | None = None
+    policy: Literal["drain", "cancel"] = "drain"
+    seed: int = 0  # prompt order
+    max_attempts: int = 5
+
