@@ -168,3 +168,40 @@ class RunConfig:
     seed: int = 0  # prompt order
     max_attempts: int = 5
 
+
+
+@dataclass(slots=True)
+class DatasetProgress:
+    """Where one dataset stands; what the monitor draws. Built by the runner live and by
+    kit.monitor from a run directory (kit.watch)."""
+
+    dataset: str
+    budget: int  # completion tokens
+    tokens_done: int = 0  # completion tokens of records written
+    samples_done: int = 0
+    in_flight: int = 0
+    prompts_total: int = 0  # samples available (prompts x n)
+    errors: int = 0  # requests that failed every attempt
+    retries: int = 0
+    truncated: int = 0  # records with finish_reason "length"
+    tokens_per_s: float = 0.0  # recent rate
+    state: Literal["waiting", "running", "budget_reached", "exhausted", "stopped"] = "waiting"
+
+    @property
+    def mean_completion(self) -> float:
+        return self.tokens_done / self.samples_done if self.samples_done else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds to the budget at the recent rate; None when unknown or done."""
+        left = self.budget - self.tokens_done
+        if left <= 0 or self.tokens_per_s <= 0:
+            return None
+        return left / self.tokens_per_s
+
+    @property
+    def truncation_share(self) -> float:
+        return self.truncated / self.samples_done if self.samples_done else 0.0
+
+
+ProgressCallback = "Callable[[list[DatasetProgress]], None]"  # called at most once a second
