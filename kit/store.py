@@ -1,0 +1,520 @@
+"""The run directory: append-only, crash-safe records and the resume index.
+
+Layout (see kit/types.py): config.json, prompts.parquet, records/<dataset>.jsonl,
+errors.jsonl, plus repair.log (torn lines cut after a crash) and status.json (the live
+runner's in-flight/retry counts, read by `progress`).
+
+Crash safety: records are buffered and written as whole lines in group flushes (every
+`flush_every` records or `flush_interval` seconds, and on close), each followed by fsync.
+A kill -9 can only tear the last line of a file; the writer cuts it off on open and logs
+it in repair.log, and readers never parse past the last newline. A failed write (full
+disk) truncates the file back to its last complete line and raises StoreWriteError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import time
+from collections import Counter, deque
+from pathlib import Path
+
+import orjson
+
+from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig, Sampling
+
+RECORD_FIELDS = [f.name for f in dataclasses.fields(Record)]
+# Lines start with these fields in this order, so the index reads them with one regex
+# instead of parsing each JSON line (other lines fall back to orjson).
+HEAD_FIELDS = ["dataset", "prompt_id", "sample", "completion_tokens", "finish_reason", "t_done"]
+LINE_ORDER = HEAD_FIELDS + [f for f in RECORD_FIELDS if f not in HEAD_FIELDS]
+_STR = rb'"((?:[^"\\]|\\.)*)"'
+_HEAD = re.compile(
+    rb'^\{"dataset":'
+    + _STR
+    + rb',"prompt_id":'
+    + _STR
+    + rb',"sample":(\d+),"completion_tokens":(\d+),'
+    rb'"finish_reason":(?:' + _STR + rb'|null),"t_done":([-+.\deE]+)[,}]',
+)
+ERROR_FIELDS = [f.name for f in dataclasses.fields(ErrorRecord)]
+Key = tuple  # (dataset, prompt_id, sample)
+
+
+class FingerprintMismatch(ValueError):
+    """A run directory was made with a different output-changing configuration."""
+
+
+class StoreWriteError(OSError):
+    """A write to the run directory failed (e.g. full disk); nothing half-written remains."""
+
+
+# ---------------------------------------------------------------- fingerprint
+
+
+def fingerprint_parts(config: RunConfig) -> dict:
+    """The parts of a config that change outputs.
+
+    Example: fingerprint_parts(cfg) -> {"model": "smol", "sampling": {"max_tokens": 64, ...},
+    "chat_template_hash": None, "source_hashes": {"alpaca": "3f2a..."}}
+    """
+    return {
+        "model": config.model,
+        "sampling": dataclasses.asdict(config.sampling),
+        "chat_template_hash": config.chat_template_hash,
+        "source_hashes": dict(sorted(config.source_hashes.items())),
+    }
+
+
+def fingerprint(config: RunConfig) -> str:
+    """A short stable hash of `fingerprint_parts(config)`.
+
+    Example: fingerprint(cfg) -> "9b1c0e3f5a7d2e41"
+    """
+    blob = json.dumps(fingerprint_parts(config), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _diff_parts(old: dict, new: dict) -> list[str]:
+    """Lines 'sampling.max_tokens: 128 -> 64' for each changed part."""
+    a, b = _flatten(old), _flatten(new)
+    return [
+        f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
+
+
+# ---------------------------------------------------------------- config io
+
+
+def config_to_dict(config: RunConfig) -> dict:
+    """RunConfig -> plain dict for config.json (holds only the key's env var name)."""
+    return dataclasses.asdict(config)
+
+
+def config_from_dict(d: dict) -> RunConfig:
+    """Inverse of config_to_dict; unknown keys are ignored."""
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    kw = {k: v for k, v in d.items() if k in names}
+    kw["sampling"] = Sampling(**kw["sampling"])
+    return RunConfig(**kw)
+
+
+def read_config(run_dir) -> RunConfig:
+    """The RunConfig stored in run_dir/config.json.
+
+    Example: read_config("data/runs/demo").budgets -> {"alpaca": 4000, "sharegpt": 2500}
+    """
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a run directory?")
+    return config_from_dict(json.loads(path.read_text())["config"])
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temp file, fsync, rename: readers see the old or the new file, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- line reading
+
+
+def _complete_bytes(path: Path) -> bytes:
+    """The file's bytes up to and including its last newline (a torn tail is never data)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return b""
+    end = data.rfind(b"\n")
+    return data[: end + 1]
+
+
+def _parse_lines(data: bytes) -> tuple[list[dict], int]:
+    """Parse complete JSONL bytes -> (rows, bad line count)."""
+    rows, bad = [], 0
+    loads = orjson.loads
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        try:
+            row = loads(line)
+        except orjson.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
+
+
+def _record_files(run_dir: Path) -> dict[str, Path]:
+    """dataset -> records file."""
+    rec = run_dir / "records"
+    return {p.stem: p for p in sorted(rec.glob("*.jsonl"))} if rec.exists() else {}
+
+
+def _key(row: dict) -> Key:
+    return (row["dataset"], row["prompt_id"], row["sample"])
+
+
+def _text(raw: bytes | None) -> str | None:
+    """A regex-captured JSON string body -> str."""
+    if raw is None or b"\\" not in raw:
+        return None if raw is None else raw.decode()
+    return orjson.loads(b'"' + raw + b'"')
+
+
+def _heads(data: bytes) -> list[tuple]:
+    """(dataset, prompt_id, sample, completion_tokens, finish_reason, t_done) per complete line."""
+    out, match = [], _HEAD.match
+    for line in data.split(b"\n"):
+        m = match(line)
+        if m:
+            out.append((_text(m[1]), _text(m[2]), int(m[3]), int(m[4]), _text(m[5]), float(m[6])))
+        elif line:  # not written by RunStore (or damaged): parse it, skip it if bad
+            row = _parse_lines(line)[0]
+            if row and all(isinstance(row[0].get(f), (str, int)) for f in HEAD_FIELDS[:4]):
+                r = row[0]
+                out.append(tuple(r.get(f) for f in HEAD_FIELDS[:5]) + (r.get("t_done") or 0.0,))
+    return out
+
+
+# ---------------------------------------------------------------- the writer
+
+
+class RunStore:
+    """The writer side of a run directory.
+
+    Args:
+        run_dir: the directory (created on init).
+        flush_every: group flush after this many buffered lines.
+        flush_interval: or after this many seconds (checked on append and `maybe_flush`).
+
+    Example:
+        store = RunStore("data/runs/demo")
+        store.init(config, prompts)          # refuses a changed fingerprint unless force=True
+        done = store.index()                 # {(dataset, prompt_id, sample): completion_tokens}
+        store.append(record); store.close()
+    """
+
+    def __init__(self, run_dir, *, flush_every: int = 32, flush_interval: float = 1.0) -> None:
+        self.run_dir = Path(run_dir)
+        self.flush_every = flush_every
+        self.flush_interval = flush_interval
+        self._fds: dict[Path, int] = {}
+        self._pending: dict[Path, list[bytes]] = {}
+        self._n_pending = 0
+        self._last_flush = time.monotonic()
+        self.repaired: list[dict] = []  # torn tails cut on open: {"file", "bytes", "t"}
+
+    # -- setup
+    def init(self, config: RunConfig, prompts_frame=None, *, force: bool = False) -> None:
+        """Create or reopen the run dir; write config.json and prompts.parquet.
+
+        Raises FingerprintMismatch (naming each changed part, old -> new) when the run dir
+        holds a different fingerprint, unless force=True. Budgets/endpoints may change.
+        """
+        (self.run_dir / "records").mkdir(parents=True, exist_ok=True)
+        cfg_path = self.run_dir / "config.json"
+        if cfg_path.exists() and not force:
+            old = read_config(self.run_dir)
+            changes = _diff_parts(fingerprint_parts(old), fingerprint_parts(config))
+            if changes:
+                raise FingerprintMismatch(
+                    f"run dir {self.run_dir} was made with a different configuration:\n  "
+                    + "\n  ".join(changes)
+                    + "\nUse a new run_dir, or pass force=True to resume anyway."
+                )
+        doc = {"fingerprint": fingerprint(config), "config": config_to_dict(config)}
+        _write_atomic(cfg_path, json.dumps(doc, indent=2).encode())
+        if prompts_frame is not None:
+            tmp = self.run_dir / "prompts.parquet.tmp"
+            prompts_frame.write_parquet(tmp)
+            os.replace(tmp, self.run_dir / "prompts.parquet")
+        self.repair()
+
+    def repair(self) -> list[dict]:
+        """Cut a torn last line off every records/errors file; log it in repair.log."""
+        files = list(_record_files(self.run_dir).values()) + [self.run_dir / "errors.jsonl"]
+        for path in files:
+            if not path.exists() or path.stat().st_size == 0:
+                continue
+            data = path.read_bytes()
+            keep = data.rfind(b"\n") + 1
+            if keep < len(data):
+                os.truncate(path, keep)
+                entry = {
+                    "file": str(path.relative_to(self.run_dir)),
+                    "bytes": len(data) - keep,
+                    "t": time.time(),
+                }
+                self.repaired.append(entry)
+                with open(self.run_dir / "repair.log", "ab") as f:
+                    f.write(orjson.dumps(entry) + b"\n")
+        return self.repaired
+
+    # -- reading (writer side)
+    def index(self) -> dict[Key, int]:
+        """Scan records: {(dataset, prompt_id, sample): completion_tokens}; first copy wins."""
+        out: dict[Key, int] = {}
+        for path in _record_files(self.run_dir).values():
+            for head in _heads(_complete_bytes(path)):
+                out.setdefault(head[:3], head[3])
+        return out
+
+    def errors(self) -> dict[Key, ErrorRecord]:
+        """The effective error set: latest ErrorRecord per key, minus keys now in records."""
+        done = self.index()
+        rows, _ = _parse_lines(_complete_bytes(self.run_dir / "errors.jsonl"))
+        out = {}
+        for row in rows:
+            if _key(row) not in done:
+                out[_key(row)] = ErrorRecord(**{k: row[k] for k in ERROR_FIELDS})
+        return out
+
+    # -- writing
+    def append(self, record: Record) -> None:
+        """Buffer one record; group-flushed (write + fsync) by count or time."""
+        row = {f: getattr(record, f) for f in LINE_ORDER}
+        path = self.run_dir / "records" / f"{_safe_name(record.dataset)}.jsonl"
+        self._buffer(path, orjson.dumps(row) + b"\n")
+
+    def append_error(self, error: ErrorRecord) -> None:
+        """Buffer one ErrorRecord for errors.jsonl."""
+        row = {f: getattr(error, f) for f in ERROR_FIELDS}
+        self._buffer(self.run_dir / "errors.jsonl", orjson.dumps(row) + b"\n")
+
+    def _buffer(self, path: Path, line: bytes) -> None:
+        self._pending.setdefault(path, []).append(line)
+        self._n_pending += 1
+        self.maybe_flush()
+
+    def maybe_flush(self) -> None:
+        """Flush when `flush_every` lines are buffered or `flush_interval` has passed."""
+        due = time.monotonic() - self._last_flush >= self.flush_interval
+        if self._n_pending >= self.flush_every or (self._n_pending and due):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every buffered line and fsync. On OSError: truncate back, raise StoreWriteError."""
+        pending, self._pending, self._n_pending = self._pending, {}, 0
+        self._last_flush = time.monotonic()
+        for path, lines in pending.items():
+            fd = self._fd(path)
+            start = os.fstat(fd).st_size
+            try:
+                _write_all(fd, b"".join(lines))
+                os.fsync(fd)
+            except OSError as e:
+                _truncate_quietly(fd, start)
+                lost = sum(len(v) for v in pending.values())
+                raise StoreWriteError(
+                    e.errno,
+                    f"could not write {path} ({e.strerror or e}); the run stopped cleanly, "
+                    f"no partial line was kept; up to {lost} unwritten results will be "
+                    "generated again on resume",
+                ) from e
+
+    def _fd(self, path: Path) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fds[path] = fd
+        return fd
+
+    def close(self) -> None:
+        """Flush, fsync and close every file (safe to call twice)."""
+        try:
+            if self._n_pending:
+                self.flush()
+        finally:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds = {}
+
+    def write_status(self, progress: list[DatasetProgress], *, finished: bool = False) -> None:
+        """Write status.json: the live runner's view (in flight, retries, state)."""
+        doc = {"t": time.time(), "finished": finished, "pid": os.getpid()}
+        doc["datasets"] = [dataclasses.asdict(p) for p in progress]
+        try:
+            _write_atomic(self.run_dir / "status.json", orjson.dumps(doc))
+        except OSError:
+            pass  # status is advisory; records and errors carry the truth
+
+
+def _safe_name(dataset: str) -> str:
+    """A dataset name usable as a file name ('a/b' -> 'a_b')."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in dataset) or "_"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _truncate_quietly(fd: int, size: int) -> None:
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- readers
+
+
+def _record_schema():
+    import polars as pl
+
+    msg = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
+    return {
+        "dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "messages": msg,
+        "completion": pl.String, "finish_reason": pl.String, "completion_tokens": pl.Int64,
+        "count_source": pl.String, "prompt_tokens": pl.Int64, "output_ids": pl.List(pl.Int64),
+        "prompt_ids": pl.List(pl.Int64), "endpoint": pl.String, "latency_s": pl.Float64,
+        "attempts": pl.Int64, "t_done": pl.Float64,
+    }  # fmt: skip
+
+
+def records_frame(run_dir, datasets=None):
+    """Every record of a run as a polars frame (one column per Record field).
+
+    Args:
+        run_dir: the run directory.
+        datasets: names to read (default: all).
+    Returns:
+        DataFrame; output_ids/prompt_ids are list[int] or null; duplicates keep the first.
+
+    Example: records_frame("data/runs/demo").group_by("dataset").agg(pl.col("completion_tokens").sum())
+    """
+    import polars as pl
+
+    schema = _record_schema()
+    rows = []
+    wanted = None if datasets is None else {_safe_name(d) for d in datasets}
+    for name, path in _record_files(Path(run_dir)).items():
+        if wanted is None or name in wanted:
+            rows.extend(_parse_lines(_complete_bytes(path))[0])
+    if datasets is not None:
+        rows = [r for r in rows if r.get("dataset") in datasets]
+    frame = pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema)
+    return frame.unique(
+        subset=["dataset", "prompt_id", "sample"], keep="first", maintain_order=True
+    )
+
+
+def read_errors(run_dir):
+    """Every ErrorRecord line as a polars frame, with `resolved` (the key now has a record).
+
+    Example: read_errors(run_dir).filter(~pl.col("resolved")) -> the effective error set
+    """
+    import polars as pl
+
+    run_dir = Path(run_dir)
+    rows, _ = _parse_lines(_complete_bytes(run_dir / "errors.jsonl"))
+    done = RunStore(run_dir).index()
+    schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "error": pl.String, "attempts": pl.Int64, "t": pl.Float64, "resolved": pl.Boolean}  # fmt: skip
+    data = [{**{k: r.get(k) for k in ERROR_FIELDS}, "resolved": _key(r) in done} for r in rows]
+    return pl.DataFrame(data, schema=schema)
+
+
+def _prompt_counts(run_dir: Path, n: int) -> dict[str, int]:
+    """dataset -> samples available (prompts x n) from prompts.parquet."""
+    import polars as pl
+
+    path = run_dir / "prompts.parquet"
+    if not path.exists():
+        return {}
+    counts = pl.read_parquet(path, columns=["dataset"])["dataset"].value_counts()
+    return {d: c * n for d, c in counts.iter_rows()}
+
+
+def progress(run_dir, *, window_s: float = 30.0, stale_s: float = 15.0) -> list[DatasetProgress]:
+    """Where each dataset of a run stands, from its files (what `kit.watch` draws).
+
+    Tokens and samples come from the records; tokens/s from the t_done of records in the
+    last `window_s` seconds; in-flight and retry counts from status.json while the runner
+    writes it (older than `stale_s`: the run is not live, in_flight is 0).
+
+    Example: [p.tokens_done for p in progress("data/runs/demo")] -> [4012, 2561]
+    """
+    run_dir = Path(run_dir)
+    config = read_config(run_dir)
+    totals = _prompt_counts(run_dir, config.sampling.n)
+    live = _read_status(run_dir, stale_s) or {}
+    errs = Counter(k[0] for k in RunStore(run_dir).errors())
+    out = []
+    names = list(dict.fromkeys([*config.budgets, *totals]))
+    files = _record_files(run_dir)
+    for name in names:
+        p = DatasetProgress(dataset=name, budget=int(config.budgets.get(name, 0)))
+        p.prompts_total, p.errors = totals.get(name, 0), errs.get(name, 0)
+        path = files.get(_safe_name(name))
+        _fill_from_records(p, _parse_lines(_complete_bytes(path))[0] if path else [], window_s)
+        _apply_live(p, live.get(name))
+        out.append(p)
+    return out
+
+
+def _fill_from_records(p: DatasetProgress, rows: list[dict], window_s: float) -> None:
+    seen, recent = set(), deque()
+    now = time.time()
+    for r in rows:
+        if r.get("dataset") != p.dataset or _key(r) in seen:
+            continue
+        seen.add(_key(r))
+        p.tokens_done += r["completion_tokens"]
+        p.samples_done += 1
+        p.truncated += r.get("finish_reason") == "length"
+        if now - r.get("t_done", 0) <= window_s:
+            recent.append((r["t_done"], r["completion_tokens"]))
+    if len(recent) >= 2:
+        span = max(now - min(t for t, _ in recent), 1e-3)
+        p.tokens_per_s = sum(c for _, c in recent) / span
+
+
+def _read_status(run_dir: Path, stale_s: float) -> dict | None:
+    """dataset -> live status dict, or None when no fresh runner status exists."""
+    try:
+        doc = orjson.loads((run_dir / "status.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if doc.get("finished") or time.time() - doc.get("t", 0) > stale_s:
+        return {d["dataset"]: {**d, "in_flight": 0, "stale": True} for d in doc.get("datasets", [])}
+    return {d["dataset"]: d for d in doc.get("datasets", [])}
+
+
+def _apply_live(p: DatasetProgress, live: dict | None) -> None:
+    """Merge the runner's live counts; derive the state from the files otherwise."""
+    if live:
+        p.in_flight, p.retries = live.get("in_flight", 0), live.get("retries", 0)
+    if p.budget and p.tokens_done >= p.budget:
+        p.state = "budget_reached"
+    elif p.prompts_total and p.samples_done + p.errors >= p.prompts_total:
+        p.state = "exhausted"
+    elif live and not live.get("stale"):
+        p.state = live.get("state", "running")
+    elif p.samples_done:
+        p.state = "stopped"

@@ -1,0 +1,393 @@
+"""Tokenizer loading, chat-template rendering, token counting and length profiles.
+
+The target's tokenizer and chat template decide how long a prompt really is. Rendering
+compiles the chat template once and calls it directly per row (the same sandboxed Jinja
+environment `apply_chat_template` uses), then encodes every rendered prompt in one batch
+through the fast (Rust) tokenizer: about 10x the per-row `apply_chat_template` loop.
+
+    tok = load_tokenizer("data/models/SmolLM2-135M-Instruct")
+    frame = count_prompt_tokens(tok, kit.load("data/samples/alpaca.json").frame)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import polars as pl
+
+_ENCODE_CHUNK = 8192  # rendered prompts encoded per batch call
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def load_tokenizer(name_or_path: str | Path) -> Any:
+    """Load a tokenizer from local files only, cached per path.
+
+    Args:
+        name_or_path: a folder with tokenizer files, a `.gguf` file (via transformers'
+            gguf support), or a Hugging Face id already in the local cache. Nothing is
+            downloaded.
+
+    Returns:
+        A transformers tokenizer (fast when the files allow it).
+
+    Example:
+        >>> tok = load_tokenizer("data/models/SmolLM2-135M-Instruct")
+        >>> tok("hello", add_special_tokens=False)["input_ids"]
+        [28120]
+    """
+    path = Path(name_or_path).expanduser()
+    key = str(path.resolve()) if path.exists() else str(name_or_path)
+    return _load_cached(key)
+
+
+@lru_cache(maxsize=8)
+def _load_cached(key: str) -> Any:
+    """Load one tokenizer (see load_tokenizer)."""
+    from transformers import AutoTokenizer
+
+    path = Path(key)
+    try:
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise FileNotFoundError(f"no such GGUF file: {path}")
+            return AutoTokenizer.from_pretrained(
+                str(path.parent), gguf_file=path.name, local_files_only=True
+            )
+        return AutoTokenizer.from_pretrained(key, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise FileNotFoundError(
+            f"could not load a tokenizer from {key!r} with local files only "
+            f"(give a folder with tokenizer files, a .gguf file, or a cached HF id): {exc}"
+        ) from exc
+
+
+def _as_tokenizer(tokenizer_or_path: Any) -> Any:
+    """Accept a tokenizer object or anything load_tokenizer accepts."""
+    if isinstance(tokenizer_or_path, (str, Path)):
+        return load_tokenizer(tokenizer_or_path)
+    return tokenizer_or_path
+
+
+def _template_and_kwargs(tokenizer: Any) -> tuple[Any, dict]:
+    """The compiled chat template and the variables apply_chat_template passes it."""
+    try:
+        from transformers.utils.chat_template_utils import (
+            _compile_jinja_template,
+            _plain_template_data,
+        )
+    except ImportError:  # a transformers without these helpers: render row by row
+        return None, {}
+    template = tokenizer.get_chat_template()
+    return _compile_jinja_template(template), _plain_template_data(
+        dict(tokenizer.special_tokens_map)
+    )
+
+
+def _plain_messages(messages: Any) -> list[dict] | None:
+    """Messages as plain dicts without None values; None when the fast path cannot take them."""
+    out = []
+    for message in messages:
+        if not isinstance(message, dict):
+            return None
+        clean = {k: v for k, v in message.items() if v is not None}
+        if any(type(v) is not str for v in clean.values()):
+            return None
+        if any(k in clean for k in _REASONING_KEYS):
+            return None
+        out.append(clean)
+    return out
+
+
+def render(
+    tokenizer: Any,
+    messages_list: list[list[dict]],
+    add_generation_prompt: bool = True,
+    *,
+    on_error: str = "raise",
+) -> list[str | None]:
+    """Render conversations with the tokenizer's chat template, one string each.
+
+    Equal to `tokenizer.apply_chat_template(m, tokenize=False, ...)` row by row, but the
+    template is compiled once and called directly.
+
+    Args:
+        tokenizer: a tokenizer or a path for load_tokenizer.
+        messages_list: conversations, each a list of {"role", "content"} dicts.
+        add_generation_prompt: append the assistant header (what a server does).
+        on_error: "raise" (ValueError naming the row) or "skip" (None for that row).
+
+    Returns:
+        One rendered string per conversation (None for skipped rows).
+
+    Example:
+        >>> render(tok, [[{"role": "user", "content": "hi"}]])[0][-52:]
+        '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n'
+    """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    tokenizer = _as_tokenizer(tokenizer)
+    compiled, kwargs = _template_and_kwargs(tokenizer)
+    out: list[str | None] = []
+    for i, messages in enumerate(messages_list):
+        try:
+            plain = _plain_messages(messages) if compiled is not None else None
+            if plain is None:
+                text = tokenizer.apply_chat_template(
+                    list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+                )
+            else:
+                text = compiled.render(
+                    messages=plain,
+                    tools=None,
+                    documents=None,
+                    add_generation_prompt=add_generation_prompt,
+                    **kwargs,
+                )
+        except Exception as exc:  # jinja TemplateError, TypeError on malformed rows
+            if on_error == "raise":
+                raise ValueError(f"row {i}: the chat template could not render it: {exc}") from exc
+            text = None
+        out.append(text)
+    return out
+
+
+def encode_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
+    """Token counts of texts (no special tokens added), batch-encoded by the fast tokenizer."""
+    tokenizer = _as_tokenizer(tokenizer)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    lengths: list[int] = []
+    for start in range(0, len(texts), _ENCODE_CHUNK):
+        chunk = texts[start : start + _ENCODE_CHUNK]
+        if backend is not None:
+            lengths.extend(
+                len(e.ids) for e in backend.encode_batch_fast(chunk, add_special_tokens=False)
+            )
+        else:
+            lengths.extend(
+                len(ids) for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"]
+            )
+    return lengths
+
+
+def count_prompt_tokens(
+    tokenizer: Any, frame: pl.DataFrame, *, column: str = "messages"
+) -> pl.DataFrame:
+    """Add a `prompt_tokens` column: the rendered prompt's length with the target's template.
+
+    Rows the template refuses get null and are reported in one warning (count + first case).
+
+    Args:
+        tokenizer: a tokenizer or a path for load_tokenizer.
+        frame: a prompt frame (kit.types) with a `messages` column.
+        column: the column holding the conversations.
+
+    Returns:
+        The frame with an Int64 `prompt_tokens` column.
+
+    Example:
+        >>> f = pl.DataFrame({"dataset": ["a"], "messages": [[{"role": "user", "content": "hi"}]]})
+        >>> count_prompt_tokens(tok, f)["prompt_tokens"].to_list()
+        [31]
+    """
+    import polars as pl
+
+    if column not in frame.columns:
+        raise ValueError(f"frame has no {column!r} column (columns: {frame.columns})")
+    texts = render(tokenizer, frame[column].to_list(), on_error="skip")
+    bad = [i for i, t in enumerate(texts) if t is None]
+    good = [t for t in texts if t is not None]
+    it = iter(encode_lengths(tokenizer, good))
+    counts = [None if t is None else next(it) for t in texts]
+    if bad:
+        where = f"row {bad[0]}" + (
+            f" ({frame['prompt_id'][bad[0]]})" if "prompt_id" in frame.columns else ""
+        )
+        warnings.warn(
+            f"{len(bad)} of {len(texts)} prompts could not be rendered by the chat template "
+            f"(first: {where}); their prompt_tokens is null",
+            stacklevel=2,
+        )
+    return frame.with_columns(pl.Series("prompt_tokens", counts, dtype=pl.Int64))
+
+
+def count_completion_tokens(records: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
+    """Fill `completion_tokens` and `count_source` for every record, preferring server counts.
+
+    Preference per row: len(output_ids) ("server_ids"), then a non-null
+    `completion_tokens` (its own `count_source`, else "usage"), then re-tokenizing the
+    `completion` text ("retokenized", needs a tokenizer).
+
+    Args:
+        records: a frame of records (kit.types.Record columns; `completion` text at least).
+        tokenizer: a tokenizer or path, needed only for rows without a server count.
+
+    Returns:
+        The frame with Int64 `completion_tokens` and String `count_source` columns.
+
+    Example:
+        >>> r = pl.DataFrame({"completion": ["Hello there", "ok"], "completion_tokens": [None, 7]})
+        >>> count_completion_tokens(r, tok).select("completion_tokens", "count_source").rows()
+        [(2, 'retokenized'), (7, 'usage')]
+    """
+    import polars as pl
+
+    n = records.height
+    counts = _column_or_nulls(records, "completion_tokens", n)
+    sources = _column_or_nulls(records, "count_source", n)
+    ids = _column_or_nulls(records, "output_ids", n)
+    out_counts: list[int | None] = []
+    out_sources: list[str | None] = []
+    for count, source, row_ids in zip(counts, sources, ids, strict=True):
+        if row_ids is not None:
+            out_counts.append(len(row_ids))
+            out_sources.append("server_ids")
+        elif count is not None:
+            out_counts.append(int(count))
+            out_sources.append(source or "usage")
+        else:
+            out_counts.append(None)
+            out_sources.append("retokenized")
+    missing = [i for i, c in enumerate(out_counts) if c is None]
+    if missing:
+        out_counts = _retokenize(records, missing, out_counts, tokenizer)
+    return records.with_columns(
+        pl.Series("completion_tokens", out_counts, dtype=pl.Int64),
+        pl.Series("count_source", out_sources, dtype=pl.String),
+    )
+
+
+def _column_or_nulls(frame: pl.DataFrame, name: str, n: int) -> list:
+    """A column as a list, or n Nones when absent."""
+    return frame[name].to_list() if name in frame.columns else [None] * n
+
+
+def _retokenize(records: pl.DataFrame, missing: list[int], counts: list, tokenizer: Any) -> list:
+    """Fill counts[i] for i in missing by encoding the completion text."""
+    if tokenizer is None:
+        raise ValueError(
+            f"{len(missing)} records have no server token count (first: row {missing[0]}); "
+            "pass tokenizer= to re-tokenize their text"
+        )
+    if "completion" not in records.columns:
+        raise ValueError(
+            f"records have no 'completion' text column to re-tokenize (columns: {records.columns})"
+        )
+    texts = records["completion"].to_list()
+    lengths = encode_lengths(tokenizer, [texts[i] or "" for i in missing])
+    counts = list(counts)
+    for i, length in zip(missing, lengths, strict=True):
+        counts[i] = length
+    return counts
+
+
+def chat_template_hash(tokenizer: Any) -> str:
+    """A short stable hash of the chat template and the special tokens it sees.
+
+    Example:
+        >>> chat_template_hash(tok)
+        '5adf0442e5f7706b'  # SmolLM2-135M-Instruct
+    """
+    tokenizer = _as_tokenizer(tokenizer)
+    payload = json.dumps(
+        {"template": tokenizer.get_chat_template(), "special": dict(tokenizer.special_tokens_map)},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def profile(
+    frame: pl.DataFrame,
+    column: str = "completion_tokens",
+    *,
+    by: str = "dataset",
+    max_tokens: int | None = None,
+) -> pl.DataFrame:
+    """Length statistics per dataset: n, mean, std, p50, p90, p99, max, truncated share.
+
+    Args:
+        frame: rows with `by` and `column`; a `finish_reason` column, if present, marks
+            truncation ("length").
+        column: the length column (completion_tokens, prompt_tokens, ...).
+        by: the grouping column.
+        max_tokens: lengths >= this also count as truncated.
+
+    Returns:
+        One row per dataset, sorted; `truncated_share` is null when nothing tells.
+
+    Example:
+        >>> f = pl.DataFrame({"dataset": ["a", "a", "b"], "completion_tokens": [10, 30, 64]})
+        >>> profile(f, max_tokens=64).select("dataset", "n", "mean", "truncated_share").rows()
+        [('a', 2, 20.0, 0.0), ('b', 1, 64.0, 1.0)]
+    """
+    import polars as pl
+
+    for name in (by, column):
+        if name not in frame.columns:
+            raise ValueError(f"frame has no {name!r} column (columns: {frame.columns})")
+    x = pl.col(column)
+    truncated = _truncated_expr(frame, column, max_tokens)
+    aggs = [
+        pl.len().alias("n"),
+        x.mean().alias("mean"),
+        x.std().alias("std"),
+        *[x.quantile(q, "linear").alias(f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99)],
+        x.max().cast(pl.Int64).alias("max"),
+        (truncated.mean() if truncated is not None else pl.lit(None, pl.Float64)).alias(
+            "truncated_share"
+        ),
+    ]
+    return frame.filter(x.is_not_null()).group_by(by).agg(aggs).sort(by)
+
+
+def _truncated_expr(frame: pl.DataFrame, column: str, max_tokens: int | None) -> Any:
+    """A boolean expression: the completion hit max_tokens; None when nothing tells."""
+    import polars as pl
+
+    parts = []
+    if "finish_reason" in frame.columns:
+        parts.append(pl.col("finish_reason").fill_null("") == "length")
+    if max_tokens is not None:
+        parts.append(pl.col(column) >= max_tokens)
+    if not parts:
+        return None
+    return pl.any_horizontal(parts).cast(pl.Float64)
+
+
+def profile_prompts(frame: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
+    """Prompt-length profile per dataset (counts `prompt_tokens` with the tokenizer if absent).
+
+    Example:
+        >>> profile_prompts(prompts, tok).columns[:4]
+        ['dataset', 'n', 'mean', 'std']
+    """
+    if "prompt_tokens" not in frame.columns:
+        if tokenizer is None:
+            raise ValueError("frame has no 'prompt_tokens' column: pass tokenizer= to count them")
+        frame = count_prompt_tokens(tokenizer, frame)
+    return profile(frame, "prompt_tokens")
+
+
+def profile_completions(
+    records: Any, *, max_tokens: int | None = None, tokenizer: Any = None
+) -> pl.DataFrame:
+    """Completion-length profile per dataset, with the share that hit max_tokens.
+
+    `records` is a records frame or a kit.plan.PilotResult (its max_tokens is used).
+
+    Example:
+        >>> profile_completions(result).select("dataset", "n", "truncated_share").rows()[0]
+        ('alpaca', 8, 0.25)
+    """
+    if hasattr(records, "sampling") and hasattr(records, "frame"):  # a PilotResult
+        max_tokens = max_tokens if max_tokens is not None else records.sampling.max_tokens
+        records = records.frame
+    if "completion_tokens" not in records.columns or records["completion_tokens"].null_count():
+        records = count_completion_tokens(records, tokenizer)
+    return profile(records, "completion_tokens", max_tokens=max_tokens)

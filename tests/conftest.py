@@ -1,0 +1,44 @@
+"""Shared fixtures: the prepared embedded model and one embedded server per test session.
+
+    model_dir        Path of the prepared SmolLM2-135M-Instruct folder (tokenizer + weights)
+    embedded_server  a running kit.serve.EmbeddedServer: .base_url ("http://127.0.0.1:PORT/v1"),
+                     .model (send it as the request's "model"), .model_dir, .port, .pid
+    free_port        a function returning an unused TCP port
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SERVER_TIMEOUT = 300  # start-up is ~10-25 s on 2 idle cores; CI machines are often loaded
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    """The prepared embedded model folder (converted once from the bundled GGUF)."""
+    from kit.serve import prepare_model
+
+    return prepare_model()
+
+
+@pytest.fixture(scope="session")
+def embedded_server(model_dir):
+    """One `transformers serve` for the whole session, stopped at the end."""
+    from kit.serve import start
+
+    server = start(model_dir, timeout=SERVER_TIMEOUT)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def free_port():
+    """A function returning a TCP port nobody listens on right now."""
+    from kit.serve import free_port as pick
+
+    return pick

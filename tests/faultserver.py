@@ -1,0 +1,403 @@
+"""A purpose-built local HTTP server for fault injection and client overhead measurement.
+
+A minimal HTTP/1.1 server on raw asyncio (keep-alive, Content-Length bodies, no
+pipelining), so it is cheap enough to measure a client against at thousands of
+requests a second, and gives full control over how a request fails.
+
+Routes:
+    POST /v1/chat/completions   OpenAI shape; with "return_token_ids": true also the vLLM
+                                fields (top-level prompt_token_ids, choices[0].token_ids)
+    POST /generate              SGLang shape: text, output_ids, meta_info{finish_reason dict,
+                                prompt_tokens, completion_tokens}
+    GET  /health, /v1/models    200 unless the server is "down"
+    GET  /stats                 {"requests": n, "outcomes": {outcome: n}, "paths": {path: n}}
+    GET  /last                  the last POST body and its headers (lower-cased names)
+    POST /control               JSON fields of FaultConfig to change on the fly
+
+Completions are deterministic functions of (prompt, seed): the text is `words` words
+drawn from a fixed vocabulary, completion_tokens == number of words, token ids are
+vocabulary indices + 100. A request gets a fault when it is among the first `first_k`
+requests, or when a draw seeded by (config seed, request body, times this body was seen)
+falls under `fraction`, so a retry of the same body draws again, reproducibly.
+
+In a test:
+    with FaultServer(FaultConfig(mode="429", first_k=2)) as srv:
+        ...srv.base_url ("http://127.0.0.1:PORT/v1"), srv.stats(), srv.last_body
+
+As a process (the crash tests kill the client; the bench needs a separate core):
+    python tests/faultserver.py --port 8123 --mode ok [--latency 0.01] [--die-after 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import os
+import random
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, fields
+
+import orjson
+
+MODES = ("ok", "429", "500", "400", "reset", "hang", "malformed", "nousage", "down")
+VOCAB = [
+    "the", "model", "answers", "with", "a", "short", "plain", "sentence", "about", "data",
+    "tokens", "and", "budget", "drafts", "speculative", "decoding", "target", "runs", "fast",
+    "slow", "prompt", "reply", "server", "client", "each", "word", "counts", "once", "here",
+    "more",
+]  # fmt: skip
+
+
+@dataclass
+class FaultConfig:
+    """How the server misbehaves. `mode` applies to faulted requests, the rest answer ok."""
+
+    mode: str = "ok"  # one of MODES
+    first_k: int | None = None  # fault the first K requests (then answer ok)
+    fraction: float = 1.0  # else fault this share of requests (seeded draw); 1.0 = all
+    retry_after: str = "1"  # Retry-After header for 429: seconds or an HTTP date
+    latency: float = 0.0  # seconds before each answer
+    die_after: int | None = None  # answer N requests, then die on the next (exit as a process)
+    min_words: int = 5
+    max_words: int = 60
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"FaultConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if not 0 <= self.fraction <= 1:
+            raise ValueError(f"FaultConfig.fraction must be in [0, 1], got {self.fraction!r}")
+        if not 1 <= self.min_words <= self.max_words:
+            raise ValueError(f"FaultConfig words range is bad: {self.min_words}..{self.max_words}")
+
+
+def _digest(*parts: object) -> int:
+    """Stable 64-bit hash of the parts."""
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little")
+
+
+def completion_words(prompt_key: object, seed: object, cfg: FaultConfig) -> list[int]:
+    """Vocabulary indices of the deterministic completion for (prompt, seed)."""
+    rng = random.Random(_digest(prompt_key, seed, cfg.seed))
+    n = rng.randint(cfg.min_words, cfg.max_words)
+    return [rng.randrange(len(VOCAB)) for _ in range(n)]
+
+
+def _finish(words: list[int], limit: int | None) -> tuple[list[int], str]:
+    """Cut words to the token limit; finish reason "length" when cut, else "stop"."""
+    if limit is not None and len(words) > limit:
+        return words[:limit], "length"
+    return words, "stop"
+
+
+def chat_response(body: dict, cfg: FaultConfig, *, usage: bool = True) -> dict:
+    """OpenAI chat.completion for a request body (vLLM token-id fields when asked)."""
+    messages = body.get("messages") or []
+    prompt_text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+    words, finish = _finish(
+        completion_words(prompt_text, body.get("seed"), cfg), body.get("max_tokens")
+    )
+    text = " ".join(VOCAB[w] for w in words)
+    n_prompt = len(prompt_text.split())
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    out = {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time())}
+    out |= {"model": body.get("model", ""), "choices": [choice]}
+    if usage:
+        out["usage"] = {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": len(words),
+            "total_tokens": n_prompt + len(words),
+        }
+    if body.get("return_token_ids"):
+        out["prompt_token_ids"] = [100 + _digest(w) % 1000 for w in prompt_text.split()]
+        choice["token_ids"] = [100 + w for w in words]
+    return out
+
+
+def generate_response(body: dict, cfg: FaultConfig) -> dict:
+    """SGLang /generate answer for a request body with input_ids."""
+    ids = body.get("input_ids") or []
+    params = body.get("sampling_params") or {}
+    words, finish = _finish(
+        completion_words(tuple(ids), params.get("sampling_seed"), cfg),
+        params.get("max_new_tokens"),
+    )
+    reason = {"type": "length", "length": len(words)} if finish == "length" else {"type": "stop", "matched": 2}
+    meta = {"id": "fault", "finish_reason": reason, "prompt_tokens": len(ids)}
+    meta["completion_tokens"] = len(words)
+    return {"text": " ".join(VOCAB[w] for w in words), "output_ids": [100 + w for w in words], "meta_info": meta}
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 411: "Length Required"}
+_REASONS |= {429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def _http(status: int, body: bytes, extra: str = "") -> bytes:
+    """Serialize one HTTP/1.1 response."""
+    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'X')}\r\nContent-Type: application/json\r\n"
+    return (head + f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+
+
+class _State:
+    """What the server has seen; shared by all connections."""
+
+    def __init__(self, cfg: FaultConfig) -> None:
+        self.cfg = cfg
+        self.requests = 0
+        self.outcomes: Counter = Counter()
+        self.paths: Counter = Counter()
+        self.seen: Counter = Counter()  # body digest -> times seen
+        self.last_body: dict | None = None
+        self.last_headers: dict = {}
+        self.transports: set = set()
+        self.server: asyncio.AbstractServer | None = None
+        self.exit_on_die = False
+
+    def faulted(self, raw: bytes) -> bool:
+        """Whether this request gets the configured fault (deterministic, see module doc)."""
+        cfg = self.cfg
+        if cfg.mode == "ok":
+            return False
+        if cfg.first_k is not None:
+            return self.requests <= cfg.first_k
+        key = _digest(raw)
+        self.seen[key] += 1
+        return random.Random(_digest(cfg.seed, key, self.seen[key])).random() < cfg.fraction
+
+    def stats(self) -> dict:
+        return {"requests": self.requests, "outcomes": dict(self.outcomes), "paths": dict(self.paths)}
+
+
+class _Conn(asyncio.Protocol):
+    """One client connection: parse requests, answer or misbehave."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.buf = b""
+        self.transport = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.state.transports.add(transport)
+
+    def connection_lost(self, exc) -> None:
+        self.state.transports.discard(self.transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].decode("latin-1").split("\r\n")
+            headers = {}
+            for line in head[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            n = int(headers.get("content-length", 0) or 0)
+            if len(self.buf) < end + 4 + n:
+                return
+            body = self.buf[end + 4 : end + 4 + n]
+            self.buf = self.buf[end + 4 + n :]
+            method, path = head[0].split(" ")[:2]
+            self.handle(method, path, headers, body)
+
+    def send(self, payload: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(payload)
+
+    def handle(self, method: str, path: str, headers: dict, body: bytes) -> None:
+        st = self.state
+        if path in ("/stats", "/last", "/control"):
+            return self.send(_http(200, orjson.dumps(self.admin(path, body))))
+        if method == "GET":
+            ok = st.cfg.mode != "down" and path in ("/health", "/v1/models", "/v1/health")
+            return self.send(_http(200 if ok else 503, b'{"data": []}'))
+        st.requests += 1
+        if st.cfg.die_after is not None and st.requests > st.cfg.die_after:
+            return _die(st)
+        st.paths[path] += 1
+        try:
+            st.last_body, st.last_headers = orjson.loads(body), headers
+        except orjson.JSONDecodeError:
+            return self.answer("bad_json", _http(400, b'{"error": "bad json"}'))
+        mode = st.cfg.mode if st.faulted(body) else "ok"
+        if mode == "ok" and path not in ("/v1/chat/completions", "/generate"):
+            return self.answer("not_found", _http(404, b'{"error": "not found"}'))
+        self.respond(mode, path)
+
+    def admin(self, path: str, body: bytes) -> dict:
+        st = self.state
+        if path == "/stats":
+            return st.stats()
+        if path == "/last":
+            return {"body": st.last_body, "headers": st.last_headers}
+        st.cfg = FaultConfig(**(asdict(st.cfg) | orjson.loads(body)))
+        return asdict(st.cfg)
+
+    def respond(self, mode: str, path: str) -> None:
+        st, body = self.state, self.state.last_body
+        if mode == "hang":
+            return self.answer("hang", None)
+        if mode == "reset":
+            st.outcomes["reset"] += 1
+            return self.transport.abort()
+        if mode in ("429", "500", "400", "down"):
+            extra = f"Retry-After: {st.cfg.retry_after}\r\n" if mode == "429" else ""
+            status = 503 if mode == "down" else int(mode)
+            return self.answer(mode, _http(status, b'{"error": {"message": "injected"}}', extra))
+        if mode == "malformed":
+            return self.answer("malformed", _http(200, b'{"choices": [{"mess'))
+        if path == "/generate":
+            return self.answer("ok", _http(200, orjson.dumps(generate_response(body, st.cfg))))
+        out = chat_response(body, st.cfg, usage=mode != "nousage")
+        self.answer(mode, _http(200, orjson.dumps(out)))
+
+    def answer(self, outcome: str, payload: bytes | None) -> None:
+        st = self.state
+        st.outcomes[outcome] += 1
+        if payload is not None:
+            if st.cfg.latency > 0:
+                asyncio.get_running_loop().call_later(st.cfg.latency, self.send, payload)
+            else:
+                self.send(payload)
+
+
+def _die(st: _State) -> None:
+    """Stop listening and drop every connection (exit when running as a process)."""
+    if st.exit_on_die:
+        os._exit(3)
+    if st.server is not None:
+        st.server.close()
+    for t in list(st.transports):
+        t.abort()
+
+
+def free_port() -> int:
+    """A TCP port that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FaultServer:
+    """The fault server in a background thread; a context manager.
+
+    Args:
+        config: FaultConfig (default: mode "ok").
+        port: fixed port (default: a free one).
+
+    Example:
+        >>> with FaultServer(FaultConfig(mode="500", first_k=1)) as srv:
+        ...     srv.base_url
+        'http://127.0.0.1:...'
+    """
+
+    def __init__(self, config: FaultConfig | None = None, port: int | None = None) -> None:
+        self.state = _State(config or FaultConfig())
+        self.port = port or free_port()
+        self.root_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = self.root_url + "/v1"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> FaultServer:
+        started = threading.Event()
+        self._loop = asyncio.new_event_loop()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._listen())
+            started.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        if not started.wait(10):
+            raise RuntimeError("fault server did not start")
+        return self
+
+    async def _listen(self) -> None:
+        self.state.server = await self._loop.create_server(
+            lambda: _Conn(self.state), "127.0.0.1", self.port, reuse_address=True
+        )
+
+    def _call(self, fn) -> None:
+        fut = asyncio.run_coroutine_threadsafe(_as_coro(fn), self._loop)
+        fut.result(10)
+
+    def kill(self) -> None:
+        """Stop listening and drop connections, like a dead server (restart() revives it)."""
+        self._call(lambda: _die(self.state))
+
+    def restart(self) -> None:
+        """Listen again on the same port."""
+        asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(10)
+
+    def configure(self, **changes) -> None:
+        """Change the FaultConfig fields given (validated)."""
+        self.state.cfg = FaultConfig(**(asdict(self.state.cfg) | changes))
+
+    def stats(self) -> dict:
+        return self.state.stats()
+
+    @property
+    def last_body(self) -> dict | None:
+        return self.state.last_body
+
+    @property
+    def last_headers(self) -> dict:
+        return self.state.last_headers
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        self._call(lambda: _die(self.state))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+        self._loop = None
+
+    def __enter__(self) -> FaultServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+async def _as_coro(fn):
+    return fn()
+
+
+async def _serve_forever(cfg: FaultConfig, host: str, port: int) -> None:
+    state = _State(cfg)
+    state.exit_on_die = True
+    loop = asyncio.get_running_loop()
+    state.server = await loop.create_server(lambda: _Conn(state), host, port, reuse_address=True)
+    print(f"faultserver listening on http://{host}:{port} mode={cfg.mode}", flush=True)
+    with contextlib.suppress(asyncio.CancelledError):
+        await state.server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the server as a process (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    for f in fields(FaultConfig):
+        kind = {"int | None": int, "float": float, "int": int}.get(str(f.type), str)
+        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+    args = vars(p.parse_args(argv))
+    host, port = args.pop("host"), args.pop("port")
+    asyncio.run(_serve_forever(FaultConfig(**args), host, port))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""kit.audit on planted run directories: each planted problem is flagged, a clean run is not.
+
+Run directories are written by hand here (config.json, records/<dataset>.jsonl,
+errors.jsonl, prompts.parquet), which also pins the on-disk format of kit/types.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import kit
+from kit.audit import AuditThresholds, normalize_text
+from kit.types import ErrorRecord, Record, RunConfig, Sampling
+
+T0 = 1_700_000_000.0
+
+
+def pid(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def make_record(tok, dataset, i, prompt, completion, *, finish="stop", ids=True, **kw) -> Record:
+    """A Record whose counts come from the real tokenizer (output_ids end with EOS on stop)."""
+    messages = [{"role": "user", "content": prompt}]
+    out = tok.encode(completion, add_special_tokens=False) if tok is not None else None
+    if out is not None and finish == "stop":
+        out = out + [tok.eos_token_id]
+    fields = dict(
+        dataset=dataset,
+        prompt_id=pid(prompt),
+        sample=0,
+        messages=messages,
+        completion=completion,
+        finish_reason=finish,
+        completion_tokens=len(out) if out is not None else max(1, len(completion.split())),
+        count_source="server_ids" if ids else "usage",
+        output_ids=out if ids else None,
+        endpoint="http://127.0.0.1:9/v1",
+        latency_s=0.5,
+        t_done=T0 + i,
+    )
+    fields.update(kw)
+    return Record(**fields)
+
+
+def plant_run(
+    run_dir: Path,
+    records: list[Record],
+    *,
+    budgets: dict[str, int],
+    errors=(),
+    prompts: dict[str, list[str]] | None = None,
+    max_tokens: int = 64,
+    tokenizer: str | None = None,
+    api_key_env: str | None = None,
+) -> Path:
+    """Write a run directory in the kit.types layout, by hand."""
+    cfg = RunConfig(
+        model="smollm2-135m",
+        endpoints=["http://127.0.0.1:9/v1"],
+        sampling=Sampling(max_tokens=max_tokens, temperature=0.0, seed=1),
+        budgets=budgets,
+        tokenizer=tokenizer,
+        api_key_env=api_key_env,
+        chat_template_hash="planted",
+    )
+    (run_dir / "records").mkdir(parents=True, exist_ok=True)
+    doc = {"fingerprint": "f" * 16, "config": dataclasses.asdict(cfg)}
+    (run_dir / "config.json").write_text(json.dumps(doc))
+    by_ds: dict[str, list[str]] = {}
+    for r in records:
+        by_ds.setdefault(r.dataset, []).append(json.dumps(dataclasses.asdict(r)))
+    for ds, lines in by_ds.items():
+        (run_dir / "records" / f"{ds}.jsonl").write_text("\n".join(lines) + "\n")
+    err_lines = [json.dumps(dataclasses.asdict(e)) for e in errors]
+    (run_dir / "errors.jsonl").write_text("".join(x + "\n" for x in err_lines))
+    if prompts is not None:
+        rows = [
+            {"dataset": ds, "prompt_id": pid(p), "messages": [{"role": "user", "content": p}], "n_turns": 1, "row": i}
+            for ds, ps in prompts.items()
+            for i, p in enumerate(ps)
+        ]  # fmt: skip
+        pl.DataFrame(rows).write_parquet(run_dir / "prompts.parquet")
+    return run_dir
+
+
+ANSWERS = [
+    "Paris is the capital of France.",
+    "Water boils at one hundred degrees Celsius at sea level.",
+    "A haiku has three lines of five, seven and five syllables.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar.",
+    "The Pacific is the largest ocean on Earth.",
+    "Binary search halves the interval at every step.",
+]
+
+
+def clean_records(tok, dataset="clean", n=6):
+    return [make_record(tok, dataset, i, f"Question {dataset} number {i}?", ANSWERS[i]) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    return kit.tokens.load_tokenizer(model_dir)
+
+
+@pytest.fixture
+def messy_run(tmp_path, tok):
+    recs = clean_records(tok, "messy", 3)
+    long_prompt = "Explain in detail how a hash map resolves collisions between keys."
+    recs += [
+        make_record(tok, "messy", 10, "Write a long story.", "Once upon a time there", finish="length"),
+        make_record(tok, "messy", 11, "Say nothing.", "   "),
+        make_record(tok, "messy", 12, "Repeat fact one.", ANSWERS[0]),  # exact copy of record 0
+        make_record(tok, "messy", 13, "Repeat fact two.", "WATER boils at one hundred degrees celsius, at sea level!!"),
+        make_record(tok, "messy", 14, long_prompt, long_prompt + " It uses chaining."),  # echo
+    ]
+    bad_ids = make_record(tok, "messy", 15, "Name a color.", "Blue is a color.")
+    bad_ids.output_ids = tok.encode("Red is a color.", add_special_tokens=False) + [tok.eos_token_id]
+    bad_len = make_record(tok, "messy", 16, "Name a fruit.", "An apple is a fruit.")
+    bad_len.completion_tokens += 3
+    recs += [bad_ids, bad_len]
+    words = ["alpha", "beta", "gamma", "delta", "omega"]
+    recs += [make_record(tok, "over", 20 + i, f"Over {i}", f"{w} " * 60, finish="length", ids=False, completion_tokens=64) for i, w in enumerate(words)]  # fmt: skip
+    errors = [ErrorRecord("messy", pid(f"failed {i}"), 0, "http_5xx: 503", 5, T0) for i in range(2)]
+    prompts = {"messy": [r.messages[0]["content"] for r in recs if r.dataset == "messy"] + [f"failed {i}" for i in range(2)] + ["never run"]}  # fmt: skip
+    prompts["over"] = [f"Over {i}" for i in range(8)]
+    budgets = {"messy": 5000, "over": 100}
+    return plant_run(tmp_path / "messy", recs, budgets=budgets, errors=errors, prompts=prompts)
+
+
+@pytest.fixture
+def clean_run(tmp_path, tok):
+    recs = clean_records(tok)
+    tokens = sum(r.completion_tokens for r in recs)
+    prompts = {"clean": [r.messages[0]["content"] for r in recs]}
+    return plant_run(tmp_path / "clean", recs, budgets={"clean": tokens}, prompts=prompts)
+
+
+def test_normalize_text():
+    assert normalize_text("Hello,  World! 42\n") == "hello world"
+    assert normalize_text("WATER boils at 100!") == normalize_text("water boils at")
+
+
+def test_thresholds_validate():
+    with pytest.raises(ValueError, match="truncation_share.*1.5"):
+        AuditThresholds(truncation_share=1.5)
+    with pytest.raises(ValueError, match="echo_min_chars"):
+        AuditThresholds(echo_min_chars=-1)
+    with pytest.raises(ValueError, match="error_rate"):
+        AuditThresholds(error_rate=float("nan"))
+
+
+@pytest.mark.server
+def test_messy_run_flags_each_problem(messy_run, tok):
+    report = kit.audit(messy_run, tokenizer=tok)
+    found = {(f["dataset"], f["check"]) for f in report.findings.iter_rows(named=True)}
+    expected = {
+        ("messy", "truncation"),
+        ("messy", "empty"),
+        ("messy", "duplicate_exact"),
+        ("messy", "duplicate_near"),
+        ("messy", "echo"),
+        ("messy", "ids_text_mismatch"),
+        ("messy", "ids_len_mismatch"),
+        ("messy", "error_rate"),
+        ("messy", "under_budget"),
+        ("over", "over_budget"),
+        ("over", "truncation"),
+    }
+    assert found == expected, report.summary()
+    assert not report.ok
+    flags = report.records.filter(pl.col("dataset") == "messy").sort("t_done")
+    assert flags["empty"].to_list()[4] and flags["dup_exact"].to_list()[5]
+    assert flags["dup_near"].to_list()[6] and flags["echo"].to_list()[7]
+    assert flags["ids_text_mismatch"].to_list()[8] and flags["ids_len_mismatch"].to_list()[9]
+    assert flags["dup_exact"].sum() == 1 and flags["dup_near"].sum() == 1  # the originals are not flagged
+
+
+@pytest.mark.server
+def test_messy_run_numbers(messy_run, tok):
+    report = kit.audit(messy_run, tokenizer=tok)
+    row = report.datasets.filter(pl.col("dataset") == "messy").row(0, named=True)
+    assert (row["records"], row["errors"], row["prompts_total"]) == (10, 2, 13)
+    assert row["prompts_left"] == 3 and row["length"] == 1 and row["stop"] == 9
+    assert row["error_rate"] == pytest.approx(2 / 12)
+    over = report.findings.filter(pl.col("check") == "over_budget").row(0, named=True)
+    assert over["value"] == 5 * 64 - 100 and over["threshold"] == 64 and over["severity"] == "error"
+    lengths = report.lengths.filter(pl.col("dataset") == "over").row(0, named=True)
+    assert (lengths["records"], lengths["mean"], lengths["max"]) == (5, 64.0, 64)
+    finish = report.finish.filter(pl.col("dataset") == "messy")
+    assert dict(finish.select("finish_reason", "count").iter_rows()) == {"stop": 9, "length": 1}
+    text = report.summary()
+    assert "over_budget" in text and "messy" in text and "<table" in report._repr_html_()
+
+
+@pytest.mark.server
+def test_clean_run_flags_nothing(clean_run, tok):
+    report = kit.audit(clean_run, tokenizer=tok)
+    assert report.findings.height == 0, report.summary()
+    assert report.ok and report.notes == []
+    row = report.datasets.row(0, named=True)
+    assert row["ids_text_checked"] == 6 and row["server_ids"] == 6 and row["budget_share"] == 1.0
+    assert "no findings" in report.summary()
+
+
+def test_resolved_errors_and_missing_tokenizer(tmp_path):
+    recs = [make_record(None, "d", i, f"q{i}", ANSWERS[i], ids=False) for i in range(3)]
+    recs[0].output_ids = [1, 2, 3]
+    recs[0].completion_tokens = 3
+    # an error that a later resume resolved (its key now has a record) does not count
+    errors = [ErrorRecord("d", recs[1].prompt_id, 0, "timeout: 30 s", 5, T0)]
+    run = plant_run(tmp_path / "r", recs, budgets={"d": 10_000})
+    report = kit.audit(run)
+    assert report.findings.height == 0
+    assert any("no tokenizer" in n for n in report.notes)
+    assert any("prompts.parquet" in n for n in report.notes)
+    assert report.records["ids_text_mismatch"].null_count() == 3
+    plant_run(tmp_path / "r", recs, budgets={"d": 10_000}, errors=errors)
+    resolved = kit.audit(tmp_path / "r")
+    assert resolved.datasets["errors"].to_list() == [0] and resolved.findings.height == 0
+    errors.append(ErrorRecord("d", pid("never answered"), 0, "timeout: 30 s", 5, T0))
+    plant_run(tmp_path / "r", recs, budgets={"d": 10_000}, errors=errors)
+    unresolved = kit.audit(tmp_path / "r")
+    assert unresolved.datasets["errors"].to_list() == [1]
+    assert unresolved.findings["check"].to_list() == ["error_rate"]

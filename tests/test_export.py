@@ -1,0 +1,293 @@
+"""kit.export on planted runs and on a real embedded-server run; kit.export.validate."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from test_audit import ANSWERS, make_record, pid, plant_run
+
+import kit
+from kit.export import ExportOptions, export, validate
+
+SECRET = "sk-kit-test-secret-7f3a9c"
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    return kit.tokens.load_tokenizer(model_dir)
+
+
+def read_jsonl(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def varied_records(tok):
+    """Two datasets: a system prompt, a multi-turn prompt, a truncation, server prompt_ids."""
+    recs = [make_record(tok, "chat", i, f"Tell me fact {i}.", ANSWERS[i]) for i in range(6)]
+    recs[0].messages = [{"role": "system", "content": "Be brief."}, *recs[0].messages]
+    recs[1].messages = [
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello, how can I help?"},
+        {"role": "user", "content": "Tell me fact 1."},
+    ]
+    recs[2].finish_reason = "length"  # truncated: the model never closed its turn
+    recs[2].output_ids = recs[2].output_ids[:-1]
+    recs[2].completion_tokens -= 1
+    rendered = tok.apply_chat_template(recs[3].messages, tokenize=False, add_generation_prompt=True)
+    recs[3].prompt_ids = tok.encode(rendered, add_special_tokens=False)  # as a server returns them
+    recs[4].output_ids = None  # counted by usage: the completion is tokenized
+    recs[4].count_source = "usage"
+    recs += [make_record(tok, "code", 10 + i, f"Write code {i}.", f"print({i} * 'héllo 日本')") for i in range(4)]  # fmt: skip
+    return recs
+
+
+@pytest.fixture
+def planted(tmp_path, tok, model_dir):
+    recs = varied_records(tok)
+    return plant_run(tmp_path / "run", recs, budgets={"chat": 60, "code": 1000}, tokenizer=str(model_dir))
+
+
+def check_token_row(tok, row, conv, finish):
+    """decode(input_ids) == the chat template's rendering; the mask covers the completion only."""
+    full = tok.apply_chat_template(conv, tokenize=False)
+    prompt = tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True)
+    ids, mask = row["input_ids"], row["loss_mask"]
+    assert len(ids) == len(mask) and all(type(i) is int for i in ids)
+    assert tok.decode(ids, skip_special_tokens=False) == full
+    on = [i for i, m in enumerate(mask) if m]
+    start, end = (on[0], on[-1] + 1) if on else (len(ids), len(ids))
+    assert on == list(range(start, end)), "loss_mask is one contiguous span"
+    closer = tok.eos_token if finish == "stop" else ""
+    assert tok.decode(ids[start:end], skip_special_tokens=False) == conv[-1]["content"] + closer
+    assert tok.decode(ids[:start], skip_special_tokens=False) == prompt
+
+
+@pytest.mark.server
+def test_specforge_format_field_by_field(planted, tmp_path):
+    out = tmp_path / "out"
+    result = export(planted, out, formats=("specforge",))
+    rows = read_jsonl(out / "specforge/train.jsonl")
+    records = kit.store.records_frame(planted).sort("t_done").to_dicts()
+    assert len(rows) == len(records) == 10
+    for row, rec in zip(rows, records):
+        assert set(row) == {"id", "conversations"}
+        assert row["id"] == f"{rec['dataset']}-{rec['prompt_id']}-{rec['sample']}"
+        assert row["conversations"][:-1] == rec["messages"]
+        assert row["conversations"][-1] == {"role": "assistant", "content": rec["completion"]}
+        assert all(set(m) == {"role", "content"} for m in row["conversations"])
+    assert rows[0]["conversations"][0] == {"role": "system", "content": "Be brief."}
+    assert [m["role"] for m in rows[1]["conversations"]] == ["user", "assistant", "user", "assistant"]
+    assert list(result.files) == ["specforge/train.jsonl", "linehashes/specforge/train.jsonl.txt"]
+
+
+@pytest.mark.server
+def test_token_rows_on_planted_records(planted, tmp_path, tok):
+    out = tmp_path / "out"
+    result = export(planted, out, formats=("token_ids", "specforge", "parquet"))
+    rows = read_jsonl(out / "token_ids/train.jsonl")
+    convs = read_jsonl(out / "specforge/train.jsonl")
+    finish = kit.store.records_frame(planted).sort("t_done")["finish_reason"].to_list()
+    assert len(rows) == 10
+    for row, conv, fin in zip(rows, convs, finish):
+        assert row["id"] == conv["id"]
+        check_token_row(tok, row, conv["conversations"], fin)
+    # the server's own ids were used where they decode to the stored text
+    assert result.manifest["token_id_sources"] == {
+        "output_ids": 9, "completion_retokenized": 1, "prompt_ids": 1, "prompt_tokenized": 9,
+    }  # fmt: skip
+    assert rows[2]["loss_mask"][-2:] == [0, 0]  # truncated: the template's <|im_end|> is not trained
+    assert rows[0]["loss_mask"][-2:] == [1, 0]  # stop: <|im_end|> was generated, "\n" was not
+    table = pl.read_parquet(out / "parquet/train.parquet")
+    assert table["id"].to_list() == [r["id"] for r in rows]
+    assert table["input_ids"].to_list() == [r["input_ids"] for r in rows]
+    assert validate(out).ok
+
+
+@pytest.mark.server
+def test_ids_that_do_not_match_text_are_retokenized(tmp_path, tok, model_dir):
+    rec = make_record(tok, "d", 0, "Name a color.", "Blue is a color.")
+    rec.output_ids = tok.encode("Red is a color.", add_special_tokens=False)
+    run = plant_run(tmp_path / "run", [rec], budgets={"d": 100}, tokenizer=str(model_dir))
+    result = export(run, tmp_path / "out", formats=("token_ids", "specforge"))
+    row = read_jsonl(tmp_path / "out/token_ids/train.jsonl")[0]
+    check_token_row(tok, row, read_jsonl(tmp_path / "out/specforge/train.jsonl")[0]["conversations"], "stop")
+    assert result.manifest["token_id_sources"]["completion_retokenized"] == 1
+
+
+@pytest.mark.server
+def test_trim_to_budget_is_exact(planted, tmp_path):
+    result = export(planted, tmp_path / "out", formats=("specforge",), trim_to_budget=True)
+    recs = kit.store.records_frame(planted).filter(pl.col("dataset") == "chat").sort("t_done")
+    tokens = recs["completion_tokens"].to_list()
+    kept = result.counts["chat"]["records"]
+    assert 0 < kept < len(tokens)
+    assert sum(tokens[:kept]) == result.counts["chat"]["tokens"] <= 60 < sum(tokens[: kept + 1])
+    ids = [r["id"] for r in read_jsonl(tmp_path / "out/specforge/train.jsonl") if r["id"].startswith("chat")]
+    assert ids == [f"chat-{p}-0" for p in recs["prompt_id"].to_list()[:kept]]  # the earliest stay
+    assert result.counts["code"]["records"] == 4
+    assert result.dropped["past_budget"] == len(tokens) - kept
+
+
+def split_ids(out):
+    return {s: [r["id"] for r in read_jsonl(out / f"specforge/{s}.jsonl")] for s in ("train", "validation")}
+
+
+def test_split_is_seeded_and_disjoint(tmp_path):
+    recs = [make_record(None, ds, i, f"{ds} prompt {i}", f"answer {ds} {chr(97 + i % 26)}", ids=False) for ds in ("a", "b") for i in range(20)]  # fmt: skip
+    recs += [make_record(None, "a", 40, "a prompt 3", "second sample", ids=False, sample=1)]
+    run = plant_run(tmp_path / "run", recs, budgets={"a": 10**6, "b": 10**6})
+    kw = dict(formats=("specforge",), val_fraction=0.25)
+    first = split_ids(export(run, tmp_path / "s0", seed=0, **kw).out_dir)
+    again = split_ids(export(run, tmp_path / "s0b", seed=0, **kw).out_dir)
+    other = split_ids(export(run, tmp_path / "s1", seed=1, **kw).out_dir)
+    assert first == again and first != other
+    train, val = set(first["train"]), set(first["validation"])
+    assert not train & val and len(train | val) == len(recs)
+    assert sum(i.startswith("b-") for i in val) == 5  # round(0.25 * 20 prompts)
+    prompt_of = {r.prompt_id: r.messages[0]["content"] for r in recs}
+    val_prompts = {prompt_of[i.split("-")[1]] for i in val}
+    train_prompts = {prompt_of[i.split("-")[1]] for i in train}
+    assert not val_prompts & train_prompts  # both samples of "a prompt 3" sit in one split
+
+
+def test_mix_by_token_share(tmp_path):
+    recs = [make_record(None, "a", i, f"a{i}", " ".join(["x"] * 10) + f" {chr(97 + i)}", ids=False, completion_tokens=10) for i in range(20)]  # fmt: skip
+    recs += [make_record(None, "b", 50 + i, f"b{i}", f"y {chr(97 + i)}", ids=False, completion_tokens=10) for i in range(5)]  # fmt: skip
+    recs += [make_record(None, "c", 90, "c0", "z", ids=False, completion_tokens=10)]
+    run = plant_run(tmp_path / "run", recs, budgets={"a": 1000, "b": 1000, "c": 1000})
+    result = export(run, tmp_path / "out", formats=("specforge",), mix={"a": 3, "b": 1})
+    assert result.counts["b"]["tokens"] == 50  # b is the scarce one: all of it
+    assert result.counts["a"]["tokens"] == 150  # 3:1
+    assert "c" not in result.counts and result.dropped["mix"] == 20 - 15 + 1
+    with pytest.raises(ValueError, match="nope"):
+        export(run, tmp_path / "out2", formats=("specforge",), mix={"nope": 1})
+
+
+def test_drop_options(tmp_path):
+    recs = [make_record(None, "d", i, f"q{i}", ANSWERS[i], ids=False) for i in range(4)]
+    recs[1].finish_reason = "length"
+    recs[2].completion = ANSWERS[0].upper()  # near duplicate of record 0
+    recs[3].finish_reason = "abort"
+    run = plant_run(tmp_path / "run", recs, budgets={"d": 1000})
+    kept = export(run, tmp_path / "a", formats=("specforge",))
+    assert kept.counts["d"]["records"] == 3 and kept.dropped == {"errors": 1}
+    opts = dict(formats=("specforge",), drop_truncated=True, drop_duplicates=True, drop_errors=False)
+    result = export(run, tmp_path / "b", **opts)
+    assert result.dropped == {"truncated": 1, "duplicates": 1}
+    assert [r["id"] for r in read_jsonl(tmp_path / "b/specforge/train.jsonl")] == [
+        f"d-{pid('q0')}-0", f"d-{pid('q3')}-0",
+    ]  # fmt: skip
+
+
+def test_options_validate(tmp_path):
+    with pytest.raises(ValueError, match="formats.*csv"):
+        ExportOptions(formats=("csv",))
+    with pytest.raises(ValueError, match="val_fraction.*1.5"):
+        ExportOptions(val_fraction=1.5)
+    with pytest.raises(ValueError, match=r"mix\['a'\].*-1"):
+        ExportOptions(mix={"a": -1})
+    run = plant_run(tmp_path / "run", [make_record(None, "d", 0, "q", "a", ids=False)], budgets={"d": 9})
+    with pytest.raises(ValueError, match="token_ids.*tokenizer"):
+        export(run, tmp_path / "out")
+    export(run, tmp_path / "out", formats=("specforge",))
+    with pytest.raises(FileExistsError, match="overwrite"):
+        export(run, tmp_path / "out", formats=("specforge",))
+
+
+@pytest.mark.server
+def test_manifest_contents_and_no_secret(tmp_path, tok, model_dir, monkeypatch):
+    monkeypatch.setenv("KIT_TEST_KEY", SECRET)
+    recs = varied_records(tok)
+    run = plant_run(tmp_path / "run", recs, budgets={"chat": 60, "code": 1000}, tokenizer=str(model_dir), api_key_env="KIT_TEST_KEY")  # fmt: skip
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["config"]["endpoints"] = [f"http://user:{SECRET}@127.0.0.1:8000/v1?key={SECRET}"]
+    (run / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    export(run, out, formats=("specforge", "token_ids", "parquet"), val_fraction=0.3, seed=3)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["model"] == "smollm2-135m" and m["run_fingerprint"] == "f" * 16
+    assert m["servers"] == {"api": "openai", "endpoints": ["http://127.0.0.1:8000/v1"]}
+    assert m["sampling"] == {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "seed": 1, "n": 1}
+    assert m["tokenizer"]["chat_template_hash"] == kit.tokens.chat_template_hash(tok)
+    assert m["tokenizer"]["end_of_turn"]["token"] == "<|im_end|>"
+    assert m["budgets"] == {"chat": 60, "code": 1000} and m["kit_version"] == kit.__version__
+    assert m["options"]["val_fraction"] == 0.3 and m["options"]["seed"] == 3
+    chat = [r for r in recs if r.dataset == "chat"]
+    assert m["counts"]["chat"]["records"] == 6
+    assert m["counts"]["chat"]["tokens"] == sum(r.completion_tokens for r in chat)
+    assert m["counts"]["chat"]["train"] + m["counts"]["chat"]["validation"] == 6
+    for rel, entry in m["files"].items():
+        data = (out / rel).read_bytes()
+        assert entry["sha256"] == kit._exportcheck.sha256_file(out / rel) and entry["bytes"] == len(data)
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+            assert b"KIT_TEST_KEY" not in path.read_bytes(), path
+
+
+@pytest.mark.server
+def test_validate_catches_corruption(planted, tmp_path):
+    out = tmp_path / "out"
+    export(planted, out, formats=("specforge", "token_ids", "parquet"))
+    assert validate(out).ok
+    sf = out / "specforge/train.jsonl"
+    lines = sf.read_text().splitlines(keepends=True)
+    lines[2] = lines[2].replace("Tell me", "Tell us")  # still valid JSON, still the right fields
+    sf.write_text("".join(lines))
+    result = validate(out)
+    assert not result.ok and "specforge/train.jsonl line 3: edited after export" in result.summary()
+    tk = out / "token_ids/train.jsonl"
+    lines = tk.read_text().splitlines(keepends=True)
+    row = json.loads(lines[4])
+    row["loss_mask"] = row["loss_mask"][:-1]
+    lines[4] = json.dumps(row) + "\n"
+    lines[6] = "{not json\n"
+    tk.write_text("".join(lines))
+    text = validate(out).summary()
+    assert "token_ids/train.jsonl line 5: loss_mask length" in text
+    assert "token_ids/train.jsonl line 7: not valid JSON" in text
+    (out / "parquet/train.parquet").unlink()
+    assert "parquet/train.parquet: missing" in validate(out).summary()
+    (out / "manifest.json").unlink()
+    assert "manifest.json: missing" in validate(out).summary()
+
+
+@pytest.mark.server
+def test_real_server_run_token_rows(embedded_server, model_dir, tok, tmp_path):
+    """Real completions from the embedded server: every token row decodes and masks exactly."""
+    questions = ["What is 2 + 2?", "Name a primary color.", "Say hello in French.", "What is water made of?"]  # fmt: skip
+    prompts = pl.DataFrame(
+        [
+            {"dataset": ds, "prompt_id": pid(ds + q), "messages": [{"role": "user", "content": q}], "n_turns": 1, "row": i}
+            for ds in ("qa", "chat")
+            for i, q in enumerate(questions)
+        ]
+    )  # fmt: skip
+    run = kit.generate_sync(
+        prompts,
+        run_dir=tmp_path / "run",
+        model=embedded_server.model,
+        endpoints=embedded_server.base_url,
+        budgets={"qa": 10_000, "chat": 10_000},
+        sampling=kit.Sampling(max_tokens=32, temperature=0.0),
+        tokenizer=str(model_dir),
+        concurrency=4,
+    )
+    out = tmp_path / "out"
+    result = export(run.run_dir, out, val_fraction=0.25)
+    assert sum(c["records"] for c in result.counts.values()) == 8
+    finish = dict(kit.store.records_frame(run.run_dir).select(pl.format("{}-{}-{}", "dataset", "prompt_id", "sample"), "finish_reason").iter_rows())  # fmt: skip
+    n = 0
+    for split in ("train", "validation"):
+        rows = read_jsonl(out / f"token_ids/{split}.jsonl")
+        convs = read_jsonl(out / f"specforge/{split}.jsonl")
+        for row, conv in zip(rows, convs, strict=True):
+            check_token_row(tok, row, conv["conversations"], finish[row["id"]])
+            n += 1
+    assert n == 8
+    assert validate(out).ok
+    report = kit.audit(run.run_dir, tokenizer=tok)
+    assert report.datasets["records"].sum() == 8 and report.datasets["ids_len_mismatch"].sum() == 0
+    assert not set(report.findings["check"]) & {"over_budget", "ids_text_mismatch", "error_rate"}

@@ -1,0 +1,461 @@
+"""kit.monitor: text table, throttling, console and widget monitors, watch over a run dir."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import doctest
+import io
+import json
+import os
+import threading
+import time
+
+import pytest
+
+import kit
+from kit import monitor as M
+from kit.types import DatasetProgress, RunConfig, Sampling
+
+# ----------------------------------------------------------------------------- formatting
+
+
+def test_fmt_count_and_duration():
+    assert [M.fmt_count(n) for n in (0, 812, 9_540, 950_000, 6_400_000, 26_600_000, 2e9)] == [
+        "0", "812", "9.54k", "950k", "6.40M", "26.6M", "2.00B",
+    ]  # fmt: skip
+    assert [M.fmt_duration(s) for s in (None, 0, 42, 245, 5000, 90_000)] == [
+        "-", "0s", "42s", "4m05s", "1h23m", "1d01h",
+    ]  # fmt: skip
+
+
+def test_bar_fills_and_clips():
+    assert M.bar(1, 4, 8) == "[##......]"
+    assert M.bar(0, 10, 4) == "[....]"
+    assert M.bar(25, 10, 4) == "[####]"  # overshoot clips to full
+    assert M.bar(5, 0, 4) == "[....]"  # no budget: empty, no ZeroDivisionError
+
+
+def story() -> list[DatasetProgress]:
+    """The DESIGN.md story: 1,720 responses averaging 3,793 tokens against a 10M budget."""
+    a = DatasetProgress(
+        "opencode", budget=10_000_000, tokens_done=1_720 * 3_793, samples_done=1_720,
+        prompts_total=7_000, errors=3, truncated=86, tokens_per_s=812.0, state="running",
+    )  # fmt: skip
+    b = DatasetProgress(
+        "sharegpt", budget=2_000_000, tokens_done=2_000_400, samples_done=5_000,
+        prompts_total=7_000, state="budget_reached",
+    )  # fmt: skip
+    return [a, b]
+
+
+def test_text_table_numbers():
+    lines = M.text(story(), width=10).splitlines()
+    assert lines[0].split() == M.HEADER
+    row = lines[1].split()
+    # 6,523,960 / 10M = 65%; (10M - 6,523,960) / 812 tok/s = 4,281 s
+    assert row == [
+        "opencode", "[######....]", "65%", "6.52M/10.0M", "1,720/7,000", "3,793", "812",
+        "1h11m", "3", "5.0%", "running",
+    ]  # fmt: skip
+    assert lines[2].split() == [
+        "sharegpt", "[##########]", "100%", "2.00M/2.00M", "5,000/7,000", "400", "0", "-", "0",
+        "0.0%", "budget_reached",
+    ]  # fmt: skip
+    total = lines[3].split()  # 8,524,360 of 12M; ETA (12M - 8,524,360) / 812 = 4,280 s
+    assert total[0] == "total" and total[2:5] == ["71%", "8.52M/12.0M", "6,720/14,000"]
+    assert total[7] == "1h11m" and total[-1] == "running"
+    starts = {
+        line.rindex(word)
+        for line, word in zip(lines, ["state", "running", "budget_", "running"], strict=True)
+    }
+    assert len(starts) == 1  # the state column starts at the same place on every line
+
+
+def test_text_single_dataset_has_no_total_and_empty_list_says_so():
+    assert len(M.text(story()[:1]).splitlines()) == 2
+    assert M.text([]) == "(no datasets yet)"
+
+
+def test_totals_state_is_least_advanced():
+    a, b = story()
+    assert M.totals([a, b]).state == "running"
+    a.state = "exhausted"
+    assert M.totals([a, b]).state == "exhausted"
+    assert M.totals([a, b]).errors == 3
+
+
+# ----------------------------------------------------------------------------- throttling
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+class Recorder(M.Monitor):
+    """A Monitor whose render keeps what it was given."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.drawn: list[list[DatasetProgress]] = []
+
+    def render(self, progress):
+        self.drawn.append(progress)
+
+
+def snap(tokens: int) -> list[DatasetProgress]:
+    return [DatasetProgress("a", budget=100, tokens_done=tokens, samples_done=1)]
+
+
+def test_calls_within_a_second_are_coalesced_and_close_renders_the_last():
+    clock = Clock()
+    mon = Recorder(clock=clock)
+    for i, dt in enumerate([0.0, 0.3, 0.3, 0.3]):  # t = 0, .3, .6, .9
+        clock.t += dt
+        mon(snap(10 * i))
+    assert [p[0].tokens_done for p in mon.drawn] == [0]
+    clock.t += 0.2  # 1.1 s after the first render
+    mon(snap(40))
+    clock.t += 0.1
+    mon(snap(50))
+    assert [p[0].tokens_done for p in mon.drawn] == [0, 40]
+    mon.close()
+    assert [p[0].tokens_done for p in mon.drawn] == [0, 40, 50]
+    mon.close()  # idempotent: nothing new to draw
+    assert mon.renders == 3
+
+
+def test_final_call_always_renders_and_snapshots_are_copies():
+    clock = Clock()
+    mon = Recorder(clock=clock)
+    live = snap(5)
+    mon(live)
+    live[0].tokens_done = 99  # the runner mutates its objects in place
+    mon(live, final=True)  # same instant, still drawn
+    assert [p[0].tokens_done for p in mon.drawn] == [5, 99]
+    assert mon.closed
+
+
+def test_a_settled_run_renders_at_once_without_close():
+    clock = Clock()
+    mon = Recorder(clock=clock)
+    mon(snap(10))
+    clock.t += 0.1
+    mon(snap(20))  # running: coalesced
+    done = [
+        DatasetProgress("a", budget=100, tokens_done=104, samples_done=8, state="budget_reached")
+    ]
+    clock.t += 0.1
+    mon(done)  # the runner's last report: nothing running, nothing in flight
+    assert [p[0].tokens_done for p in mon.drawn] == [10, 104]
+    clock.t += 0.1
+    mon(done)  # the same settled list again is not redrawn
+    draining = [dataclasses.replace(done[0], in_flight=3)]
+    mon(draining)  # budget reached but requests still draining: not settled
+    assert mon.renders == 2
+
+
+def test_bad_min_interval_is_refused():
+    with pytest.raises(ValueError, match="min_interval.*-1"):
+        Recorder(min_interval=-1)
+
+
+# ----------------------------------------------------------------------------- console
+
+
+def test_console_plain_blocks_to_a_file():
+    out, clock = io.StringIO(), Clock()
+    mon = M.ConsoleMonitor(out, clock=clock, width=10)
+    assert not mon.tty and mon.min_interval == 30.0  # a log gets a block per 30 s
+    mon(story())
+    clock.t += 5
+    mon(story()[:1])  # coalesced
+    assert out.getvalue().count("[kit ") == 1
+    a, b = story()
+    a.tokens_done, a.state = 10_000_000, "budget_reached"
+    mon([a, b], final=True)
+    blocks = out.getvalue().split("[kit ")[1:]
+    assert len(blocks) == 2 and "\x1b[" not in out.getvalue()
+    last = blocks[-1].splitlines()
+    assert last[2].split()[:3] == ["opencode", "[##########]", "100%"]
+    assert last[-1].startswith("total") and last[-1].endswith("budget_reached")
+
+
+class TTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_console_redraws_in_place_on_a_tty(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm")
+    out, clock = TTY(), Clock()
+    mon = M.ConsoleMonitor(out, clock=clock)
+    assert mon.tty and mon.min_interval == 1.0
+    mon(story())  # header + 2 rows + total = 4 lines
+    first = out.getvalue()
+    assert first.count("\x1b[2K") == 4 and "\x1b[4F" not in first
+    clock.t += 1
+    mon(story()[:1])  # shrinks to 2 lines: moves up 4, draws 2, blanks 2
+    second = out.getvalue()[len(first) :]
+    assert second.startswith("\x1b[4F") and second.count("\x1b[2K") == 4
+    assert second.endswith("\x1b[2K\n\x1b[2K\n")
+
+
+def test_auto_outside_a_kernel_is_console():
+    assert not M.in_notebook()
+    mon = M.auto(file=io.StringIO())
+    assert isinstance(mon, M.ConsoleMonitor)
+
+
+# ----------------------------------------------------------------------------- widget
+
+
+def test_widget_monitor_builds_and_updates(capsys):
+    import ipywidgets
+
+    clock = Clock()
+    mon = M.WidgetMonitor(display=False, clock=clock)
+    a, b = story()
+    a_run = dataclasses.replace(a, errors=0)
+    mon([a_run])
+    bar = mon.bars["opencode"]
+    assert isinstance(bar, ipywidgets.IntProgress)
+    assert (bar.max, bar.value, bar.bar_style) == (10_000_000, 6_523_960, "")
+    assert "6.52M / 10.0M tokens (65%)" in mon.labels["opencode"].value
+    assert len(mon.box.children) == 2  # one row + totals
+
+    clock.t += 1
+    mon([a, b])  # a has 3 errors; b appears, over budget
+    assert mon.bars["opencode"].bar_style == "danger"
+    assert "3 errors" in mon.labels["opencode"].value
+    sb = mon.bars["sharegpt"]
+    assert (sb.max, sb.value, sb.bar_style) == (2_000_000, 2_000_000, "success")  # clipped
+    assert len(mon.box.children) == 3
+    assert "8.52M / 12.0M tokens (71%)" in mon.total.value
+
+    a_done = dataclasses.replace(a, tokens_done=10_000_100, state="budget_reached", in_flight=2)
+    b_short = dataclasses.replace(b, tokens_done=1_000, state="exhausted")
+    clock.t += 0.2
+    mon([a_done, b_short])  # throttled ...
+    assert mon.bars["opencode"].value == 6_523_960
+    mon.close()  # ... but close renders it
+    assert mon.bars["opencode"].bar_style == "success"
+    assert mon.bars["opencode"].value == 10_000_000
+    assert (mon.bars["sharegpt"].value, mon.bars["sharegpt"].bar_style) == (1_000, "warning")
+    printed = capsys.readouterr().out  # the plain-text summary for headless runs
+    assert "opencode" in printed and "budget_reached" in printed and "exhausted" in printed
+
+
+# ----------------------------------------------------------------------------- watch
+
+
+def make_run(tmp_path, budgets: dict[str, int], prompts: dict[str, int] | None = None):
+    """A run dir written by hand: config.json, records/, optionally prompts.parquet."""
+    run = tmp_path / "run"
+    (run / "records").mkdir(parents=True)
+    cfg = RunConfig(model="m", endpoints=["http://x/v1"], sampling=Sampling(), budgets=budgets)
+    doc = {"fingerprint": "hand", "config": dataclasses.asdict(cfg)}
+    (run / "config.json").write_text(json.dumps(doc))
+    if prompts:
+        import polars as pl
+
+        names = [d for d, n in prompts.items() for _ in range(n)]
+        pl.DataFrame(
+            {"dataset": names, "prompt_id": [f"p{i}" for i in range(len(names))]}
+        ).write_parquet(run / "prompts.parquet")
+    return run
+
+
+def record_line(dataset: str, i: int, tokens: int, finish: str = "stop") -> str:
+    rec = kit.Record(
+        dataset=dataset, prompt_id=f"{dataset}-{i}", sample=0, messages=[{"role": "user", "content": "q"}],
+        completion="x " * tokens, finish_reason=finish, completion_tokens=tokens,
+        count_source="usage", t_done=time.time(),
+    )  # fmt: skip
+    return json.dumps(dataclasses.asdict(rec)) + "\n"
+
+
+def append(run, dataset: str, text: str) -> None:
+    with open(run / "records" / f"{dataset}.jsonl", "a") as f:
+        f.write(text)
+        f.flush()
+
+
+def test_watch_finished_run_returns_at_once(tmp_path):
+    run = make_run(tmp_path, {"a": 100, "b": 1_000}, prompts={"a": 10, "b": 3})
+    append(run, "a", "".join(record_line("a", i, 60) for i in range(2)))
+    append(run, "b", "".join(record_line("b", i, 5, "length") for i in range(3)))
+    out = io.StringIO()
+    t0 = time.monotonic()
+    final = kit.watch(run, interval=0.05, monitor=M.ConsoleMonitor(out, min_interval=0))
+    assert time.monotonic() - t0 < 5
+    assert [(p.dataset, p.tokens_done, p.state) for p in final] == [
+        ("a", 120, "budget_reached"), ("b", 15, "exhausted"),
+    ]  # fmt: skip
+    assert final[1].truncation_share == 1.0
+    assert "budget_reached" in out.getvalue() and "100.0%" in out.getvalue()
+
+
+def grow(run, dataset: str, n: int, tokens: int, pause: float, torn_at: int | None = None):
+    """Append n records from a thread; at torn_at, write half a line, pause, then the rest."""
+
+    def work():
+        for i in range(n):
+            line = record_line(dataset, i, tokens)
+            if i == torn_at:
+                append(run, dataset, line[:20])
+                time.sleep(pause * 6)
+                append(run, dataset, line[20:])
+            else:
+                append(run, dataset, line)
+            time.sleep(pause)
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    return t
+
+
+def test_watch_follows_a_growing_run_until_budget(tmp_path):
+    run = make_run(tmp_path, {"a": 200})
+    seen: list[int] = []
+    thread = grow(run, "a", n=20, tokens=20, pause=0.05)
+    final = kit.watch(run, interval=0.05, monitor=lambda ps: seen.append(ps[0].tokens_done))
+    thread.join()
+    assert final[0].state == "budget_reached" and final[0].tokens_done >= 200
+    assert len(set(seen)) >= 3 and seen == sorted(seen)  # watched it grow
+    assert seen[-1] == final[0].tokens_done
+
+
+def test_watch_ignores_a_torn_last_line(tmp_path):
+    run = make_run(tmp_path, {"a": 10_000})
+    append(run, "a", record_line("a", 0, 7) + record_line("a", 1, 7)[:25])  # torn tail
+    final = kit.watch(run, interval=0.05, stall_timeout=0.3, monitor=lambda ps: None)
+    assert (final[0].samples_done, final[0].tokens_done) == (1, 7)
+    assert final[0].state == "stopped"  # no live runner status: stalled, not done
+
+
+def test_watch_counts_a_torn_line_once_it_is_completed(tmp_path):
+    run = make_run(tmp_path, {"a": 100})
+    seen: list[tuple[int, int]] = []
+    thread = grow(run, "a", n=5, tokens=20, pause=0.05, torn_at=2)
+    final = kit.watch(
+        run, interval=0.02, monitor=lambda ps: seen.append((ps[0].samples_done, ps[0].tokens_done))
+    )
+    thread.join()
+    assert (final[0].samples_done, final[0].tokens_done) == (5, 100)
+    assert all(t == 20 * s for s, t in seen)  # never a half-counted record
+    assert (2, 40) in seen  # it sat at 2 records while line 3 was torn
+
+
+def test_watch_stops_when_the_run_stalls_or_never_starts(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    t0 = time.monotonic()
+    assert kit.watch(empty, interval=0.05, stall_timeout=0.3, monitor=lambda ps: None) == []
+    assert 0.25 < time.monotonic() - t0 < 5
+
+
+def test_watch_is_not_stalled_while_a_live_runner_has_requests_in_flight(tmp_path):
+    run = make_run(tmp_path, {"a": 1_000})
+    append(run, "a", record_line("a", 0, 10))
+
+    def heartbeat():  # what a live runner's status.json looks like (kit.store.write_status)
+        for _ in range(8):
+            live = DatasetProgress("a", budget=1_000, in_flight=2, state="running")
+            doc = {"t": time.time(), "finished": False, "datasets": [dataclasses.asdict(live)]}
+            (run / "status.tmp").write_text(json.dumps(doc))
+            os.replace(run / "status.tmp", run / "status.json")  # atomic, like the store
+            time.sleep(0.1)
+        (run / "status.json").unlink()
+
+    thread = threading.Thread(target=heartbeat, daemon=True)
+    t0 = time.monotonic()
+    thread.start()
+    final = kit.watch(run, interval=0.05, stall_timeout=0.3, monitor=lambda ps: None)
+    thread.join()
+    assert time.monotonic() - t0 >= 0.8 + 0.25  # heartbeat lasted 0.8 s, then the stall timeout
+    assert final[0].in_flight == 0 and final[0].tokens_done == 10
+
+
+def test_watch_until_done_false_keeps_watching_until_stall(tmp_path):
+    run = make_run(tmp_path, {"a": 10})
+    append(run, "a", record_line("a", 0, 50))
+    t0 = time.monotonic()
+    final = kit.watch(
+        run, interval=0.05, until_done=False, stall_timeout=0.4, monitor=lambda ps: None
+    )
+    assert final[0].state == "budget_reached" and time.monotonic() - t0 >= 0.35
+
+
+def test_awatch_matches_watch(tmp_path):
+    run = make_run(tmp_path, {"a": 100})
+    thread = grow(run, "a", n=5, tokens=20, pause=0.05)
+    final = asyncio.run(M.awatch(run, interval=0.05, monitor=lambda ps: None))
+    thread.join()
+    again = kit.watch(run, interval=0.05, monitor=lambda ps: None)
+    strip = [(p.dataset, p.tokens_done, p.samples_done, p.state) for p in final]
+    assert strip == [(p.dataset, p.tokens_done, p.samples_done, p.state) for p in again]
+    assert strip[0][3] == "budget_reached"
+
+
+def test_watch_refuses_bad_arguments(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        kit.watch(tmp_path / "nope")
+    with pytest.raises(ValueError, match="interval.*0"):
+        kit.watch(tmp_path, interval=0)
+    with pytest.raises(ValueError, match="stall_timeout.*-1"):
+        kit.watch(tmp_path, stall_timeout=-1)
+
+
+def test_docstring_examples_hold():
+    result = doctest.testmod(M)
+    assert result.attempted >= 4 and result.failed == 0
+
+
+# ----------------------------------------------------------------------------- real run
+
+
+@pytest.mark.server
+def test_monitor_and_awatch_follow_a_real_run(embedded_server, tmp_path):
+    import polars as pl
+
+    questions = [f"Name {k} fruits." for k in range(2, 10)] + [
+        f"Say hi {k} times." for k in range(4)
+    ]
+    names = ["fruits"] * 8 + ["hi"] * 4
+    frame = pl.DataFrame({
+        "dataset": names, "prompt_id": [f"p{i}" for i in range(12)],
+        "messages": [[{"role": "user", "content": q}] for q in questions],
+        "n_turns": [1] * 12, "row": list(range(12)),
+    })  # fmt: skip
+    run_dir, out = tmp_path / "run", io.StringIO()
+    live = M.ConsoleMonitor(out, min_interval=1.0)  # never closed: the settled rule draws the end
+
+    async def main():
+        run = await kit.generate(
+            frame, run_dir=run_dir, model=embedded_server.model, endpoints=embedded_server.base_url,
+            budgets={"fruits": 120, "hi": 10_000}, sampling=kit.Sampling(max_tokens=32, seed=1),
+            concurrency=4, progress=live, background=True,
+        )  # fmt: skip
+        watched = await M.awatch(run_dir, interval=0.2, monitor=lambda ps: None, stall_timeout=120)
+        await run.wait()
+        return run, watched
+
+    run, watched = asyncio.run(main())
+    final = run.status().datasets
+    assert {p.dataset: p.state for p in final} == {"fruits": "budget_reached", "hi": "exhausted"}
+    assert {p.dataset: p.state for p in watched} == {"fruits": "budget_reached", "hi": "exhausted"}
+    assert [(p.dataset, p.state, p.tokens_done) for p in live.last] == [
+        (p.dataset, p.state, p.tokens_done) for p in final
+    ]
+    last_block = out.getvalue().split("[kit ")[-1]
+    fruits = next(p for p in final if p.dataset == "fruits")
+    assert f"{fruits.samples_done}/8" in last_block and "budget_reached" in last_block
+    on_disk = kit.store.progress(run_dir)  # watch's view after the drain equals the runner's
+    assert [(p.tokens_done, p.samples_done) for p in on_disk] == [
+        (p.tokens_done, p.samples_done) for p in final
+    ]

@@ -1,0 +1,187 @@
+"""kit.tokens against the embedded model's real tokenizer and chat template."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from kit import tokens
+
+SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Name a prime."}],
+    [
+        {"role": "user", "content": "Write a haiku about rain."},
+        {
+            "role": "assistant",
+            "content": "Soft drops on the roof\nthe gutter hums its one note\nnight keeps the tempo",
+        },
+        {"role": "user", "content": "Now one about   snow, with trailing spaces   "},
+    ],
+    [
+        {
+            "role": "user",
+            "content": "def f(x):\n\treturn {'a': x ** 2}  # code, tabs, braces {{ }} {% raw %}",
+        }
+    ],
+    [{"role": "user", "content": "Ünïcödé — 日本語のテキスト 🚀 and emoji"}],
+    [{"role": "user", "content": "literal special tokens <|im_start|> and <|im_end|> in text"}],
+    [{"role": "user", "content": ""}],
+    [{"role": "user", "content": "word " * 2000}],
+]
+
+
+def _sample_conversations() -> list[list[dict]]:
+    """Prompts from data/samples (kit.sources) when the samples exist, else none."""
+    files = sorted(p for p in SAMPLES.glob("*") if p.suffix in (".json", ".jsonl", ".parquet"))
+    if not files:
+        return []
+    from kit.sources import load
+
+    frame = load([str(p) for p in files]).frame
+    return frame.sample(n=min(300, frame.height), seed=0)["messages"].to_list()
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    return tokens.load_tokenizer(model_dir)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("gen", [True, False])
+def test_render_equals_apply_chat_template(tok, gen):
+    convs = CONVERSATIONS + _sample_conversations()
+    expected = [
+        tok.apply_chat_template(m, tokenize=False, add_generation_prompt=gen) for m in convs
+    ]
+    assert tokens.render(tok, convs, add_generation_prompt=gen) == expected
+
+
+@pytest.mark.server
+def test_render_slow_path_rows_still_equal(tok):
+    convs = [
+        [
+            {"role": "user", "content": "x", "name": None}
+        ],  # None values are dropped, as transformers does
+        [
+            {"role": "user", "content": "y", "reasoning": "hidden"}
+        ],  # reasoning aliasing: fallback path
+    ]
+    expected = [
+        tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in convs
+    ]
+    assert tokens.render(tok, convs) == expected
+
+
+@pytest.mark.server
+def test_prompt_counts_equal_tokenizer_counts(tok):
+    convs = CONVERSATIONS + _sample_conversations()
+    frame = pl.DataFrame({"dataset": ["d"] * len(convs), "messages": convs})
+    counted = tokens.count_prompt_tokens(tok, frame)["prompt_tokens"].to_list()
+    expected = [
+        len(
+            tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True, return_dict=False)
+        )
+        for m in convs
+    ]
+    assert counted == expected
+    assert counted[7] > 2000  # the long one
+
+
+@pytest.mark.server
+def test_unrenderable_row_is_counted_null_and_reported(tok):
+    frame = pl.DataFrame(
+        {
+            "dataset": ["d", "d", "d"],
+            "prompt_id": ["p0", "p1", "p2"],
+            "messages": [
+                [{"role": "user", "content": "ok"}],
+                [{"role": "user"}],
+                [{"role": "user", "content": "ok2"}],
+            ],
+        }
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = tokens.count_prompt_tokens(tok, frame)
+    counts = out["prompt_tokens"].to_list()
+    assert counts[1] is None and counts[0] > 0 and counts[2] > 0
+    assert any("1 of 3 prompts" in str(w.message) and "p1" in str(w.message) for w in caught)
+    with pytest.raises(ValueError, match="row 1"):
+        tokens.render(tok, frame["messages"].to_list())
+
+
+@pytest.mark.server
+def test_completion_count_source_preference(tok):
+    records = pl.DataFrame(
+        {
+            "completion": [
+                "Hello there, friend.",
+                "ignored text",
+                "ignored too",
+                "Retokenize me please",
+            ],
+            "completion_tokens": [None, 7, 99, None],
+            "count_source": [None, None, "server_ids", None],
+            "output_ids": [None, None, [1, 2, 3], None],
+        },
+        schema_overrides={"completion_tokens": pl.Int64, "output_ids": pl.List(pl.Int64)},
+    )
+    out = tokens.count_completion_tokens(records, tok)
+    retok = [
+        len(tok(t, add_special_tokens=False)["input_ids"])
+        for t in ("Hello there, friend.", "Retokenize me please")
+    ]
+    assert out["completion_tokens"].to_list() == [retok[0], 7, 3, retok[1]]
+    assert out["count_source"].to_list() == ["retokenized", "usage", "server_ids", "retokenized"]
+    with pytest.raises(ValueError, match="2 records have no server token count"):
+        tokens.count_completion_tokens(records, None)
+
+
+def test_completion_counts_need_no_tokenizer_when_server_counted():
+    records = pl.DataFrame(
+        {
+            "completion": ["a", "b"],
+            "completion_tokens": [5, 6],
+            "count_source": ["usage", "server_ids"],
+        }
+    )
+    out = tokens.count_completion_tokens(records)
+    assert out["completion_tokens"].to_list() == [5, 6]
+    assert out["count_source"].to_list() == ["usage", "server_ids"]
+
+
+@pytest.mark.server
+def test_chat_template_hash_tracks_the_template(tok):
+    h = tokens.chat_template_hash(tok)
+    assert h == tokens.chat_template_hash(tok) and len(h) == 16
+    other = copy.deepcopy(tok)
+    other.chat_template = tok.get_chat_template().replace("helpful", "unhelpful")
+    assert tokens.chat_template_hash(other) != h
+
+
+@pytest.mark.server
+def test_load_tokenizer_is_cached_and_local_only(model_dir, tmp_path):
+    assert tokens.load_tokenizer(model_dir) is tokens.load_tokenizer(str(model_dir))
+    with pytest.raises(FileNotFoundError, match="local files only"):
+        tokens.load_tokenizer(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="no such GGUF"):
+        tokens.load_tokenizer(tmp_path / "missing.gguf")
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_gguf_tokenizer_renders_like_the_prepared_folder(tok):
+    from kit.serve import gguf_path
+
+    from_gguf = tokens.load_tokenizer(gguf_path())
+    frame = pl.DataFrame({"dataset": ["d"] * len(CONVERSATIONS), "messages": CONVERSATIONS})
+    assert tokens.render(from_gguf, CONVERSATIONS) == tokens.render(tok, CONVERSATIONS)
+    a = tokens.count_prompt_tokens(from_gguf, frame)["prompt_tokens"].to_list()
+    assert a == tokens.count_prompt_tokens(tok, frame)["prompt_tokens"].to_list()
