@@ -27,6 +27,7 @@ _EXPORTS = {
     "generate": "kit.generate:",  # callable module: await kit.generate(...)
     "generate_sync": "kit.generate:generate_sync",
     "watch": "kit.monitor:watch",
+    "widgets": "kit.widgets:",
     "Sampling": "kit.types:Sampling",
     "Record": "kit.types:Record",
     "Completion": "kit.types:Completion",

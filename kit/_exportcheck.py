@@ -32,7 +32,9 @@ class ValidationResult:
         head = f"{self.path}: {self.files_checked} files, {self.rows_checked} rows"
         if self.ok:
             return f"{head}: OK"
-        return "\n".join([f"{head}: {len(self.problems)} problems", *("  " + p for p in self.problems)])
+        return "\n".join(
+            [f"{head}: {len(self.problems)} problems", *("  " + p for p in self.problems)]
+        )
 
 
 def sha256_file(path: Path) -> str:
@@ -59,7 +61,11 @@ def _check_specforge(row) -> str | None:
     if not isinstance(conv, list) or not conv:
         return "'conversations' must be a non-empty list"
     for j, m in enumerate(conv):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ROLES
+            or not isinstance(m.get("content"), str)
+        ):
             return f"conversations[{j}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.80}"
         if m["role"] == "system" and j:
             return f"conversations[{j}] is a system message after the first turn"
@@ -120,7 +126,7 @@ def _changed_lines(root: Path, rel: str, entry: dict) -> list[str]:
         return [f"{rel}: contents changed after export (sha256 differs from manifest.json)"]
     want = lh.read_text().split()
     got = [hashlib.sha256(x.encode()).hexdigest()[:16] for x in (root / rel).read_text(encoding="utf-8").splitlines()]  # fmt: skip
-    out = [f"{rel} line {i + 1}: edited after export (differs from the line written)" for i, (a, b) in enumerate(zip(want, got)) if a != b]  # fmt: skip
+    out = [f"{rel} line {i + 1}: edited after export (differs from the line written)" for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b]  # fmt: skip
     if len(got) != len(want):
         out.append(f"{rel}: has {len(got)} lines, the export wrote {len(want)}")
     return out or [f"{rel}: bytes changed after export (sha256 differs; lines unchanged)"]
@@ -159,10 +165,14 @@ def _check_counts(manifest: dict, ids: dict[str, list], result: ValidationResult
         found = {rel: v for rel, v in ids.items() if rel.endswith(f"/{split}.jsonl")}
         for rel, v in found.items():
             if len(v) != want:
-                result.problems.append(f"{rel}: {len(v)} rows, manifest counts say {want} {split} rows")
+                result.problems.append(
+                    f"{rel}: {len(v)} rows, manifest counts say {want} {split} rows"
+                )
         sf, tk = found.get(f"specforge/{split}.jsonl"), found.get(f"token_ids/{split}.jsonl")
         if sf is not None and tk is not None and sf != tk:
-            first = next((i for i, (a, b) in enumerate(zip(sf, tk)) if a != b), min(len(sf), len(tk)))
+            first = next(
+                (i for i, (a, b) in enumerate(zip(sf, tk, strict=False)) if a != b), min(len(sf), len(tk))
+            )
             result.problems.append(
                 f"token_ids/{split}.jsonl line {first + 1}: id differs from specforge/{split}.jsonl"
             )

@@ -73,7 +73,7 @@ class EndpointPool:
             if not isinstance(v, (int, float)) or v <= 0:
                 raise ValueError(f"EndpointPool.{name} must be > 0, got {v!r}")
         self._eps = [_Endpoint(b) for b in backends]
-        self._by_backend = {id(b): ep for b, ep in zip(backends, self._eps)}
+        self._by_backend = {id(ep.backend): ep for ep in self._eps}
         self.limit = limit
         self.health_interval = float(health_interval)
         self.fail_threshold = fail_threshold

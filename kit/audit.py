@@ -174,7 +174,7 @@ def flag_records(records, *, tokenizer=None, thresholds: AuditThresholds | None 
     recs = records.with_row_index("_row").sort("t_done", maintain_order=True)
     norm = [normalize_text(t) for t in recs["completion"]]
     empty = [not t.strip() for t in recs["completion"]]
-    pairs = zip(recs["messages"].to_list(), recs["completion"].to_list())
+    pairs = zip(recs["messages"].to_list(), recs["completion"].to_list(), strict=True)
     echo = [_is_echo(_last_user(m), c, th) for m, c in pairs]
     recs = recs.with_columns(
         pl.Series("empty", empty),
@@ -200,7 +200,7 @@ def _decode_flags(recs, tokenizer):
 
     values = [None] * recs.height
     if tokenizer is not None:
-        pairs = zip(recs["output_ids"].to_list(), recs["completion"].to_list())
+        pairs = zip(recs["output_ids"].to_list(), recs["completion"].to_list(), strict=True)
         for i, (ids, text) in enumerate(pairs):
             if ids is not None:
                 values[i] = not ids_match_text(tokenizer, ids, text)
@@ -292,7 +292,7 @@ def _findings(table, th: AuditThresholds, max_tokens: int):
                 )  # fmt: skip
                 msg = f"{r[check]} of {r['with_ids']} records with ids: {what}"
                 rows.append((r["dataset"], check, float(r[check]), 0.0, "error", msg))
-    schema = dict(zip(FINDING_COLUMNS, [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String]))  # fmt: skip
+    schema = dict(zip(FINDING_COLUMNS, [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String], strict=True))  # fmt: skip
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 

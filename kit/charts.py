@@ -133,10 +133,18 @@ def throughput(records, *, bins: int = 40):
     t0 = data["t_done"].min() or 0.0
     span = (data["t_done"].max() or 0.0) - t0
     width = max(span / bins, 1.0)
-    data = (
+    sums = (
         data.with_columns(bucket=((pl.col("t_done") - t0) / width).floor().cast(pl.Int64))
         .group_by("dataset", "bucket")
         .agg(tokens=pl.col("completion_tokens").sum())
+    )
+    grid = data.select(pl.col("dataset").unique()).join(  # every bucket for every dataset
+        pl.DataFrame({"bucket": range(int(span / width) + 1)}, schema={"bucket": pl.Int64}),
+        how="cross",
+    )
+    data = (
+        grid.join(sums, on=["dataset", "bucket"], how="left")
+        .with_columns(pl.col("tokens").fill_null(0))
         .with_columns(
             minutes=pl.col("bucket") * width / 60.0, tokens_per_s=pl.col("tokens") / width
         )

@@ -43,6 +43,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from kit._exportcheck import ValidationResult, file_entry, validate  # noqa: F401
+from kit._tokenrows import conversation, end_of_turn, row_id, token_rows
 
 FORMATS = ("specforge", "token_ids", "parquet", "hf")
 SPLITS = ("train", "validation")
@@ -66,7 +67,9 @@ class ExportOptions:
         self.formats = (self.formats,) if isinstance(self.formats, str) else tuple(self.formats)
         bad = [f for f in self.formats if f not in FORMATS]
         if bad or not self.formats:
-            raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {self.formats!r}")
+            raise ValueError(
+                f"formats must be a non-empty subset of {FORMATS}, got {self.formats!r}"
+            )
         if not (isinstance(self.val_fraction, (int, float)) and 0 <= self.val_fraction < 1):
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -146,7 +149,9 @@ def _mix(frame, mix: dict):
     avail = dict(frame.group_by("dataset").agg(pl.col("completion_tokens").sum()).iter_rows())
     missing = [d for d in mix if d not in avail]
     if missing:
-        raise ValueError(f"mix names datasets with no records to export: {missing}; have {sorted(avail)}")
+        raise ValueError(
+            f"mix names datasets with no records to export: {missing}; have {sorted(avail)}"
+        )
     total = sum(mix.values())
     shares = {d: s / total for d, s in mix.items()}
     t = min(avail[d] / s for d, s in shares.items())
@@ -166,76 +171,12 @@ def _split(frame, val_fraction: float, seed: int):
         ids = sorted(frame.filter(pl.col("dataset") == name)["prompt_id"].unique().to_list())
         random.Random(f"{seed}:{name}").shuffle(ids)
         val_keys += [(name, p) for p in ids[: round(val_fraction * len(ids))]]
-    val = pl.DataFrame(val_keys, schema={"dataset": pl.String, "prompt_id": pl.String}, orient="row")
+    val = pl.DataFrame(
+        val_keys, schema={"dataset": pl.String, "prompt_id": pl.String}, orient="row"
+    )
     val = val.with_columns(split=pl.lit("validation"))
     out = frame.join(val, on=["dataset", "prompt_id"], how="left", maintain_order="left")
     return out.with_columns(pl.col("split").fill_null("train"))
-
-
-# ---------------------------------------------------------------- rows
-
-
-def _conversation(messages, completion: str) -> list[dict]:
-    prompt = [{"role": m["role"], "content": m["content"]} for m in messages]
-    return prompt + [{"role": "assistant", "content": completion}]
-
-
-def _row_id(r: dict) -> str:
-    return f"{r['dataset']}-{r['prompt_id']}-{r['sample']}"
-
-
-def _end_of_turn(tok) -> tuple[int | None, str]:
-    """(id of the special token that closes an assistant turn, its text) from the template."""
-    from kit.tokens import render
-
-    mark = "\ue000kit\ue000"
-    full = render(tok, [[{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}]], False)[0]  # fmt: skip
-    ids = tok.encode(full[full.index(mark) + len(mark) :], add_special_tokens=False)
-    if ids and ids[0] in set(tok.all_special_ids):
-        return ids[0], tok.convert_ids_to_tokens(ids[0])
-    return None, ""
-
-
-def token_rows(tok, rows: list[dict], stats: dict) -> list[dict | None]:
-    """{"id", "input_ids", "loss_mask"} per record (None when the template cannot split it).
-
-    See the module docstring for how ids and the mask are built. `stats` counts where ids came
-    from: output_ids / completion_retokenized / prompt_ids / prompt_tokenized / skipped.
-
-    Example: token_rows(tok, [record_dict], {})[0]["loss_mask"][-3:] -> [1, 1, 0]
-    """
-    from kit.audit import ids_match_text, strip_end_ids
-    from kit.tokens import render
-
-    eot, _ = _end_of_turn(tok)
-    convs = [_conversation(r["messages"], r["completion"]) for r in rows]
-    prompts = render(tok, [c[:-1] for c in convs], True, on_error="skip")
-    fulls = render(tok, convs, False, on_error="skip")
-    out = []
-    for r, p_text, f_text in zip(rows, prompts, fulls):
-        head = (p_text or "") + r["completion"]
-        if p_text is None or f_text is None or not f_text.startswith(head):
-            stats["skipped"] = stats.get("skipped", 0) + 1
-            out.append(None)
-            continue
-        p_ids = _pick(r["prompt_ids"], p_text, tok, stats, "prompt_ids", ids_match_text)
-        gen = strip_end_ids(tok, r["output_ids"]) if r["output_ids"] else None
-        c_ids = _pick(gen, r["completion"], tok, stats, "output_ids", ids_match_text)
-        tail = tok.encode(f_text[len(head) :], add_special_tokens=False)
-        closed = r["finish_reason"] == "stop" and eot is not None and tail[:1] == [eot]
-        mask = [0] * len(p_ids) + [1] * len(c_ids) + [int(closed and i == 0) for i in range(len(tail))]
-        out.append({"id": _row_id(r), "input_ids": p_ids + c_ids + tail, "loss_mask": mask})
-    return out
-
-
-def _pick(ids, text: str, tok, stats: dict, name: str, match) -> list[int]:
-    """The server's ids when they decode to text, else text tokenized; counted in stats."""
-    if ids and tok.decode(ids, skip_special_tokens=False) == text:
-        stats[name] = stats.get(name, 0) + 1
-        return list(ids)
-    key = "completion_retokenized" if name == "output_ids" else "prompt_tokenized"
-    stats[key] = stats.get(key, 0) + 1
-    return tok.encode(text, add_special_tokens=False)
 
 
 # ---------------------------------------------------------------- writing
@@ -259,15 +200,17 @@ def _write_split(out_dir, split, part, tok_rows, opts, files) -> None:
     import polars as pl
 
     rows = part.to_dicts()
-    ids = [_row_id(r) for r in rows]
-    convs = [_conversation(r["messages"], r["completion"]) for r in rows]
+    ids = [row_id(r) for r in rows]
+    convs = [conversation(r["messages"], r["completion"]) for r in rows]
     if "specforge" in opts.formats:
-        sf = [{"id": i, "conversations": c} for i, c in zip(ids, convs)]
+        sf = [{"id": i, "conversations": c} for i, c in zip(ids, convs, strict=True)]
         _write_jsonl(out_dir, f"specforge/{split}.jsonl", sf, files)
     if "token_ids" in opts.formats:
         _write_jsonl(out_dir, f"token_ids/{split}.jsonl", [tok_rows[i] for i in ids], files)
     table = pl.DataFrame({"id": ids, "conversations": convs}).with_columns(
-        part.select("dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source")
+        part.select(
+            "dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source"
+        )
     )
     if tok_rows:
         table = table.with_columns(
@@ -277,7 +220,9 @@ def _write_split(out_dir, split, part, tok_rows, opts, files) -> None:
     if "parquet" in opts.formats:
         (out_dir / "parquet").mkdir(exist_ok=True)
         table.write_parquet(out_dir / f"parquet/{split}.parquet")
-        files[f"parquet/{split}.parquet"] = file_entry(out_dir / f"parquet/{split}.parquet", len(rows))
+        files[f"parquet/{split}.parquet"] = file_entry(
+            out_dir / f"parquet/{split}.parquet", len(rows)
+        )
     if "hf" in opts.formats:
         _write_hf(out_dir, split, table, files)
 
@@ -302,7 +247,9 @@ def _public_url(url: str) -> str:
 
 def _prepare_dir(out_dir: Path, overwrite: bool) -> None:
     if (out_dir / "manifest.json").exists() and not overwrite:
-        raise FileExistsError(f"{out_dir} already holds an export; pass overwrite=True to replace it")
+        raise FileExistsError(
+            f"{out_dir} already holds an export; pass overwrite=True to replace it"
+        )
     for name in _OWNED:
         p = out_dir / name
         if p.is_dir():
@@ -392,7 +339,9 @@ def _tokenizer(tokenizer, config, opts: ExportOptions):
         try:
             import datasets  # noqa: F401
         except ImportError as e:
-            raise ValueError("format 'hf' needs the `datasets` package: pip install datasets") from e
+            raise ValueError(
+                "format 'hf' needs the `datasets` package: pip install datasets"
+            ) from e
     return tok
 
 
@@ -413,7 +362,7 @@ def _manifest(run_dir, config, tok, frame, dropped, stats, opts, files) -> dict:
     from kit.tokens import chat_template_hash
 
     raw = json.loads((run_dir / "config.json").read_text())
-    eot_id, eot_text = _end_of_turn(tok) if tok is not None else (None, "")
+    eot_id, eot_text = end_of_turn(tok) if tok is not None else (None, "")
     return {
         "kit_version": kit.__version__,
         "created_unix": time.time(),
@@ -426,12 +375,17 @@ def _manifest(run_dir, config, tok, frame, dropped, stats, opts, files) -> dict:
             "path": str(config.tokenizer or getattr(tok, "name_or_path", "") or ""),
             "chat_template_hash": chat_template_hash(tok) if tok is not None else None,
             "run_chat_template_hash": config.chat_template_hash,
-            "end_of_turn": {"id": eot_id, "token": eot_text, "in_loss_mask": "when finish_reason == 'stop'"},
+            "end_of_turn": {
+                "id": eot_id,
+                "token": eot_text,
+                "in_loss_mask": "when finish_reason == 'stop'",
+            },
         },
         "budgets": dict(config.budgets),
         "counts": _counts(frame),
         "dropped": dropped,
         "token_id_sources": stats,
-        "options": {k: v for k, v in dataclasses.asdict(opts).items()} | {"formats": list(opts.formats)},
+        "options": {k: v for k, v in dataclasses.asdict(opts).items()}
+        | {"formats": list(opts.formats)},
         "files": files,
     }

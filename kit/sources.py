@@ -146,7 +146,8 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None) -> LoadResul
     """Load prompt datasets into one prompt frame.
 
     Args:
-        paths_or_mapping: a path, a list of paths, or {dataset_name: path or in-memory rows}
+        paths_or_mapping: a path, a directory (its .jsonl/.json/.parquet files), a list of
+            those, or {dataset_name: path or in-memory rows}
             (a list of dicts, a polars DataFrame, a Hugging Face `datasets.Dataset`).
         format: force one of FORMATS for every source; None detects it per source.
         name: dataset name for a single source (default: the file stem, sanitized).
@@ -174,6 +175,8 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None) -> LoadResul
         result.paths[ds] = str(source) if isinstance(source, Path) else ""
         if mapping:
             _check_mapping_columns(mapping, rows, label)
+        if isinstance(rows, pl.DataFrame):
+            rows = _frame_rows(rows, result.formats[ds], mapping)
         _convert(ds, rows, result.formats[ds], mapping, cols, result, skip_rows)
     result.frame = _frame(cols)
     result.skipped_rows = pl.DataFrame(
@@ -234,12 +237,12 @@ def _sources(spec, name) -> list[tuple[str, object]]:
         if name is not None:
             raise ValueError("name= is for a single source; a dict already names its datasets")
         pairs = [(_check_name(k), _as_source(v)) for k, v in spec.items()]
-    elif isinstance(spec, (str, Path)):
+    elif isinstance(spec, (str, Path)) and not Path(spec).is_dir():
         pairs = [(_check_name(name) if name else _stem_name(Path(spec)), Path(spec))]
-    elif isinstance(spec, (list, tuple)) and all(isinstance(p, (str, Path)) for p in spec):
+    elif isinstance(spec, (str, Path, list, tuple)) and _all_paths(spec):
         if name is not None:
-            raise ValueError("name= is for a single source; pass {name: path} for several")
-        pairs = [(_stem_name(Path(p)), Path(p)) for p in spec]
+            raise ValueError("name= is for a single file; pass {name: path} for several")
+        pairs = [(_stem_name(p), p) for p in _expand(spec)]
     elif name is not None:
         pairs = [(_check_name(name), spec)]
     else:
@@ -251,6 +254,27 @@ def _sources(spec, name) -> list[tuple[str, object]]:
         raise ValueError("load() got no sources")
     _check_unique(pairs)
     return pairs
+
+
+def _all_paths(spec) -> bool:
+    """True for a path or a list/tuple of paths."""
+    items = spec if isinstance(spec, (list, tuple)) else [spec]
+    return all(isinstance(p, (str, Path)) for p in items)
+
+
+def _expand(spec) -> list[Path]:
+    """Paths, with each directory replaced by its .jsonl/.ndjson/.json/.parquet files, sorted."""
+    out = []
+    for item in spec if isinstance(spec, (list, tuple)) else [spec]:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in _SUFFIXES)
+            if not found:
+                raise ValueError(f"{path}: no .jsonl, .json or .parquet files in this directory")
+            out.extend(found)
+        else:
+            out.append(path)
+    return out
 
 
 def _as_source(value):
@@ -338,18 +362,18 @@ def _read_json(path: Path) -> list:
     return data
 
 
-def _read_parquet(path: Path) -> list:
-    """Rows of a Parquet file as dicts."""
+def _read_parquet(path: Path) -> pl.DataFrame:
+    """A Parquet file as a frame (rows become dicts after the format is known)."""
     try:
-        return pl.read_parquet(path).to_dicts()
+        return pl.read_parquet(path)
     except Exception as exc:  # polars raises several error types for a bad file
         raise ValueError(f"{path}: cannot read Parquet ({type(exc).__name__}: {exc})") from None
 
 
-def _read_memory(obj) -> list:
+def _read_memory(obj) -> list | pl.DataFrame:
     """Rows of an in-memory source: list of dicts, polars frame, datasets.Dataset, iterable."""
     if isinstance(obj, pl.DataFrame):
-        return obj.to_dicts()
+        return obj
     if hasattr(obj, "to_list") and hasattr(obj, "column_names"):  # datasets.Dataset
         return list(obj.to_list())
     if hasattr(obj, "to_dicts"):
@@ -363,8 +387,11 @@ def _read_memory(obj) -> list:
 # ---------------------------------------------------------------- formats
 
 
-def _columns(rows: list) -> list[str]:
+def _columns(rows: list | pl.DataFrame) -> list[str]:
     """Keys with a non-null value in the first _DETECT_ROWS object rows."""
+    if isinstance(rows, pl.DataFrame):
+        head = rows.head(_DETECT_ROWS)
+        return [c for c in head.columns if head.height == 0 or head[c].null_count() < head.height]
     keys: dict[str, None] = {}
     for row in [r for r in rows if isinstance(r, dict)][:_DETECT_ROWS]:
         keys.update((k, None) for k, v in row.items() if v is not None)
@@ -397,6 +424,38 @@ def _check_mapping_columns(mapping: dict, rows: list, label: str) -> None:
     missing = [c for c in mapping.values() if c not in cols]
     if missing and cols:
         raise ValueError(f"mapping columns {missing} not found in {label}; columns found {cols}")
+
+
+_FIELDS = {  # format -> the columns its rows are read from
+    "sharegpt": ["conversations"],
+    "openai": ["messages"],
+    "ultrachat": ["data"],
+    "alpaca": ["instruction", "input"],
+    "magicoder": ["problem", "instruction"],
+    "opencodeinstruct": ["input"],
+}
+
+
+def _frame_rows(df: pl.DataFrame, fmt: str, mapping: dict | None) -> list[dict]:
+    """Rows of a columnar source: only the needed columns, turn lists cut after the last user turn."""
+    wanted = list(mapping.values()) if fmt == "mapping" else _FIELDS[fmt]
+    df = df.select([c for c in df.columns if c in wanted])
+    trims = [_trim_turns(c, df.schema[c]) for c in df.columns]
+    return df.with_columns([t for t in trims if t is not None]).to_dicts()
+
+
+def _trim_turns(col: str, dtype) -> pl.Expr | None:
+    """Drop turns after the last user turn in polars (they are never read; saves converting them)."""
+    if not (isinstance(dtype, pl.List) and isinstance(dtype.inner, pl.Struct)):
+        return None
+    fields = {f.name: f.dtype for f in dtype.inner.fields}
+    keys = [k for k in ("from", "role") if fields.get(k) == pl.String]
+    if not keys:
+        return None
+    role = pl.coalesce([pl.element().struct.field(k) for k in keys]).str.to_lowercase()
+    user_at_or_after = role.is_in(["user", "human"]).reverse().cum_sum().reverse() > 0
+    cut = pl.col(col).list.eval(pl.element().filter(user_at_or_after))
+    return pl.when(cut.list.len() > 0).then(cut).otherwise(pl.col(col)).alias(col)
 
 
 def _field(row: dict, key: str):

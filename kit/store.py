@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import mmap
 import os
 import re
 import time
-from collections import Counter, deque
+from collections import deque
 from pathlib import Path
 
 import orjson
@@ -40,6 +41,8 @@ _HEAD = re.compile(
     + rb',"sample":(\d+),"completion_tokens":(\d+),'
     rb'"finish_reason":(?:' + _STR + rb'|null),"t_done":([-+.\deE]+)[,}]',
 )
+_HEAD_NL = re.compile(b"\n" + _HEAD.pattern[1:])  # the same, for a line after a newline
+_NEWLINE = re.compile(b"\n")
 ERROR_FIELDS = [f.name for f in dataclasses.fields(ErrorRecord)]
 Key = tuple  # (dataset, prompt_id, sample)
 
@@ -185,19 +188,39 @@ def _text(raw: bytes | None) -> str | None:
     return orjson.loads(b'"' + raw + b'"')
 
 
-def _heads(data: bytes) -> list[tuple]:
-    """(dataset, prompt_id, sample, completion_tokens, finish_reason, t_done) per complete line."""
-    out, match = [], _HEAD.match
-    for line in data.split(b"\n"):
-        m = match(line)
-        if m:
-            out.append((_text(m[1]), _text(m[2]), int(m[3]), int(m[4]), _text(m[5]), float(m[6])))
-        elif line:  # not written by RunStore (or damaged): parse it, skip it if bad
-            row = _parse_lines(line)[0]
-            if row and all(isinstance(row[0].get(f), (str, int)) for f in HEAD_FIELDS[:4]):
-                r = row[0]
-                out.append(tuple(r.get(f) for f in HEAD_FIELDS[:5]) + (r.get("t_done") or 0.0,))
+def _heads(data) -> list[tuple]:
+    """(dataset, prompt_id, sample, completion_tokens, finish_reason, t_done) per complete line.
+
+    `data` (bytes or mmap) may end in a torn line: nothing after the last newline is read.
+    """
+    end = data.rfind(b"\n")
+    if end < 0:
+        return []
+    found = [m.groups() for m in _HEAD_NL.finditer(data, 0, end)]
+    first = _HEAD.match(data, 0, end)
+    if first:
+        found.insert(0, first.groups())
+    if len(found) == len(_NEWLINE.findall(data, 0, end + 1)):
+        return [
+            (_text(a), _text(b), int(c), int(d), _text(e), float(f)) for a, b, c, d, e, f in found
+        ]
+    out = []  # some lines were not written by RunStore (or are damaged): parse line by line
+    for r in _parse_lines(bytes(data[: end + 1]))[0]:
+        if all(isinstance(r.get(f), (str, int)) for f in HEAD_FIELDS[:4]):
+            out.append(tuple(r.get(f) for f in HEAD_FIELDS[:5]) + (r.get("t_done") or 0.0,))
     return out
+
+
+def _scan_heads(path: Path) -> list[tuple]:
+    """_heads of a records file, read through mmap (no copy of a large file)."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return []
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                return _heads(m)
+    except FileNotFoundError:
+        return []
 
 
 # ---------------------------------------------------------------- the writer
@@ -279,7 +302,7 @@ class RunStore:
         """Scan records: {(dataset, prompt_id, sample): completion_tokens}; first copy wins."""
         out: dict[Key, int] = {}
         for path in _record_files(self.run_dir).values():
-            for head in _heads(_complete_bytes(path)):
+            for head in _scan_heads(path):
                 out.setdefault(head[:3], head[3])
         return out
 
@@ -454,9 +477,9 @@ def _prompt_counts(run_dir: Path, n: int) -> dict[str, int]:
 def progress(run_dir, *, window_s: float = 30.0, stale_s: float = 15.0) -> list[DatasetProgress]:
     """Where each dataset of a run stands, from its files (what `kit.watch` draws).
 
-    Tokens and samples come from the records; tokens/s from the t_done of records in the
-    last `window_s` seconds; in-flight and retry counts from status.json while the runner
-    writes it (older than `stale_s`: the run is not live, in_flight is 0).
+    Tokens and samples come from the records (read incrementally between calls); tokens/s
+    from the t_done of records in the last `window_s` seconds; in-flight and retry counts
+    from status.json while the runner writes it (older than `stale_s`: not live).
 
     Example: [p.tokens_done for p in progress("data/runs/demo")] -> [4012, 2561]
     """
@@ -464,35 +487,57 @@ def progress(run_dir, *, window_s: float = 30.0, stale_s: float = 15.0) -> list[
     config = read_config(run_dir)
     totals = _prompt_counts(run_dir, config.sampling.n)
     live = _read_status(run_dir, stale_s) or {}
-    errs = Counter(k[0] for k in RunStore(run_dir).errors())
-    out = []
-    names = list(dict.fromkeys([*config.budgets, *totals]))
+    rows, _ = _parse_lines(_complete_bytes(run_dir / "errors.jsonl"))
+    failed = {_key(r) for r in rows}
     files = _record_files(run_dir)
-    for name in names:
+    out = []
+    for name in dict.fromkeys([*config.budgets, *totals]):
         p = DatasetProgress(dataset=name, budget=int(config.budgets.get(name, 0)))
-        p.prompts_total, p.errors = totals.get(name, 0), errs.get(name, 0)
         path = files.get(_safe_name(name))
-        _fill_from_records(p, _parse_lines(_complete_bytes(path))[0] if path else [], window_s)
+        tail = _tail(path, failed) if path else {"resolved": set()}
+        _fill(p, tail, window_s)
+        p.prompts_total = totals.get(name, 0)
+        p.errors = sum(k[0] == name and k not in tail["resolved"] for k in failed)
         _apply_live(p, live.get(name))
         out.append(p)
     return out
 
 
-def _fill_from_records(p: DatasetProgress, rows: list[dict], window_s: float) -> None:
-    seen, recent = set(), deque()
+_TAILS: dict[tuple, dict] = {}  # (path, inode) -> running totals of the lines read so far
+
+
+def _tail(path: Path, failed: set) -> dict:
+    """Totals of a records file, reading only what was appended since the last call."""
+    st = path.stat()
+    key = (str(path), st.st_ino)
+    t = _TAILS.get(key)
+    if t is None or st.st_size < t["offset"]:
+        t = _TAILS[key] = {"offset": 0, "tokens": 0, "samples": 0, "truncated": 0,
+                           "recent": deque(maxlen=20_000), "resolved": set()}  # fmt: skip
+    if st.st_size > t["offset"]:
+        with open(path, "rb") as f:
+            f.seek(t["offset"])
+            data = f.read(st.st_size - t["offset"])
+        data = data[: data.rfind(b"\n") + 1]
+        t["offset"] += len(data)
+        for ds, pid, sample, tokens, finish, t_done in _heads(data):
+            t["tokens"] += tokens
+            t["samples"] += 1
+            t["truncated"] += finish == "length"
+            t["recent"].append((t_done, tokens))
+            if (ds, pid, sample) in failed:  # an error that a later attempt resolved
+                t["resolved"].add((ds, pid, sample))
+    return t
+
+
+def _fill(p: DatasetProgress, tail: dict, window_s: float) -> None:
+    """Copy a file's totals into p; tokens/s over the recent window."""
+    p.tokens_done, p.samples_done = tail.get("tokens", 0), tail.get("samples", 0)
+    p.truncated = tail.get("truncated", 0)
     now = time.time()
-    for r in rows:
-        if r.get("dataset") != p.dataset or _key(r) in seen:
-            continue
-        seen.add(_key(r))
-        p.tokens_done += r["completion_tokens"]
-        p.samples_done += 1
-        p.truncated += r.get("finish_reason") == "length"
-        if now - r.get("t_done", 0) <= window_s:
-            recent.append((r["t_done"], r["completion_tokens"]))
+    recent = [(t, c) for t, c in tail.get("recent", ()) if now - t <= window_s]
     if len(recent) >= 2:
-        span = max(now - min(t for t, _ in recent), 1e-3)
-        p.tokens_per_s = sum(c for _, c in recent) / span
+        p.tokens_per_s = sum(c for _, c in recent) / max(now - recent[0][0], 1.0)
 
 
 def _read_status(run_dir: Path, stale_s: float) -> dict | None:

@@ -106,7 +106,11 @@ def chat_response(body: dict, cfg: FaultConfig, *, usage: bool = True) -> dict:
     )
     text = " ".join(VOCAB[w] for w in words)
     n_prompt = len(prompt_text.split())
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": finish,
+    }
     out = {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time())}
     out |= {"model": body.get("model", ""), "choices": [choice]}
     if usage:
@@ -129,10 +133,18 @@ def generate_response(body: dict, cfg: FaultConfig) -> dict:
         completion_words(tuple(ids), params.get("sampling_seed"), cfg),
         params.get("max_new_tokens"),
     )
-    reason = {"type": "length", "length": len(words)} if finish == "length" else {"type": "stop", "matched": 2}
+    reason = (
+        {"type": "length", "length": len(words)}
+        if finish == "length"
+        else {"type": "stop", "matched": 2}
+    )
     meta = {"id": "fault", "finish_reason": reason, "prompt_tokens": len(ids)}
     meta["completion_tokens"] = len(words)
-    return {"text": " ".join(VOCAB[w] for w in words), "output_ids": [100 + w for w in words], "meta_info": meta}
+    return {
+        "text": " ".join(VOCAB[w] for w in words),
+        "output_ids": [100 + w for w in words],
+        "meta_info": meta,
+    }
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 411: "Length Required"}
@@ -172,7 +184,11 @@ class _State:
         return random.Random(_digest(cfg.seed, key, self.seen[key])).random() < cfg.fraction
 
     def stats(self) -> dict:
-        return {"requests": self.requests, "outcomes": dict(self.outcomes), "paths": dict(self.paths)}
+        return {
+            "requests": self.requests,
+            "outcomes": dict(self.outcomes),
+            "paths": dict(self.paths),
+        }
 
 
 class _Conn(asyncio.Protocol):

@@ -101,7 +101,10 @@ ANSWERS = [
 
 
 def clean_records(tok, dataset="clean", n=6):
-    return [make_record(tok, dataset, i, f"Question {dataset} number {i}?", ANSWERS[i]) for i in range(n)]
+    return [
+        make_record(tok, dataset, i, f"Question {dataset} number {i}?", ANSWERS[i])
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +117,24 @@ def messy_run(tmp_path, tok):
     recs = clean_records(tok, "messy", 3)
     long_prompt = "Explain in detail how a hash map resolves collisions between keys."
     recs += [
-        make_record(tok, "messy", 10, "Write a long story.", "Once upon a time there", finish="length"),
+        make_record(
+            tok, "messy", 10, "Write a long story.", "Once upon a time there", finish="length"
+        ),
         make_record(tok, "messy", 11, "Say nothing.", "   "),
         make_record(tok, "messy", 12, "Repeat fact one.", ANSWERS[0]),  # exact copy of record 0
-        make_record(tok, "messy", 13, "Repeat fact two.", "WATER boils at one hundred degrees celsius, at sea level!!"),
+        make_record(
+            tok,
+            "messy",
+            13,
+            "Repeat fact two.",
+            "WATER boils at one hundred degrees celsius, at sea level!!",
+        ),
         make_record(tok, "messy", 14, long_prompt, long_prompt + " It uses chaining."),  # echo
     ]
     bad_ids = make_record(tok, "messy", 15, "Name a color.", "Blue is a color.")
-    bad_ids.output_ids = tok.encode("Red is a color.", add_special_tokens=False) + [tok.eos_token_id]
+    bad_ids.output_ids = tok.encode("Red is a color.", add_special_tokens=False) + [
+        tok.eos_token_id
+    ]
     bad_len = make_record(tok, "messy", 16, "Name a fruit.", "An apple is a fruit.")
     bad_len.completion_tokens += 3
     recs += [bad_ids, bad_len]
@@ -179,7 +192,9 @@ def test_messy_run_flags_each_problem(messy_run, tok):
     assert flags["empty"].to_list()[4] and flags["dup_exact"].to_list()[5]
     assert flags["dup_near"].to_list()[6] and flags["echo"].to_list()[7]
     assert flags["ids_text_mismatch"].to_list()[8] and flags["ids_len_mismatch"].to_list()[9]
-    assert flags["dup_exact"].sum() == 1 and flags["dup_near"].sum() == 1  # the originals are not flagged
+    assert (
+        flags["dup_exact"].sum() == 1 and flags["dup_near"].sum() == 1
+    )  # the originals are not flagged
 
 
 @pytest.mark.server
@@ -229,3 +244,81 @@ def test_resolved_errors_and_missing_tokenizer(tmp_path):
     unresolved = kit.audit(tmp_path / "r")
     assert unresolved.datasets["errors"].to_list() == [1]
     assert unresolved.findings["check"].to_list() == ["error_rate"]
+
+
+# ---------------------------------------------------------------- audit charts
+
+
+def chart_records(n=30):
+    recs = []
+    for i in range(n):
+        ds = "chat" if i % 3 else "code"
+        r = make_record(None, ds, i * 7, f"{ds} {i}", f"answer {chr(97 + i % 26)}", ids=False)
+        r.completion_tokens, r.prompt_tokens = 10 + 5 * i, 20 + i
+        r.finish_reason = "length" if i % 5 == 0 else "stop"
+        recs.append(r)
+    return recs
+
+
+@pytest.fixture
+def chart_run(tmp_path):
+    return plant_run(tmp_path / "charts", chart_records(), budgets={"chat": 1500, "code": 400})
+
+
+def _values(spec) -> list[dict]:
+    return next(iter(spec["datasets"].values()))
+
+
+def test_chart_specs(chart_run):
+    from kit import charts
+
+    report = kit.audit(chart_run)
+    recs = report.records
+    spec = charts.token_distributions(report).to_dict()
+    hist, box = spec["hconcat"]
+    assert hist["facet"]["row"]["field"] == "dataset" and box["mark"]["type"] == "boxplot"
+    assert hist["spec"]["encoding"]["x"]["bin"] == {"maxbins": 40}
+
+    spec = charts.budget_vs_actual(report).to_dict()
+    assert [layer["mark"]["type"] for layer in spec["layer"]] == ["bar", "tick", "text"]
+    values = {v["dataset"]: v for v in _values(spec)}
+    code_tokens = recs.filter(pl.col("dataset") == "code")["completion_tokens"].sum()
+    assert values["code"]["tokens"] == code_tokens and values["code"]["budget"] == 400
+    assert values["code"]["share"] == pytest.approx(code_tokens / 400)
+
+    spec = charts.finish_reasons(recs).to_dict()
+    assert spec["mark"]["type"] == "bar" and spec["encoding"]["color"]["field"] == "finish_reason"
+    counts = {(v["dataset"], v["finish_reason"]): v["count"] for v in _values(spec)}
+    assert counts == {
+        ("chat", "stop"): 16,
+        ("chat", "length"): 4,
+        ("code", "stop"): 8,
+        ("code", "length"): 2,
+    }
+
+    spec = charts.throughput(recs, bins=10).to_dict()
+    assert spec["encoding"]["y"]["field"] == "tokens_per_s"
+    width = (recs["t_done"].max() - recs["t_done"].min()) / 10
+    total = sum(v["tokens_per_s"] for v in _values(spec)) * width
+    assert total == pytest.approx(recs["completion_tokens"].sum())
+
+    spec = charts.completion_vs_prompt(recs).to_dict()
+    assert (spec["encoding"]["x"]["field"], spec["encoding"]["y"]["field"]) == (
+        "prompt_tokens",
+        "completion_tokens",
+    )
+    assert len(_values(spec)) == 30
+
+
+@pytest.mark.slow
+def test_charts_render_png(chart_run, tmp_path):
+    import vl_convert as vlc
+
+    from kit import charts
+
+    report = kit.audit(chart_run)
+    builders = [charts.token_distributions, charts.budget_vs_actual, charts.finish_reasons, charts.throughput, charts.completion_vs_prompt]  # fmt: skip
+    for build in builders:
+        png = vlc.vegalite_to_png(build(report).to_json(), scale=1)
+        assert png[:8] == b"\x89PNG\r\n\x1a\n", build.__name__
+        assert len(png) > 5_000, (build.__name__, len(png))

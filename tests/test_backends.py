@@ -24,7 +24,10 @@ from kit.backends import (
 )
 from kit.types import BackendError, Sampling
 
-MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colours."}]
+MSGS = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Name three colours."},
+]
 KEY_ENV = "KIT_TEST_API_KEY"
 SECRET = "sk-test-5ecret-value-0123456789"
 
@@ -60,7 +63,12 @@ def test_openai_request_shape_and_parse(srv):
     c = run(complete(b, Sampling(max_tokens=200, temperature=0.3, top_p=0.9, seed=7)))
     body = srv.last_body
     assert body["model"] == "tiny" and body["messages"] == MSGS
-    assert (body["max_tokens"], body["temperature"], body["top_p"], body["seed"]) == (200, 0.3, 0.9, 7)
+    assert (body["max_tokens"], body["temperature"], body["top_p"], body["seed"]) == (
+        200,
+        0.3,
+        0.9,
+        7,
+    )
     assert body["top_k"] == 5 and "return_token_ids" not in body
     assert c.count_source == "usage" and c.finish_reason == "stop"
     assert c.completion_tokens == len(c.text.split()) > 0
@@ -121,9 +129,16 @@ def test_sglang_renders_template_and_parses_meta(srv, model_dir):
     srv.configure(min_words=40, max_words=40)
     c = run(complete(b, Sampling(max_tokens=16, temperature=0.5, top_p=0.8, seed=3)))
     body = srv.last_body
-    expected = tok.apply_chat_template(MSGS, add_generation_prompt=True, tokenize=True, return_dict=False)
+    expected = tok.apply_chat_template(
+        MSGS, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert body["input_ids"] == list(expected)
-    assert body["sampling_params"] == {"max_new_tokens": 16, "temperature": 0.5, "top_p": 0.8, "sampling_seed": 3}
+    assert body["sampling_params"] == {
+        "max_new_tokens": 16,
+        "temperature": 0.5,
+        "top_p": 0.8,
+        "sampling_seed": 3,
+    }
     assert srv.stats()["paths"] == {"/generate": 1}
     assert (c.finish_reason, c.completion_tokens, c.count_source) == ("length", 16, "server_ids")
     assert c.prompt_ids == list(expected) and c.prompt_tokens == len(expected)
@@ -322,7 +337,8 @@ def test_pool_takes_dead_endpoint_out_and_brings_it_back():
 
 
 def test_pool_no_endpoint_after_timeout_and_429_keeps_endpoint():
-    async def go(url):
+    async def go(s):
+        url = s.base_url
         pool = EndpointPool([OpenAIChat(url, "m")], health_interval=0.1, fail_threshold=1,
                             no_endpoint_timeout=0.3)  # fmt: skip
         await pool.start()
@@ -330,7 +346,9 @@ def test_pool_no_endpoint_after_timeout_and_429_keeps_endpoint():
             b = pool.backends[0]
             pool.report(b, False, BackendError("http_429", "busy"))
             assert pool.stats()[url]["healthy"]  # a busy server is alive
+            s.configure(mode="down")
             pool.report(b, False, BackendError("http_5xx", "boom"))
+            assert not pool.stats()[url]["healthy"]
             t0 = time.monotonic()
             with pytest.raises(BackendError) as info:
                 async with pool.acquire():
@@ -339,8 +357,8 @@ def test_pool_no_endpoint_after_timeout_and_429_keeps_endpoint():
         finally:
             await pool.aclose()
 
-    with FaultServer(FaultConfig(mode="down")) as s:
-        run(go(s.base_url))
+    with FaultServer() as s:
+        run(go(s))
 
 
 # --- the fault server as a process -------------------------------------------------------
@@ -381,3 +399,22 @@ def test_openai_chat_against_embedded_server(embedded_server):
             await b.aclose()
 
     assert run(healthy()) is True
+
+
+def test_fault_fraction_is_reproducible():
+    async def outcomes(srv):
+        b, seen = OpenAIChat(srv.base_url, "m"), []
+        for i in range(16):
+            msgs = [{"role": "user", "content": f"prompt {i % 8}"}]  # each body is sent twice
+            try:
+                await b.complete(msgs, Sampling(), timeout=5)
+                seen.append("ok")
+            except BackendError as e:
+                seen.append(e.kind)
+        await b.aclose()
+        return seen
+
+    cfg = FaultConfig(mode="500", fraction=0.5, seed=11)
+    with FaultServer(cfg) as a, FaultServer(cfg) as b:
+        first, second = run(outcomes(a)), run(outcomes(b))
+    assert first == second and 0 < first.count("http_5xx") < 16

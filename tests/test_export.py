@@ -46,7 +46,9 @@ def varied_records(tok):
 @pytest.fixture
 def planted(tmp_path, tok, model_dir):
     recs = varied_records(tok)
-    return plant_run(tmp_path / "run", recs, budgets={"chat": 60, "code": 1000}, tokenizer=str(model_dir))
+    return plant_run(
+        tmp_path / "run", recs, budgets={"chat": 60, "code": 1000}, tokenizer=str(model_dir)
+    )
 
 
 def check_token_row(tok, row, conv, finish):
@@ -71,14 +73,19 @@ def test_specforge_format_field_by_field(planted, tmp_path):
     rows = read_jsonl(out / "specforge/train.jsonl")
     records = kit.store.records_frame(planted).sort("t_done").to_dicts()
     assert len(rows) == len(records) == 10
-    for row, rec in zip(rows, records):
+    for row, rec in zip(rows, records, strict=True):
         assert set(row) == {"id", "conversations"}
         assert row["id"] == f"{rec['dataset']}-{rec['prompt_id']}-{rec['sample']}"
         assert row["conversations"][:-1] == rec["messages"]
         assert row["conversations"][-1] == {"role": "assistant", "content": rec["completion"]}
         assert all(set(m) == {"role", "content"} for m in row["conversations"])
     assert rows[0]["conversations"][0] == {"role": "system", "content": "Be brief."}
-    assert [m["role"] for m in rows[1]["conversations"]] == ["user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in rows[1]["conversations"]] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     assert list(result.files) == ["specforge/train.jsonl", "linehashes/specforge/train.jsonl.txt"]
 
 
@@ -90,14 +97,17 @@ def test_token_rows_on_planted_records(planted, tmp_path, tok):
     convs = read_jsonl(out / "specforge/train.jsonl")
     finish = kit.store.records_frame(planted).sort("t_done")["finish_reason"].to_list()
     assert len(rows) == 10
-    for row, conv, fin in zip(rows, convs, finish):
+    for row, conv, fin in zip(rows, convs, finish, strict=True):
         assert row["id"] == conv["id"]
         check_token_row(tok, row, conv["conversations"], fin)
     # the server's own ids were used where they decode to the stored text
     assert result.manifest["token_id_sources"] == {
         "output_ids": 9, "completion_retokenized": 1, "prompt_ids": 1, "prompt_tokenized": 9,
     }  # fmt: skip
-    assert rows[2]["loss_mask"][-2:] == [0, 0]  # truncated: the template's <|im_end|> is not trained
+    assert rows[2]["loss_mask"][-2:] == [
+        0,
+        0,
+    ]  # truncated: the template's <|im_end|> is not trained
     assert rows[0]["loss_mask"][-2:] == [1, 0]  # stop: <|im_end|> was generated, "\n" was not
     table = pl.read_parquet(out / "parquet/train.parquet")
     assert table["id"].to_list() == [r["id"] for r in rows]
@@ -112,7 +122,9 @@ def test_ids_that_do_not_match_text_are_retokenized(tmp_path, tok, model_dir):
     run = plant_run(tmp_path / "run", [rec], budgets={"d": 100}, tokenizer=str(model_dir))
     result = export(run, tmp_path / "out", formats=("token_ids", "specforge"))
     row = read_jsonl(tmp_path / "out/token_ids/train.jsonl")[0]
-    check_token_row(tok, row, read_jsonl(tmp_path / "out/specforge/train.jsonl")[0]["conversations"], "stop")
+    check_token_row(
+        tok, row, read_jsonl(tmp_path / "out/specforge/train.jsonl")[0]["conversations"], "stop"
+    )
     assert result.manifest["token_id_sources"]["completion_retokenized"] == 1
 
 
@@ -124,14 +136,21 @@ def test_trim_to_budget_is_exact(planted, tmp_path):
     kept = result.counts["chat"]["records"]
     assert 0 < kept < len(tokens)
     assert sum(tokens[:kept]) == result.counts["chat"]["tokens"] <= 60 < sum(tokens[: kept + 1])
-    ids = [r["id"] for r in read_jsonl(tmp_path / "out/specforge/train.jsonl") if r["id"].startswith("chat")]
+    ids = [
+        r["id"]
+        for r in read_jsonl(tmp_path / "out/specforge/train.jsonl")
+        if r["id"].startswith("chat")
+    ]
     assert ids == [f"chat-{p}-0" for p in recs["prompt_id"].to_list()[:kept]]  # the earliest stay
     assert result.counts["code"]["records"] == 4
     assert result.dropped["past_budget"] == len(tokens) - kept
 
 
 def split_ids(out):
-    return {s: [r["id"] for r in read_jsonl(out / f"specforge/{s}.jsonl")] for s in ("train", "validation")}
+    return {
+        s: [r["id"] for r in read_jsonl(out / f"specforge/{s}.jsonl")]
+        for s in ("train", "validation")
+    }
 
 
 def test_split_is_seeded_and_disjoint(tmp_path):
@@ -173,7 +192,9 @@ def test_drop_options(tmp_path):
     run = plant_run(tmp_path / "run", recs, budgets={"d": 1000})
     kept = export(run, tmp_path / "a", formats=("specforge",))
     assert kept.counts["d"]["records"] == 3 and kept.dropped == {"errors": 1}
-    opts = dict(formats=("specforge",), drop_truncated=True, drop_duplicates=True, drop_errors=False)
+    opts = dict(
+        formats=("specforge",), drop_truncated=True, drop_duplicates=True, drop_errors=False
+    )
     result = export(run, tmp_path / "b", **opts)
     assert result.dropped == {"truncated": 1, "duplicates": 1}
     assert [r["id"] for r in read_jsonl(tmp_path / "b/specforge/train.jsonl")] == [
@@ -188,7 +209,9 @@ def test_options_validate(tmp_path):
         ExportOptions(val_fraction=1.5)
     with pytest.raises(ValueError, match=r"mix\['a'\].*-1"):
         ExportOptions(mix={"a": -1})
-    run = plant_run(tmp_path / "run", [make_record(None, "d", 0, "q", "a", ids=False)], budgets={"d": 9})
+    run = plant_run(
+        tmp_path / "run", [make_record(None, "d", 0, "q", "a", ids=False)], budgets={"d": 9}
+    )
     with pytest.raises(ValueError, match="token_ids.*tokenizer"):
         export(run, tmp_path / "out")
     export(run, tmp_path / "out", formats=("specforge",))
@@ -220,7 +243,9 @@ def test_manifest_contents_and_no_secret(tmp_path, tok, model_dir, monkeypatch):
     assert m["counts"]["chat"]["train"] + m["counts"]["chat"]["validation"] == 6
     for rel, entry in m["files"].items():
         data = (out / rel).read_bytes()
-        assert entry["sha256"] == kit._exportcheck.sha256_file(out / rel) and entry["bytes"] == len(data)
+        assert entry["sha256"] == kit._exportcheck.sha256_file(out / rel) and entry["bytes"] == len(
+            data
+        )
     for path in out.rglob("*"):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path

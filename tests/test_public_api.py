@@ -27,6 +27,7 @@ EXPECTED = [
     "tokens",
     "types",
     "watch",
+    "widgets",
 ]
 
 

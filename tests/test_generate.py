@@ -1,0 +1,276 @@
+"""The runner: interleaving, seeded order, n samples, budgets, resume, sync parity, background."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import polars as pl
+import pytest
+from faultserver import FaultConfig, FaultServer
+
+import kit
+from kit.store import FingerprintMismatch, records_frame
+from kit.types import Sampling
+
+
+def prompts(sizes: dict[str, int]) -> pl.DataFrame:
+    """A prompt frame: sizes = {dataset: number of prompts}."""
+    rows = [
+        {"dataset": ds, "prompt_id": f"{ds}-{i:04d}", "messages": [{"role": "user", "content": f"{ds} question {i}"}], "n_turns": 1, "row": i}
+        for ds, n in sizes.items()
+        for i in range(n)
+    ]  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+@pytest.fixture
+def server():
+    with FaultServer(FaultConfig(latency=0.01, min_words=5, max_words=60)) as srv:
+        yield srv
+
+
+def run_args(srv, tmp_path, **kw) -> dict:
+    base = dict(run_dir=tmp_path / "run", model="fake", endpoints=srv.base_url, sampling=Sampling(max_tokens=40), concurrency=16, retry_base=0.02)  # fmt: skip
+    return base | kw
+
+
+def totals(run_dir) -> dict[str, int]:
+    f = records_frame(run_dir)
+    return dict(f.group_by("dataset").agg(pl.col("completion_tokens").sum()).iter_rows())
+
+
+def assert_no_duplicates(run_dir) -> int:
+    """Every line of every records file is a distinct key; returns the line count."""
+    keys = []
+    for path in (run_dir / "records").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            row = pl.read_ndjson(line.encode()).row(0, named=True)
+            keys.append((row["dataset"], row["prompt_id"], row["sample"]))
+    assert len(keys) == len(set(keys)), Counter(keys).most_common(3)
+    return len(keys)
+
+
+def test_datasets_are_interleaved(server, tmp_path):
+    budgets = {"a": 1500, "b": 1500, "c": 1500}
+    kit.generate_sync(
+        prompts(dict.fromkeys(budgets, 100)),
+        budgets=budgets,
+        **run_args(server, tmp_path, concurrency=6),
+    )
+    first = records_frame(tmp_path / "run").sort("t_done").head(15)
+    assert set(first["dataset"]) == {"a", "b", "c"}
+
+
+def test_seeded_order_is_a_random_sample(server, tmp_path):
+    frame = prompts({"a": 300})
+
+    def done_ids(seed, name):
+        args = run_args(server, tmp_path, run_dir=tmp_path / name, concurrency=1, seed=seed)
+        kit.generate_sync(frame, budgets={"a": 400}, **args)
+        return set(records_frame(tmp_path / name)["prompt_id"])
+
+    first, again, other = done_ids(0, "s0"), done_ids(0, "s0b"), done_ids(1, "s1")
+    assert first == again and first != other
+    rows = sorted(int(p.split("-")[1]) for p in first)
+    assert 5 <= len(rows) < 60 and rows[-1] > 100  # a sample spread over the file, not its head
+
+
+def test_n_samples_per_prompt(server, tmp_path):
+    run = kit.generate_sync(
+        prompts({"a": 10}), budgets={"a": 100_000}, **run_args(server, tmp_path, sampling=Sampling(max_tokens=40, n=3, seed=7))
+    )  # fmt: skip
+    f = records_frame(tmp_path / "run")
+    assert sorted(zip(f["prompt_id"], f["sample"], strict=True)) == [
+        (f"a-{i:04d}", s) for i in range(10) for s in range(3)
+    ]
+    distinct = f.group_by("prompt_id").agg(pl.col("completion").n_unique())["completion"]
+    assert (distinct == 3).sum() >= 8  # sample i is sent with seed 7 + i
+    row = run.summary().row(0, named=True)
+    assert row["state"] == "exhausted" and row["shortfall"] == 100_000 - row["tokens_done"] > 0
+
+
+@pytest.mark.parametrize("policy", ["drain", "cancel"])
+def test_budgets_are_held(server, tmp_path, policy):
+    budgets = {"a": 2000, "b": 5000, "c": 800}
+    max_tokens = 40
+    run = kit.generate_sync(
+        prompts(dict.fromkeys(budgets, 400)), budgets=budgets, policy=policy, **run_args(server, tmp_path, concurrency=64)
+    )  # fmt: skip
+    got = totals(tmp_path / "run")
+    for ds, budget in budgets.items():
+        over = got[ds] - budget
+        print(f"{policy} {ds}: budget {budget}, final {got[ds]}, overshoot {over}")
+        assert 0 <= over <= max(0.01 * budget, max_tokens)
+        if policy == "cancel":
+            assert over < max_tokens  # at most the last record crosses
+    assert set(run.summary()["state"]) == {"budget_reached"}
+    assert run.summary()["tokens_done"].to_list() == [got[d] for d in budgets]
+    assert_no_duplicates(tmp_path / "run")
+
+
+def test_background_stop_then_resume(tmp_path):
+    asyncio.run(_background_stop_then_resume(tmp_path))
+
+
+async def _background_stop_then_resume(tmp_path):
+    budgets = {"a": 3000, "b": 2000}
+    frame = prompts(dict.fromkeys(budgets, 300))
+    with FaultServer(FaultConfig(latency=0.05, min_words=5, max_words=60)) as srv:
+        args = run_args(srv, tmp_path, concurrency=8)
+        run = await kit.generate(frame, budgets=budgets, background=True, **args)
+        assert not run.done
+        seen_in_flight = 0
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            status = run.status()
+            seen_in_flight = max(seen_in_flight, int(status.frame["in_flight"].sum()))
+            if status.frame["tokens_done"].sum() > 1000:
+                break
+        run.stop()
+        await run.wait()
+        assert run.done and run.stop_reason == "stopped by user" and seen_in_flight > 0
+        assert set(run.status().frame["state"]) == {"stopped"}
+        before = {
+            p: (run.run_dir / "records" / p.name).read_bytes()
+            for p in (run.run_dir / "records").glob("*.jsonl")
+        }
+        assert 1000 < sum(totals(run.run_dir).values()) < 5000
+
+        run2 = await kit.generate(None, budgets=budgets, **args)  # resume from prompts.parquet
+        for p, data in before.items():
+            assert (run.run_dir / "records" / p.name).read_bytes().startswith(data)
+        got = totals(run.run_dir)
+        assert all(0 <= got[d] - b <= 40 for d, b in budgets.items()), got
+        assert set(run2.summary()["state"]) == {"budget_reached"}
+        n = assert_no_duplicates(run.run_dir)
+
+        await kit.generate(
+            frame, **(args | {"budgets": {"a": 4000, "b": 2000}})
+        )  # a bigger budget continues
+        assert 4000 <= totals(run.run_dir)["a"] <= 4040 and assert_no_duplicates(run.run_dir) > n
+
+
+def test_sync_matches_async(server, tmp_path):
+    frame = prompts({"a": 40, "b": 25})
+    budgets = {"a": 100_000, "b": 100_000}  # every prompt runs: the sets must be equal
+    sampling = Sampling(max_tokens=40, temperature=0.0, seed=3)
+
+    def table(run_dir):
+        f = records_frame(run_dir).select(
+            "dataset", "prompt_id", "sample", "completion", "completion_tokens"
+        )
+        return f.sort("dataset", "prompt_id", "sample")
+
+    async def in_loop():  # generate_sync inside a running loop (Jupyter): worker thread
+        return kit.generate_sync(
+            frame,
+            budgets=budgets,
+            **run_args(server, tmp_path, run_dir=tmp_path / "t", sampling=sampling),
+        )
+
+    kit.generate_sync(
+        frame,
+        budgets=budgets,
+        **run_args(server, tmp_path, run_dir=tmp_path / "s", sampling=sampling),
+    )
+    asyncio.run(
+        kit.generate(
+            frame,
+            budgets=budgets,
+            **run_args(server, tmp_path, run_dir=tmp_path / "a", sampling=sampling),
+        )
+    )
+    asyncio.run(in_loop())
+    s, a, t = table(tmp_path / "s"), table(tmp_path / "a"), table(tmp_path / "t")
+    assert len(s) == 65 and s.equals(a) and s.equals(t)
+
+
+def test_progress_callback_at_most_once_a_second(tmp_path):
+    calls = []
+    with FaultServer(FaultConfig(latency=0.1, min_words=5, max_words=60)) as srv:
+        kit.generate_sync(
+            prompts({"a": 100}), budgets={"a": 2000}, progress=lambda p: calls.append((time.monotonic(), p)),
+            **run_args(srv, tmp_path, concurrency=4),
+        )  # fmt: skip
+    gaps = [b[0] - a[0] for a, b in zip(calls[:-2], calls[1:-1], strict=True)]
+    assert len(calls) >= 3 and all(g >= 0.99 for g in gaps), gaps
+    assert calls[-1][1][0].state == "budget_reached" and calls[-1][1][0].tokens_done >= 2000
+
+
+def test_bad_settings_raise(server, tmp_path):
+    frame = prompts({"a": 3})
+    with pytest.raises(ValueError, match="concurrency=0"):
+        kit.generate_sync(frame, budgets={"a": 10}, **run_args(server, tmp_path, concurrency=0))
+    with pytest.raises(ValueError, match="policy='fast'"):
+        kit.generate_sync(frame, budgets={"a": 10}, policy="fast", **run_args(server, tmp_path))
+    with pytest.raises(ValueError, match=r"no entry for datasets \['a'\]"):
+        kit.generate_sync(frame, budgets={"b": 10}, **run_args(server, tmp_path))
+    with pytest.raises(ValueError, match="budget for dataset 'a'"):
+        kit.generate_sync(frame, budgets={"a": -5}, **run_args(server, tmp_path))
+
+
+def test_changed_fingerprint_is_refused(server, tmp_path):
+    frame = prompts({"a": 5})
+    kit.generate_sync(frame, budgets={"a": 50}, **run_args(server, tmp_path))
+    with pytest.raises(FingerprintMismatch, match="sampling.max_tokens: 40 -> 20"):
+        kit.generate_sync(
+            frame, budgets={"a": 50}, **run_args(server, tmp_path, sampling=Sampling(max_tokens=20))
+        )
+    kit.generate_sync(
+        frame,
+        budgets={"a": 50},
+        force=True,
+        **run_args(server, tmp_path, sampling=Sampling(max_tokens=20)),
+    )
+    assert kit.store.read_config(tmp_path / "run").sampling.max_tokens == 20
+
+
+def test_api_key_never_written(server, tmp_path, monkeypatch):
+    secret = "sk-test-0123456789abcdef"
+    monkeypatch.setenv("KIT_TEST_KEY", secret)
+    kit.generate_sync(
+        prompts({"a": 20}),
+        budgets={"a": 300},
+        api_key_env="KIT_TEST_KEY",
+        **run_args(server, tmp_path),
+    )
+    assert server.last_headers["authorization"] == f"Bearer {secret}"  # the key was used
+    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert len(files) >= 4 and not any(secret.encode() in p.read_bytes() for p in files)
+    assert kit.store.read_config(tmp_path / "run").api_key_env == "KIT_TEST_KEY"
+
+
+SAMPLE_SETS = ["alpaca_tasks.jsonl", "chat_general.jsonl", "code_instruct.jsonl", "math_word.json"]
+
+
+@pytest.mark.server
+def test_real_server_holds_budgets(embedded_server, tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "data" / "samples"
+    frame = kit.load([root / name for name in SAMPLE_SETS]).frame
+    names = frame["dataset"].unique(maintain_order=True).to_list()
+    budgets = dict(zip(names, [1500, 2000, 2500, 1500], strict=True))
+    max_tokens = 96
+    for policy in ("drain", "cancel"):
+        run_dir = tmp_path / policy
+        t0 = time.monotonic()
+        run = kit.generate_sync(
+            frame, run_dir=run_dir, model=embedded_server.model, endpoints=embedded_server.base_url,
+            budgets=budgets, sampling=Sampling(max_tokens=max_tokens, temperature=0.7), concurrency=16,
+            policy=policy, tokenizer=str(embedded_server.model_dir),
+        )  # fmt: skip
+        print(f"\n{policy}: {time.monotonic() - t0:.0f} s\n{run.summary()}")
+        got = totals(run_dir)
+        for ds, budget in budgets.items():
+            over = got[ds] - budget
+            print(
+                f"{policy} {ds}: budget {budget}, final {got[ds]}, overshoot {over} ({over / budget:.1%})"
+            )
+            assert 0 <= over <= max(0.01 * budget, max_tokens)
+            if policy == "cancel":
+                assert over < max_tokens
+        assert run.summary()["errors"].sum() == 0
+        assert_no_duplicates(run_dir)

@@ -1,0 +1,453 @@
+"""kit.plan: profiles, budget math, bounds, allocation, validation, the seed story, plan.json,
+the pilot against the embedded server, and the planning charts' specs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import statistics
+
+import polars as pl
+import pytest
+
+from kit import charts, plan
+from kit.types import Sampling
+
+
+def spread(mean: int, n: int = 100) -> list[int]:
+    """n lengths (n a multiple of 5) with exactly this mean and a realistic spread (+-40%)."""
+    offsets = [-round(0.4 * mean), -round(0.2 * mean), 0, round(0.2 * mean), round(0.4 * mean)]
+    return [mean + d for d in offsets] * (n // 5)
+
+
+def row(table: pl.DataFrame, dataset: str) -> dict:
+    return table.filter(pl.col("dataset") == dataset).row(0, named=True)
+
+
+# ---------------------------------------------------------------- profiles
+
+
+def test_profile_statistics_and_truncation():
+    a = [10, 20, 30, 40, 128]
+    frame = pl.DataFrame(
+        {
+            "dataset": ["a"] * 5 + ["b"] * 2,
+            "completion_tokens": a + [5, 7],
+            "finish_reason": ["stop", "stop", "stop", "length", "stop", "stop", "stop"],
+        }
+    )
+    out = plan.profile(frame, max_tokens=128)
+    ra = row(out, "a")
+    assert ra["n"] == 5 and ra["max"] == 128
+    assert ra["mean"] == pytest.approx(statistics.mean(a))
+    assert ra["std"] == pytest.approx(statistics.stdev(a))
+    assert ra["p50"] == 30
+    assert ra["truncated_share"] == pytest.approx(2 / 5)  # one "length", one at max_tokens
+    assert row(out, "b")["truncated_share"] == 0
+    assert out.columns[:8] == ["dataset", "n", "mean", "std", "p50", "p90", "p99", "max"]
+
+
+def test_profile_without_truncation_evidence_is_null_and_missing_column_errors():
+    frame = pl.DataFrame({"dataset": ["a"], "completion_tokens": [3]})
+    assert plan.profile(frame)["truncated_share"].to_list() == [None]
+    with pytest.raises(ValueError, match="'prompt_tokens'"):
+        plan.profile(frame, "prompt_tokens")
+
+
+# ---------------------------------------------------------------- the seed story
+
+
+def test_seed_story_sample_cap_overshoots_2_66x():
+    table = plan.budget(
+        {"sharegpt": 10_000_000},
+        {"sharegpt": spread(3793)},
+        prompts_available={"sharegpt": 88_000},
+        sample_cap=7000,
+    )
+    r = row(table, "sharegpt")
+    assert r["mean"] == 3793
+    assert round(r["cap_tokens"] / 1e6, 1) == 26.6
+    assert round(r["overshoot"], 2) == 2.66
+    assert abs(r["samples_needed"] - 2636) <= 1  # the budget needs ~2.6K samples, not 7K
+
+
+def test_seed_story_after_1720_responses_about_950_more():
+    done = {"sharegpt": (1720, 1720 * 3693)}
+    table = plan.budget(
+        {"sharegpt": 10_000_000},
+        {"sharegpt": spread(3793)},
+        prompts_available={"sharegpt": 88_000},
+        done=done,
+    )
+    r = row(table, "sharegpt")
+    assert round(r["tokens_done"] / 1e6, 2) == 6.35
+    remaining = 10_000_000 - 1720 * 3693
+    assert r["tokens_remaining"] == remaining
+    needed = r["samples_needed"]
+    assert needed * 3793 >= remaining > (needed - 1) * 3793  # the smallest count that reaches it
+    assert abs(needed - 950) / 950 < 0.02  # "about 950 more"
+
+
+STORY_MEANS = {"sharegpt": 3793, "opencodeinstruct": 1500, "ultrachat": 2600, "magicoder": 6500}
+STORY_BUDGETS = {"sharegpt": 10e6, "opencodeinstruct": 30e6, "ultrachat": 30e6, "magicoder": 22e6}
+
+
+@pytest.mark.parametrize("throughput, low, high", [(1500, 16.5, 17.5), (1000, 25.0, 26.0)])
+def test_seed_story_budgeted_run_17_to_26_hours_vs_all_prompts_57_plus(throughput, low, high):
+    samples = {name: spread(mean) for name, mean in STORY_MEANS.items()}
+    available = dict.fromkeys(STORY_MEANS, 22_000)  # 88K prompts in all
+    table = plan.budget(STORY_BUDGETS, samples, prompts_available=available, throughput=throughput)
+    total = row(table, plan.TOTAL)
+    assert total["prompts_available"] == 88_000
+    assert round(total["budget"] / 1e6) == 92
+    assert 37_000 <= total["samples_needed"] <= 39_000  # ~38K samples
+    assert low <= total["hours_to_go"] <= high  # 92M tokens: 17 h at 1.5K tok/s, 26 h at 1K
+    assert total["cap_hours"] >= 57  # running all 88K prompts instead
+    assert not total["shortfall"]
+
+
+# ---------------------------------------------------------------- budget math
+
+
+def test_bounds_hold_the_point_estimate_and_narrow_as_the_pilot_grows():
+    rng = random.Random(0)
+    widths = []
+    for n in (10, 100, 1000):
+        lengths = [int(rng.gammavariate(2.0, 400)) + 1 for _ in range(n)]
+        r = row(plan.budget(1_000_000, {"d": lengths}, prompts_available={"d": 10**6}), "d")
+        assert r["samples_needed_upper"] >= r["samples_needed"]
+        assert r["mean_lower"] < r["mean"]
+        widths.append(r["samples_needed_upper"] - r["samples_needed"])
+    assert widths[0] > widths[1] > widths[2]
+
+
+def test_upper_bound_covers_the_truth_about_95_percent_of_the_time():
+    rng = random.Random(1)
+    true_mean = 2.0 * 400  # gamma(k=2, theta=400)
+    budget_tokens = 1_000_000
+    true_needed = math.ceil(budget_tokens / true_mean)
+    covered = 0
+    trials = 300
+    for _ in range(trials):
+        lengths = [rng.gammavariate(2.0, 400) for _ in range(20)]
+        r = row(plan.budget(budget_tokens, {"d": lengths}, prompts_available={"d": 10**6}), "d")
+        covered += r["samples_needed_upper"] >= true_needed
+    assert 0.90 <= covered / trials <= 0.99
+
+
+def test_shortfall_flag_and_what_the_prompts_can_give():
+    table = plan.budget(
+        {"small": 100_000}, {"small": spread(500)}, prompts_available={"small": 150}
+    )
+    r = row(table, "small")
+    assert r["samples_needed"] == 200 and r["shortfall"]
+    assert r["max_tokens_available"] == 150 * 500
+    assert "shortfall" in r["note"]
+    assert row(table, plan.TOTAL)["shortfall"]
+
+
+def test_done_as_records_frame_and_budget_reached():
+    records = pl.DataFrame({"dataset": ["a"] * 4, "completion_tokens": [300, 300, 300, 300]})
+    table = plan.budget({"a": 1000}, {"a": spread(300)}, prompts_available={"a": 50}, done=records)
+    r = row(table, "a")
+    assert (r["samples_done"], r["tokens_done"], r["tokens_remaining"], r["samples_needed"]) == (
+        4,
+        1200,
+        0,
+        0,
+    )
+    assert "budget reached" in r["note"]
+
+
+def test_one_number_budgets_every_dataset_and_total_sums():
+    samples = {"a": spread(100), "b": spread(400)}
+    table = plan.budget(
+        40_000, samples, prompts_available={"a": 1000, "b": 1000}, sample_cap=500, throughput=10
+    )
+    assert table["dataset"].to_list() == ["a", "b", plan.TOTAL]
+    assert row(table, "a")["samples_needed"] == 400 and row(table, "b")["samples_needed"] == 100
+    total = row(table, plan.TOTAL)
+    assert total["samples_needed"] == 500 and total["budget"] == 80_000
+    assert total["cap_tokens"] == 500 * 100 + 500 * 400
+    assert total["overshoot"] == pytest.approx(250_000 / 80_000)
+    assert total["hours_to_go"] == pytest.approx(80_000 / 10 / 3600)
+
+
+def test_censored_pilot_gets_a_note_and_a_max_tokens_recommendation():
+    lengths = [40, 60, 80, 100] * 5 + [128] * 5  # 20% hit max_tokens=128
+    table = plan.budget(
+        {"a": 10_000}, {"a": lengths}, prompts_available={"a": 1000}, max_tokens=128
+    )
+    r = row(table, "a")
+    assert r["truncated_share"] == pytest.approx(0.2)
+    assert "censored" in r["note"] and "max_tokens=256" in r["note"]
+    assert r["recommended_max_tokens"] == 256
+    ok = plan.budget(
+        {"a": 10_000}, {"a": [40, 60, 80, 100] * 5}, prompts_available={"a": 1000}, max_tokens=128
+    )
+    assert row(ok, "a")["recommended_max_tokens"] is None and row(ok, "a")["note"] is None
+
+
+def test_finish_reason_marks_truncation_without_max_tokens():
+    frame = pl.DataFrame(
+        {
+            "dataset": ["a"] * 10,
+            "completion_tokens": [50] * 10,
+            "finish_reason": ["length"] * 3 + ["stop"] * 7,
+        }
+    )
+    r = row(plan.budget({"a": 1000}, frame, prompts_available={"a": 100}), "a")
+    assert r["truncated_share"] == pytest.approx(0.3) and "censored" in r["note"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"budgets": {"a": 0}}, "'a'.*0"),
+        ({"budgets": {"a": -5}}, "'a'.*-5"),
+        ({"budgets": {"a": float("nan")}}, "'a'.*nan"),
+        ({"budgets": {"zzz": 100}}, "budgets\\['zzz'\\].*no completion samples"),
+        ({"samples": {"a": []}}, "samples is empty"),
+        ({"prompts_available": {"b": 3}}, "budgets\\['a'\\].*not in prompts_available"),
+        ({"prompts_available": {"a": -1}}, "prompts_available\\['a'\\].*-1"),
+        ({"throughput": 0}, "throughput.*0"),
+        ({"confidence": 1.5}, "confidence.*1.5"),
+        ({"sample_cap": -3}, "sample_cap.*-3"),
+        ({"done": {"a": (1,)}}, "done\\['a'\\]"),
+    ],
+)
+def test_budget_validation_names_field_and_value(kwargs, match):
+    args = {
+        "budgets": {"a": 1000},
+        "samples": {"a": [10, 20]},
+        "prompts_available": {"a": 10},
+    } | kwargs
+    budgets, samples = args.pop("budgets"), args.pop("samples")
+    with pytest.raises(ValueError, match=match):
+        plan.budget(budgets, samples, **args)
+
+
+# ---------------------------------------------------------------- allocate
+
+
+def test_allocate_equal_split_water_fills_past_a_small_dataset():
+    samples = {"a": spread(100), "b": spread(100), "c": spread(200)}
+    out = plan.allocate(1, 100, samples, {"a": 10, "b": 10_000, "c": 10_000})  # 360K tokens
+    assert row(out, "a")["tokens"] == 1000 and row(out, "a")["capped"]  # all it has
+    assert row(out, "b")["tokens"] == row(out, "c")["tokens"] == 179_500  # the rest, equally
+    assert row(out, plan.TOTAL)["tokens"] == 360_000
+    assert row(out, "c")["samples_needed"] == math.ceil(179_500 / 200)
+
+
+def test_allocate_proportional_and_everything_capped():
+    samples = {"a": spread(100), "b": spread(100)}
+    out = plan.allocate(
+        1, 100, samples, {"a": 10_000, "b": 10_000}, split="proportional", weights={"a": 3, "b": 1}
+    )
+    assert row(out, "a")["tokens"] == 270_000 and row(out, "b")["tokens"] == 90_000
+    small = plan.allocate(10, 100, samples, {"a": 10, "b": 20})  # far more time than prompts
+    assert row(small, plan.TOTAL)["tokens"] == 3000 and row(small, plan.TOTAL)["capped"]
+    default = plan.allocate(1, 100, samples, {"a": 1000, "b": 3000}, split="proportional")
+    assert row(default, "b")["tokens"] == 3 * row(default, "a")["tokens"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"hours": 0}, "hours.*0"),
+        ({"throughput": float("nan")}, "throughput.*nan"),
+        ({"split": "random"}, "split.*random"),
+        ({"weights": {"a": 1}}, "weights= needs split='proportional'"),
+        ({"split": "proportional", "weights": {"zz": 1}}, "weights\\['zz'\\]"),
+        ({"split": "proportional", "weights": {"a": -1}}, "weights\\['a'\\].*-1"),
+    ],
+)
+def test_allocate_validation(kwargs, match):
+    args = {
+        "hours": 1,
+        "throughput": 10,
+        "samples": {"a": [5]},
+        "prompts_available": {"a": 3},
+    } | kwargs
+    with pytest.raises(ValueError, match=match):
+        plan.allocate(**args)
+
+
+# ---------------------------------------------------------------- plan.json
+
+
+def test_write_and_read_plan_round_trip(tmp_path):
+    table = plan.budget(
+        {"a": 1000, "b": 2000},
+        {"a": spread(100), "b": spread(50)},
+        prompts_available={"a": 99, "b": 99},
+    )
+    path = plan.write_plan(
+        tmp_path / "run",
+        table,
+        sampling=Sampling(max_tokens=128, temperature=0.0),
+        model="smol",
+        sources={"a": "data/samples/a.jsonl"},
+        chat_template_hash="abc",
+    )
+    raw = json.loads(path.read_text())  # plain JSON: no NaN/inf
+    assert raw["budgets"] == {"a": 1000, "b": 2000} and raw["max_tokens"] == 128
+    back = plan.read_plan(tmp_path / "run")
+    assert back["sampling"] == Sampling(max_tokens=128, temperature=0.0)
+    assert back["model"] == "smol" and back["sources"] == {"a": "data/samples/a.jsonl"}
+    assert back["table"]["samples_needed"].to_list() == table["samples_needed"].to_list()
+    assert back["created"].endswith("+00:00")
+
+
+def test_read_plan_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no plan at"):
+        plan.read_plan(tmp_path)
+    (tmp_path / "plan.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a valid plan"):
+        plan.read_plan(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps({"budgets": {"a": -1}, "sampling": {}}))
+    with pytest.raises(ValueError, match="'a'.*-1"):
+        plan.read_plan(tmp_path)
+
+
+# ---------------------------------------------------------------- pilot sampling
+
+
+def _prompts(sizes: dict[str, int]) -> pl.DataFrame:
+    rows = [
+        {
+            "dataset": d,
+            "prompt_id": f"{d}-{i:04d}",
+            "messages": [{"role": "user", "content": f"Say the number {i}."}],
+        }
+        for d, n in sizes.items()
+        for i in range(n)
+    ]
+    return pl.DataFrame(rows)
+
+
+def test_pilot_sample_is_seeded_and_independent_of_row_order():
+    prompts = _prompts({"a": 50, "b": 20})
+    first = plan.pilot_sample(prompts, 5, seed=3)
+    again = plan.pilot_sample(prompts.sample(fraction=1.0, shuffle=True, seed=9), 5, seed=3)
+    assert first["prompt_id"].to_list() == again["prompt_id"].to_list()
+    assert (
+        first["prompt_id"].to_list() != plan.pilot_sample(prompts, 5, seed=4)["prompt_id"].to_list()
+    )
+    counts = dict(plan.pilot_sample(prompts, 0.1).group_by("dataset").len().iter_rows())
+    assert counts == {"a": 5, "b": 2}
+    assert dict(plan.pilot_sample(prompts, {"a": 3}).group_by("dataset").len().iter_rows()) == {
+        "a": 3
+    }
+    assert plan.pilot_sample(prompts, 500).height == 70  # capped at what exists
+    for bad in (0, 1.5, -2, {"a": -1}, {"zz": 1}):
+        with pytest.raises(ValueError, match="per_dataset"):
+            plan.pilot_sample(prompts, bad)
+
+
+def test_pilot_to_a_dead_server_counts_errors_and_the_plan_refuses_it(free_port):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    res = plan.pilot_sync(
+        _prompts({"a": 4}), url, model="m", per_dataset=3, max_tokens=8, timeout=5
+    )
+    assert res.frame.height == 0 and len(res.errors) == 3
+    assert all(e.startswith("a/a-") and "connect" in e for e in res.errors)
+    with pytest.raises(ValueError, match="samples is empty"):
+        plan.budget(100, res, prompts_available={"a": 4})
+    with pytest.raises(ValueError, match="model must be given"):
+        plan.pilot_sync(_prompts({"a": 4}), url, per_dataset=1)
+
+
+@pytest.mark.server
+def test_pilot_against_the_embedded_server(embedded_server):
+    prompts = _prompts({"a": 10, "b": 10})
+    kwargs = dict(model=embedded_server.model, per_dataset=3, max_tokens=16, seed=1, concurrency=4)
+    seen = []
+    res = asyncio.run(
+        plan.pilot(
+            prompts, embedded_server.base_url, progress=lambda d, t: seen.append((d, t)), **kwargs
+        )
+    )
+    assert res.errors == [] and res.frame.height == 6
+    assert seen[-1] == (6, 6)
+    assert res.frame["dataset"].to_list() == ["a"] * 3 + ["b"] * 3
+    assert set(res.frame["prompt_id"]) == set(plan.pilot_sample(prompts, 3, seed=1)["prompt_id"])
+    assert all(0 < n <= 16 for n in res.frame["completion_tokens"])
+    assert set(res.frame["finish_reason"]) <= {"stop", "length"}
+    assert res.tokens_per_s > 0 and res.wall_s > 0
+    assert (res.frame["latency_s"] > 0).all()
+    prof = plan.profile_completions(res)
+    assert prof["n"].to_list() == [3, 3]
+    table = plan.budget(200, res, prompts_available=prompts, max_tokens=16)
+    assert row(table, "a")["samples_needed"] >= math.ceil(
+        200 / 16
+    )  # can't beat max_tokens per sample
+    assert res.summary()["completions"] == 6
+
+    async def inside_a_running_loop():  # a notebook: the sync wrapper must still work
+        return plan.pilot_sync(prompts, embedded_server.base_url, **kwargs)
+
+    again = asyncio.run(inside_a_running_loop())
+    assert sorted(again.frame["prompt_id"]) == sorted(res.frame["prompt_id"])
+
+
+# ---------------------------------------------------------------- charts
+
+
+def _story_table() -> pl.DataFrame:
+    samples = {name: spread(mean) for name, mean in STORY_MEANS.items()}
+    return plan.budget(
+        STORY_BUDGETS,
+        samples,
+        prompts_available=dict.fromkeys(STORY_MEANS, 22_000),
+        sample_cap=7000,
+    )
+
+
+def _data_rows(spec: dict) -> list[int]:
+    return sorted(len(v) for v in spec["datasets"].values())
+
+
+def test_length_distribution_spec():
+    frame = pl.DataFrame(
+        {
+            "dataset": ["a"] * 300 + ["b"] * 200,
+            "completion_tokens": list(range(1, 301)) + list(range(1, 201)),
+        }
+    )
+    spec = charts.length_distribution(frame, bins=10).to_dict()
+    boxes, hist = spec["vconcat"]
+    assert [layer["mark"]["type"] for layer in boxes["layer"]] == ["rule", "bar", "tick"]
+    assert hist["facet"]["row"]["field"] == "dataset"
+    assert hist["spec"]["mark"]["type"] == "bar"
+    assert (
+        hist["spec"]["encoding"]["x"]["field"] == "start"
+        and hist["spec"]["encoding"]["x2"]["field"] == "end"
+    )
+    assert _data_rows(spec) == [2, 17]  # box stats per dataset; 10 + 7 non-empty bins
+    log = charts.length_distribution(frame, log=True, bins=10).to_dict()
+    assert log["vconcat"][1]["spec"]["encoding"]["x"]["scale"]["type"] == "log"
+    counts = [r["count"] for d in log["datasets"].values() for r in d if "count" in r]
+    assert sum(counts) == 500  # every row lands in a bin
+
+
+def test_samples_needed_spec():
+    spec = charts.samples_needed(_story_table()).to_dict()
+    marks = [layer["mark"]["type"] for layer in spec["layer"]]
+    assert marks == ["errorbar", "point", "tick"]
+    assert spec["layer"][0]["encoding"]["x2"]["field"] == "samples_needed_upper"
+    assert spec["layer"][2]["encoding"]["x"]["field"] == "prompts_available"
+    assert _data_rows(spec) == [4]  # no TOTAL row
+
+
+def test_budget_vs_cap_spec():
+    spec = charts.budget_vs_cap(_story_table()).to_dict()
+    assert [layer["mark"]["type"] for layer in spec["layer"]] == ["bar", "text"]
+    assert spec["layer"][0]["encoding"]["yOffset"]["field"] == "kind"
+    assert _data_rows(spec) == [4, 8]  # labels; budget + cap per dataset
+    labels = {
+        r["dataset"]: r["label"] for d in spec["datasets"].values() for r in d if "label" in r
+    }
+    assert labels["sharegpt"] == "2.66x"

@@ -1,0 +1,405 @@
+"""kit.sources: every format and container, malformed rows counted by reason, stable ids."""
+
+import json
+import random
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import kit
+from kit import sources
+
+SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    """Rows -> JSONL; a str row is written verbatim (for broken lines)."""
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def msgs(frame: pl.DataFrame) -> list[list[dict]]:
+    return frame["messages"].to_list()
+
+
+def user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+# ---------------------------------------------------------------- formats
+
+
+def test_sharegpt_roles_system_and_cut(tmp_path):
+    row = {
+        "conversations": [
+            {"from": "system", "value": "Be kind."},
+            {"from": "human", "value": "Hi there "},
+            {"from": "gpt", "value": "Hello!"},
+            {"from": "human", "value": "Tell me a joke."},
+            {"from": "gpt", "value": "Why did the chicken..."},
+        ]
+    }
+    res = kit.load(write_jsonl(tmp_path / "sg.jsonl", [row]))
+    assert res.formats == {"sg": "sharegpt"}
+    assert msgs(res.frame) == [
+        [
+            {"role": "system", "content": "Be kind."},
+            user("Hi there"),
+            {"role": "assistant", "content": "Hello!"},
+            user("Tell me a joke."),
+        ]
+    ]
+    assert res.frame["n_turns"].to_list() == [2]
+    assert res.frame.schema == pl.Schema(sources.SCHEMA)
+
+
+def test_openai_messages_and_user_assistant_roles_in_sharegpt(tmp_path):
+    rows = [
+        {"messages": [user("What is 2+2?"), {"role": "assistant", "content": "4"}]},
+        {"conversations": [{"from": "user", "value": "a"}, {"from": "assistant", "value": "b"}]},
+    ]
+    res = kit.load(write_jsonl(tmp_path / "oa.jsonl", rows[:1]))
+    assert res.formats["oa"] == "openai" and msgs(res.frame) == [[user("What is 2+2?")]]
+    res = kit.load(write_jsonl(tmp_path / "sg2.jsonl", rows[1:]))
+    assert res.formats["sg2"] == "sharegpt" and msgs(res.frame) == [[user("a")]]
+
+
+def test_ultrachat_data_alternates_from_user(tmp_path):
+    row = {"id": "x", "data": ["Q1", "A1", "Q2", "A2"]}
+    res = kit.load(write_jsonl(tmp_path / "uc.jsonl", [row]))
+    assert res.formats["uc"] == "ultrachat"
+    assert msgs(res.frame) == [[user("Q1"), {"role": "assistant", "content": "A1"}, user("Q2")]]
+    assert res.frame["n_turns"].to_list() == [2]
+
+
+def test_alpaca_joins_instruction_and_input(tmp_path):
+    rows = [
+        {"instruction": "Translate to French. ", "input": " Good morning.", "output": "Bonjour."},
+        {"instruction": "Name a colour.", "input": "", "output": "Red"},
+        {"instruction": "Name a fruit.", "output": "Apple"},
+    ]
+    res = kit.load(write_jsonl(tmp_path / "al.jsonl", rows))
+    assert res.formats["al"] == "alpaca"
+    assert msgs(res.frame) == [
+        [user("Translate to French.\n\nGood morning.")],
+        [user("Name a colour.")],
+        [user("Name a fruit.")],
+    ]
+
+
+def test_magicoder_problem_or_instruction_and_opencodeinstruct(tmp_path):
+    oss = kit.load(write_jsonl(tmp_path / "oss.jsonl", [{"problem": "Write X.", "solution": "x"}]))
+    evol = kit.load(
+        write_jsonl(tmp_path / "evol.jsonl", [{"instruction": "Do Y.", "response": "y"}])
+    )
+    oci = kit.load(
+        write_jsonl(tmp_path / "oci.jsonl", [{"id": "1", "input": "Write Z.", "output": "z"}])
+    )
+    assert (oss.formats["oss"], msgs(oss.frame)) == ("magicoder", [[user("Write X.")]])
+    assert (evol.formats["evol"], msgs(evol.frame)) == ("magicoder", [[user("Do Y.")]])
+    assert (oci.formats["oci"], msgs(oci.frame)) == ("opencodeinstruct", [[user("Write Z.")]])
+
+
+def test_generic_mapping_with_system_column(tmp_path):
+    rows = [
+        {"question": "Why is the sky blue?", "sys_col": "Answer briefly."},
+        {"question": "What is rain?", "sys_col": None},
+    ]
+    path = write_jsonl(tmp_path / "qa.jsonl", rows)
+    res = kit.load(path, mapping={"prompt": "question", "system": "sys_col"})
+    assert res.formats == {"qa": "mapping"}
+    assert msgs(res.frame) == [
+        [{"role": "system", "content": "Answer briefly."}, user("Why is the sky blue?")],
+        [user("What is rain?")],
+    ]
+
+
+def test_mapping_to_a_messages_column(tmp_path):
+    rows = [{"chat": [user("hello"), {"role": "assistant", "content": "hi"}, user("bye")]}]
+    res = kit.load(write_jsonl(tmp_path / "m.jsonl", rows), mapping={"messages": "chat"})
+    assert res.frame["n_turns"].to_list() == [2]
+
+
+def test_bad_arguments_name_the_field_and_value(tmp_path):
+    path = write_jsonl(tmp_path / "qa.jsonl", [{"question": "q"}])
+    with pytest.raises(ValueError, match="not found.*questoin|questoin.*not found"):
+        kit.load(path, mapping={"prompt": "questoin"})
+    with pytest.raises(ValueError, match="format must be one of.*'alpacca'"):
+        kit.load(path, format="alpacca")
+    with pytest.raises(ValueError, match="mapping needs exactly one of"):
+        kit.load(path, mapping={"system": "question"})
+    with pytest.raises(ValueError, match="dataset name 'bad name'"):
+        kit.load(path, name="bad name")
+
+
+def test_forced_format_overrides_detection(tmp_path):
+    row = {"instruction": "ignored", "problem": "used"}
+    path = write_jsonl(tmp_path / "f.jsonl", [row])
+    assert msgs(kit.load(path, format="magicoder").frame) == [[user("used")]]
+    assert msgs(kit.load(path, format="alpaca").frame) == [[user("ignored")]]
+
+
+def test_unknown_format_names_path_and_columns(tmp_path):
+    path = write_jsonl(tmp_path / "weird.jsonl", [{"question": "q", "answer": "a"}])
+    with pytest.raises(ValueError) as err:
+        kit.load(path)
+    assert str(path) in str(err.value)
+    assert "['answer', 'question']" in str(err.value)
+
+
+# ---------------------------------------------------------------- containers
+
+
+def test_json_list_json_data_key_and_misnamed_jsonl(tmp_path):
+    rows = [{"messages": [user("one")]}, {"messages": [user("two")]}]
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    (tmp_path / "b.json").write_text(json.dumps({"data": rows}))
+    write_jsonl(tmp_path / "c.json", rows)
+    res = kit.load([tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"])
+    assert res.frame.group_by("dataset").len().sort("dataset")["len"].to_list() == [2, 2, 2]
+    (tmp_path / "d.json").write_text('{"rows": []}')
+    with pytest.raises(ValueError, match=r"d\.json.*found \['rows'\]"):
+        kit.load(tmp_path / "d.json")
+
+
+def test_parquet_nested_and_flat(tmp_path):
+    nested = pl.DataFrame(
+        {
+            "messages": [
+                [user("p1")],
+                [user("p2"), {"role": "assistant", "content": "a"}, user("p3")],
+            ]
+        }
+    )
+    nested.write_parquet(tmp_path / "nested.parquet")
+    pl.DataFrame({"instruction": ["i1", "i2"], "input": ["x", None]}).write_parquet(
+        tmp_path / "flat.parquet"
+    )
+    res = kit.load([tmp_path / "nested.parquet", tmp_path / "flat.parquet"])
+    assert res.formats == {"nested": "openai", "flat": "alpaca"}
+    assert msgs(res.frame) == [
+        [user("p1")],
+        [user("p2"), {"role": "assistant", "content": "a"}, user("p3")],
+        [user("i1\n\nx")],
+        [user("i2")],
+    ]
+
+
+class DuckDataset:
+    """Stands in for a user's datasets.Dataset: column_names + to_list()."""
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.column_names = sorted(rows[0])
+
+    def to_list(self):
+        return list(self.rows)
+
+
+def test_in_memory_sources_need_a_name():
+    rows = [{"conversations": [{"from": "human", "value": "hey"}]}]
+    res = kit.load({"duck": DuckDataset(rows), "plain": rows, "frame": pl.DataFrame(rows)})
+    assert res.frame["dataset"].to_list() == ["duck", "plain", "frame"]
+    assert set(res.frame["prompt_id"]) == {sources.prompt_id([user("hey")])}
+    assert res.paths == {"duck": "", "plain": "", "frame": ""}
+    assert kit.load(rows, name="named").frame["dataset"].to_list() == ["named"]
+    with pytest.raises(ValueError, match="in-memory data needs a name"):
+        kit.load(DuckDataset(rows))
+
+
+def test_names_from_stems_sanitized_and_clashes_refused(tmp_path):
+    row = {"input": "x"}
+    res = kit.load(write_jsonl(tmp_path / "my data (v2).jsonl", [row]))
+    assert list(res.formats) == ["my_data_v2"]
+    (tmp_path / "sub").mkdir()
+    write_jsonl(tmp_path / "sub" / "same.jsonl", [row])
+    write_jsonl(tmp_path / "same.jsonl", [row])
+    with pytest.raises(ValueError, match="'same' used twice"):
+        kit.load([tmp_path / "same.jsonl", tmp_path / "sub" / "same.jsonl"])
+    with pytest.raises(ValueError, match="unsupported file type '.csv'"):
+        kit.load(tmp_path / "x.csv")
+
+
+def test_directory_loads_its_data_files(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", [{"input": "x"}])
+    pl.DataFrame({"problem": ["y"]}).write_parquet(tmp_path / "b.parquet")
+    (tmp_path / "README.md").write_text("not data")
+    res = kit.load(tmp_path)
+    assert res.summary()["dataset"].to_list() == ["a", "b"]
+
+
+# ---------------------------------------------------------------- bad rows
+
+
+def test_malformed_rows_are_counted_by_reason(tmp_path):
+    good = [
+        {"messages": [user("good one")]},
+        {"messages": [user("good two"), {"role": "assistant", "content": ""}]},  # tail not checked
+    ]
+    bad = [
+        "{not json",  # bad_json
+        '["a", "list"]',  # not_object
+        {"messages": "hello"},  # bad_type
+        {"messages": [user("ok"), 7, user("again")]},  # bad_type (turn)
+        {"other": 1},  # missing_field
+        {"messages": [{"role": "tool", "content": "x"}, user("q")]},  # bad_role
+        {"messages": [user(12)]},  # non_string_content
+        {"messages": [user("   ")]},  # empty_content
+        {"messages": [{"role": "assistant", "content": "x"}]},  # no_user_turn
+        {"messages": []},  # no_user_turn
+        {"messages": [{"role": "assistant", "content": "x"}, user("y")]},  # bad_order
+        {"messages": [user("x"), user("y")]},  # bad_order
+        {"messages": [user("x"), {"role": "system", "content": "s"}, user("y")]},  # bad_order
+    ]
+    path = write_jsonl(tmp_path / "mixed.jsonl", [good[0], *bad, "", good[1]])
+    res = kit.load(path)
+    assert msgs(res.frame) == [[user("good one")], [user("good two")]]
+    assert res.skipped["mixed"] == {
+        "bad_json": 1,
+        "not_object": 1,
+        "bad_type": 2,
+        "missing_field": 1,
+        "bad_role": 1,
+        "non_string_content": 1,
+        "empty_content": 1,
+        "no_user_turn": 2,
+        "bad_order": 3,
+    }
+    assert res.rows["mixed"] == 15  # the blank line is not a row
+    assert res.frame["row"].to_list() == [0, 15]  # row = 0-based line index
+    first = res.skipped_rows.row(0, named=True)
+    assert (first["row"], first["reason"]) == (1, "bad_json")
+    assert first["detail"].startswith("line 2:")
+    summary = res.summary().row(0, named=True)
+    assert (summary["prompts"], summary["skipped"]) == (2, 13)
+    assert "bad_order: 3" in summary["skip_reasons"]
+
+
+def test_non_object_rows_in_json_and_memory(tmp_path):
+    (tmp_path / "j.json").write_text(json.dumps([{"input": "ok"}, None, 3, "s"]))
+    res = kit.load(tmp_path / "j.json")
+    assert res.skipped["j"] == {"not_object": 3} and res.frame.height == 1
+
+
+def test_duplicates_dropped_and_counted_first_row_kept(tmp_path):
+    rows = [{"input": "same"}, {"input": "other"}, {"input": "same  "}, {"input": " same"}]
+    res = kit.load(write_jsonl(tmp_path / "d.jsonl", rows))
+    assert res.frame["row"].to_list() == [0, 1]
+    assert res.duplicates == {"d": 3 - 1}
+    assert res.summary()["duplicates"].to_list() == [2]
+
+
+def test_same_prompt_in_two_datasets_kept_in_both(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [{"input": "shared"}])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"problem": "shared"}])
+    res = kit.load([a, b])
+    assert res.frame.height == 2 and res.frame["prompt_id"].n_unique() == 1
+    assert res.duplicates == {"a": 0, "b": 0}
+
+
+# ---------------------------------------------------------------- identity
+
+
+def ids_by_prompt(res) -> dict[str, str]:
+    """Prompt text -> prompt_id."""
+    texts = [str(m) for m in res.frame["messages"].to_list()]
+    return dict(zip(texts, res.frame["prompt_id"], strict=True))
+
+
+def test_prompt_id_stable_under_shuffle_and_reload(tmp_path):
+    rows = [{"data": [f"question {i}", f"answer {i}", f"follow-up {i}"]} for i in range(50)]
+    first = kit.load(write_jsonl(tmp_path / "a.jsonl", rows))
+    random.Random(3).shuffle(rows)
+    second = kit.load(write_jsonl(tmp_path / "a.jsonl", rows))
+    assert ids_by_prompt(first) == ids_by_prompt(second)
+    assert first.frame["prompt_id"].to_list() != second.frame["prompt_id"].to_list()  # reordered
+    assert first.source_hashes() == second.source_hashes()
+    assert first.frame["prompt_id"].n_unique() == 50
+    assert first.frame["prompt_id"].str.contains(r"^[0-9a-f]{16}$").all()
+
+
+def test_prompt_id_is_the_documented_hash_of_stripped_messages():
+    import hashlib
+
+    messages = [{"role": "system", "content": "S"}, user("Hello")]
+    payload = '[["system","S"],["user","Hello"]]'
+    assert (
+        sources.prompt_id(messages) == hashlib.blake2b(payload.encode(), digest_size=8).hexdigest()
+    )
+    res = kit.load({"x": [{"messages": [{"role": "system", "content": "S\n"}, user("  Hello ")]}]})
+    assert res.frame["prompt_id"].to_list() == [sources.prompt_id(messages)]
+
+
+# ---------------------------------------------------------------- display and samples
+
+
+def test_summary_and_reprs(tmp_path):
+    path = write_jsonl(tmp_path / "s.jsonl", [{"input": "a"}, "oops", {"input": "a"}])
+    res = kit.load(path)
+    assert res.summary().columns == [
+        "dataset",
+        "format",
+        "rows",
+        "prompts",
+        "duplicates",
+        "skipped",
+        "skip_reasons",
+    ]
+    text = repr(res)
+    assert "1 prompts, 1 skipped, 1 duplicates" in text and "bad_json: 1" in text
+    assert "<table" in res._repr_html_()
+
+
+def test_samples_load_clean():
+    res = kit.load(SAMPLES)
+    summary = res.summary()
+    assert summary.height == 8
+    assert summary["dataset"].n_unique() == 8
+    assert summary["prompts"].min() >= 60
+    assert summary["skipped"].sum() == 0 and summary["duplicates"].sum() == 0
+    assert set(summary["format"]) == {
+        "openai",
+        "sharegpt",
+        "ultrachat",
+        "alpaca",
+        "magicoder",
+        "opencodeinstruct",
+    }
+    assert res.frame.filter(pl.col("n_turns") > 1).height >= 20  # multi-turn context present
+    systems = res.frame["messages"].list.first().struct.field("role") == "system"
+    assert systems.sum() >= 20
+
+
+def test_samples_prompt_lengths_differ_between_datasets():
+    lengths = (
+        kit.load(SAMPLES)
+        .frame.with_columns(
+            chars=pl.col("messages")
+            .list.eval(pl.element().struct.field("content").str.len_chars())
+            .list.sum()
+        )
+        .group_by("dataset")
+        .agg(pl.col("chars").mean())
+    )
+    means = dict(zip(lengths["dataset"], lengths["chars"], strict=True))
+    assert means["code_problems"] > 3 * means["chat_general"]
+
+
+@pytest.mark.slow
+def test_100k_rows_load_in_seconds(tmp_path):
+    path = tmp_path / "big.jsonl"
+    with open(path, "w") as f:
+        for i in range(100_000):
+            conv = [
+                {"from": "human", "value": f"question number {i}"},
+                {"from": "gpt", "value": "an answer " * 20},
+            ]
+            f.write(json.dumps({"conversations": conv}) + "\n")
+    start = time.perf_counter()
+    res = kit.load(path)
+    elapsed = time.perf_counter() - start
+    assert res.frame.height == 100_000
+    assert elapsed < 15, f"100K rows took {elapsed:.1f}s"
