@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kit.store import RunStore
+from kit.store import RunStore, read_config
 from kit.types import (
     BackendError,
     Budget,
@@ -91,13 +91,15 @@ class _Runner:
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"generate: bad {name}={value!r} (must be > 0)")
         config, frame = _build_config(prompts, run_dir, settings)
+        if prompts is None:  # resume: keep the recorded source paths
+            config.datasets = read_config(run_dir).datasets
         store = RunStore(run_dir)
         store.init(config, frame if prompts is not None else None, force=force)
         self = cls()
         self.config, self.store = config, store
         self.timeout = timeout or 60.0 + 0.5 * config.sampling.max_tokens
         self.retry_base, self.no_endpoint_timeout = retry_base, no_endpoint_timeout
-        self.datasets = _datasets(frame, config, store.index(), expected_tokens or {})
+        self.datasets = _datasets(frame, config, store.scan(), expected_tokens or {})
         self.callback, self.stop_reason = None, None
         self._stop_requested = False
         self._last_progress = 0.0
@@ -323,6 +325,7 @@ def _build_config(prompts, run_dir, s: dict):
     config = RunConfig(
         model=s["model"], endpoints=endpoints, sampling=s["sampling"],
         budgets={k: int(v) for k, v in budgets.items()}, source_hashes=_source_hashes(frame),
+        datasets=dict(getattr(prompts, "paths", None) or {}),
         chat_template_hash=_template_hash(s["tokenizer"]), tokenizer=s["tokenizer"],
         api=s["api"], api_key_env=s["api_key_env"], concurrency=s["concurrency"],
         per_endpoint_concurrency=s["per_endpoint_concurrency"], policy=s["policy"],
@@ -407,9 +410,10 @@ def _datasets(frame, config: RunConfig, done: dict, priors: dict) -> dict[str, _
         d = _Dataset(
             name=name, budget=config.budgets[name], queue=queue, total=len(rows) * n, prior=prior
         )
-        for (ds, _, _), tokens in done.items():
+        for (ds, _, _), (tokens, finish) in done.items():
             if ds == name:
                 d.tokens_done += tokens
                 d.samples_done += 1
+                d.truncated += finish == "length"
         out[name] = d
     return out

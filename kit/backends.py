@@ -151,6 +151,8 @@ class _HTTPBackend:
                 raw = await resp.read()
                 if resp.status >= 400:
                     text = raw.decode("utf-8", "replace")
+                    if "Authorization" in headers:  # a server echoing the key must not leak it
+                        text = text.replace(headers["Authorization"][7:], "***")
                     raise status_error(resp.status, text, resp.headers.get("Retry-After"), url)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise BackendError("timeout", f"no answer from {url} within {timeout}s") from e

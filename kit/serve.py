@@ -156,6 +156,7 @@ class EmbeddedServer:
     host: str
     log_path: Path
     process: subprocess.Popen = field(repr=False)
+    sampling: dict = field(default_factory=dict)  # {"temperature", "top_p"} fixed at warm-up
 
     @property
     def base_url(self) -> str:
@@ -259,6 +260,8 @@ def start(
     timeout: float = 180,
     log_path: str | os.PathLike | None = None,
     extra_args: Sequence[str] = (),
+    temperature: float = 0.0,
+    top_p: float = 1.0,
 ) -> EmbeddedServer:
     """Start `transformers serve --continuous-batching` on the embedded model and wait for it.
 
@@ -273,6 +276,10 @@ def start(
         timeout: seconds to wait for readiness (load + warm-up) before giving up.
         log_path: server log file; None writes data/models/logs/serve-<port>.log.
         extra_args: more `transformers serve` options, e.g. ("--cb-num-blocks", "512").
+        temperature: the sampling temperature of EVERY request this server answers (0 = greedy).
+            With continuous batching the server fixes sampling from its first request (our
+            warm-up) and ignores per-request temperature/top_p; see the module docstring.
+        top_p: nucleus sampling of every request, fixed the same way.
 
     Returns:
         A running EmbeddedServer.
@@ -289,7 +296,12 @@ def start(
     port = port or free_port(host)
     log_path = Path(log_path) if log_path else models_root() / "logs" / f"serve-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 10):
+        raise ValueError(f"start: temperature must be in [0, 10], got {temperature!r}")
+    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"start: top_p must be in (0, 1], got {top_p!r}")
     server = _spawn(model_dir, port, host, log_path, extra_args)
+    server.sampling = {"temperature": float(temperature), "top_p": float(top_p)}
     try:
         _wait_ready(server, timeout)
     except BaseException:
@@ -331,7 +343,8 @@ def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
     while not _get_ok(f"{root}/health"):
         _check_alive(server, deadline, timeout)
         time.sleep(0.25)
-    body = {"model": server.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    hi = [{"role": "user", "content": "Hi"}]
+    body = {"model": server.model, "messages": hi, "max_tokens": 1, **server.sampling}
     while True:
         _check_alive(server, deadline, timeout)
         try:

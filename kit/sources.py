@@ -37,7 +37,18 @@ from pathlib import Path
 
 import polars as pl
 
-FORMATS = ("sharegpt", "openai", "ultrachat", "alpaca", "magicoder", "opencodeinstruct", "mapping")
+from kit._formats import (
+    BLANK,
+    FORMATS,
+    SUFFIXES,
+    Skip,
+    columns,
+    detect,
+    frame_rows,
+    raw_turns,
+    read,
+)
+
 REASONS = (
     "bad_json",  # a JSONL line is not valid JSON (or not UTF-8)
     "not_object",  # a row is not a JSON object
@@ -59,29 +70,7 @@ SCHEMA = {
 }
 MAX_SKIP_ROWS = 1000  # skipped rows kept per dataset in LoadResult.skipped_rows (counts are exact)
 
-_ROLES = {
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "gpt": "assistant",
-    "chatgpt": "assistant",
-    "model": "assistant",
-    "bot": "assistant",
-    "system": "system",
-}
 _NAME_OK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
-_DETECT_ROWS = 200  # rows whose keys decide the format
-_BLANK = object()  # a blank JSONL line
-
-
-class _Skip(Exception):
-    """A row that cannot give a prompt; `reason` is one of REASONS."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(reason, detail)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(slots=True)
@@ -170,13 +159,13 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None) -> LoadResul
     skip_rows: list[dict] = []
     for ds, source in _sources(paths_or_mapping, name):
         label = str(source) if isinstance(source, Path) else f"in-memory dataset {ds!r}"
-        rows = _read(source)
-        result.formats[ds] = fmt or _detect(rows, label)
+        rows = read(source)
+        result.formats[ds] = fmt or detect(rows, label)
         result.paths[ds] = str(source) if isinstance(source, Path) else ""
         if mapping:
             _check_mapping_columns(mapping, rows, label)
         if isinstance(rows, pl.DataFrame):
-            rows = _frame_rows(rows, result.formats[ds], mapping)
+            rows = frame_rows(rows, result.formats[ds], mapping)
         _convert(ds, rows, result.formats[ds], mapping, cols, result, skip_rows)
     result.frame = _frame(cols)
     result.skipped_rows = pl.DataFrame(
@@ -268,7 +257,7 @@ def _expand(spec) -> list[Path]:
     for item in spec if isinstance(spec, (list, tuple)) else [spec]:
         path = Path(item)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix.lower() in _SUFFIXES)
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in SUFFIXES)
             if not found:
                 raise ValueError(f"{path}: no .jsonl, .json or .parquet files in this directory")
             out.extend(found)
@@ -312,231 +301,12 @@ def _stem_name(path: Path) -> str:
     return stem
 
 
-# ---------------------------------------------------------------- reading
-
-
-def _read(source) -> list:
-    """All rows of a source, in order; a JSONL line that fails to parse becomes a _Skip."""
-    if not isinstance(source, Path):
-        return _read_memory(source)
-    kind = _SUFFIXES.get(source.suffix.lower())
-    if kind is None:
-        raise ValueError(
-            f"{source}: unsupported file type {source.suffix!r}; expected .jsonl, .json or .parquet"
-        )
-    if not source.is_file():
-        raise FileNotFoundError(f"no such file: {source}")
-    return {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[kind](source)
-
-
-def _read_jsonl(path: Path) -> list:
-    """Rows of a JSONL file; blank lines are ignored, row = 0-based line number."""
-    rows: list = []
-    with open(path, "rb") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                rows.append(_BLANK)  # keeps row == line index; not counted as a row
-                continue
-            try:
-                rows.append(json.loads(line))
-            except ValueError as exc:
-                rows.append(_Skip("bad_json", f"line {i + 1}: {exc}"))
-    return rows
-
-
-def _read_json(path: Path) -> list:
-    """Rows of a JSON file: a list of objects or {"data": [...]}; JSONL misnamed .json also works."""
-    try:
-        data = json.loads(path.read_bytes())
-    except ValueError as exc:
-        if "Extra data" in str(exc):
-            return _read_jsonl(path)
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        data = data["data"]
-    if not isinstance(data, list):
-        found = sorted(data) if isinstance(data, dict) else type(data).__name__
-        raise ValueError(
-            f'{path}: expected a JSON list of rows or {{"data": [...]}}, found {found}'
-        )
-    return data
-
-
-def _read_parquet(path: Path) -> pl.DataFrame:
-    """A Parquet file as a frame (rows become dicts after the format is known)."""
-    try:
-        return pl.read_parquet(path)
-    except Exception as exc:  # polars raises several error types for a bad file
-        raise ValueError(f"{path}: cannot read Parquet ({type(exc).__name__}: {exc})") from None
-
-
-def _read_memory(obj) -> list | pl.DataFrame:
-    """Rows of an in-memory source: list of dicts, polars frame, datasets.Dataset, iterable."""
-    if isinstance(obj, pl.DataFrame):
-        return obj
-    if hasattr(obj, "to_list") and hasattr(obj, "column_names"):  # datasets.Dataset
-        return list(obj.to_list())
-    if hasattr(obj, "to_dicts"):
-        return list(obj.to_dicts())
-    try:
-        return list(obj)
-    except TypeError:
-        raise ValueError(f"cannot read rows from a {type(obj).__name__}") from None
-
-
-# ---------------------------------------------------------------- formats
-
-
-def _columns(rows: list | pl.DataFrame) -> list[str]:
-    """Keys with a non-null value in the first _DETECT_ROWS object rows."""
-    if isinstance(rows, pl.DataFrame):
-        head = rows.head(_DETECT_ROWS)
-        return [c for c in head.columns if head.height == 0 or head[c].null_count() < head.height]
-    keys: dict[str, None] = {}
-    for row in [r for r in rows if isinstance(r, dict)][:_DETECT_ROWS]:
-        keys.update((k, None) for k, v in row.items() if v is not None)
-    return list(keys)
-
-
-def _detect(rows: list, label: str) -> str:
-    """Pick the format from the columns found; raise naming the source and its columns."""
-    cols = set(_columns(rows))
-    for fmt, needs in (
-        ("sharegpt", {"conversations"}),
-        ("openai", {"messages"}),
-        ("ultrachat", {"data"}),
-        ("alpaca", {"instruction", "input"}),
-        ("magicoder", {"problem"}),
-        ("magicoder", {"instruction"}),
-        ("opencodeinstruct", {"input"}),
-    ):
-        if needs <= cols:
-            return fmt
-    raise ValueError(
-        f"cannot detect the prompt format of {label}: columns found {sorted(cols)}; "
-        f"pass format= (one of {FORMATS}) or mapping={{'prompt': <column>}}"
-    )
-
-
 def _check_mapping_columns(mapping: dict, rows: list, label: str) -> None:
     """A mapped column missing from every row is a typo, not a bad row: raise."""
-    cols = _columns(rows)
+    cols = columns(rows)
     missing = [c for c in mapping.values() if c not in cols]
     if missing and cols:
         raise ValueError(f"mapping columns {missing} not found in {label}; columns found {cols}")
-
-
-_FIELDS = {  # format -> the columns its rows are read from
-    "sharegpt": ["conversations"],
-    "openai": ["messages"],
-    "ultrachat": ["data"],
-    "alpaca": ["instruction", "input"],
-    "magicoder": ["problem", "instruction"],
-    "opencodeinstruct": ["input"],
-}
-
-
-def _frame_rows(df: pl.DataFrame, fmt: str, mapping: dict | None) -> list[dict]:
-    """Rows of a columnar source: only the needed columns, turn lists cut after the last user turn."""
-    wanted = list(mapping.values()) if fmt == "mapping" else _FIELDS[fmt]
-    df = df.select([c for c in df.columns if c in wanted])
-    trims = [_trim_turns(c, df.schema[c]) for c in df.columns]
-    return df.with_columns([t for t in trims if t is not None]).to_dicts()
-
-
-def _trim_turns(col: str, dtype) -> pl.Expr | None:
-    """Drop turns after the last user turn in polars (they are never read; saves converting them)."""
-    if not (isinstance(dtype, pl.List) and isinstance(dtype.inner, pl.Struct)):
-        return None
-    fields = {f.name: f.dtype for f in dtype.inner.fields}
-    keys = [k for k in ("from", "role") if fields.get(k) == pl.String]
-    if not keys:
-        return None
-    role = pl.coalesce([pl.element().struct.field(k) for k in keys]).str.to_lowercase()
-    user_at_or_after = role.is_in(["user", "human"]).reverse().cum_sum().reverse() > 0
-    cut = pl.col(col).list.eval(pl.element().filter(user_at_or_after))
-    return pl.when(cut.list.len() > 0).then(cut).otherwise(pl.col(col)).alias(col)
-
-
-def _field(row: dict, key: str):
-    """row[key], or a missing_field skip when absent or null."""
-    value = row.get(key)
-    if value is None:
-        raise _Skip("missing_field", f"no {key!r}")
-    return value
-
-
-def _turn(obj) -> tuple[str, object] | _Skip:
-    """One turn object (role/content or from/value) -> (role, content) or the problem."""
-    if not isinstance(obj, dict):
-        return _Skip("bad_type", f"turn is a {type(obj).__name__}, not an object")
-    role_key, content_key = ("from", "value") if "from" in obj else ("role", "content")
-    raw, content = obj.get(role_key), obj.get(content_key)
-    if raw is None or content is None:
-        return _Skip("missing_field", f"turn without {role_key!r}/{content_key!r}")
-    role = _ROLES.get(raw.lower()) if isinstance(raw, str) else None
-    return (role, content) if role else _Skip("bad_role", f"role {raw!r}")
-
-
-def _turn_list(row: dict, key: str) -> list:
-    """A conversation field -> list of (role, content) or _Skip per turn."""
-    value = _field(row, key)
-    if not isinstance(value, list):
-        raise _Skip("bad_type", f"{key!r} is a {type(value).__name__}, not a list")
-    return [_turn(t) for t in value]
-
-
-def _single(row: dict, prompt_key: str, system_key: str | None = None) -> list:
-    """A single-prompt row -> [(system)?, (user, prompt)]."""
-    turns = [("user", _field(row, prompt_key))]
-    system = row.get(system_key) if system_key else None
-    if system is not None and system != "":
-        turns.insert(0, ("system", system))
-    return turns
-
-
-def _alpaca(row: dict) -> list:
-    """instruction + "\\n\\n" + input (input optional)."""
-    instruction, extra = _field(row, "instruction"), row.get("input")
-    if not isinstance(instruction, str) or (extra is not None and not isinstance(extra, str)):
-        raise _Skip("non_string_content", "instruction/input is not a string")
-    if extra and extra.strip():
-        instruction = instruction.strip() + "\n\n" + extra.strip()
-    return [("user", instruction)]
-
-
-def _ultrachat(row: dict) -> list:
-    """data: [user, assistant, user, ...] -> turns."""
-    data = _field(row, "data")
-    if not isinstance(data, list):
-        raise _Skip("bad_type", f"'data' is a {type(data).__name__}, not a list")
-    return [("user" if i % 2 == 0 else "assistant", text) for i, text in enumerate(data)]
-
-
-def _raw_turns(row: dict, fmt: str, mapping: dict | None) -> list:
-    """Row -> list of (role, content) or _Skip, before the prompt is cut and checked."""
-    if fmt == "sharegpt":
-        return _turn_list(row, "conversations")
-    if fmt == "openai":
-        return _turn_list(row, "messages")
-    if fmt == "ultrachat":
-        return _ultrachat(row)
-    if fmt == "alpaca":
-        return _alpaca(row)
-    if fmt == "magicoder":
-        return _single(row, "problem" if row.get("problem") is not None else "instruction")
-    if fmt == "opencodeinstruct":
-        return _single(row, "input")
-    if "messages" in mapping:
-        turns = _turn_list(row, mapping["messages"])
-        return _single_system(row, mapping) + turns
-    return _single(row, mapping["prompt"], mapping.get("system"))
-
-
-def _single_system(row: dict, mapping: dict) -> list:
-    """The optional mapped system column as a leading turn (for a mapped messages column)."""
-    system = row.get(mapping["system"]) if "system" in mapping else None
-    return [("system", system)] if system is not None and system != "" else []
 
 
 # ---------------------------------------------------------------- prompts
@@ -544,20 +314,18 @@ def _single_system(row: dict, mapping: dict) -> list:
 
 def _prompt(turns: list) -> list[dict]:
     """Cut at the last user turn, check what is kept, return stripped messages."""
-    last = max(
-        (i for i, t in enumerate(turns) if isinstance(t, tuple) and t[0] == "user"), default=-1
-    )
+    last = next((i for i in range(len(turns) - 1, -1, -1) if turns[i][0] == "user"), -1)
     if last < 0:
-        raise next((t for t in turns if isinstance(t, _Skip)), _Skip("no_user_turn"))
+        raise next((t[0] for t in turns if isinstance(t[0], Skip)), Skip("no_user_turn"))
     messages = []
-    for i, turn in enumerate(turns[: last + 1]):
-        if isinstance(turn, _Skip):
-            raise _Skip(turn.reason, f"turn {i}: {turn.detail}")
-        role, content = turn
+    for i, (role, content) in enumerate(turns[: last + 1]):
+        for part in (role, content):
+            if isinstance(part, Skip):
+                raise Skip(part.reason, f"turn {i}: {part.detail}")
         if not isinstance(content, str):
-            raise _Skip("non_string_content", f"turn {i} content is a {type(content).__name__}")
+            raise Skip("non_string_content", f"turn {i} content is a {type(content).__name__}")
         if not content.strip():
-            raise _Skip("empty_content", f"turn {i} ({role}) is empty")
+            raise Skip("empty_content", f"turn {i} ({role}) is empty")
         messages.append({"role": role, "content": content.strip()})
     _check_order([m["role"] for m in messages])
     return messages
@@ -569,7 +337,7 @@ def _check_order(roles: list[str]) -> None:
     expected = "user"
     for i, role in enumerate(body):
         if role != expected:
-            raise _Skip(
+            raise Skip(
                 "bad_order", f"{role} at turn {i + len(roles) - len(body)}, {expected} expected"
             )
         expected = "assistant" if role == "user" else "user"
@@ -581,16 +349,16 @@ def _convert(ds, rows, fmt, mapping, cols, result: LoadResult, skip_rows: list) 
     skips: Counter = Counter()
     dups = n_rows = 0
     for i, row in enumerate(rows):
-        if row is _BLANK:
+        if row is BLANK:
             continue
         n_rows += 1
         try:
-            if isinstance(row, _Skip):
+            if isinstance(row, Skip):
                 raise row
             if not isinstance(row, dict):
-                raise _Skip("not_object", f"row is a {type(row).__name__}")
-            messages = _prompt(_raw_turns(row, fmt, mapping))
-        except _Skip as skip:
+                raise Skip("not_object", f"row is a {type(row).__name__}")
+            messages = _prompt(raw_turns(row, fmt, mapping))
+        except Skip as skip:
             skips[skip.reason] += 1
             if skips.total() <= MAX_SKIP_ROWS:
                 skip_rows.append(

@@ -300,10 +300,14 @@ class RunStore:
     # -- reading (writer side)
     def index(self) -> dict[Key, int]:
         """Scan records: {(dataset, prompt_id, sample): completion_tokens}; first copy wins."""
-        out: dict[Key, int] = {}
+        return {key: tokens for key, (tokens, _) in self.scan().items()}
+
+    def scan(self) -> dict[Key, tuple[int, str | None]]:
+        """Scan records: {key: (completion_tokens, finish_reason)}; first copy wins."""
+        out: dict[Key, tuple] = {}
         for path in _record_files(self.run_dir).values():
             for head in _scan_heads(path):
-                out.setdefault(head[:3], head[3])
+                out.setdefault(head[:3], head[3:5])
         return out
 
     def errors(self) -> dict[Key, ErrorRecord]:

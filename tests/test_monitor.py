@@ -447,6 +447,7 @@ def test_monitor_and_awatch_follow_a_real_run(embedded_server, tmp_path):
 
     run, watched = asyncio.run(main())
     final = run.status().datasets
+    assert run.stop_reason is None, (run.stop_reason, final)
     assert {p.dataset: p.state for p in final} == {"fruits": "budget_reached", "hi": "exhausted"}
     assert {p.dataset: p.state for p in watched} == {"fruits": "budget_reached", "hi": "exhausted"}
     assert [(p.dataset, p.state, p.tokens_done) for p in live.last] == [

@@ -1,0 +1,172 @@
+"""Run-level faults: 429, 5xx, resets, hangs, malformed answers, dead servers, a full disk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from faultserver import FaultConfig, FaultServer
+
+import kit
+from kit.store import read_errors, records_frame
+from kit.types import Sampling
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def prompts(n: int, datasets=("a",)) -> pl.DataFrame:
+    rows = [
+        {"dataset": ds, "prompt_id": f"{ds}-{i:04d}", "messages": [{"role": "user", "content": f"{ds} item {i}"}], "n_turns": 1, "row": i}
+        for ds in datasets
+        for i in range(n)
+    ]  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+def args(url, tmp_path, **kw) -> dict:
+    base = dict(run_dir=tmp_path / "run", model="fake", endpoints=url, budgets={"a": 1_000_000},
+                sampling=Sampling(max_tokens=40), concurrency=8, retry_base=0.02)  # fmt: skip
+    return base | kw
+
+
+def lines_ok(run_dir: Path) -> int:
+    """Every records line parses and ends in a newline; returns the count."""
+    n = 0
+    for path in (run_dir / "records").glob("*.jsonl"):
+        data = path.read_bytes()
+        assert data.endswith(b"\n") or not data
+        n += sum(1 for line in data.splitlines() if json.loads(line))
+    return n
+
+
+def test_429_honours_retry_after(tmp_path):
+    with FaultServer(FaultConfig(mode="429", first_k=3, retry_after="1")) as srv:
+        t0 = time.monotonic()
+        run = kit.generate_sync(prompts(10), **args(srv.base_url, tmp_path, concurrency=2))
+        elapsed = time.monotonic() - t0
+        assert srv.stats()["outcomes"]["429"] == 3
+    row = run.summary().row(0, named=True)
+    f = records_frame(tmp_path / "run")
+    assert len(f) == 10 and row["retries"] == 3 and row["errors"] == 0
+    assert (
+        f["attempts"].sum() - len(f) == 3 and elapsed >= 1.0
+    )  # waited as told, not the 0.02 s backoff
+
+
+@pytest.mark.parametrize("mode", ["500", "reset", "malformed"])
+def test_transient_faults_are_retried(tmp_path, mode):
+    with FaultServer(FaultConfig(mode=mode, fraction=0.3, seed=5)) as srv:
+        run = kit.generate_sync(prompts(60), **args(srv.base_url, tmp_path, max_attempts=6))
+        faults = srv.stats()["outcomes"][mode]
+        row = run.summary().row(0, named=True)
+        assert faults > 5 and row["retries"] >= faults - row["errors"] * 6
+        n_errors = int((~read_errors(tmp_path / "run")["resolved"]).sum())
+        assert lines_ok(tmp_path / "run") + n_errors == 60  # every request accounted for
+        srv.configure(mode="ok")
+        kit.generate_sync(prompts(60), **args(srv.base_url, tmp_path))
+    assert lines_ok(tmp_path / "run") == 60 and read_errors(tmp_path / "run")["resolved"].all()
+
+
+def test_hung_requests_time_out_to_errors_and_resume_retries_them(tmp_path):
+    with FaultServer(FaultConfig(mode="hang", fraction=0.5, seed=1)) as srv:
+        run = kit.generate_sync(
+            prompts(20), **args(srv.base_url, tmp_path, timeout=0.3, max_attempts=2)
+        )
+        errors = read_errors(tmp_path / "run")
+        print(f"\nhang: {run.summary().select('samples_done', 'retries', 'errors').row(0)}")
+        assert len(errors) >= 1 and errors["error"].str.starts_with("timeout").all()
+        assert lines_ok(tmp_path / "run") + len(errors) == 20
+        srv.configure(mode="ok")
+        kit.generate_sync(prompts(20), **args(srv.base_url, tmp_path, timeout=0.3, max_attempts=2))
+    assert lines_ok(tmp_path / "run") == 20
+    assert read_errors(tmp_path / "run")["resolved"].all()
+
+
+def test_server_killed_mid_run_stops_cleanly_then_resumes(tmp_path):
+    budgets = {"a": 3000}
+
+    async def until_killed(srv):
+        run = await kit.generate(
+            prompts(300),
+            background=True,
+            **args(srv.base_url, tmp_path, budgets=budgets, no_endpoint_timeout=1.0),
+        )
+        while run.status().frame["tokens_done"].sum() < 800:
+            await asyncio.sleep(0.02)
+        srv.kill()
+        await asyncio.wait_for(run.wait(), 60)
+        return run
+
+    with FaultServer(FaultConfig(latency=0.02)) as srv:
+        run = asyncio.run(until_killed(srv))
+        print(f"\nkilled: {run.stop_reason}\n{run.summary()}")
+        assert run.stop_reason and "in a row failed" in run.stop_reason
+        assert run.summary()["tokens_done"][0] < 3000
+        before = (tmp_path / "run/records/a.jsonl").read_bytes()
+        n_before = lines_ok(tmp_path / "run")
+        srv.restart()
+        done = kit.generate_sync(prompts(300), **args(srv.base_url, tmp_path, budgets=budgets))
+    assert (tmp_path / "run/records/a.jsonl").read_bytes().startswith(before)
+    f = records_frame(tmp_path / "run")
+    assert lines_ok(tmp_path / "run") == len(f) > n_before  # no duplicate keys
+    assert (
+        3000 <= f["completion_tokens"].sum() <= 3040
+        and done.summary()["state"][0] == "budget_reached"
+    )
+
+
+def test_dead_endpoint_the_other_finishes(tmp_path):
+    with (
+        FaultServer(FaultConfig(latency=0.01, die_after=30)) as dying,
+        FaultServer(FaultConfig(latency=0.01)) as ok,
+    ):
+        run = kit.generate_sync(
+            prompts(200), **args([dying.base_url, ok.base_url], tmp_path, budgets={"a": 4000})
+        )
+    f = records_frame(tmp_path / "run")
+    by = dict(f.group_by("endpoint").len().iter_rows())
+    print(f"\nrecords per endpoint: {by}")
+    assert 4000 <= f["completion_tokens"].sum() <= 4040 and run.summary()["errors"][0] == 0
+    assert 0 < by.get(dying.base_url, 0) <= 30 and by[ok.base_url] > by.get(dying.base_url, 0)
+
+
+FULL_DISK = """
+import json, resource, signal, sys
+import polars as pl
+import kit
+from kit.store import StoreWriteError
+from kit.types import Sampling
+a = json.loads(sys.argv[1])
+frame = pl.read_parquet(a.pop("prompts"))
+a["sampling"] = Sampling(**a["sampling"])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
+try:
+    kit.generate_sync(frame, **a)
+except StoreWriteError as e:
+    print("STOPPED:", e)
+"""
+
+
+def test_full_disk_stops_the_run_cleanly(tmp_path):
+    prompts(400).write_parquet(tmp_path / "p.parquet")
+    with FaultServer(FaultConfig(latency=0.01)) as srv:
+        a = {"prompts": str(tmp_path / "p.parquet"), "run_dir": str(tmp_path / "run"), "model": "fake",
+             "endpoints": srv.base_url, "budgets": {"a": 8000}, "retry_base": 0.02, "sampling": {"max_tokens": 40}}  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", FULL_DISK, json.dumps(a)], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})  # fmt: skip
+        assert "STOPPED:" in out.stdout and "no partial line was kept" in out.stdout, out.stderr[
+            -2000:
+        ]
+        n = lines_ok(tmp_path / "run")
+        assert 0 < n and (tmp_path / "run/records/a.jsonl").stat().st_size <= 40_000
+        kit.generate_sync(prompts(400), **args(srv.base_url, tmp_path, budgets={"a": 8000}))
+    f = records_frame(tmp_path / "run")
+    assert lines_ok(tmp_path / "run") == len(f) > n and f["completion_tokens"].sum() >= 8000
