@@ -7,6 +7,11 @@ process's CPU share: near 100% means the server, not the client, set the pace.
 
     python bench/bench_client.py [--requests 10000] [--concurrency 256 1024]
 
+"kit.generate" is the whole runner: a synthetic prompt frame of n distinct prompts in one
+dataset with a budget every prompt fits in, a fresh run directory on disk (records are
+written and fsynced in groups, status.json once a second), pool start-up and shutdown all
+inside the timing. Goal: >= 0.7x the raw loop's requests/s.
+
 Adding a case: write `async def case_x(url, n, concurrency) -> None` that sends n
 requests with at most `concurrency` in flight, and add it to CASES.
 """
@@ -16,8 +21,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,7 +101,47 @@ async def case_openai(url: str, n: int, concurrency: int) -> None:
         await client.close()
 
 
-CASES = {"raw aiohttp": case_raw, "kit pool+backend": case_kit, "openai AsyncOpenAI": case_openai}
+_FRAMES: dict = {}  # n -> prompt frame (built once, outside the timing)
+RUNS_ROOT = Path(tempfile.gettempdir())  # run directories go under here (a real disk: fsync counts)
+
+
+def _prompt_frame(n: int):
+    """A prompt frame (kit.types columns) of n distinct one-turn prompts in dataset "bench"."""
+    if n not in _FRAMES:
+        from kit.sources import MESSAGE_TYPE, prompt_id
+
+        import polars as pl
+
+        msgs = [[{"role": "user", "content": f"{MESSAGES[0]['content']} (#{i})"}] for i in range(n)]
+        _FRAMES[n] = pl.DataFrame(
+            {"dataset": ["bench"] * n, "prompt_id": [prompt_id(m) for m in msgs],
+             "messages": msgs, "n_turns": [1] * n, "row": list(range(n))},
+            schema_overrides={"messages": MESSAGE_TYPE},
+        )  # fmt: skip
+    return _FRAMES[n]
+
+
+async def case_generate(url: str, n: int, concurrency: int) -> None:
+    """The full runner: kit.generate over n prompts into a fresh run directory."""
+    from kit.generate import generate
+
+    frame = _prompt_frame(n)
+    run_dir = Path(tempfile.mkdtemp(prefix="kit-bench-", dir=RUNS_ROOT))
+    try:
+        run = await generate(
+            frame, run_dir=run_dir / "run", model="m", endpoints=[url],
+            budgets={"bench": n * SAMPLING.max_tokens * 2}, sampling=SAMPLING,
+            concurrency=concurrency, max_attempts=1,
+        )  # fmt: skip
+        done = run.summary()["samples_done"].sum()
+        if done != n or run.stop_reason is not None:
+            raise RuntimeError(f"kit.generate wrote {done} of {n} records ({run.stop_reason})")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+CASES = {"raw aiohttp": case_raw, "kit pool+backend": case_kit, "kit.generate": case_generate,
+         "openai AsyncOpenAI": case_openai}  # fmt: skip
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -169,6 +216,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         url = f"http://127.0.0.1:{port}/v1"
         asyncio.run(case_raw(url, 200, 32))  # warm-up
+        if "kit.generate" in args.cases:  # imports, and the frame built outside the timing
+            _prompt_frame(args.requests)
+            asyncio.run(case_generate(url, 200, 32))
         print(f"up to {args.requests} requests per row, best of {args.repeat} interleaved rounds;")
         print("zero-latency fault server (raw asyncio) in its own process")
         run_table(url, server.pid, args)

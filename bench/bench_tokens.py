@@ -121,9 +121,9 @@ def main() -> None:
     print(f"{'method':<44}{'prompts/s':>12}{'tokens/s':>14}{'time (s)':>11}")
     for label, r, s in [
         ("kit count_prompt_tokens", kit_rate, t_kit),
+        ("  part: render alone (compiled template)", rate(frame.height, t_render), t_render),
         (f"naive apply_chat_template loop ({len(subset):,} rows)", naive_rate, t_naive),
         ("  extrapolated to all rows", naive_rate, frame.height / naive_rate),
-        ("  of which: render alone (compiled template)", rate(frame.height, t_render), t_render),
         ("raw tok(texts) on pre-rendered text", rate(frame.height, t_raw_call), t_raw_call),
         ("raw encode_batch_fast on pre-rendered text", rate(frame.height, t_raw_fast), t_raw_fast),
     ]:

@@ -9,6 +9,7 @@ completions turn out to be.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -135,7 +136,7 @@ class _Runner:
             per_endpoint_concurrency=cfg.per_endpoint_concurrency,
             no_endpoint_timeout=self.no_endpoint_timeout,
         )
-        self._wake = asyncio.Event()
+        self._wake, self._done = asyncio.Event(), []
         try:
             await self.pool.start()
             await self._schedule()
@@ -147,20 +148,17 @@ class _Runner:
             await self._shutdown()
 
     async def _schedule(self) -> None:
+        """Admit, wait for completions (O(1) each, via done callbacks), write, repeat."""
         while not self._stop_requested:
             self._admit()
-            running = [t for d in self.datasets.values() for t in d.tasks]
-            if not running:
+            if not any(d.tasks for d in self.datasets.values()):
                 break
-            self._wake.clear()
-            waiter = asyncio.ensure_future(self._wake.wait())
-            done, _ = await asyncio.wait(
-                [*running, waiter],
-                timeout=self.store.flush_interval,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            waiter.cancel()
-            for task in done - {waiter}:
+            if not self._done:
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.store.flush_interval)
+            done, self._done = self._done, []
+            for task in done:
                 self._finish(task)
             self.store.maybe_flush()
             self._report()
@@ -176,8 +174,13 @@ class _Runner:
             prompt_id, sample, messages = d.queue.popleft()
             task = asyncio.ensure_future(self._request(d, prompt_id, sample, messages))
             task.meta = (d, prompt_id, sample, messages)
+            task.add_done_callback(self._on_done)
             d.tasks.add(task)
             in_flight += 1
+
+    def _on_done(self, task: asyncio.Task) -> None:
+        self._done.append(task)
+        self._wake.set()
 
     def _admissible(self, d: _Dataset) -> bool:
         """Whether one more request for d keeps the budget promise."""
@@ -276,7 +279,14 @@ class _Runner:
                 warnings.warn(f"progress callback failed: {e!r}", stacklevel=1)
 
     async def _shutdown(self) -> None:
-        """Cancel in-flight requests, flush + fsync, close the pool. Sync part first."""
+        """Keep finished results, cancel the rest, flush + fsync, close the pool."""
+        finished = [t for d in self.datasets.values() for t in d.tasks if t.done()]
+        try:
+            for task in dict.fromkeys(self._done + finished):
+                self._finish(task)
+        except OSError:
+            pass  # the store failed (e.g. full disk); close() below reports nothing new
+        self._done = []
         tasks = [t for d in self.datasets.values() for t in d.tasks]
         for t in tasks:
             t.cancel()

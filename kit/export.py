@@ -7,8 +7,9 @@ Layout of an export (every file listed in manifest.json with its sha256 and row 
 
     specforge/{train,validation}.jsonl   {"id", "conversations": [{"role", "content"}, ...]}
     token_ids/{train,validation}.jsonl   {"id", "input_ids": [int], "loss_mask": [0|1]}
-    parquet/{train,validation}.parquet   one row per sample: ids, conversations, counts (+ token ids)
-    hf/                                  datasets.DatasetDict.save_to_disk (format "hf")
+    parquet/{train,validation}.parquet   one row per sample: id, conversations, counts (+ input_ids,
+                                         loss_mask when token_ids is among the formats)
+    hf/{train,validation}/               datasets.Dataset.save_to_disk (format "hf")
     linehashes/<file>.txt                one short sha256 per JSONL line (validate names the line)
     manifest.json                        how the export was made (written last)
 
@@ -19,15 +20,10 @@ list of {"role": "system"|"user"|"assistant", "content": str}; an optional leadi
 message replaces the template's default system prompt; then user/assistant turns, the
 conversation ending with the target's assistant completion.
 
-Token-id rows: the chat template applied to prompt + completion. input_ids = the prompt
-(the server's prompt_ids when they decode to the rendered prompt, else the rendered prompt
-tokenized) + the completion (the target's own output_ids, without a trailing end-of-turn /
-EOS, when they decode to the stored text, else the text tokenized) + the template's tail
-after the completion (SmolLM2: "<|im_end|>\\n"). loss_mask is 1 exactly on the completion
-tokens, plus the end-of-turn token when the model emitted it (finish_reason "stop"): the
-target generated it, and SpecForge's GeneralParser also counts end_of_turn_token inside the
-assistant span. After a "length" finish the model never closed the turn, so the template's
-end-of-turn token stays 0; text after it (the "\\n") is template, never generated: 0.
+Token-id rows (kit/_tokenrows.py): the chat template applied to prompt + completion, the
+target's own prompt_ids / output_ids where the run has them (else tokenized); loss_mask is 1
+on the completion tokens and on the end-of-turn token the model emitted (finish_reason
+"stop"), as SpecForge's GeneralParser counts end_of_turn_token in the assistant span.
 """
 
 from __future__ import annotations
@@ -170,7 +166,7 @@ def _split(frame, val_fraction: float, seed: int):
     for name in sorted(frame["dataset"].unique().to_list()):
         ids = sorted(frame.filter(pl.col("dataset") == name)["prompt_id"].unique().to_list())
         random.Random(f"{seed}:{name}").shuffle(ids)
-        val_keys += [(name, p) for p in ids[: round(val_fraction * len(ids))]]
+        val_keys += [(name, p) for p in ids[: int(val_fraction * len(ids) + 0.5)]]
     val = pl.DataFrame(
         val_keys, schema={"dataset": pl.String, "prompt_id": pl.String}, orient="row"
     )
@@ -231,7 +227,7 @@ def _write_hf(out_dir: Path, split: str, table, files: dict) -> None:
     import datasets
 
     target = out_dir / "hf" / split
-    datasets.Dataset(table.to_arrow()).save_to_disk(str(target))
+    datasets.Dataset.from_dict(table.to_dict(as_series=False)).save_to_disk(str(target))
     for p in sorted(target.rglob("*")):
         if p.is_file():
             files[str(p.relative_to(out_dir))] = file_entry(p, None)
@@ -303,7 +299,7 @@ def export(
     frame = _split(frame, opts.val_fraction, opts.seed)
     stats: dict[str, int] = {}
     tok_rows = {}
-    if tok is not None:
+    if "token_ids" in opts.formats:
         made = token_rows(tok, frame.to_dicts(), stats)
         keep = [r is not None for r in made]
         dropped["template_mismatch"] = keep.count(False)

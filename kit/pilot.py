@@ -72,8 +72,11 @@ def pilot_sample(
         The chosen rows, datasets in sorted order.
 
     Example:
-        >>> pilot_sample(prompts, 0.1, seed=0).group_by("dataset").len().sort("dataset").rows()
-        [('alpaca', 5), ('sharegpt', 3)]
+        >>> prompts = pl.DataFrame({"dataset": ["a"] * 40 + ["b"] * 20,
+        ...     "prompt_id": [f"p{i:02d}" for i in range(60)],
+        ...     "messages": [[{"role": "user", "content": str(i)}] for i in range(60)]})
+        >>> pilot_sample(prompts, 0.1, seed=0)["prompt_id"].to_list()
+        ['p12', 'p38', 'p14', 'p00', 'p46', 'p47']
     """
     import polars as pl
 

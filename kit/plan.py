@@ -200,7 +200,8 @@ def budget(
         done: progress so far, dataset -> (samples, tokens), or a frame (records, or
             samples_done/tokens_done columns). The remainder is planned at the sample mean.
         throughput: completion tokens/s of the whole run (for hours_to_go, cap_hours).
-        max_tokens: the pilot's max_tokens (lengths >= it count as truncated).
+        max_tokens: the pilot's max_tokens (lengths >= it count as truncated; default: a
+            PilotResult's own).
         confidence: one-sided level of samples_needed_upper (Student-t on the mean).
         sample_cap: the naive alternative to compare: this many samples per dataset
             (default: every prompt).
@@ -220,6 +221,8 @@ def budget(
     """
     import polars as pl
 
+    if max_tokens is None and isinstance(samples, PilotResult):
+        max_tokens = samples.sampling.max_tokens
     frame = _samples_frame(samples)
     stats = {
         row["dataset"]: row for row in profile(frame, max_tokens=max_tokens).iter_rows(named=True)
@@ -334,7 +337,8 @@ def _note(st, needed, upper, left, most, remaining, recommend, max_tokens) -> st
         cap = max_tokens if max_tokens is not None else st["max"]
         parts.append(
             f"{st['truncated_share']:.0%} of pilot completions hit max_tokens={cap}: the mean is "
-            f"censored (too low) and samples_needed too high; re-pilot with max_tokens={recommend}"
+            f"censored (true lengths are longer) and as many samples will be cut short; to keep "
+            f"them whole, re-pilot with max_tokens={recommend}"
         )
     if remaining == 0:
         parts.append("budget reached")
@@ -520,8 +524,9 @@ def write_plan(
         The path of plan.json.
 
     Example:
-        >>> write_plan("data/runs/demo", table, sampling=Sampling(max_tokens=128), model="m")
-        PosixPath('data/runs/demo/plan.json')
+        >>> t = budget({"a": 4000}, {"a": [10, 64, 30, 64]}, prompts_available={"a": 100})
+        >>> write_plan("data/runs/demo", t, sampling=Sampling(max_tokens=64), model="m").name
+        'plan.json'
     """
     sampling = sampling if isinstance(sampling, Sampling) else Sampling(**sampling)
     if budgets is None:
@@ -563,8 +568,9 @@ def read_plan(run_dir: str | Path) -> dict:
     """Read run_dir/plan.json: the stored dict, with `sampling` a Sampling and `table` a frame.
 
     Example:
-        >>> read_plan("data/runs/demo")["budgets"]
-        {'alpaca': 4000, 'sharegpt': 4000}
+        >>> plan = read_plan("data/runs/demo")
+        >>> plan["budgets"], plan["sampling"].max_tokens
+        ({'a': 4000}, 64)
     """
     import polars as pl
 

@@ -260,7 +260,7 @@ def start(
     timeout: float = 180,
     log_path: str | os.PathLike | None = None,
     extra_args: Sequence[str] = (),
-    temperature: float = 0.0,
+    temperature: float = 0.7,
     top_p: float = 1.0,
 ) -> EmbeddedServer:
     """Start `transformers serve --continuous-batching` on the embedded model and wait for it.
@@ -276,7 +276,8 @@ def start(
         timeout: seconds to wait for readiness (load + warm-up) before giving up.
         log_path: server log file; None writes data/models/logs/serve-<port>.log.
         extra_args: more `transformers serve` options, e.g. ("--cb-num-blocks", "512").
-        temperature: the sampling temperature of EVERY request this server answers (0 = greedy).
+        temperature: the sampling temperature of EVERY request this server answers (0 = greedy;
+            0.7 and top_p 1.0 match kit.types.Sampling's defaults).
             With continuous batching the server fixes sampling from its first request (our
             warm-up) and ignores per-request temperature/top_p; see the module docstring.
         top_p: nucleus sampling of every request, fixed the same way.
@@ -344,7 +345,8 @@ def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
         _check_alive(server, deadline, timeout)
         time.sleep(0.25)
     hi = [{"role": "user", "content": "Hi"}]
-    body = {"model": server.model, "messages": hi, "max_tokens": 1, **server.sampling}
+    config = json.dumps(_generation_config(server.model_dir, **server.sampling))
+    body = {"model": server.model, "messages": hi, "max_tokens": 1, "generation_config": config}
     while True:
         _check_alive(server, deadline, timeout)
         try:
@@ -355,6 +357,20 @@ def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
         if time.monotonic() >= deadline:
             raise ServerError(f"warm-up request failed: {error}", server.log_tail())
         time.sleep(0.5)
+
+
+def _generation_config(model_dir: Path, temperature: float, top_p: float) -> dict:
+    """The model's generation config with the server-wide sampling switched on (or greedy at 0)."""
+    try:
+        config = json.loads((model_dir / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    config = {k: v for k, v in config.items() if not k.startswith(("_", "transformers_version"))}
+    if temperature > 0:
+        config.update(do_sample=True, temperature=temperature, top_p=top_p)
+    else:
+        config.update(do_sample=False)
+    return config
 
 
 def _check_alive(server: EmbeddedServer, deadline: float, timeout: float) -> None:

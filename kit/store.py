@@ -16,34 +16,29 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import mmap
 import os
-import re
 import time
 from collections import deque
 from pathlib import Path
 
 import orjson
 
+from kit._lines import (
+    ERROR_FIELDS,
+    LINE_ORDER,
+    complete_bytes,
+    heads,
+    parse_lines,
+    record_files,
+    record_key,
+    safe_name,
+    scan_heads,
+    truncate_quietly,
+    write_all,
+    write_atomic,
+)
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig, Sampling
 
-RECORD_FIELDS = [f.name for f in dataclasses.fields(Record)]
-# Lines start with these fields in this order, so the index reads them with one regex
-# instead of parsing each JSON line (other lines fall back to orjson).
-HEAD_FIELDS = ["dataset", "prompt_id", "sample", "completion_tokens", "finish_reason", "t_done"]
-LINE_ORDER = HEAD_FIELDS + [f for f in RECORD_FIELDS if f not in HEAD_FIELDS]
-_STR = rb'"((?:[^"\\]|\\.)*)"'
-_HEAD = re.compile(
-    rb'^\{"dataset":'
-    + _STR
-    + rb',"prompt_id":'
-    + _STR
-    + rb',"sample":(\d+),"completion_tokens":(\d+),'
-    rb'"finish_reason":(?:' + _STR + rb'|null),"t_done":([-+.\deE]+)[,}]',
-)
-_HEAD_NL = re.compile(b"\n" + _HEAD.pattern[1:])  # the same, for a line after a newline
-_NEWLINE = re.compile(b"\n")
-ERROR_FIELDS = [f.name for f in dataclasses.fields(ErrorRecord)]
 Key = tuple  # (dataset, prompt_id, sample)
 
 
@@ -129,100 +124,6 @@ def read_config(run_dir) -> RunConfig:
     return config_from_dict(json.loads(path.read_text())["config"])
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file, fsync, rename: readers see the old or the new file, whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------- line reading
-
-
-def _complete_bytes(path: Path) -> bytes:
-    """The file's bytes up to and including its last newline (a torn tail is never data)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return b""
-    end = data.rfind(b"\n")
-    return data[: end + 1]
-
-
-def _parse_lines(data: bytes) -> tuple[list[dict], int]:
-    """Parse complete JSONL bytes -> (rows, bad line count)."""
-    rows, bad = [], 0
-    loads = orjson.loads
-    for line in data.split(b"\n"):
-        if not line:
-            continue
-        try:
-            row = loads(line)
-        except orjson.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-        else:
-            bad += 1
-    return rows, bad
-
-
-def _record_files(run_dir: Path) -> dict[str, Path]:
-    """dataset -> records file."""
-    rec = run_dir / "records"
-    return {p.stem: p for p in sorted(rec.glob("*.jsonl"))} if rec.exists() else {}
-
-
-def _key(row: dict) -> Key:
-    return (row["dataset"], row["prompt_id"], row["sample"])
-
-
-def _text(raw: bytes | None) -> str | None:
-    """A regex-captured JSON string body -> str."""
-    if raw is None or b"\\" not in raw:
-        return None if raw is None else raw.decode()
-    return orjson.loads(b'"' + raw + b'"')
-
-
-def _heads(data) -> list[tuple]:
-    """(dataset, prompt_id, sample, completion_tokens, finish_reason, t_done) per complete line.
-
-    `data` (bytes or mmap) may end in a torn line: nothing after the last newline is read.
-    """
-    end = data.rfind(b"\n")
-    if end < 0:
-        return []
-    found = [m.groups() for m in _HEAD_NL.finditer(data, 0, end)]
-    first = _HEAD.match(data, 0, end)
-    if first:
-        found.insert(0, first.groups())
-    if len(found) == len(_NEWLINE.findall(data, 0, end + 1)):
-        return [
-            (_text(a), _text(b), int(c), int(d), _text(e), float(f)) for a, b, c, d, e, f in found
-        ]
-    out = []  # some lines were not written by RunStore (or are damaged): parse line by line
-    for r in _parse_lines(bytes(data[: end + 1]))[0]:
-        if all(isinstance(r.get(f), (str, int)) for f in HEAD_FIELDS[:4]):
-            out.append(tuple(r.get(f) for f in HEAD_FIELDS[:5]) + (r.get("t_done") or 0.0,))
-    return out
-
-
-def _scan_heads(path: Path) -> list[tuple]:
-    """_heads of a records file, read through mmap (no copy of a large file)."""
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return []
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                return _heads(m)
-    except FileNotFoundError:
-        return []
-
-
 # ---------------------------------------------------------------- the writer
 
 
@@ -270,7 +171,7 @@ class RunStore:
                     + "\nUse a new run_dir, or pass force=True to resume anyway."
                 )
         doc = {"fingerprint": fingerprint(config), "config": config_to_dict(config)}
-        _write_atomic(cfg_path, json.dumps(doc, indent=2).encode())
+        write_atomic(cfg_path, json.dumps(doc, indent=2).encode())
         if prompts_frame is not None:
             tmp = self.run_dir / "prompts.parquet.tmp"
             prompts_frame.write_parquet(tmp)
@@ -279,7 +180,7 @@ class RunStore:
 
     def repair(self) -> list[dict]:
         """Cut a torn last line off every records/errors file; log it in repair.log."""
-        files = list(_record_files(self.run_dir).values()) + [self.run_dir / "errors.jsonl"]
+        files = list(record_files(self.run_dir).values()) + [self.run_dir / "errors.jsonl"]
         for path in files:
             if not path.exists() or path.stat().st_size == 0:
                 continue
@@ -305,26 +206,26 @@ class RunStore:
     def scan(self) -> dict[Key, tuple[int, str | None]]:
         """Scan records: {key: (completion_tokens, finish_reason)}; first copy wins."""
         out: dict[Key, tuple] = {}
-        for path in _record_files(self.run_dir).values():
-            for head in _scan_heads(path):
+        for path in record_files(self.run_dir).values():
+            for head in scan_heads(path):
                 out.setdefault(head[:3], head[3:5])
         return out
 
     def errors(self) -> dict[Key, ErrorRecord]:
         """The effective error set: latest ErrorRecord per key, minus keys now in records."""
         done = self.index()
-        rows, _ = _parse_lines(_complete_bytes(self.run_dir / "errors.jsonl"))
+        rows, _ = parse_lines(complete_bytes(self.run_dir / "errors.jsonl"))
         out = {}
         for row in rows:
-            if _key(row) not in done:
-                out[_key(row)] = ErrorRecord(**{k: row[k] for k in ERROR_FIELDS})
+            if record_key(row) not in done:
+                out[record_key(row)] = ErrorRecord(**{k: row[k] for k in ERROR_FIELDS})
         return out
 
     # -- writing
     def append(self, record: Record) -> None:
         """Buffer one record; group-flushed (write + fsync) by count or time."""
         row = {f: getattr(record, f) for f in LINE_ORDER}
-        path = self.run_dir / "records" / f"{_safe_name(record.dataset)}.jsonl"
+        path = self.run_dir / "records" / f"{safe_name(record.dataset)}.jsonl"
         self._buffer(path, orjson.dumps(row) + b"\n")
 
     def append_error(self, error: ErrorRecord) -> None:
@@ -351,10 +252,10 @@ class RunStore:
             fd = self._fd(path)
             start = os.fstat(fd).st_size
             try:
-                _write_all(fd, b"".join(lines))
+                write_all(fd, b"".join(lines))
                 os.fsync(fd)
             except OSError as e:
-                _truncate_quietly(fd, start)
+                truncate_quietly(fd, start)
                 lost = sum(len(v) for v in pending.values())
                 raise StoreWriteError(
                     e.errno,
@@ -385,28 +286,9 @@ class RunStore:
         doc = {"t": time.time(), "finished": finished, "pid": os.getpid()}
         doc["datasets"] = [dataclasses.asdict(p) for p in progress]
         try:
-            _write_atomic(self.run_dir / "status.json", orjson.dumps(doc))
+            write_atomic(self.run_dir / "status.json", orjson.dumps(doc))
         except OSError:
             pass  # status is advisory; records and errors carry the truth
-
-
-def _safe_name(dataset: str) -> str:
-    """A dataset name usable as a file name ('a/b' -> 'a_b')."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in dataset) or "_"
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def _truncate_quietly(fd: int, size: int) -> None:
-    try:
-        os.ftruncate(fd, size)
-    except OSError:
-        pass
 
 
 # ---------------------------------------------------------------- readers
@@ -440,10 +322,10 @@ def records_frame(run_dir, datasets=None):
 
     schema = _record_schema()
     rows = []
-    wanted = None if datasets is None else {_safe_name(d) for d in datasets}
-    for name, path in _record_files(Path(run_dir)).items():
+    wanted = None if datasets is None else {safe_name(d) for d in datasets}
+    for name, path in record_files(Path(run_dir)).items():
         if wanted is None or name in wanted:
-            rows.extend(_parse_lines(_complete_bytes(path))[0])
+            rows.extend(parse_lines(complete_bytes(path))[0])
     if datasets is not None:
         rows = [r for r in rows if r.get("dataset") in datasets]
     frame = pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema)
@@ -460,10 +342,12 @@ def read_errors(run_dir):
     import polars as pl
 
     run_dir = Path(run_dir)
-    rows, _ = _parse_lines(_complete_bytes(run_dir / "errors.jsonl"))
+    rows, _ = parse_lines(complete_bytes(run_dir / "errors.jsonl"))
     done = RunStore(run_dir).index()
     schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "error": pl.String, "attempts": pl.Int64, "t": pl.Float64, "resolved": pl.Boolean}  # fmt: skip
-    data = [{**{k: r.get(k) for k in ERROR_FIELDS}, "resolved": _key(r) in done} for r in rows]
+    data = [
+        {**{k: r.get(k) for k in ERROR_FIELDS}, "resolved": record_key(r) in done} for r in rows
+    ]
     return pl.DataFrame(data, schema=schema)
 
 
@@ -491,13 +375,13 @@ def progress(run_dir, *, window_s: float = 30.0, stale_s: float = 15.0) -> list[
     config = read_config(run_dir)
     totals = _prompt_counts(run_dir, config.sampling.n)
     live = _read_status(run_dir, stale_s) or {}
-    rows, _ = _parse_lines(_complete_bytes(run_dir / "errors.jsonl"))
-    failed = {_key(r) for r in rows}
-    files = _record_files(run_dir)
+    rows, _ = parse_lines(complete_bytes(run_dir / "errors.jsonl"))
+    failed = {record_key(r) for r in rows}
+    files = record_files(run_dir)
     out = []
     for name in dict.fromkeys([*config.budgets, *totals]):
         p = DatasetProgress(dataset=name, budget=int(config.budgets.get(name, 0)))
-        path = files.get(_safe_name(name))
+        path = files.get(safe_name(name))
         tail = _tail(path, failed) if path else {"resolved": set()}
         _fill(p, tail, window_s)
         p.prompts_total = totals.get(name, 0)
@@ -524,7 +408,7 @@ def _tail(path: Path, failed: set) -> dict:
             data = f.read(st.st_size - t["offset"])
         data = data[: data.rfind(b"\n") + 1]
         t["offset"] += len(data)
-        for ds, pid, sample, tokens, finish, t_done in _heads(data):
+        for ds, pid, sample, tokens, finish, t_done in heads(data):
             t["tokens"] += tokens
             t["samples"] += 1
             t["truncated"] += finish == "length"

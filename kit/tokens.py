@@ -364,8 +364,9 @@ def profile_prompts(frame: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
     """Prompt-length profile per dataset (counts `prompt_tokens` with the tokenizer if absent).
 
     Example:
-        >>> profile_prompts(prompts, tok).columns[:4]
-        ['dataset', 'n', 'mean', 'std']
+        >>> f = pl.DataFrame({"dataset": ["a", "a"], "prompt_tokens": [31, 45]})
+        >>> profile_prompts(f).select("dataset", "n", "mean").rows()
+        [('a', 2, 38.0)]
     """
     if "prompt_tokens" not in frame.columns:
         if tokenizer is None:
@@ -382,8 +383,10 @@ def profile_completions(
     `records` is a records frame or a kit.plan.PilotResult (its max_tokens is used).
 
     Example:
-        >>> profile_completions(result).select("dataset", "n", "truncated_share").rows()[0]
-        ('alpaca', 8, 0.25)
+        >>> r = pl.DataFrame({"dataset": ["a"] * 4, "completion_tokens": [10, 64, 30, 64],
+        ...                   "finish_reason": ["stop", "length", "stop", "length"]})
+        >>> profile_completions(r).select("dataset", "n", "mean", "truncated_share").rows()
+        [('a', 4, 42.0, 0.5)]
     """
     if hasattr(records, "sampling") and hasattr(records, "frame"):  # a PilotResult
         max_tokens = max_tokens if max_tokens is not None else records.sampling.max_tokens

@@ -282,7 +282,7 @@ def test_validate_catches_corruption(planted, tmp_path):
 @pytest.mark.server
 def test_real_server_run_token_rows(embedded_server, model_dir, tok, tmp_path):
     """Real completions from the embedded server: every token row decodes and masks exactly."""
-    questions = ["What is 2 + 2?", "Name a primary color.", "Say hello in French.", "What is water made of?"]  # fmt: skip
+    questions = ["What is 2 + 2?", "Name a primary color."]
     prompts = pl.DataFrame(
         [
             {"dataset": ds, "prompt_id": pid(ds + q), "messages": [{"role": "user", "content": q}], "n_turns": 1, "row": i}
@@ -299,10 +299,11 @@ def test_real_server_run_token_rows(embedded_server, model_dir, tok, tmp_path):
         sampling=kit.Sampling(max_tokens=32, temperature=0.0),
         tokenizer=str(model_dir),
         concurrency=4,
+        timeout=600,  # generous: a loaded 2-core CI box answers slowly
     )
     out = tmp_path / "out"
-    result = export(run.run_dir, out, val_fraction=0.25)
-    assert sum(c["records"] for c in result.counts.values()) == 8
+    result = export(run.run_dir, out, val_fraction=0.5)
+    assert sum(c["records"] for c in result.counts.values()) == 4, kit.audit(run.run_dir).summary()
     finish = dict(kit.store.records_frame(run.run_dir).select(pl.format("{}-{}-{}", "dataset", "prompt_id", "sample"), "finish_reason").iter_rows())  # fmt: skip
     n = 0
     for split in ("train", "validation"):
@@ -311,8 +312,26 @@ def test_real_server_run_token_rows(embedded_server, model_dir, tok, tmp_path):
         for row, conv in zip(rows, convs, strict=True):
             check_token_row(tok, row, conv["conversations"], finish[row["id"]])
             n += 1
-    assert n == 8
+    assert n == 4
     assert validate(out).ok
     report = kit.audit(run.run_dir, tokenizer=tok)
-    assert report.datasets["records"].sum() == 8 and report.datasets["ids_len_mismatch"].sum() == 0
+    assert report.datasets["records"].sum() == 4 and report.datasets["ids_len_mismatch"].sum() == 0
     assert not set(report.findings["check"]) & {"over_budget", "ids_text_mismatch", "error_rate"}
+
+
+def test_hf_format_or_a_clear_error(tmp_path):
+    import importlib.util
+
+    recs = [make_record(None, "d", i, f"q{i}", ANSWERS[i], ids=False) for i in range(3)]
+    run = plant_run(tmp_path / "run", recs, budgets={"d": 1000})
+    if importlib.util.find_spec("datasets") is None:
+        with pytest.raises(ValueError, match="'hf' needs the `datasets` package"):
+            export(run, tmp_path / "out", formats=("specforge", "hf"))
+        assert not (tmp_path / "out").exists()  # refused before writing anything
+        return
+    import datasets
+
+    export(run, tmp_path / "out", formats=("specforge", "hf"))
+    table = datasets.load_from_disk(str(tmp_path / "out/hf/train"))
+    assert table["id"] == [r["id"] for r in read_jsonl(tmp_path / "out/specforge/train.jsonl")]
+    assert validate(tmp_path / "out").ok
