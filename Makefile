@@ -4,10 +4,20 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
+BROWSER_STAMP := $(VENV)/.kit-chromium
 
-.PHONY: setup demo test lint serve clean-runs
+.PHONY: setup demo test lint serve clean-runs browser screenshots
 
-setup: $(STAMP) data/models/.prepared
+setup: $(STAMP) data/models/.prepared $(BROWSER_STAMP)
+
+# Headless Chromium for tests/test_browser.py: Debian's package (root, apt), never a
+# Playwright browser download. Skips apt when /usr/bin/chromium is already there.
+browser: $(BROWSER_STAMP)
+
+$(BROWSER_STAMP): $(STAMP)
+	test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
+	/usr/bin/chromium --version
+	touch $@
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +42,10 @@ test: setup lint
 
 serve: setup
 	HF_HUB_OFFLINE=1 $(BIN)/kit serve
+
+# Regenerate docs/img/01_plan.png .. 04_export.png: the browser test, screenshots kept.
+screenshots: setup
+	KIT_SCREENSHOTS=docs/img HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/test_browser.py
 
 clean-runs:
 	rm -rf data/runs

@@ -171,7 +171,8 @@ def _check_counts(manifest: dict, ids: dict[str, list], result: ValidationResult
         sf, tk = found.get(f"specforge/{split}.jsonl"), found.get(f"token_ids/{split}.jsonl")
         if sf is not None and tk is not None and sf != tk:
             first = next(
-                (i for i, (a, b) in enumerate(zip(sf, tk, strict=False)) if a != b), min(len(sf), len(tk))
+                (i for i, (a, b) in enumerate(zip(sf, tk, strict=False)) if a != b),
+                min(len(sf), len(tk)),
             )
             result.problems.append(
                 f"token_ids/{split}.jsonl line {first + 1}: id differs from specforge/{split}.jsonl"

@@ -98,7 +98,7 @@ class _Runner:
         store.init(config, frame if prompts is not None else None, force=force)
         self = cls()
         self.config, self.store = config, store
-        self.timeout = timeout or 60.0 + 0.5 * config.sampling.max_tokens
+        self.timeout = timeout or 120.0 + 0.5 * config.sampling.max_tokens
         self.retry_base, self.no_endpoint_timeout = retry_base, no_endpoint_timeout
         self.datasets = _datasets(frame, config, store.scan(), expected_tokens or {})
         self.callback, self.stop_reason = None, None

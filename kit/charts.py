@@ -7,6 +7,24 @@ cell's value; save with `chart.save("x.png")` (vl-convert) or `chart.to_dict()`.
 
 from __future__ import annotations
 
+
+def enable_offline() -> None:
+    """Draw charts in Jupyter without a CDN: altair's widget renderer with Vega bundled.
+
+    altair's default renderer loads Vega from cdn.jsdelivr.net, so on a machine without
+    internet (a GPU cluster node, CI) every chart cell stays blank. This switches to
+    `alt.JupyterChart` (anywidget) with the JavaScript from vl-convert; the first call
+    takes a few seconds to bundle it.
+
+    Example:
+        >>> from kit import charts
+        >>> charts.enable_offline()   # once, before the first chart of a notebook
+    """
+    import altair as alt
+
+    alt.renderers.enable("jupyter", offline=True)
+
+
 # ---------------------------------------------------------------- audit charts
 
 _AUDIT_COLUMNS = ["dataset", "completion_tokens", "prompt_tokens", "finish_reason", "t_done"]

@@ -142,7 +142,7 @@ async def generate(
         background: return at once; the run is a task on the current loop.
         force: resume even when the fingerprint changed.
         expected_tokens: {dataset: mean completion tokens} from a pilot (admission prior).
-        timeout: read timeout per request (default 60 s + 0.5 s per max_token).
+        timeout: read timeout per request (default 120 s + 0.5 s per max_token).
         retry_base: first backoff delay in seconds (doubles per attempt, with jitter).
         no_endpoint_timeout: seconds with no healthy endpoint before the run stops cleanly.
     Returns:
@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("--concurrency", type=int, default=None)
     p.add_argument("--retry-base", type=float, default=0.5)
+    p.add_argument("--timeout", type=float, default=None, help="read timeout per request (s)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     config = read_config(args.run_dir)

@@ -7,6 +7,7 @@ Quirks of `transformers serve` (transformers 5.24.0) that other modules rely on:
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -86,6 +88,28 @@ def prepare_model(models_dir: str | os.PathLike = "data/models") -> Path:
     if is_prepared(target):
         return target
     root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".prepare.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be preparing right now
+        if not is_prepared(target):
+            _prepare_locked(root, target)
+    return target
+
+
+def _prepare_locked(root: Path, target: Path) -> None:
+    """Convert into a fresh temporary sibling folder, then rename it into place."""
+    for leftover in root.glob(f".{MODEL_NAME}.tmp-*"):  # from an interrupted preparation
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = root / f".{MODEL_NAME}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        _convert(gguf_path(), tmp)
+        (tmp / MARKER).write_text("ok\n")
+        if target.exists():  # incomplete: no marker
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
     for leftover in root.glob(f".{MODEL_NAME}.tmp-*"):
         shutil.rmtree(leftover, ignore_errors=True)
     tmp = root / f".{MODEL_NAME}.tmp-{os.getpid()}"
@@ -122,7 +146,6 @@ def _convert(gguf: Path, out: Path) -> None:
     model.tie_weights()
     model.generation_config = loaded.generation_config
     tokenizer.model_max_length = config.max_position_embeddings
-    out.mkdir(parents=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out, save_jinja_files=False)  # template inside tokenizer_config.json
     for path in out.iterdir():
@@ -180,8 +203,11 @@ class EmbeddedServer:
         """The last n lines of the server log."""
         return _tail(self.log_path, n)
 
-    def stop(self, grace: float = 10.0) -> None:
-        """Stop the whole process group: SIGTERM, then SIGKILL after `grace` seconds."""
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after `grace` seconds.
+
+        With requests in flight uvicorn waits for them after SIGTERM; SIGKILL ends that.
+        """
         _RUNNING.discard(self)
         _kill_group(self.process, grace)
 
@@ -331,10 +357,27 @@ def _spawn(model_dir: Path, port: int, host: str, log_path: Path, extra_args) ->
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_parent_fn(),
         )
     server = EmbeddedServer(model_dir, port, host, log_path, process)
     _RUNNING.add(server)
     return server
+
+
+def _die_with_parent_fn():
+    """A preexec_fn asking Linux to SIGTERM the server when this process dies (even by kill -9).
+
+    Only from the main thread: the kernel ties the signal to the spawning thread's exit.
+    """
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def die_with_parent() -> None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return die_with_parent
 
 
 def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
@@ -352,6 +395,11 @@ def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
         try:
             _post_json(f"{server.base_url}/chat/completions", body, deadline - time.monotonic())
             return
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            raise ServerError(
+                f"warm-up request got HTTP {exc.code}: {detail}", server.log_tail()
+            ) from exc
         except (OSError, ValueError) as exc:
             error = exc
         if time.monotonic() >= deadline:
@@ -398,3 +446,49 @@ def _post_json(url: str, body: dict, timeout: float) -> dict:
     )
     with urllib.request.urlopen(request, timeout=max(timeout, 1.0)) as response:
         return json.loads(response.read())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`kit serve [--port N] [--temperature T]`: run the embedded server until Ctrl-C.
+
+    Example:
+        $ kit serve --port 8000
+        serving http://127.0.0.1:8000/v1  model /work/main/data/models/SmolLM2-135M-Instruct
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="kit serve", description="Run the embedded server.")
+    parser.add_argument("--port", type=int, default=None, help="TCP port (default: a free one)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--temperature", type=float, default=0.7, help="server-wide sampling")
+    parser.add_argument("--top-p", type=float, default=1.0, help="server-wide nucleus sampling")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for start-up")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops the server too
+    try:
+        server = start(
+            port=args.port,
+            host=args.host,
+            timeout=args.timeout,
+            temperature=args.temperature,
+            top_p=args.top_p,
+        )
+    except (ServerError, ValueError, FileNotFoundError) as exc:
+        print(f"kit serve: {exc}", file=sys.stderr)
+        return 1
+    print(f"serving {server.base_url}  model {server.model}  (log {server.log_path})", flush=True)
+    try:
+        while server.alive():
+            time.sleep(0.5)
+        print(f"kit serve: server exited\n{server.log_tail()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+        return 0
+    finally:
+        server.stop()
+
+
+def _raise_interrupt(signum, frame) -> None:
+    """Turn SIGTERM into KeyboardInterrupt so `finally` blocks stop the server."""
+    raise KeyboardInterrupt

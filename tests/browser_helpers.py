@@ -173,9 +173,15 @@ class NotebookPage:
 
     def open(self, timeout: float = 120) -> None:
         """Load the lab with the notebook and wait until its kernel is idle."""
+        cells = len(self.lab.api(f"contents/{self.path}")["content"]["cells"])
         self.page.goto(self.lab.url(self.path, self.workspace), timeout=timeout * 1000)
-        self.page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=timeout * 1000)
+        deadline = time.monotonic() + timeout
+        while self.page.locator(".jp-NotebookPanel .jp-Cell").count() < cells:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.path}: cells not drawn after {timeout:.0f}s")
+            time.sleep(0.5)
         self.wait_kernel_idle(timeout)
+        self.page.locator(".jp-NotebookPanel .jp-Cell").first.click()  # focus the notebook
 
     @property
     def notebook(self):

@@ -1,9 +1,9 @@
 """Shared fixtures: the prepared embedded model and one embedded server per test session.
 
-    model_dir        Path of the prepared SmolLM2-135M-Instruct folder (tokenizer + weights)
-    embedded_server  a running kit.serve.EmbeddedServer: .base_url ("http://127.0.0.1:PORT/v1"),
-                     .model (send it as the request's "model"), .model_dir, .port, .pid
-    free_port        a function returning an unused TCP port
+model_dir        Path of the prepared SmolLM2-135M-Instruct folder (tokenizer + weights)
+embedded_server  a running kit.serve.EmbeddedServer: .base_url ("http://127.0.0.1:PORT/v1"),
+                 .model (send it as the request's "model"), .model_dir, .port, .pid
+free_port        a function returning an unused TCP port
 """
 
 from __future__ import annotations

@@ -140,13 +140,13 @@ def test_kill_9_against_the_embedded_server(embedded_server, tmp_path):
     run_dir = tmp_path / "run"
     args = {"prompts": str(tmp_path / "prompts.parquet"), "run_dir": str(run_dir), "model": embedded_server.model,
             "endpoints": embedded_server.base_url, "budgets": budgets, "concurrency": 8,
-            "sampling": {"max_tokens": 48}}  # fmt: skip
+            "sampling": {"max_tokens": 48}, "timeout": 900}  # fmt: skip
     proc = _spawn(args)
     _kill_when(proc, run_dir, target=4, timeout=180)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
     before, _ = _lines(run_dir)
     # resume through the module's own entry point, from run_dir/config.json alone
-    out = subprocess.run([sys.executable, "-m", "kit.generate", str(run_dir)], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "kit.generate", str(run_dir), "--timeout", "900"], cwd=ROOT, capture_output=True,
                          text=True, timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)})  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     got = _check(run_dir, before, budgets, 48)

@@ -260,7 +260,7 @@ def test_real_server_holds_budgets(embedded_server, tmp_path):
         run = kit.generate_sync(
             frame, run_dir=run_dir, model=embedded_server.model, endpoints=embedded_server.base_url,
             budgets=budgets, sampling=Sampling(max_tokens=max_tokens, temperature=0.7), concurrency=16,
-            policy=policy, tokenizer=str(embedded_server.model_dir),
+            policy=policy, tokenizer=str(embedded_server.model_dir), timeout=900,
         )  # fmt: skip
         print(f"\n{policy}: {time.monotonic() - t0:.0f} s\n{run.summary()}")
         got = totals(run_dir)

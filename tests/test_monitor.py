@@ -445,17 +445,25 @@ def test_monitor_and_awatch_follow_a_real_run(embedded_server, tmp_path):
         await run.wait()
         return run, watched
 
+    t0 = time.monotonic()
     run, watched = asyncio.run(main())
+    print(f"real run + awatch: {time.monotonic() - t0:.1f} s")
     final = run.status().datasets
-    assert run.stop_reason is None, (run.stop_reason, final)
-    assert {p.dataset: p.state for p in final} == {"fruits": "budget_reached", "hi": "exhausted"}
-    assert {p.dataset: p.state for p in watched} == {"fruits": "budget_reached", "hi": "exhausted"}
+    states = {p.dataset: p.state for p in final}
+    assert run.stop_reason is None and set(states.values()) <= set(M.DONE_STATES), (
+        run.stop_reason,
+        final,
+    )
+    assert {p.dataset: p.state for p in watched} == states  # awatch saw the same ending
+    assert all(w.tokens_done <= f.tokens_done for w, f in zip(watched, final, strict=True))  # drain
+    # the live monitor was never closed, yet its last render is the runner's final report
     assert [(p.dataset, p.state, p.tokens_done) for p in live.last] == [
         (p.dataset, p.state, p.tokens_done) for p in final
     ]
-    last_block = out.getvalue().split("[kit ")[-1]
-    fruits = next(p for p in final if p.dataset == "fruits")
-    assert f"{fruits.samples_done}/8" in last_block and "budget_reached" in last_block
+    last_block = out.getvalue().split("[kit ")[-1].splitlines()[2:]
+    for line, p in zip(last_block, final, strict=False):  # tokens, samples, state as rendered
+        cells = M._row(p, 20)
+        assert line.split()[:5] == cells[:5] and line.split()[-1] == p.state
     on_disk = kit.store.progress(run_dir)  # watch's view after the drain equals the runner's
     assert [(p.tokens_done, p.samples_done) for p in on_disk] == [
         (p.tokens_done, p.samples_done) for p in final

@@ -1,0 +1,286 @@
+"""The four notebooks as people use them: JupyterLab in headless Chromium, Run All Cells.
+
+One JupyterLab serves the repo; its kernels inherit KIT_RUN_DIR (a temp run dir) and the
+session's embedded server (KIT_BASE_URL/KIT_MODEL/KIT_TOKENIZER), so 01 -> 04 share one
+server and one run directory. The test asserts what a person sees: planner widgets that
+answer a typed budget, monitor bars that move and end full, charts with drawn marks, no
+error output. Screenshots go to $KIT_SCREENSHOTS (docs/img with `make screenshots`),
+else to a temp dir.
+
+Needs /usr/bin/chromium (`make browser`) and the `playwright` package (dev extra).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from browser_helpers import (
+    JupyterLab,
+    NotebookPage,
+    chromium_missing_message,
+    drawn_charts,
+    launch_chromium,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK_ENV = {"KIT_MAX_TOKENS": "64", "KIT_PILOT": "4", "KIT_STOP_AFTER": "10", "KIT_CONCURRENCY": "8"}
+TYPED_BUDGET = 200  # completion tokens per dataset, typed into the planner's IntText boxes
+CELL_TIMEOUT = 420  # seconds for one notebook's Run All on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("browser") / "run"
+
+
+@pytest.fixture(scope="module")
+def lab(embedded_server, run_dir, free_port, tmp_path_factory):
+    """JupyterLab on the repo, kernels pointed at the shared server and the temp run dir."""
+    env = {
+        **NOTEBOOK_ENV,
+        "KIT_RUN_DIR": str(run_dir),
+        "KIT_EXPORT_DIR": str(run_dir.parent / "export"),
+        "KIT_BASE_URL": embedded_server.base_url,
+        "KIT_MODEL": embedded_server.model,
+        "KIT_TOKENIZER": str(embedded_server.model_dir),
+        "HF_HUB_OFFLINE": "1",
+    }
+    committed = {p: p.read_bytes() for p in (REPO / "notebooks").glob("*.ipynb")}
+    server = JupyterLab(REPO, tmp_path_factory.mktemp("jupyter"), free_port(), env)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+    changed = [p.name for p, data in committed.items() if p.read_bytes() != data]
+    assert not changed, f"the browser session wrote into committed notebooks: {changed}"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Debian Chromium on a fresh profile; fails (never skips) when it is missing."""
+    missing = chromium_missing_message()
+    if missing:
+        pytest.fail(missing)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        context = launch_chromium(playwright, tmp_path_factory.mktemp("chromium-profile"))
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    """Where screenshots go: $KIT_SCREENSHOTS (relative to the repo) or a temp dir."""
+    target = os.environ.get("KIT_SCREENSHOTS")
+    return REPO / target if target else tmp_path_factory.mktemp("screenshots")
+
+
+def run_notebook(browser, lab, name: str, poll=None) -> NotebookPage:
+    """Open notebooks/<name>.ipynb, Run All Cells, wait for every execution count."""
+    page = browser.new_page()
+    nb = NotebookPage(page, lab, f"notebooks/{name}.ipynb")
+    nb.open()
+    nb.menu("Run", "Run All Cells")
+    nb.wait_all_run(CELL_TIMEOUT, poll=poll)
+    assert nb.errors() == [], f"{name}: error output shown:\n{nb.errors()[0]}"
+    return nb
+
+
+def assert_charts_drawn(nb: NotebookPage, at_least: int) -> list[dict]:
+    """At least `at_least` vega-embed charts, each with drawn marks (svg marks or inked canvas)."""
+    deadline = time.monotonic() + 60
+    while True:
+        charts = drawn_charts(nb.notebook)
+        drawn = [c for c in charts if c["marks"] > 0 or c["inked"] > 0]
+        if len(drawn) >= at_least and len(drawn) == len(charts):
+            return charts
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{nb.path}: want {at_least} drawn charts, saw {charts}")
+        time.sleep(1)
+
+
+def finish(nb: NotebookPage) -> None:
+    """Shut the notebook's kernel down and close its tab (unsaved: nothing reaches disk)."""
+    nb.lab.shutdown_kernels()
+    nb.page.close()
+
+
+def test_notebooks_in_jupyterlab(lab, browser, shots, run_dir, embedded_server):
+    """01 -> 04 in JupyterLab, as a person runs them, against one embedded server."""
+    check_plan(run_notebook(browser, lab, "01_plan"), run_dir, shots)
+    check_generate(browser, lab, run_dir, shots)
+    check_audit(run_notebook(browser, lab, "03_audit"), shots)
+    check_export(run_notebook(browser, lab, "04_export"), run_dir, shots)
+    assert embedded_server.alive(), "a notebook stopped the shared server"
+
+
+# ----------------------------------------------------------------------------- 01 plan
+
+
+PLAN_TABLE_JS = """(root) => {
+  const table = root.querySelector('table');
+  if (!table) return null;
+  const head = Array.from(table.querySelectorAll('thead tr:first-child th')).map(th => th.innerText.trim());
+  const rows = Array.from(table.querySelectorAll('tbody tr')).map(
+    tr => Array.from(tr.querySelectorAll('td')).map(td => td.innerText.trim()));
+  return rows.map(r => Object.fromEntries(head.map((h, i) => [h, r[i]])));
+}"""
+
+
+def planner_table(nb: NotebookPage) -> dict[str, dict]:
+    """dataset -> row of the plan table shown under the planner widgets."""
+    rows = nb.page.locator(".jp-NotebookPanel .widget-output").first.evaluate(PLAN_TABLE_JS)
+    assert rows, f"{nb.path}: no plan table under the planner widgets"
+    return {row["dataset"]: row for row in rows}
+
+
+def budget_box(nb: NotebookPage, dataset: str):
+    """The planner's IntText input for one dataset."""
+    label = nb.page.locator("label.widget-label", has_text=re.compile(f"^{dataset}$"))
+    return nb.page.locator(".jp-NotebookPanel .widget-text", has=label).locator("input")
+
+
+def wait_table(nb: NotebookPage, dataset: str, budget: int, timeout: float = 60) -> dict:
+    """Poll the shown plan table until the dataset's row says `budget`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = planner_table(nb).get(dataset, {})
+        if row.get("budget", "").replace(",", "") == str(budget):
+            return row
+        if time.monotonic() > deadline:
+            raise AssertionError(f"plan table did not follow the typed budget {budget}: {row}")
+        time.sleep(0.5)
+
+
+def check_plan(nb: NotebookPage, run_dir: Path, shots: Path) -> None:
+    """Widgets answer a typed budget; charts drawn; the re-run write cell stores it."""
+    assert_charts_drawn(nb, at_least=4)  # prompt lengths, pilot lengths, planner's two
+    before = planner_table(nb)
+    datasets = [name for name in before if name.lower() != "total"]
+    assert len(datasets) >= 2, f"plan table rows: {list(before)}"
+    for name in datasets:  # type a small budget everywhere: the run below stays short
+        box = budget_box(nb, name)
+        box.fill(str(TYPED_BUDGET))
+        box.press("Enter")
+        after = wait_table(nb, name, TYPED_BUDGET)
+        assert after != before[name], f"{name}: plan row unchanged after typing a budget"
+    assert_charts_drawn(nb, at_least=4)  # the planner's charts were redrawn, not lost
+    nb.screenshot(shots / "01_plan.png", cell_index=planner_cell(nb))
+    rerun_last_cell(nb)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["budgets"] == {name: TYPED_BUDGET for name in datasets}
+    finish(nb)
+
+
+def planner_cell(nb: NotebookPage) -> int:
+    """Index of the code cell whose output holds the planner widgets."""
+    return nb.page.evaluate(
+        """() => Array.from(document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell'))
+                 .findIndex(c => c.querySelector('.widget-text'))"""
+    )
+
+
+def rerun_last_cell(nb: NotebookPage) -> None:
+    """Select the last code cell and run it (Shift+Enter), as a person re-writes the plan."""
+    last = nb.page.locator(".jp-NotebookPanel .jp-CodeCell").last
+    count = nb.prompts()[-1]
+    last.locator(".jp-InputArea-prompt").click()
+    nb.page.keyboard.press("Shift+Enter")
+    deadline = time.monotonic() + 120
+    while not (nb.prompts()[-1].isdigit() and nb.prompts()[-1] != count):
+        assert time.monotonic() < deadline, "the write-plan cell did not run again"
+        time.sleep(0.5)
+    nb.wait_kernel_idle(60)
+    assert nb.errors() == [], f"write-plan cell failed:\n{nb.errors()[0]}"
+
+
+# ------------------------------------------------------------------------- 02 generate
+
+
+BARS_BY_CELL_JS = """() => {
+  const out = {};
+  document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell').forEach((cell, i) => {
+    const bars = Array.from(cell.querySelectorAll('.widget-hprogress')).map(el => {
+      const bar = el.querySelector('.progress-bar');
+      const track = bar && bar.parentElement;
+      return {
+        label: ((el.querySelector('.widget-label') || {}).innerText || '').trim(),
+        fraction: track && track.clientWidth ? bar.clientWidth / track.clientWidth : 0,
+        success: !!bar && bar.classList.contains('progress-bar-success'),
+      };
+    });
+    const text = Array.from(cell.querySelectorAll('.widget-html')).map(h => h.innerText).join('\\n');
+    if (bars.length) out[i] = {bars, text};
+  });
+  return out;
+}"""
+
+
+def check_generate(browser, lab, run_dir: Path, shots: Path) -> None:
+    """The monitor's bars move while the run goes and end full at the budget."""
+    samples: list[dict] = []  # per poll: cell index -> {"bars": [...], "text": str}
+    page_box: dict = {}
+
+    def sample() -> None:
+        if "nb" in page_box:
+            samples.append(page_box["nb"].page.evaluate(BARS_BY_CELL_JS))
+
+    page = browser.new_page()
+    nb = NotebookPage(page, lab, "notebooks/02_generate.ipynb")
+    page_box["nb"] = nb
+    nb.open()
+    nb.menu("Run", "Run All Cells")
+    nb.wait_all_run(CELL_TIMEOUT, poll=sample, interval=1.0)
+    assert nb.errors() == [], f"02_generate: error output shown:\n{nb.errors()[0]}"
+
+    totals = [sum(b["fraction"] for s in snap.values() for b in s["bars"]) for snap in samples]
+    rising = [b for a, b in zip(totals, totals[1:], strict=False) if b > a + 1e-6]
+    assert len(rising) >= 2, f"progress bars did not move during generation: {totals}"
+
+    final = nb.page.evaluate(BARS_BY_CELL_JS)
+    assert len(final) == 2, f"want a monitor under the stopped run and the resume: {final}"
+    last_cell = max(final, key=int)
+    bars = final[last_cell]["bars"]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert sorted(b["label"] for b in bars) == sorted(plan["budgets"])
+    assert all(b["fraction"] > 0.99 and b["success"] for b in bars), bars
+    assert "budget_reached" in final[last_cell]["text"], final[last_cell]["text"]
+    nb.screenshot(shots / "02_generate.png", cell_index=int(last_cell))
+    finish(nb)
+
+
+# --------------------------------------------------------------------- 03 audit, 04 export
+
+
+def check_audit(nb: NotebookPage, shots: Path) -> None:
+    """Every chart cell draws marks."""
+    charts = assert_charts_drawn(nb, at_least=5)
+    assert all(c["width"] > 100 for c in charts), charts
+    first_chart = nb.page.evaluate(
+        """() => Array.from(document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell'))
+                 .findIndex(c => c.querySelector('.vega-embed'))"""
+    )
+    nb.screenshot(shots / "03_audit.png", cell_index=first_chart)
+    finish(nb)
+
+
+def check_export(nb: NotebookPage, run_dir: Path, shots: Path) -> None:
+    """The export is written and validated; the printed results show."""
+    out = run_dir.parent / "export"
+    assert (out / "manifest.json").is_file(), f"no manifest in {out}"
+    text = nb.notebook.inner_text()
+    assert "ok" in text.lower(), text[-2000:]
+    nb.screenshot(shots / "04_export.png", cell_index=0)
+    finish(nb)
