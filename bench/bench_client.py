@@ -108,9 +108,9 @@ RUNS_ROOT = Path(tempfile.gettempdir())  # run directories go under here (a real
 def _prompt_frame(n: int):
     """A prompt frame (kit.types columns) of n distinct one-turn prompts in dataset "bench"."""
     if n not in _FRAMES:
-        from kit.sources import MESSAGE_TYPE, prompt_id
-
         import polars as pl
+
+        from kit.sources import MESSAGE_TYPE, prompt_id
 
         msgs = [[{"role": "user", "content": f"{MESSAGES[0]['content']} (#{i})"}] for i in range(n)]
         _FRAMES[n] = pl.DataFrame(
@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"up to {args.requests} requests per row, best of {args.repeat} interleaved rounds;")
         print("zero-latency fault server (raw asyncio) in its own process")
         run_table(url, server.pid, args)
+        print("goal: kit.generate >= 0.70x raw aiohttp req/s at each concurrency")
         print("caveat: server CPU near 100% means the fault server set that row's pace; client")
         print("CPU well under 100% means the machine was contended by other work")
         print(f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end).")

@@ -66,6 +66,8 @@ async def run(args, url: str, model: str) -> None:
     )
     print(f"pilot: {per} prompts/dataset, {res.frame.height} completions, {len(res.errors)} errors, "
           f"{res.tokens_per_s:.0f} tok/s, {res.wall_s:.0f} s")  # fmt: skip
+    for line in res.errors[:3]:
+        print("  pilot error:", line)
     budgets = dict.fromkeys(DATASETS, args.budget)
     table = plan.budget(budgets, res, prompts_available=prompts, max_tokens=args.max_tokens)
     means = {r["dataset"]: r["mean"] for r in table.iter_rows(named=True)}
@@ -74,6 +76,7 @@ async def run(args, url: str, model: str) -> None:
         await generate(
             prompts, run_dir=run_dir, model=model, endpoints=url, budgets=budgets, sampling=sampling,
             concurrency=8, expected_tokens={d: means[d] for d in DATASETS}, seed=1,
+            timeout=args.timeout,
         )  # fmt: skip
         records = records_frame(run_dir)
     print(
@@ -98,6 +101,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=3000)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--pilot-share", type=float, default=0.1)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per request")
     parser.add_argument("--temperature", type=float, default=0.7, help="of a server started here")
     args = parser.parse_args()
     if args.url:

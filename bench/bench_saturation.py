@@ -20,6 +20,7 @@ import asyncio
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -34,6 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DATASET = "saturation"  # every prompt goes into one dataset so kit's order is one seeded shuffle
 SEED = 0
+TIMEOUT = 900.0  # per request, both clients: a loaded machine queues requests in the server
 
 
 def prompt_frame(n: int):
@@ -61,7 +63,7 @@ async def run_raw(url: str, model: str, prompts: list, max_tokens: int, conc: in
     """The baseline: the same request bodies as kit.backends.OpenAIChat; returns tokens."""
     sem = asyncio.Semaphore(conc)
     connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=600)
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def one(messages) -> int:
@@ -89,6 +91,7 @@ async def run_kit(url: str, model: str, frame, max_tokens: int, conc: int) -> in
             frame, run_dir=run_dir / "run", model=model, endpoints=[url],
             budgets={DATASET: frame.height * max_tokens * 4}, concurrency=conc, seed=SEED,
             sampling=Sampling(max_tokens=max_tokens, temperature=0.0), max_attempts=1,
+            timeout=TIMEOUT,
         )  # fmt: skip
         summary = run.summary()
         done = summary["samples_done"].sum()
@@ -133,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--url", help="an already running server's base URL (.../v1); must be greedy")
     p.add_argument("--model", help="model name for --url")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally`: stop the server
     frame = prompt_frame(args.prompts)
     server = None
     if args.url is None:

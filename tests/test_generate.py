@@ -252,7 +252,7 @@ def test_real_server_holds_budgets(embedded_server, tmp_path):
     root = Path(__file__).resolve().parents[1] / "data" / "samples"
     frame = kit.load([root / name for name in SAMPLE_SETS]).frame
     names = frame["dataset"].unique(maintain_order=True).to_list()
-    budgets = dict(zip(names, [1500, 2000, 1500, 1600], strict=True))
+    budgets = dict(zip(names, [600, 900, 750, 600], strict=True))
     max_tokens = 64
     for policy in ("drain", "cancel"):
         run_dir = tmp_path / policy

@@ -360,6 +360,24 @@ def test_pilot_to_a_dead_server_counts_errors_and_the_plan_refuses_it(free_port)
         plan.pilot_sync(_prompts({"a": 4}), url, per_dataset=1)
 
 
+def test_pilot_retries_transient_faults_and_counts_hard_ones():
+    from faultserver import FaultConfig, FaultServer
+
+    prompts = _prompts({"a": 6, "b": 6})
+    with FaultServer(FaultConfig(mode="500", first_k=3)) as srv:  # 3 failures, then fine
+        res = plan.pilot_sync(
+            prompts, srv.base_url, model="m", per_dataset=3, max_tokens=32, max_attempts=3
+        )
+    assert res.errors == [] and res.frame.height == 6
+    assert res.frame["completion_tokens"].sum() > 0 and res.tokens_per_s > 0
+    with FaultServer(FaultConfig(mode="400")) as srv:  # not retryable: counted, not raised
+        res = plan.pilot_sync(prompts, srv.base_url, model="m", per_dataset=2, max_tokens=32)
+        assert srv.stats()["requests"] == 4  # one attempt each
+    assert res.frame.height == 0 and len(res.errors) == 4
+    with pytest.raises(ValueError, match="max_attempts.*0"):
+        plan.pilot_sync(prompts, "http://127.0.0.1:9/v1", model="m", max_attempts=0)
+
+
 @pytest.mark.server
 def test_pilot_against_the_embedded_server(embedded_server):
     prompts = _prompts({"a": 10, "b": 10})

@@ -62,7 +62,11 @@ def test_round_trip(tmp_path):
     store.append(_record("chat", 0, 7))
     store.close()
 
-    assert store.index() == {("alpaca", "alpaca-0", 0): 12, ("alpaca", "alpaca-1", 0): 30, ("chat", "chat-0", 0): 7}
+    assert store.index() == {
+        ("alpaca", "alpaca-0", 0): 12,
+        ("alpaca", "alpaca-1", 0): 30,
+        ("chat", "chat-0", 0): 7,
+    }
     frame = records_frame(tmp_path).sort("dataset", "prompt_id")
     assert frame.columns == list(Record.__dataclass_fields__)
     assert frame["output_ids"].to_list() == [[5, 6, 7], None, None]
@@ -72,7 +76,10 @@ def test_round_trip(tmp_path):
     assert read_config(tmp_path) == _config()
     assert pl.read_parquet(tmp_path / "prompts.parquet").equals(_prompts())
     doc = json.loads((tmp_path / "config.json").read_text())
-    assert doc["fingerprint"] == fingerprint(_config()) and doc["config"]["api_key_env"] == "KIT_TEST_KEY"
+    assert (
+        doc["fingerprint"] == fingerprint(_config())
+        and doc["config"]["api_key_env"] == "KIT_TEST_KEY"
+    )
 
 
 def test_progress_from_files(tmp_path):
@@ -84,14 +91,20 @@ def test_progress_from_files(tmp_path):
     store.append_error(ErrorRecord("chat", "chat-1", 0, "timeout: read", 5, time.time()))
     store.close()
     by = {p.dataset: p for p in progress(tmp_path)}
-    assert (by["alpaca"].tokens_done, by["alpaca"].samples_done, by["alpaca"].state) == (45, 3, "budget_reached")
+    assert (by["alpaca"].tokens_done, by["alpaca"].samples_done, by["alpaca"].state) == (
+        45,
+        3,
+        "budget_reached",
+    )
     assert (by["chat"].tokens_done, by["chat"].truncated, by["chat"].errors) == (20, 1, 1)
     assert by["chat"].prompts_total == 5 and by["chat"].state == "stopped"
 
 
 def test_fingerprint_mismatch_names_the_change(tmp_path):
     RunStore(tmp_path).init(_config(), _prompts())
-    changed = _config(sampling=Sampling(max_tokens=128), source_hashes={"alpaca": "aa", "chat": "zz"})
+    changed = _config(
+        sampling=Sampling(max_tokens=128), source_hashes={"alpaca": "aa", "chat": "zz"}
+    )
     with pytest.raises(FingerprintMismatch) as err:
         RunStore(tmp_path).init(changed)
     msg = str(err.value)
@@ -126,7 +139,11 @@ def test_torn_last_line_is_ignored_and_repaired(tmp_path):
     path = tmp_path / "records" / "alpaca.jsonl"
     good = path.read_bytes()
     with open(path, "ab") as f:  # what a kill -9 mid-write leaves
-        f.write(orjson.dumps({"dataset": "alpaca", "prompt_id": "alpaca-3", "sample": 0, "completion_tokens": 9})[:-5])
+        f.write(
+            orjson.dumps(
+                {"dataset": "alpaca", "prompt_id": "alpaca-3", "sample": 0, "completion_tokens": 9}
+            )[:-5]
+        )
 
     assert len(records_frame(tmp_path)) == 3  # readers never parse past the last newline
     assert len(RunStore(tmp_path).index()) == 3
@@ -202,5 +219,21 @@ def test_full_disk_leaves_no_corrupt_line(tmp_path):
     data = (run_dir / "records" / "a.jsonl").read_bytes()
     assert data.endswith(b"\n") and 0 < len(data) <= 20_000
     lines = data.splitlines()
-    assert [orjson.loads(line)["prompt_id"] for line in lines] == [f"p{i}" for i in range(len(lines))]
+    assert [orjson.loads(line)["prompt_id"] for line in lines] == [
+        f"p{i}" for i in range(len(lines))
+    ]
     assert len(lines) % 7 == 0  # whole group flushes only
+
+
+def test_lines_in_another_shape_are_parsed_and_garbage_skipped(tmp_path):
+    store = RunStore(tmp_path)
+    store.init(_config(), _prompts())
+    store.append(_record("alpaca", 0, 11))
+    store.close()
+    foreign = {
+        f: getattr(_record("alpaca", 1, 22), f) for f in Record.__dataclass_fields__
+    }  # field order
+    with open(tmp_path / "records" / "alpaca.jsonl", "ab") as f:
+        f.write(orjson.dumps(foreign) + b"\n" + b'{"dataset": "alpaca", "prompt_id": \n')
+    assert store.index() == {("alpaca", "alpaca-0", 0): 11, ("alpaca", "alpaca-1", 0): 22}
+    assert records_frame(tmp_path)["completion_tokens"].to_list() == [11, 22]
