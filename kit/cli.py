@@ -116,7 +116,7 @@ def generate_run(run_dir, base_urls, model, tokenizer, *, concurrency, policy, a
 
     spec = plan.read_plan(run_dir)
     prompts = sources.load(spec["sources"]).frame if spec.get("sources") else None
-    expected = _pilot_means(spec)
+    expected = plan.pilot_means(spec)
     return generate.generate_sync(
         prompts,
         run_dir=run_dir,
@@ -133,14 +133,6 @@ def generate_run(run_dir, base_urls, model, tokenizer, *, concurrency, policy, a
         force=force,
         expected_tokens=expected,
     )
-
-
-def _pilot_means(spec: dict) -> dict[str, float] | None:
-    """dataset -> mean completion tokens from the plan table, the runner's admission prior."""
-    table = spec.get("table")
-    if table is None or table.is_empty() or "mean" not in table.columns:
-        return None
-    return {d: m for d, m in table.select("dataset", "mean").iter_rows() if m and d != "TOTAL"}
 
 
 def audit_run(run_dir, tokenizer=None):

@@ -589,3 +589,17 @@ def read_plan(run_dir: str | Path) -> dict:
         plan.get("table") or [], schema=plan_schema() if not plan.get("table") else None
     )
     return plan
+
+
+def pilot_means(plan: dict) -> dict[str, float] | None:
+    """dataset -> mean completion tokens from a read_plan() table: the runner's admission prior.
+
+    Example:
+        >>> pilot_means(read_plan("data/runs/demo"))
+        {'alpaca_tasks': 96.4, 'essays': 241.0}
+    """
+    table = plan.get("table")
+    if table is None or table.is_empty() or "mean" not in table.columns:
+        return None
+    rows = table.select("dataset", "mean").iter_rows()
+    return {d: float(m) for d, m in rows if m is not None and d != TOTAL}

@@ -111,6 +111,11 @@ class EmbeddedServer:
         return str(self.model_dir)
 
     @property
+    def tokenizer_path(self) -> str:
+        """Local folder with the model's tokenizer and chat template."""
+        return str(self.model_dir)
+
+    @property
     def pid(self) -> int:
         return self.process.pid
 
@@ -411,3 +416,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _raise_interrupt(signum, frame) -> None:
     """Turn SIGTERM into KeyboardInterrupt so `finally` blocks stop the server."""
     raise KeyboardInterrupt
+
+
+@dataclass
+class RemoteServer:
+    """A server someone else runs (SGLang, vLLM, ...): same shape as EmbeddedServer."""
+
+    base_url: str
+    model: str
+    tokenizer_path: str | None = None
+
+    def stop(self) -> None:
+        """Nothing to stop: the server is not ours."""
+
+
+def connect(
+    base_url: str | None = None, model: str | None = None, tokenizer: str | None = None
+) -> EmbeddedServer | RemoteServer:
+    """The server at base_url, or (base_url None) a freshly started embedded one.
+
+    Notebooks call this so the same cells run against the embedded server or a GPU box.
+
+    Example:
+        >>> server = connect()  # starts the embedded server
+        >>> server.base_url, server.tokenizer_path
+        ('http://127.0.0.1:40123/v1', '.../data/models/SmolLM2-135M-Instruct')
+        >>> server.stop()
+    """
+    if base_url is None:
+        return start()
+    if not model:
+        raise ValueError(f"model is required with base_url={base_url!r}, got model={model!r}")
+    return RemoteServer(base_url, model, tokenizer)
