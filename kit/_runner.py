@@ -141,8 +141,7 @@ class _Runner:
             await self.pool.start()
             await self._schedule()
         except BaseException as e:
-            if self.stop_reason is None:
-                self.stop_reason = f"interrupted ({type(e).__name__})"
+            self.request_stop(f"interrupted ({type(e).__name__})")
             raise
         finally:
             await self._shutdown()
