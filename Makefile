@@ -8,7 +8,7 @@ BROWSER_STAMP := $(VENV)/.kit-chromium
 
 .PHONY: setup demo test lint serve clean-runs browser screenshots
 
-setup: $(STAMP) data/models/.prepared $(BROWSER_STAMP)
+setup: $(STAMP) data/models/.prepared
 
 # Headless Chromium for tests/test_browser.py: Debian's package (root, apt), never a
 # Playwright browser download. Skips apt when /usr/bin/chromium is already there.
@@ -37,14 +37,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check kit tests bench
 	$(BIN)/ruff format --check kit tests bench
 
-test: setup lint
+test: setup browser lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
 
 serve: setup
 	HF_HUB_OFFLINE=1 $(BIN)/kit serve
 
 # Regenerate docs/img/01_plan.png .. 04_export.png: the browser test, screenshots kept.
-screenshots: setup
+screenshots: setup browser
 	KIT_SCREENSHOTS=docs/img HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/test_browser.py
 
 clean-runs:
