@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kit import _guard
 from kit.store import RunStore, read_config
 from kit.types import (
     BackendError,
@@ -51,6 +52,7 @@ class _Dataset:
     tasks: set = field(default_factory=set)
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (t_done, tokens)
     stopped: bool = False
+    skipped: int = 0  # samples never sent (prompt too long for the context)
 
     @property
     def expected(self) -> float:
@@ -77,7 +79,7 @@ class _Dataset:
             dataset=self.name, budget=self.budget, tokens_done=self.tokens_done,
             samples_done=self.samples_done, in_flight=len(self.tasks), prompts_total=self.total,
             errors=self.errors, retries=self.retries, truncated=self.truncated,
-            tokens_per_s=rate, state=self.state(),
+            skipped=self.skipped, tokens_per_s=rate, state=self.state(),
         )  # fmt: skip
 
 
@@ -94,13 +96,18 @@ class _Runner:
         config, frame = _build_config(prompts, run_dir, settings)
         if prompts is None:  # resume: keep the recorded source paths
             config.datasets = read_config(run_dir).datasets
-        store = RunStore(run_dir)
+        # one fsync per wave of in-flight results at most (a kill -9 loses in-flight work anyway);
+        # flushing every 32 cost ~30% of requests/s at 256 in flight (bench/bench_client.py)
+        store = RunStore(run_dir, flush_every=max(32, config.concurrency))
         store.init(config, frame if prompts is not None else None, force=force)
         self = cls()
         self.config, self.store = config, store
+        self._sampling = replace(config.sampling, n=1)  # what each request sends (seed aside)
         self.timeout = timeout or 120.0 + 0.5 * config.sampling.max_tokens
         self.retry_base, self.no_endpoint_timeout = retry_base, no_endpoint_timeout
-        self.datasets = _datasets(frame, config, store.scan(), expected_tokens or {})
+        done = store.scan()
+        skips = _guard.apply(frame, config, run_dir, done)  # too long for the context: never sent
+        self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips)
         self.callback, self.stop_reason = None, None
         self._stop_requested = False
         self._last_progress = 0.0
@@ -193,9 +200,9 @@ class _Runner:
 
     async def _request(self, d: _Dataset, prompt_id: str, sample: int, messages: list) -> Record:
         """One sample with retries; raises the last error when every attempt failed."""
-        sampling = replace(self.config.sampling, n=1)
+        sampling = self._sampling
         if sampling.seed is not None:
-            sampling.seed += sample
+            sampling = replace(sampling, seed=sampling.seed + sample)
         for attempt in range(1, self.config.max_attempts + 1):
             t0, backend = time.monotonic(), None
             try:
@@ -338,7 +345,7 @@ def _build_config(prompts, run_dir, s: dict):
         chat_template_hash=_template_hash(s["tokenizer"]), tokenizer=s["tokenizer"],
         api=s["api"], api_key_env=s["api_key_env"], concurrency=s["concurrency"],
         per_endpoint_concurrency=s["per_endpoint_concurrency"], policy=s["policy"],
-        seed=s["seed"], max_attempts=s["max_attempts"],
+        seed=s["seed"], max_attempts=s["max_attempts"], max_context=s["max_context"],
     )  # fmt: skip
     return config, frame
 
@@ -359,6 +366,7 @@ def _validate(s: dict) -> None:
     for name, ok in checks.items():
         if not ok:
             raise ValueError(f"generate: bad {name}={s[name]!r}")
+    _guard.check(s["max_context"], s["tokenizer"], s["sampling"].max_tokens)
 
 
 def _prompt_frame(prompts, run_dir):
@@ -404,8 +412,10 @@ def _template_hash(tokenizer: str | None) -> str | None:
     return hashlib.sha256(str(text).encode()).hexdigest()[:16] if text else None
 
 
-def _datasets(frame, config: RunConfig, done: dict, priors: dict) -> dict[str, _Dataset]:
-    """Per dataset: the seeded order of (prompt_id, sample) not yet done, and done totals."""
+def _datasets(
+    frame, config: RunConfig, done: dict, priors: dict, skips: dict
+) -> dict[str, _Dataset]:
+    """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals."""
     n = config.sampling.n
     out = {}
     for (name,), part in frame.group_by("dataset", maintain_order=True):
@@ -413,12 +423,17 @@ def _datasets(frame, config: RunConfig, done: dict, priors: dict) -> dict[str, _
         rows = list(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))
         random.Random(f"{config.seed}:{name}").shuffle(rows)
         queue = deque(
-            (pid, s, msgs) for pid, msgs in rows for s in range(n) if (name, pid, s) not in done
+            (pid, s, msgs)
+            for pid, msgs in rows
+            if (name, pid) not in skips
+            for s in range(n)
+            if (name, pid, s) not in done
         )
         prior = float(priors.get(name, config.sampling.max_tokens / 2))
         d = _Dataset(
             name=name, budget=config.budgets[name], queue=queue, total=len(rows) * n, prior=prior
         )
+        d.skipped = sum(samples for (ds, _), (_, samples) in skips.items() if ds == name)
         for (ds, _, _), (tokens, finish) in done.items():
             if ds == name:
                 d.tokens_done += tokens

@@ -148,6 +148,7 @@ class RunStore:
         self.flush_interval = flush_interval
         self._fds: dict[Path, int] = {}
         self._pending: dict[Path, list[bytes]] = {}
+        self._paths: dict[str, Path] = {}  # dataset -> records file (built once: append is hot)
         self._n_pending = 0
         self._last_flush = time.monotonic()
         self.repaired: list[dict] = []  # torn tails cut on open: {"file", "bytes", "t"}
@@ -225,7 +226,10 @@ class RunStore:
     def append(self, record: Record) -> None:
         """Buffer one record; group-flushed (write + fsync) by count or time."""
         row = {f: getattr(record, f) for f in LINE_ORDER}
-        path = self.run_dir / "records" / f"{safe_name(record.dataset)}.jsonl"
+        path = self._paths.get(record.dataset)
+        if path is None:
+            path = self.run_dir / "records" / f"{safe_name(record.dataset)}.jsonl"
+            self._paths[record.dataset] = path
         self._buffer(path, orjson.dumps(row) + b"\n")
 
     def append_error(self, error: ErrorRecord) -> None:

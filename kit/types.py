@@ -8,6 +8,7 @@ The run directory (written by kit.store, read by monitor/audit/export) holds:
       prompts.parquet        the prompt frame the run draws from (sources.load output)
       records/<dataset>.jsonl  one Record per line (dataclasses.asdict), append-only
       errors.jsonl           one ErrorRecord per line: requests that failed every attempt
+      skipped.jsonl          prompts never sent (too long for the context; kit._guard), one per line
 
 A prompt frame (kit.sources.load) has the columns:
     dataset: str, prompt_id: str, messages: list[struct{role: str, content: str}],
@@ -167,6 +168,7 @@ class RunConfig:
     policy: Literal["drain", "cancel"] = "drain"
     seed: int = 0  # prompt order
     max_attempts: int = 5
+    max_context: int | None = None  # skip prompt + max_tokens > this (None: from the tokenizer)
 
 
 
@@ -184,6 +186,7 @@ class DatasetProgress:
     errors: int = 0  # requests that failed every attempt
     retries: int = 0
     truncated: int = 0  # records with finish_reason "length"
+    skipped: int = 0  # samples never sent: their prompt + max_tokens exceeds the context
     tokens_per_s: float = 0.0  # recent rate
     state: Literal["waiting", "running", "budget_reached", "exhausted", "stopped"] = "waiting"
 

@@ -31,8 +31,9 @@ from browser_helpers import (
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOK_ENV = {"KIT_MAX_TOKENS": "64", "KIT_PILOT": "4", "KIT_STOP_AFTER": "10", "KIT_CONCURRENCY": "8"}
-TYPED_BUDGET = 200  # completion tokens per dataset, typed into the planner's IntText boxes
+# small on purpose: 8 datasets x (2 pilot prompts + ~3 samples) x <= 32 tokens
+NOTEBOOK_ENV = {"KIT_MAX_TOKENS": "32", "KIT_PILOT": "2", "KIT_STOP_AFTER": "5", "KIT_CONCURRENCY": "8"}
+TYPED_BUDGET = 96  # completion tokens per dataset, typed into the planner's IntText boxes
 CELL_TIMEOUT = 420  # seconds for one notebook's Run All on a loaded 2-core machine
 
 
