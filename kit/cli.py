@@ -14,15 +14,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "data" / "samples"
-DEMO_BUDGETS = {  # dataset -> completion tokens: long-form sets get more
-    "alpaca_tasks": 1500,
-    "chat_general": 1000,
-    "code_instruct": 2500,
-    "code_problems": 3000,
-    "essays": 3000,
-    "math_word": 1500,
-    "multi_turn": 1500,
-    "sharegpt_chat": 1500,
+DEMO_BUDGETS = {  # dataset -> completion tokens: long-form sets get more (a few minutes on 2 cores)
+    "alpaca_tasks": 800,
+    "chat_general": 500,
+    "code_instruct": 1200,
+    "code_problems": 1500,
+    "essays": 1500,
+    "math_word": 800,
+    "multi_turn": 800,
+    "sharegpt_chat": 800,
 }
 
 
@@ -64,6 +64,15 @@ def _server(base_url: str | None, model: str | None):
         yield server.base_url, server.model, str(server.model_dir)
 
 
+def _counter(label: str):
+    """A progress callback printing `label: done/total` in place on stderr."""
+
+    def show(done: int, total: int) -> None:
+        print(f"\r{label}: {done}/{total} requests", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
 def plan_run(
     samples, run_dir, base_url, model, tokenizer, budgets, *, max_tokens, pilot_fraction, throughput
 ):
@@ -81,8 +90,16 @@ def plan_run(
         tok = tokens.load_tokenizer(tokenizer)
         print(tokens.profile_prompts(frame, tok))
     sampling = Sampling(max_tokens=max_tokens)
-    per_dataset = {n: max(8, int(pilot_fraction * budgets[n] / (max_tokens / 2))) for n in budgets}
-    result = pilot_sync(frame, base_url, model=model, per_dataset=per_dataset, sampling=sampling)
+    per_dataset = {n: max(4, int(pilot_fraction * budgets[n] / (max_tokens / 2))) for n in budgets}
+    result = pilot_sync(
+        frame,
+        base_url,
+        model=model,
+        per_dataset=per_dataset,
+        sampling=sampling,
+        progress=_counter("pilot"),
+    )
+    print(file=sys.stderr)
     print(result.profile())
     table = plan.budget(
         budgets,
@@ -110,7 +127,9 @@ def plan_run(
     return path
 
 
-def generate_run(run_dir, base_urls, model, tokenizer, *, concurrency, policy, api, api_key_env, force):
+def generate_run(
+    run_dir, base_urls, model, tokenizer, *, concurrency, policy, api, api_key_env, force
+):
     """Run (or resume) the plan in run_dir with a console monitor; return the Run."""
     from kit import generate, monitor, plan, sources
 
@@ -239,7 +258,11 @@ def _cmd_serve(args) -> int:
 
 
 def _server_args(p: argparse.ArgumentParser, many: bool = False) -> None:
-    p.add_argument("--base-url", action="append" if many else "store", help="server base URL (default: start the embedded server)")
+    p.add_argument(
+        "--base-url",
+        action="append" if many else "store",
+        help="server base URL (default: start the embedded server)",
+    )
     p.add_argument("--model", help="model name the server expects (required with --base-url)")
     p.add_argument("--tokenizer", help="local path of the target's tokenizer")
 
@@ -255,7 +278,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="plan -> generate -> audit -> export on the samples")
     d.add_argument("--samples", default=str(SAMPLES))
     d.add_argument("--run-dir", default=str(REPO / "data" / "runs" / "demo"))
-    d.add_argument("--max-tokens", type=int, default=256)
+    d.add_argument("--max-tokens", type=int, default=128)
     d.add_argument("--concurrency", type=int, default=32)
     _server_args(d)
     d.set_defaults(fn=_cmd_demo)
@@ -265,7 +288,9 @@ def parser() -> argparse.ArgumentParser:
     pl_.add_argument("--budget", nargs="+", help="TOKENS for all, or NAME=TOKENS ...")
     pl_.add_argument("--max-tokens", type=int, default=512)
     pl_.add_argument("--pilot-fraction", type=float, default=0.1)
-    pl_.add_argument("--throughput", type=float, help="tokens/s of the real run (default: the pilot's)")
+    pl_.add_argument(
+        "--throughput", type=float, help="tokens/s of the real run (default: the pilot's)"
+    )
     _server_args(pl_)
     pl_.set_defaults(fn=_cmd_plan)
     g = sub.add_parser("generate", help="run or resume the plan in RUN_DIR")

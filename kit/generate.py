@@ -11,7 +11,9 @@ share of budget committed, and stops feeding a dataset before it crosses its bud
   count lands in [budget, budget + that slack] whenever the prompts suffice;
 - policy "cancel" aborts a dataset's in-flight requests once its budget is reached.
 
-Results go through kit.store (crash-safe); a stop (run.stop(), a cancelled task, Ctrl-C)
+With a tokenizer, prompts too long for the context (prompt tokens + max_tokens >
+max_context) are never sent: counted per dataset (`skipped_context`) and listed in
+run_dir/skipped.jsonl (kit._guard). Results go through kit.store (crash-safe); a stop (run.stop(), a cancelled task, Ctrl-C)
 cancels in-flight requests and flushes. Resume = the same call again.
 """
 
@@ -46,7 +48,8 @@ def _progress_frame(progress: list[DatasetProgress]):
                 "overshoot": max(0, p.tokens_done - p.budget), "shortfall": max(0, p.budget - p.tokens_done),
                 "samples_done": p.samples_done, "prompts_total": p.prompts_total,
                 "in_flight": p.in_flight, "retries": p.retries, "errors": p.errors,
-                "truncated": p.truncated, "tokens_per_s": round(p.tokens_per_s, 1),
+                "truncated": p.truncated, "skipped_context": p.skipped,
+                "tokens_per_s": round(p.tokens_per_s, 1),
             }
         )  # fmt: skip
     return pl.DataFrame(rows)
@@ -116,6 +119,7 @@ async def generate(
     policy: str = "drain",
     seed: int = 0,
     max_attempts: int = 5,
+    max_context: int | None = None,
     progress=None,
     background: bool = False,
     force: bool = False,
@@ -138,6 +142,11 @@ async def generate(
         concurrency: requests in flight overall; per_endpoint_concurrency: per endpoint.
         policy: "drain" (in-flight finish) or "cancel" (aborted once the budget is reached).
         seed: prompt order. max_attempts: tries per request (429/5xx/timeouts/resets retried).
+        max_context: the target's context in tokens; prompts with prompt tokens (chat template
+            applied) + sampling.max_tokens above it are skipped, never sent, and reported
+            (summary column `skipped_context`, run_dir/skipped.jsonl). Default: from the
+            tokenizer (max_position_embeddings in its folder's config.json, else its
+            model_max_length). Needs `tokenizer`: without one there is no guard.
         progress: callback(list[DatasetProgress]), at most once a second and once at the end.
         background: return at once; the run is a task on the current loop.
         force: resume even when the fingerprint changed.
@@ -146,7 +155,8 @@ async def generate(
         retry_base: first backoff delay in seconds (doubles per attempt, with jitter).
         no_endpoint_timeout: seconds with no healthy endpoint before the run stops cleanly.
     Returns:
-        Run (run.summary() -> per-dataset budget, tokens_done, overshoot, errors).
+        Run (run.summary() -> per dataset: budget, tokens_done, overshoot, errors,
+            skipped_context).
 
     Example:
         run = await kit.generate(kit.load("data/samples/alpaca.jsonl").frame,
@@ -160,8 +170,8 @@ async def generate(
         prompts, run_dir=run_dir, model=model, endpoints=endpoints, budgets=budgets,
         sampling=sampling, api=api, api_key_env=api_key_env, tokenizer=tokenizer,
         concurrency=concurrency, per_endpoint_concurrency=per_endpoint_concurrency,
-        policy=policy, seed=seed, max_attempts=max_attempts, force=force,
-        expected_tokens=expected_tokens, timeout=timeout, retry_base=retry_base,
+        policy=policy, seed=seed, max_attempts=max_attempts, max_context=max_context,
+        force=force, expected_tokens=expected_tokens, timeout=timeout, retry_base=retry_base,
         no_endpoint_timeout=no_endpoint_timeout,
     )  # fmt: skip
     runner.callback = progress
@@ -178,7 +188,8 @@ async def from_config(config: RunConfig, prompts, *, run_dir, **kwargs) -> Run:
         budgets=config.budgets, sampling=config.sampling, api=config.api,
         api_key_env=config.api_key_env, tokenizer=config.tokenizer,
         concurrency=config.concurrency, per_endpoint_concurrency=config.per_endpoint_concurrency,
-        policy=config.policy, seed=config.seed, max_attempts=config.max_attempts, **kwargs,
+        policy=config.policy, seed=config.seed, max_attempts=config.max_attempts,
+        max_context=config.max_context, **kwargs,
     )  # fmt: skip
 
 

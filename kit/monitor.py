@@ -10,7 +10,7 @@ Jupyter kernel and the console elsewhere; ipywidgets is imported only by the wid
     print(kit.monitor.text(mon.last))        # plain-text summary for headless runs
 
 `kit.watch(run_dir)` follows a run started in another process by polling
-`kit.store.progress(run_dir)` until every dataset is done or the run stalls.
+`kit.store.ProgressReader(run_dir)` (incremental) until every dataset is done or the run stalls.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def bar(done: float, total: float, width: int = 20) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-_SUMMED = ("tokens_done", "samples_done", "in_flight", "prompts_total", "errors", "retries", "truncated")  # fmt: skip
+_SUMMED = ("tokens_done", "samples_done", "in_flight", "prompts_total", "errors", "retries", "truncated", "skipped")  # fmt: skip
 
 
 def totals(progress: Sequence[DatasetProgress]) -> DatasetProgress:
@@ -372,8 +372,14 @@ class _Watcher:
             raise FileNotFoundError(f"watch: run directory {str(self.run_dir)!r} does not exist")
         if stall_timeout is not None and stall_timeout <= 0:
             raise ValueError(f"watch: stall_timeout must be > 0 or None, got {stall_timeout!r}")
-        if read is None:
-            from kit.store import progress as read
+        if read is None:  # one incremental reader: each poll parses only the appended lines
+            from kit.store import ProgressReader
+
+            reader = ProgressReader(self.run_dir)
+
+            def read(run_dir: Path) -> list[DatasetProgress]:
+                return reader.read()
+
         self.read = read
         self.until_done, self.stall_timeout = until_done, stall_timeout
         self._mark: tuple | None = None

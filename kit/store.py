@@ -2,7 +2,8 @@
 
 Layout (see kit/types.py): config.json, prompts.parquet, records/<dataset>.jsonl,
 errors.jsonl, plus repair.log (torn lines cut after a crash) and status.json (the live
-runner's in-flight/retry counts, read by `progress`).
+runner's in-flight/retry counts). `progress` and `ProgressReader` (kit/_progress.py) read a
+run's progress back from these files.
 
 Crash safety: records are buffered and written as whole lines in group flushes (every
 `flush_every` records or `flush_interval` seconds, and on close), each followed by fsync.
@@ -18,16 +19,15 @@ import hashlib
 import json
 import os
 import time
-from collections import deque
 from pathlib import Path
 
 import orjson
 
+from kit import _progress
 from kit._lines import (
     ERROR_FIELDS,
     LINE_ORDER,
     complete_bytes,
-    heads,
     parse_lines,
     record_files,
     record_key,
@@ -40,6 +40,8 @@ from kit._lines import (
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig, Sampling
 
 Key = tuple  # (dataset, prompt_id, sample)
+ProgressReader = _progress.ProgressReader  # re-exported: the readers live in kit/_progress.py
+progress = _progress.progress
 
 
 class FingerprintMismatch(ValueError):
@@ -353,105 +355,3 @@ def read_errors(run_dir):
         {**{k: r.get(k) for k in ERROR_FIELDS}, "resolved": record_key(r) in done} for r in rows
     ]
     return pl.DataFrame(data, schema=schema)
-
-
-def _prompt_counts(run_dir: Path, n: int) -> dict[str, int]:
-    """dataset -> samples available (prompts x n) from prompts.parquet."""
-    import polars as pl
-
-    path = run_dir / "prompts.parquet"
-    if not path.exists():
-        return {}
-    counts = pl.read_parquet(path, columns=["dataset"])["dataset"].value_counts()
-    return {d: c * n for d, c in counts.iter_rows()}
-
-
-def progress(run_dir, *, window_s: float = 30.0, stale_s: float = 15.0) -> list[DatasetProgress]:
-    """Where each dataset of a run stands, from its files (what `kit.watch` draws).
-
-    Tokens and samples come from the records (read incrementally between calls); tokens/s
-    from the t_done of records in the last `window_s` seconds; in-flight and retry counts
-    from status.json while the runner writes it (older than `stale_s`: not live).
-
-    Example: [p.tokens_done for p in progress("data/runs/demo")] -> [4012, 2561]
-    """
-    run_dir = Path(run_dir)
-    config = read_config(run_dir)
-    totals = _prompt_counts(run_dir, config.sampling.n)
-    live = _read_status(run_dir, stale_s) or {}
-    rows, _ = parse_lines(complete_bytes(run_dir / "errors.jsonl"))
-    failed = {record_key(r) for r in rows}
-    files = record_files(run_dir)
-    out = []
-    for name in dict.fromkeys([*config.budgets, *totals]):
-        p = DatasetProgress(dataset=name, budget=int(config.budgets.get(name, 0)))
-        path = files.get(safe_name(name))
-        tail = _tail(path, failed) if path else {"resolved": set()}
-        _fill(p, tail, window_s)
-        p.prompts_total = totals.get(name, 0)
-        p.errors = sum(k[0] == name and k not in tail["resolved"] for k in failed)
-        _apply_live(p, live.get(name))
-        out.append(p)
-    return out
-
-
-_TAILS: dict[tuple, dict] = {}  # (path, inode) -> running totals of the lines read so far
-
-
-def _tail(path: Path, failed: set) -> dict:
-    """Totals of a records file, reading only what was appended since the last call."""
-    st = path.stat()
-    key = (str(path), st.st_ino)
-    t = _TAILS.get(key)
-    if t is None or st.st_size < t["offset"]:
-        t = _TAILS[key] = {"offset": 0, "tokens": 0, "samples": 0, "truncated": 0,
-                           "recent": deque(maxlen=20_000), "resolved": set()}  # fmt: skip
-    if st.st_size > t["offset"]:
-        with open(path, "rb") as f:
-            f.seek(t["offset"])
-            data = f.read(st.st_size - t["offset"])
-        data = data[: data.rfind(b"\n") + 1]
-        t["offset"] += len(data)
-        for ds, pid, sample, tokens, finish, t_done in heads(data):
-            t["tokens"] += tokens
-            t["samples"] += 1
-            t["truncated"] += finish == "length"
-            t["recent"].append((t_done, tokens))
-            if (ds, pid, sample) in failed:  # an error that a later attempt resolved
-                t["resolved"].add((ds, pid, sample))
-    return t
-
-
-def _fill(p: DatasetProgress, tail: dict, window_s: float) -> None:
-    """Copy a file's totals into p; tokens/s over the recent window."""
-    p.tokens_done, p.samples_done = tail.get("tokens", 0), tail.get("samples", 0)
-    p.truncated = tail.get("truncated", 0)
-    now = time.time()
-    recent = [(t, c) for t, c in tail.get("recent", ()) if now - t <= window_s]
-    if len(recent) >= 2:
-        p.tokens_per_s = sum(c for _, c in recent) / max(now - recent[0][0], 1.0)
-
-
-def _read_status(run_dir: Path, stale_s: float) -> dict | None:
-    """dataset -> live status dict, or None when no fresh runner status exists."""
-    try:
-        doc = orjson.loads((run_dir / "status.json").read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    if doc.get("finished") or time.time() - doc.get("t", 0) > stale_s:
-        return {d["dataset"]: {**d, "in_flight": 0, "stale": True} for d in doc.get("datasets", [])}
-    return {d["dataset"]: d for d in doc.get("datasets", [])}
-
-
-def _apply_live(p: DatasetProgress, live: dict | None) -> None:
-    """Merge the runner's live counts; derive the state from the files otherwise."""
-    if live:
-        p.in_flight, p.retries = live.get("in_flight", 0), live.get("retries", 0)
-    if p.budget and p.tokens_done >= p.budget:
-        p.state = "budget_reached"
-    elif p.prompts_total and p.samples_done + p.errors >= p.prompts_total:
-        p.state = "exhausted"
-    elif live and not live.get("stale"):
-        p.state = live.get("state", "running")
-    elif p.samples_done:
-        p.state = "stopped"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from kit.store import (
     FingerprintMismatch,
+    ProgressReader,
     RunStore,
     fingerprint,
     fingerprint_parts,
@@ -237,3 +239,117 @@ def test_lines_in_another_shape_are_parsed_and_garbage_skipped(tmp_path):
         f.write(orjson.dumps(foreign) + b"\n" + b'{"dataset": "alpaca", "prompt_id": \n')
     assert store.index() == {("alpaca", "alpaca-0", 0): 11, ("alpaca", "alpaca-1", 0): 22}
     assert records_frame(tmp_path)["completion_tokens"].to_list() == [11, 22]
+
+
+# ---------------------------------------------------------------- incremental progress
+
+
+def _strip(ps) -> list:
+    """DatasetProgress list without tokens/s (it depends on the clock of each call)."""
+    return [dataclasses.replace(p, tokens_per_s=0.0) for p in ps]
+
+
+def _same(incremental, full, rates: bool = True) -> None:
+    assert _strip(incremental) == _strip(full)
+    for a, b in zip(incremental if rates else [], full, strict=False):
+        assert a.tokens_per_s == pytest.approx(b.tokens_per_s, rel=0.05)
+
+
+def test_progress_reader_matches_a_full_rescan(tmp_path):
+    store = RunStore(tmp_path)
+    store.init(_config(budgets={"alpaca": 10_000, "chat": 10_000}), _prompts())
+    reader, want = ProgressReader(tmp_path), {"alpaca": [0, 0, 0], "chat": [0, 0, 0]}
+    for batch in range(6):
+        for i in range(batch * 7, batch * 7 + 7):
+            ds = ("alpaca", "chat")[i % 2]
+            finish = "length" if i % 5 == 0 else "stop"
+            store.append(_record(ds, i, 10 + i, finish=finish))
+            want[ds] = [want[ds][0] + 10 + i, want[ds][1] + 1, want[ds][2] + (finish == "length")]
+        if batch == 1:  # chat-99 fails; batch 3 resolves it, chat-98 stays failed
+            store.append_error(ErrorRecord("chat", "chat-99", 0, "timeout: read", 5, time.time()))
+            store.append_error(ErrorRecord("chat", "chat-98", 0, "timeout: read", 5, time.time()))
+        if batch == 3:
+            store.append(_record("chat", 99, 5))
+            want["chat"] = [want["chat"][0] + 5, want["chat"][1] + 1, want["chat"][2]]
+        store.flush()
+        got = reader.read()
+        _same(got, progress(tmp_path))  # progress() = a fresh reader: a full rescan
+        assert {p.dataset: [p.tokens_done, p.samples_done, p.truncated] for p in got} == want
+        assert got[1].errors == (0 if batch < 1 else 2 if batch < 3 else 1)
+        assert got[0].tokens_per_s > 0
+    store.close()
+
+
+def test_progress_reader_waits_for_a_torn_line_and_rescans_a_rewritten_file(tmp_path):
+    store = RunStore(tmp_path)
+    store.init(_config(budgets={"alpaca": 10_000, "chat": 10_000}), _prompts())
+    for i in range(3):
+        store.append(_record("alpaca", i, 10))
+    store.close()
+    path, reader = tmp_path / "records" / "alpaca.jsonl", ProgressReader(tmp_path)
+    assert reader.read()[0].samples_done == 3
+    line = path.read_bytes().splitlines(keepends=True)[0].replace(b'"alpaca-0"', b'"alpaca-3"')
+    with open(path, "ab") as f:  # a record being written: the poll must not count it
+        f.write(line[:40])
+    assert (reader.read()[0].samples_done, reader.read()[0].tokens_done) == (3, 30)
+    with open(path, "ab") as f:
+        f.write(line[40:])
+    assert (reader.read()[0].samples_done, reader.read()[0].tokens_done) == (4, 40)
+
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + lines[1])  # shrank (e.g. cut back after a failed write)
+    assert (reader.read()[0].samples_done, reader.read()[0].tokens_done) == (2, 20)
+    bigger = line.replace(b'"completion_tokens":10', b'"completion_tokens":77')
+    path.write_bytes(lines[0] + bigger + bigger.replace(b"alpaca-3", b"alpaca-4"))
+    assert path.stat().st_size >= len(lines[0] + lines[1])  # shrank then regrew between polls
+    got = reader.read()
+    assert (got[0].samples_done, got[0].tokens_done) == (3, 10 + 77 + 77)
+    _same(got, progress(tmp_path))
+
+
+def _write_lines(path: Path, ds: str, start: int, count: int, t_done: float) -> int:
+    """Append `count` record lines as RunStore writes them; returns their tokens."""
+    from kit._lines import LINE_ORDER
+
+    text, tokens = "The quick brown fox jumps over the lazy dog. " * 10, 0
+    with open(path, "ab") as f:
+        for i in range(start, start + count):
+            rec = Record(
+                dataset=ds, prompt_id=f"{i:016x}", sample=0, messages=[{"role": "user", "content": text[:200]}],
+                completion=text, finish_reason="stop", completion_tokens=100 + i % 7, count_source="server_ids",
+                prompt_tokens=50, output_ids=list(range(100)), endpoint="http://x/v1", latency_s=1.0, t_done=t_done,
+            )  # fmt: skip
+            f.write(orjson.dumps({k: getattr(rec, k) for k in LINE_ORDER}) + b"\n")
+            tokens += rec.completion_tokens
+    return tokens
+
+
+def test_progress_poll_of_100k_records_first_vs_incremental(tmp_path):
+    names = ("a", "b", "c", "d")
+    RunStore(tmp_path).init(_config(budgets=dict.fromkeys(names, 10**9), source_hashes={}))
+    now, want = time.time(), dict.fromkeys(names, 0)
+    for ds in names:
+        want[ds] += _write_lines(tmp_path / "records" / f"{ds}.jsonl", ds, 0, 25_000, now - 99)
+    size = sum(p.stat().st_size for p in (tmp_path / "records").glob("*.jsonl"))
+    reader = ProgressReader(tmp_path)
+    t0 = time.perf_counter()
+    first = reader.read()
+    t_first = time.perf_counter() - t0
+    for ds in ("a", "c"):  # what a second of a busy run appends
+        want[ds] += _write_lines(tmp_path / "records" / f"{ds}.jsonl", ds, 25_000, 50, now)
+    t0 = time.perf_counter()
+    polled = reader.read()
+    t_inc = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    full = progress(tmp_path)
+    t_full = time.perf_counter() - t0
+    print(
+        f"\nprogress poll, 100,100 records ({size / 1e6:.0f} MB): first {1e3 * t_first:.0f} ms, "
+        f"incremental {1e3 * t_inc:.1f} ms, full rescan {1e3 * t_full:.0f} ms "
+        f"({t_full / t_inc:.0f}x)"
+    )
+    assert sum(p.samples_done for p in first) == 100_000
+    assert {p.dataset: p.tokens_done for p in polled} == want
+    _same(polled, full, rates=False)  # tokens/s: the calls are a second apart (clock-dependent)
+    assert [p.tokens_per_s > 0 for p in polled] == [True, False, True, False]  # a, c appended now
+    assert t_inc < t_full
