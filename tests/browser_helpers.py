@@ -188,11 +188,12 @@ class NotebookPage:
         return self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first
 
     def kernel_status(self) -> str:
-        """The kernel status JupyterLab shows ('idle', 'busy', 'starting', ...)."""
-        return self.page.evaluate(
-            """() => { const el = document.querySelector('.jp-NotebookPanel .jp-Notebook-ExecutionIndicator');
-                       return el ? (el.getAttribute('data-status') || '') : ''; }"""
+        """The kernel status the status bar shows, lower-case ('idle', 'busy', ...)."""
+        text = self.page.evaluate(
+            """() => { const el = document.querySelector('.jp-StatusBar-Widget .jp-KernelStatus, .jp-KernelStatus');
+                       return el ? el.innerText : ''; }"""
         )
+        return text.rsplit("|", 1)[-1].strip().lower()
 
     def wait_kernel_idle(self, timeout: float) -> None:
         """Poll until the kernel indicator says idle."""
@@ -201,6 +202,17 @@ class NotebookPage:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.path}: kernel not idle after {timeout:.0f}s")
             time.sleep(0.5)
+
+    def run_all(self, attempts: int = 3) -> None:
+        """Run > Run All Cells, repeated until a cell starts (the first click can land early)."""
+        for _ in range(attempts):
+            self.menu("Run", "Run All Cells")
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                if any(p != " " for p in self.prompts()):
+                    return
+                time.sleep(0.5)
+        raise AssertionError(f"{self.path}: Run All Cells started no cell")
 
     def menu(self, menu: str, item: str) -> None:
         """Click a main-menu entry, e.g. menu("Run", "Run All Cells")."""

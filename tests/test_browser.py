@@ -93,7 +93,7 @@ def run_notebook(browser, lab, name: str, poll=None) -> NotebookPage:
     page = browser.new_page()
     nb = NotebookPage(page, lab, f"notebooks/{name}.ipynb")
     nb.open()
-    nb.menu("Run", "Run All Cells")
+    nb.run_all()
     nb.wait_all_run(CELL_TIMEOUT, poll=poll)
     assert nb.errors() == [], f"{name}: error output shown:\n{nb.errors()[0]}"
     return nb
@@ -242,7 +242,7 @@ def check_generate(browser, lab, run_dir: Path, shots: Path) -> None:
     nb = NotebookPage(page, lab, "notebooks/02_generate.ipynb")
     page_box["nb"] = nb
     nb.open()
-    nb.menu("Run", "Run All Cells")
+    nb.run_all()
     nb.wait_all_run(CELL_TIMEOUT, poll=sample, interval=1.0)
     assert nb.errors() == [], f"02_generate: error output shown:\n{nb.errors()[0]}"
 
