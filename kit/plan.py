@@ -14,18 +14,13 @@ sample cap would produce instead.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from dataclasses import asdict
-from datetime import datetime, timezone
-from pathlib import Path
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from kit.pilot import PilotResult, pilot, pilot_sample, pilot_sync
 from kit.tokens import _truncated_expr, profile, profile_completions, profile_prompts
-from kit.types import Budget, Sampling
+from kit.types import Budget
 
 if TYPE_CHECKING:
     import polars as pl
@@ -41,6 +36,7 @@ __all__ = [
     "profile",
     "profile_completions",
     "profile_prompts",
+    "pilot_means",
     "read_plan",
     "write_plan",
 ]
@@ -384,222 +380,5 @@ def _total_row(table: pl.DataFrame, throughput: float | None) -> pl.DataFrame:
     return pl.DataFrame([{k: values.get(k) for k in plan_schema()}], schema=plan_schema())
 
 
-# ---------------------------------------------------------------- allocate
-
-
-def allocate(
-    hours: float,
-    throughput: float,
-    samples: Any,
-    prompts_available: dict[str, int] | pl.DataFrame,
-    split: Literal["equal", "proportional"] = "equal",
-    weights: dict[str, float] | None = None,
-) -> pl.DataFrame:
-    """Tokens each dataset can get in `hours` at `throughput` tokens/s (budget the other way round).
-
-    A dataset never gets more than its prompts can give (prompts_available x mean); what it
-    cannot take goes to the others (water-filling).
-
-    Args:
-        hours: wall time of the run.
-        throughput: completion tokens/s of the whole run.
-        samples: completion lengths, as for budget().
-        prompts_available: dataset -> samples available, or a prompt frame.
-        split: "equal" shares, or "proportional" to weights (default: to what each
-            dataset's prompts can give).
-        weights: dataset -> weight, with split="proportional".
-
-    Returns:
-        One row per dataset plus "TOTAL": dataset, weight, tokens, samples_needed,
-        prompts_available, max_tokens_available, capped, hours.
-
-    Example:
-        >>> allocate(1, 100, {"a": [100], "b": [100]}, {"a": 10, "b": 10_000}).select("dataset", "tokens").rows()
-        [('a', 1000), ('b', 359000), ('TOTAL', 360000)]
-    """
-    import polars as pl
-
-    _positive(hours, "hours", allow_none=False)
-    _positive(throughput, "throughput", allow_none=False)
-    stats = {r["dataset"]: r for r in profile(_samples_frame(samples)).iter_rows(named=True)}
-    available = _counts(prompts_available, "prompts_available")
-    _check_known(dict.fromkeys(stats), stats, available)
-    caps = {name: available[name] * stats[name]["mean"] for name in stats}
-    w = _weights(split, weights, caps)
-    given = _water_fill(hours * 3600 * throughput, caps, w)
-    rows = []
-    for name in sorted(stats):
-        tokens = int(given[name])
-        mean = stats[name]["mean"]
-        needed = math.ceil(tokens / mean) if mean > 0 else None
-        capped = given[name] >= caps[name] - 1e-6
-        rows.append(
-            (
-                name,
-                w[name],
-                tokens,
-                needed,
-                available[name],
-                caps[name],
-                capped,
-                tokens / throughput / 3600,
-            )
-        )
-    schema = {"dataset": pl.String, "weight": pl.Float64, "tokens": pl.Int64, "samples_needed": pl.Int64,
-              "prompts_available": pl.Int64, "max_tokens_available": pl.Float64, "capped": pl.Boolean,
-              "hours": pl.Float64}  # fmt: skip
-    table = pl.DataFrame(rows, schema=schema, orient="row")
-    total = table.sum().with_columns(dataset=pl.lit(TOTAL), capped=table["capped"].all())
-    return pl.concat([table, total.select(table.columns).cast(schema)])
-
-
-def _weights(split: str, weights: dict | None, caps: dict[str, float]) -> dict[str, float]:
-    """Validated weights per dataset for allocate()."""
-    if split not in ("equal", "proportional"):
-        raise ValueError(f"split must be 'equal' or 'proportional', got {split!r}")
-    if split == "equal":
-        if weights is not None:
-            raise ValueError("weights= needs split='proportional'")
-        return dict.fromkeys(caps, 1.0)
-    if weights is None:
-        return dict(caps)
-    for name, value in weights.items():
-        if name not in caps:
-            raise ValueError(
-                f"weights[{name!r}]: dataset has no completion samples (samples has: {sorted(caps)})"
-            )
-        _positive(value, f"weights[{name!r}]", allow_none=False)
-    return {name: float(weights.get(name, 0.0)) for name in caps}
-
-
-def _water_fill(
-    total: float, caps: dict[str, float], weights: dict[str, float]
-) -> dict[str, float]:
-    """Split total by weights, never past a cap; what a capped one cannot take goes to the rest."""
-    given = dict.fromkeys(caps, 0.0)
-    active = {name for name in caps if weights[name] > 0 and caps[name] > 0}
-    while active and total > 1e-9:
-        scale = total / sum(weights[name] for name in active)
-        full = {name for name in active if weights[name] * scale >= caps[name] - given[name]}
-        if not full:
-            for name in active:
-                given[name] += weights[name] * scale
-            break
-        for name in full:
-            total -= caps[name] - given[name]
-            given[name] = caps[name]
-        active -= full
-    return given
-
-
-# ---------------------------------------------------------------- plan.json
-
-
-def write_plan(
-    run_dir: str | Path,
-    plan_frame: pl.DataFrame,
-    *,
-    budgets: dict[str, float] | None = None,
-    sampling: Sampling | dict,
-    model: str,
-    sources: dict[str, str] | None = None,
-    tokenizer: str | None = None,
-    chat_template_hash: str | None = None,
-    pilot: PilotResult | None = None,
-) -> Path:
-    """Write run_dir/plan.json, which the generate stage reads its budgets and settings from.
-
-    Args:
-        run_dir: the run directory (created if missing).
-        plan_frame: the table from budget() (or allocate()), stored as records.
-        budgets: dataset -> tokens; default: the plan's `budget` (or `tokens`) column.
-        sampling: the Sampling the run will use (max_tokens included).
-        model: the model name sent with requests.
-        sources: dataset -> source path.
-        tokenizer: local path of the target's tokenizer.
-        chat_template_hash: kit.tokens.chat_template_hash of it.
-        pilot: the PilotResult the plan came from (its summary is stored).
-
-    Returns:
-        The path of plan.json.
-
-    Example:
-        >>> t = budget({"a": 4000}, {"a": [10, 64, 30, 64]}, prompts_available={"a": 100})
-        >>> write_plan("data/runs/demo", t, sampling=Sampling(max_tokens=64), model="m").name
-        'plan.json'
-    """
-    sampling = sampling if isinstance(sampling, Sampling) else Sampling(**sampling)
-    if budgets is None:
-        budgets = _plan_budgets(plan_frame)
-    budgets = {name: int(math.ceil(value)) for name, value in budgets.items()}
-    Budget(tokens=budgets)
-    payload = {
-        "version": 1,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "model": model,
-        "budgets": budgets,
-        "max_tokens": sampling.max_tokens,
-        "sampling": asdict(sampling),
-        "sources": dict(sources or {}),
-        "tokenizer": str(tokenizer) if tokenizer is not None else None,
-        "chat_template_hash": chat_template_hash,
-        "pilot": pilot.summary() if pilot is not None else None,
-        "table": plan_frame.to_dicts(),
-    }
-    path = Path(run_dir) / "plan.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, allow_nan=False, default=str))
-    os.replace(tmp, path)
-    return path
-
-
-def _plan_budgets(plan_frame: pl.DataFrame) -> dict[str, float]:
-    """dataset -> budget from a budget() or allocate() table, without the TOTAL row."""
-    column = "budget" if "budget" in plan_frame.columns else "tokens"
-    if column not in plan_frame.columns or "dataset" not in plan_frame.columns:
-        raise ValueError(
-            f"plan_frame has no dataset/budget columns (columns: {plan_frame.columns}): pass budgets="
-        )
-    return {d: v for d, v in plan_frame.select("dataset", column).iter_rows() if d != TOTAL}
-
-
-def read_plan(run_dir: str | Path) -> dict:
-    """Read run_dir/plan.json: the stored dict, with `sampling` a Sampling and `table` a frame.
-
-    Example:
-        >>> plan = read_plan("data/runs/demo")
-        >>> plan["budgets"], plan["sampling"].max_tokens
-        ({'a': 4000}, 64)
-    """
-    import polars as pl
-
-    path = Path(run_dir) / "plan.json"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no plan at {path}: run the plan stage (kit.plan.write_plan) first"
-        )
-    try:
-        plan = json.loads(path.read_text())
-        Budget(tokens=plan["budgets"])
-        plan["sampling"] = Sampling(**plan["sampling"])
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path} is not a valid plan: {exc!r}") from exc
-    plan["table"] = pl.DataFrame(
-        plan.get("table") or [], schema=plan_schema() if not plan.get("table") else None
-    )
-    return plan
-
-
-def pilot_means(plan: dict) -> dict[str, float] | None:
-    """dataset -> mean completion tokens from a read_plan() table: the runner's admission prior.
-
-    Example:
-        >>> pilot_means(read_plan("data/runs/demo"))
-        {'alpaca_tasks': 96.4, 'essays': 241.0}
-    """
-    table = plan.get("table")
-    if table is None or table.is_empty() or "mean" not in table.columns:
-        return None
-    rows = table.select("dataset", "mean").iter_rows()
-    return {d: float(m) for d, m in rows if m is not None and d != TOTAL}
+from kit._allocate import allocate  # noqa: E402  (uses the helpers above)
+from kit.planfile import pilot_means, read_plan, write_plan  # noqa: E402
