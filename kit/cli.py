@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -324,10 +325,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum, frame) -> None:
+    """SIGTERM -> KeyboardInterrupt: runs stop cleanly, servers are stopped, records flushed."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kit` console script."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill PID` stops as cleanly as Ctrl-C
     try:
         return args.fn(args)
     except KeyboardInterrupt:

@@ -289,7 +289,10 @@ def _spawn(model_dir: Path, port: int, host: str, log_path: Path, extra_args) ->
 
 
 def _die_with_parent_fn():
-    """A preexec_fn asking Linux to SIGTERM the server when this process dies (even by kill -9).
+    """A preexec_fn asking Linux to SIGKILL the server when this process dies (even by kill -9).
+
+    SIGKILL, not SIGTERM: on SIGTERM uvicorn waits for in-flight generations, which an
+    orphaned server may never finish. The server holds no data, so nothing is lost.
 
     Only from the main thread: the kernel ties the signal to the spawning thread's exit.
     """
@@ -299,7 +302,7 @@ def _die_with_parent_fn():
     def die_with_parent() -> None:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
     return die_with_parent
 
