@@ -6,7 +6,8 @@ clients in one run: a raw aiohttp loop (semaphore + session.post + orjson) and t
 runner kit.generate (scheduler, pool, retries, crash-safe store in a fresh run directory).
 Both send the same prompts from data/samples, in the same order, with the same body
 fields, max_tokens and concurrency. Passes run in ABBA order (raw, kit, kit, raw, ...)
-so that a linear drift of the shared machine cancels out of the sums. The server is the
+so that a linear drift of the shared machine cancels out of the sums; an unmeasured raw
+pass first warms the server up (its first pass is much slower). The server is the
 bottleneck here, so the goal is kit >= 0.95x raw in completion tokens/s.
 
     python bench/bench_saturation.py [--prompts 160] [--max-tokens 64] [--concurrency 32]
@@ -147,7 +148,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"embedded server up in {time.perf_counter() - t0:.0f} s (greedy), {server.base_url}")
     url, model = (args.url, args.model) if server is None else (server.base_url, server.model)
     try:
-        asyncio.run(run_raw(url, model, kit_order(frame)[: args.concurrency], 8, args.concurrency))
+        tokens, secs = timed(
+            run_raw(url, model, kit_order(frame), args.max_tokens, args.concurrency)
+        )
+        print(f"warm-up pass (raw, not counted): {tokens} tokens in {secs:.1f} s")
         print(f"{args.prompts} prompts a pass, max_tokens {args.max_tokens}, "
               f"concurrency {args.concurrency}, ABBA order")  # fmt: skip
         print(f"{'pass':<4}{'prompts':>8}{'tokens':>8}{'seconds':>9}{'tok/s':>8}{'load':>7}")
@@ -159,6 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"raw aiohttp   {rate['raw']:.1f} completion tok/s")
     print(f"kit.generate  {rate['kit']:.1f} completion tok/s")
     print(f"kit / raw     {rate['kit'] / rate['raw']:.3f}  (goal >= 0.95)")
+    secs = [s for v in out.values() for _, s in v]
+    if max(secs) > 1.25 * min(secs):
+        print(f"warning: pass times ranged {min(secs):.1f}-{max(secs):.1f} s for the same work: the "
+              "server's pace varied more than any client difference; rerun on a quieter machine")  # fmt: skip
     print(f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)")
 
 

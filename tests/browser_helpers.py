@@ -190,7 +190,7 @@ class NotebookPage:
     def kernel_status(self) -> str:
         """The kernel status the status bar shows, lower-case ('idle', 'busy', ...)."""
         text = self.page.evaluate(
-            """() => { const el = document.querySelector('.jp-StatusBar-Widget .jp-KernelStatus, .jp-KernelStatus');
+            """() => { const el = document.querySelector('.jp-StatusBar-TextItem[title^="Change kernel"]');
                        return el ? el.innerText : ''; }"""
         )
         return text.rsplit("|", 1)[-1].strip().lower()
@@ -281,7 +281,9 @@ class NotebookPage:
 DRAWN_MARKS_JS = """(root) => {
   const charts = [];
   for (const embed of root.querySelectorAll('.vega-embed')) {
-    const marks = embed.querySelectorAll('svg [class*="mark-"] path, svg [class*="mark-"] rect, svg .mark-symbol path, svg .mark-rect path').length;
+    // data marks only (vega's svg: <g class="mark-rect role-mark">), not axes, grid or legend
+    const marks = Array.from(embed.querySelectorAll('svg g.role-mark > path, svg g.role-mark > rect'))
+      .filter(el => el.tagName === 'rect' || (el.getAttribute('d') || '').length > 1).length;
     let inked = 0;
     for (const canvas of embed.querySelectorAll('canvas')) {
       if (!canvas.width || !canvas.height) continue;
