@@ -110,7 +110,8 @@ class BackendError(Exception):
         retry_after: float | None = None,
     ) -> None:
         super().__init__(f"{kind}: {message}")
-        self.kind = kind  # "http_429" | "http_5xx" | "http_4xx" | "connect" | "timeout" | "malformed"
+        # "http_429" | "http_5xx" | "http_4xx" | "connect" | "timeout" | "malformed" | ...
+        self.kind = kind
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
@@ -121,7 +122,9 @@ class Backend(Protocol):
 
     url: str
 
-    async def complete(self, messages: list[Message], sampling: Sampling, *, timeout: float) -> Completion:
+    async def complete(
+        self, messages: list[Message], sampling: Sampling, *, timeout: float
+    ) -> Completion:
         """Send one request; raise BackendError on failure."""
         ...
 
@@ -142,7 +145,9 @@ class Budget:
         for name, value in self.tokens.items():
             bad = not isinstance(value, (int, float)) or isinstance(value, bool)
             if bad or (isinstance(value, float) and math.isnan(value)) or value <= 0:
-                raise ValueError(f"budget for dataset {name!r} must be a positive number, got {value!r}")
+                raise ValueError(
+                    f"budget for dataset {name!r} must be a positive number, got {value!r}"
+                )
 
 
 @dataclass(slots=True)
@@ -154,13 +159,17 @@ class RunConfig:
     """
 
     model: str
-    endpoints: list[str]  # base URLs, e.g. "http://127.0.0.1:8000/v1" (openai/vllm) or "http://host:30000" (sglang)
+    # base URLs, e.g. "http://127.0.0.1:8000/v1" (openai/vllm) or "http://host:30000" (sglang)
+    endpoints: list[str]
     sampling: Sampling
     budgets: dict[str, int]  # dataset -> completion-token budget
-    source_hashes: dict[str, str] = field(default_factory=dict)  # dataset -> hash of its sorted prompt_ids
-    datasets: dict[str, str] = field(default_factory=dict)  # dataset -> source path ("" for in-memory)
+    # dataset -> hash of its sorted prompt_ids
+    source_hashes: dict[str, str] = field(default_factory=dict)
+    # dataset -> source path ("" for in-memory)
+    datasets: dict[str, str] = field(default_factory=dict)
     chat_template_hash: str | None = None
-    tokenizer: str | None = None  # local path of the target's tokenizer (re-tokenizing, chat template)
+    # local path of the target's tokenizer (re-tokenizing, chat template)
+    tokenizer: str | None = None
     api: Literal["openai", "vllm", "sglang"] = "openai"
     api_key_env: str | None = None  # NAME of the environment variable holding the key
     concurrency: int = 32  # requests in flight, all endpoints together
@@ -169,7 +178,6 @@ class RunConfig:
     seed: int = 0  # prompt order
     max_attempts: int = 5
     max_context: int | None = None  # skip prompt + max_tokens > this (None: from the tokenizer)
-
 
 
 @dataclass(slots=True)

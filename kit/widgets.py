@@ -26,7 +26,9 @@ class Planner:
         planner.table         # the current plan (a polars frame)
     """
 
-    def __init__(self, budgets, samples, *, prompts_available, throughput, max_tokens=None, sample_cap=None):
+    def __init__(
+        self, budgets, samples, *, prompts_available, throughput, max_tokens=None, sample_cap=None
+    ):
         import ipywidgets as w
 
         self._samples = samples
@@ -39,8 +41,21 @@ class Planner:
             name: w.IntText(value=int(v), description=name, style=style, layout=layout, step=500)
             for name, v in sorted(budgets.items())
         }
-        self.throughput = w.FloatText(value=round(float(throughput), 2), description="throughput tok/s", style=style, layout=layout)
-        self.confidence = w.FloatSlider(value=0.95, min=0.5, max=0.995, step=0.005, description="confidence", style=style, layout=layout)
+        self.throughput = w.FloatText(
+            value=round(float(throughput), 2),
+            description="throughput tok/s",
+            style=style,
+            layout=layout,
+        )
+        self.confidence = w.FloatSlider(
+            value=0.95,
+            min=0.5,
+            max=0.995,
+            step=0.005,
+            description="confidence",
+            style=style,
+            layout=layout,
+        )
         self.output = w.Output()
         self.message = w.HTML()
         for control in [*self.budget_inputs.values(), self.throughput, self.confidence]:

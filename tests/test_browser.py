@@ -162,7 +162,8 @@ def wait_table(nb: NotebookPage, dataset: str, budget: int, timeout: float = 60)
     deadline = time.monotonic() + timeout
     while True:
         row = planner_table(nb).get(dataset, {})
-        if row.get("budget", "").replace(",", "") == str(budget):
+        shown = row.get("budget", "").replace(",", "")
+        if re.fullmatch(r"[\d.]+", shown) and float(shown) == budget:
             return row
         if time.monotonic() > deadline:
             raise AssertionError(f"plan table did not follow the typed budget {budget}: {row}")
