@@ -178,7 +178,7 @@ def test_load_tokenizer_is_cached_and_local_only(model_dir, tmp_path):
 @pytest.mark.server
 @pytest.mark.slow
 def test_gguf_tokenizer_renders_like_the_prepared_folder(tok):
-    from kit.serve import gguf_path
+    from kit.prepare import gguf_path
 
     from_gguf = tokens.load_tokenizer(gguf_path())
     frame = pl.DataFrame({"dataset": ["d"] * len(CONVERSATIONS), "messages": CONVERSATIONS})
