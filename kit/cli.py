@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -175,27 +176,72 @@ def export_run(run_dir, out_dir, tokenizer=None, **options):
     return result
 
 
+NOTEBOOKS = ("01_plan", "02_generate", "03_audit", "04_export")
+
+
+def run_notebooks(run_dir: Path, base_url: str, model: str, tokenizer: str | None) -> Path:
+    """Execute the four notebooks in order against one server; executed copies go to run_dir/notebooks."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    out = run_dir / "notebooks"
+    out.mkdir(parents=True, exist_ok=True)
+    env = {"KIT_RUN_DIR": str(run_dir.resolve()), "KIT_BASE_URL": base_url, "KIT_MODEL": model}
+    if tokenizer:
+        env["KIT_TOKENIZER"] = tokenizer
+    os.environ.update(env)  # the kernels inherit it: the notebooks' parameters cells read it
+    for name in NOTEBOOKS:
+        print(f"running notebooks/{name}.ipynb ...", file=sys.stderr, flush=True)
+        nb = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
+        client = NotebookClient(
+            nb, timeout=3600, kernel_name="python3",
+            resources={"metadata": {"path": str(REPO / "notebooks")}},
+        )  # fmt: skip
+        try:
+            client.execute()
+        finally:
+            nbformat.write(nb, out / f"{name}.ipynb")  # a failed run is kept for reading
+    return out
+
+
+def save_charts(run_dir: Path) -> list[Path]:
+    """The audit charts of a run as PNG files in run_dir/charts."""
+    import kit.audit
+    from kit import charts, store
+
+    out = run_dir / "charts"
+    out.mkdir(parents=True, exist_ok=True)
+    records = store.records_frame(run_dir)
+    built = {
+        "budget_vs_actual": charts.budget_vs_actual(kit.audit(run_dir)),
+        "token_distributions": charts.token_distributions(records),
+        "finish_reasons": charts.finish_reasons(records),
+        "throughput": charts.throughput(records),
+    }
+    paths = []
+    for name, chart in built.items():
+        chart.save(out / f"{name}.png", scale_factor=1.5)
+        paths.append(out / f"{name}.png")
+    return paths
+
+
 def _cmd_demo(args) -> int:
     run_dir = Path(args.run_dir)
+    if run_dir.exists() and not args.resume:
+        shutil.rmtree(run_dir)
     with _server(args.base_url, args.model) as (base_url, model, tok):
-        plan_run(
-            args.samples, run_dir, base_url, model, tok, {},
-            max_tokens=args.max_tokens, pilot_fraction=0.1, throughput=None,
-        )  # fmt: skip
-        run = generate_run(
-            run_dir, [base_url], model, tok, concurrency=args.concurrency,
-            policy="drain", api="openai", api_key_env=None, force=False,
-        )  # fmt: skip
-        print(run.summary())
-    audit_run(run_dir, tok)
-    out = run_dir / "export"
-    export_run(run_dir, out, tok)
+        executed = run_notebooks(run_dir, base_url, model, args.tokenizer or tok)
+    report = audit_run(run_dir, args.tokenizer or tok)
+    pngs = save_charts(run_dir)
+    from kit import export
+
+    print(export.validate(run_dir / "export"))
     print("\nwritten:")
-    print(f"  run directory  {run_dir}")
-    print(f"  plan           {run_dir / 'plan.json'}")
-    print(f"  records        {run_dir / 'records'}")
-    print(f"  export         {out} (manifest.json inside)")
-    return 0
+    print(f"  run directory       {run_dir}")
+    print(f"  executed notebooks  {executed}/ ({', '.join(n + '.ipynb' for n in NOTEBOOKS)})")
+    print(f"  charts              {run_dir / 'charts'}/ ({', '.join(p.name for p in pngs)})")
+    print(f"  export              {run_dir / 'export'}/ (manifest.json inside)")
+    return 0 if report is not None else 1
 
 
 def _cmd_plan(args) -> int:
@@ -276,11 +322,11 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the embedded server until interrupted")
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(fn=_cmd_serve)
-    d = sub.add_parser("demo", help="plan -> generate -> audit -> export on the samples")
-    d.add_argument("--samples", default=str(SAMPLES))
+    d = sub.add_parser(
+        "demo", help="run the four notebooks (plan -> generate -> audit -> export) on the samples"
+    )
     d.add_argument("--run-dir", default=str(REPO / "data" / "runs" / "demo"))
-    d.add_argument("--max-tokens", type=int, default=128)
-    d.add_argument("--concurrency", type=int, default=32)
+    d.add_argument("--resume", action="store_true", help="keep an existing run directory")
     _server_args(d)
     d.set_defaults(fn=_cmd_demo)
     pl_ = sub.add_parser("plan", help="pilot and plan per-dataset token budgets")
