@@ -67,7 +67,7 @@ def prepare_model(models_dir: str | os.PathLike = "data/models") -> Path:
 
     Example:
         >>> prepare_model()  # ~20 s the first time, instant afterwards
-        PosixPath('/work/main/data/models/SmolLM2-135M-Instruct')
+        PosixPath('.../data/models/SmolLM2-135M-Instruct')
     """
     _offline()
     root = models_root(models_dir)

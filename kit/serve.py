@@ -241,7 +241,7 @@ def start(
     Example:
         >>> with start() as server:  # about 10-25 s on 2 CPU cores
         ...     server.base_url, server.model
-        ('http://127.0.0.1:41873/v1', '/work/main/data/models/SmolLM2-135M-Instruct')
+        ('http://127.0.0.1:41873/v1', '.../data/models/SmolLM2-135M-Instruct')
     """
     model_dir = Path(model_dir).resolve() if model_dir is not None else prepare_model()
     port = port or free_port(host)
@@ -380,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Example:
         $ kit serve --port 8000
-        serving http://127.0.0.1:8000/v1  model /work/main/data/models/SmolLM2-135M-Instruct
+        serving http://127.0.0.1:8000/v1  model .../data/models/SmolLM2-135M-Instruct
     """
     import argparse
 
