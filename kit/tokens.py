@@ -1,9 +1,13 @@
 """Tokenizer loading, chat-template rendering, token counting and length profiles.
 
 The target's tokenizer and chat template decide how long a prompt really is. Rendering
-compiles the chat template once and calls it directly per row (the same sandboxed Jinja
-environment `apply_chat_template` uses), then encodes every rendered prompt in one batch
-through the fast (Rust) tokenizer: about 10x the per-row `apply_chat_template` loop.
+compiles the chat template once; a template that only pastes message contents in is
+rendered once per conversation shape and filled in (kit._template), any other is called
+per row (the same sandboxed Jinja environment `apply_chat_template` uses). Counting goes
+through a tiktoken mirror of a byte-level BPE tokenizer (kit._bpe), checked against the
+Hugging Face tokenizer on a spread of every batch, else through the fast (Rust)
+tokenizer's batch encoder. `python bench/bench_tokens.py` measures both against the
+per-row `apply_chat_template` loop.
 
     tok = load_tokenizer("data/models/SmolLM2-135M-Instruct")
     frame = count_prompt_tokens(tok, kit.load("data/samples/alpaca.json").frame)
@@ -18,11 +22,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kit._bpe import fast_counter
+from kit._fastcount import ShapeCounter, frame_counts, prompt_counts, specials_of
+from kit._template import _REASONING_KEYS, ShapeRenderer, content_is_pasted
+
 if TYPE_CHECKING:
     import polars as pl
 
 _ENCODE_CHUNK = 8192  # rendered prompts encoded per batch call
-_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+_CHECKED = 64  # texts of a batch also counted by the tokenizer itself (kit._bpe check)
 
 
 def load_tokenizer(name_or_path: str | Path) -> Any:
@@ -74,19 +82,26 @@ def _as_tokenizer(tokenizer_or_path: Any) -> Any:
     return tokenizer_or_path
 
 
-def _template_and_kwargs(tokenizer: Any) -> tuple[Any, dict]:
-    """The compiled chat template and the variables apply_chat_template passes it."""
+def _template_and_kwargs(tokenizer: Any) -> tuple[Any, dict, bool]:
+    """The compiled chat template, the variables apply_chat_template passes it, and whether
+    it only pastes contents in (kit._template)."""
     try:
         from transformers.utils.chat_template_utils import (
             _compile_jinja_template,
             _plain_template_data,
         )
     except ImportError:  # a transformers without these helpers: render row by row
-        return None, {}
+        return None, {}, False
     template = tokenizer.get_chat_template()
-    return _compile_jinja_template(template), _plain_template_data(
-        dict(tokenizer.special_tokens_map)
-    )
+    compiled = _compile_jinja_template(template)
+    kwargs = _plain_template_data(dict(tokenizer.special_tokens_map))
+    return compiled, kwargs, _pastes_content(compiled, template)
+
+
+@lru_cache(maxsize=16)
+def _pastes_content(compiled: Any, template: str) -> bool:
+    """kit._template.content_is_pasted, once per template."""
+    return content_is_pasted(compiled, template)
 
 
 def _plain_messages(messages: Any) -> list[dict] | None:
@@ -114,7 +129,8 @@ def render(
     """Render conversations with the tokenizer's chat template, one string each.
 
     Equal to `tokenizer.apply_chat_template(m, tokenize=False, ...)` row by row, but the
-    template is compiled once and called directly.
+    template is compiled once, and one that only pastes contents in is rendered once per
+    conversation shape (kit._template).
 
     Args:
         tokenizer: a tokenizer or a path for load_tokenizer.
@@ -132,10 +148,16 @@ def render(
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     tokenizer = _as_tokenizer(tokenizer)
-    compiled, kwargs = _template_and_kwargs(tokenizer)
+    compiled, kwargs, pasted = _template_and_kwargs(tokenizer)
+    shapes = ShapeRenderer(compiled, kwargs, add_generation_prompt) if pasted else None
     out: list[str | None] = []
     for i, messages in enumerate(messages_list):
+        if shapes is not None and (text := shapes.render(messages)) is not None:
+            out.append(text)
+            continue
         try:
+            if not messages:
+                raise ValueError("empty conversation")
             plain = _plain_messages(messages) if compiled is not None else None
             if plain is None:
                 text = tokenizer.apply_chat_template(
@@ -158,16 +180,40 @@ def render(
 
 
 def encode_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
-    """Token counts of texts (no special tokens added), batch-encoded by the fast tokenizer."""
+    """Token counts of texts (no special tokens added), equal to the tokenizer's own.
+
+    Byte-level BPE tokenizers are counted by their tiktoken mirror (kit._bpe); up to 64
+    texts spread over the batch are also encoded by the tokenizer itself, and any
+    difference sends the whole batch to it (with a warning). Others are batch-encoded by
+    the fast (Rust) tokenizer.
+
+    Example:
+        >>> encode_lengths(tok, ["hello world", "<|im_start|>user\nhi<|im_end|>"])
+        [2, 5]
+    """
     tokenizer = _as_tokenizer(tokenizer)
+    count = fast_counter(tokenizer)
+    if count is not None and texts:
+        lengths = count(texts)
+        check = range(0, len(texts), max(1, len(texts) // _CHECKED))
+        if _hf_lengths(tokenizer, [texts[i] for i in check]) == [lengths[i] for i in check]:
+            return lengths
+        warnings.warn(
+            "the tiktoken mirror of this tokenizer disagreed with it on a checked text; "
+            "counting this batch with the tokenizer itself",
+            stacklevel=2,
+        )
+    return _hf_lengths(tokenizer, texts)
+
+
+def _hf_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
+    """Token counts from the tokenizer's own batch encoder."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     lengths: list[int] = []
     for start in range(0, len(texts), _ENCODE_CHUNK):
         chunk = texts[start : start + _ENCODE_CHUNK]
         if backend is not None:
-            lengths.extend(
-                len(e.ids) for e in backend.encode_batch_fast(chunk, add_special_tokens=False)
-            )
+            lengths.extend(map(len, backend.encode_batch_fast(chunk, add_special_tokens=False)))
         else:
             lengths.extend(
                 len(ids) for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"]
@@ -199,21 +245,57 @@ def count_prompt_tokens(
 
     if column not in frame.columns:
         raise ValueError(f"frame has no {column!r} column (columns: {frame.columns})")
-    texts = render(tokenizer, frame[column].to_list(), on_error="skip")
-    bad = [i for i, t in enumerate(texts) if t is None]
-    good = [t for t in texts if t is not None]
-    it = iter(encode_lengths(tokenizer, good))
-    counts = [None if t is None else next(it) for t in texts]
+    tokenizer = _as_tokenizer(tokenizer)
+    counts = _shape_counts(tokenizer, frame, column)
+    if counts is None:
+        counts = _rendered_counts(tokenizer, frame[column].to_list())
+    bad = [i for i, n in enumerate(counts) if n is None]
     if bad:
         where = f"row {bad[0]}" + (
             f" ({frame['prompt_id'][bad[0]]})" if "prompt_id" in frame.columns else ""
         )
         warnings.warn(
-            f"{len(bad)} of {len(texts)} prompts could not be rendered by the chat template "
+            f"{len(bad)} of {len(counts)} prompts could not be rendered by the chat template "
             f"(first: {where}); their prompt_tokens is null",
             stacklevel=2,
         )
     return frame.with_columns(pl.Series("prompt_tokens", counts, dtype=pl.Int64))
+
+
+def _rendered_counts(tokenizer: Any, messages_list: list) -> list[int | None]:
+    """Render every row, count the rendered texts; None where the template refused a row."""
+    texts = render(tokenizer, messages_list, on_error="skip")
+    it = iter(encode_lengths(tokenizer, [t for t in texts if t is not None]))
+    return [None if t is None else next(it) for t in texts]
+
+
+def _shape_counts(tokenizer: Any, frame: pl.DataFrame, column: str) -> list[int | None] | None:
+    """Counts by conversation shape (kit._fastcount), checked against the tokenizer itself on a
+    spread of rows; None when the fast path can't take this tokenizer or template."""
+    count = fast_counter(tokenizer)
+    compiled, kwargs, pasted = _template_and_kwargs(tokenizer)
+    if count is None or not pasted:
+        return None
+    shapes = ShapeCounter(ShapeRenderer(compiled, kwargs, True), count, specials_of(tokenizer))
+    found = frame_counts(shapes, count, frame, column)
+    if found is None:
+        counts, left = prompt_counts(shapes, count, frame[column].to_list())
+    else:
+        counts, left = found
+    rows = frame[column].gather(left).to_list() if left else []
+    for i, n in zip(left, _rendered_counts(tokenizer, rows), strict=True):
+        counts[i] = n
+    check = range(0, len(counts), max(1, len(counts) // _CHECKED))
+    check = [i for i in check if counts[i] is not None]
+    texts = render(tokenizer, frame[column].gather(check).to_list())
+    if _hf_lengths(tokenizer, texts) != [counts[i] for i in check]:
+        warnings.warn(
+            "prompt counts by conversation shape disagreed with the tokenizer on a checked "
+            "row; counting every rendered prompt instead",
+            stacklevel=3,
+        )
+        return None
+    return counts
 
 
 def count_completion_tokens(records: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
