@@ -1,14 +1,25 @@
-"""Does the plan predict what a real budgeted run needs? Pilot, plan, run, compare.
+"""Does the plan predict what a real budgeted run needs? Pilot ~10%, plan, run, compare.
 
     python bench/bench_plan_accuracy.py [--url http://127.0.0.1:PORT/v1 --model NAME]
-                                        [--budget 3000] [--max-tokens 128] [--pilot-share 0.1]
+        [--max-tokens 96] [--budgets alpaca_tasks=30000,...] [--pilot-share 0.1]
 
-On the embedded server (started here unless --url is given): for 4 sample datasets,
-pilot ~10% of the samples each budget needs (its size guessed from max_tokens / 2, at
-least 5), plan with kit.plan.budget, then a real budgeted run with kit.generate. The
-actual samples a dataset needed is the smallest k such that its first k records (in
-arrival order) reach the budget. Prints predicted vs actual per dataset and the error %;
-goal: within 15% for every dataset. Takes a few minutes on 2 CPU cores.
+On the embedded server (started here, temperature 0.7, unless --url is given), for every
+sample dataset:
+  1. pilot: --min-pilot prompts per dataset, then more until the pilot is --pilot-share of
+     the samples the budget needs by the first estimate (distinct prompts, one sample each);
+  2. plan: kit.plan.budget on the pilot -> samples needed (and its upper bound);
+  3. run: kit.generate with the budgets (n samples per prompt so the prompts suffice,
+     drain policy, the pilot means as admission priors);
+  4. actual: the smallest k such that the first k samples in the run's own order
+     (kit._runner.seeded_order) reach the budget.
+Prints predicted vs actual per dataset and the error; goal: within 15% for every dataset.
+
+Why these budgets: a 10% pilot of P samples estimates the mean with a relative standard
+error of about cv / sqrt(P). alpaca_tasks and chat_general have cv 0.6-0.8 at 96 tokens
+(most answers short, some long), so they get the largest budgets (a 10% pilot of ~60);
+the others (cv <= 0.35) get smaller ones. The table prints the standard error each
+pilot implies, so a miss can be told from bad luck. About 180K completion tokens: 35-45
+minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -18,18 +29,26 @@ import asyncio
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-DATASETS = ["alpaca_tasks", "chat_general", "code_instruct", "math_word"]
+BUDGETS = {
+    "alpaca_tasks": 30_000,
+    "chat_general": 30_000,
+    "multi_turn": 20_000,
+    "sharegpt_chat": 20_000,
+    "code_instruct": 18_000,
+    "code_problems": 18_000,
+    "essays": 18_000,
+    "math_word": 18_000,
+}
 
 
 def load_prompts():
-    """The 4 benchmark datasets from data/samples."""
-    import polars as pl
-
+    """Every sample dataset in data/samples, one frame."""
     from kit.sources import load
 
     files = sorted(
@@ -37,17 +56,49 @@ def load_prompts():
         for p in (ROOT / "data" / "samples").glob("*")
         if p.suffix in (".json", ".jsonl", ".parquet")
     )
-    frame = load([str(p) for p in files]).frame
-    return frame.filter(pl.col("dataset").is_in(DATASETS))
+    return load([str(p) for p in files]).frame
 
 
-def actual_samples_needed(records, budget: int) -> int | None:
-    """Smallest k whose first k records (by arrival) reach the budget; None if never."""
+def actual_samples_needed(records, order: list[tuple[str, int]], budget: int) -> int | None:
+    """Smallest k whose first k samples in the run's order reach the budget; None if never.
+
+    A sample missing from the records before the budget is reached (a failed request)
+    makes the answer None rather than a guess.
+    """
+    keys = zip(records["prompt_id"], records["sample"], strict=True)
+    tokens = dict(zip(keys, records["completion_tokens"], strict=True))
+    total = 0
+    for k, key in enumerate(order, 1):
+        if key not in tokens:
+            return None
+        total += tokens[key]
+        if total >= budget:
+            return k
+    return None
+
+
+async def two_stage_pilot(prompts, url, model, sampling, budgets, args):
+    """Pilot --min-pilot prompts per dataset, then top each up to --pilot-share of its need."""
     import polars as pl
 
-    tokens = records.sort("t_done")["completion_tokens"].cum_sum()
-    hit = tokens.to_frame("c").with_row_index().filter(pl.col("c") >= budget)
-    return int(hit["index"][0]) + 1 if hit.height else None
+    from kit import plan
+
+    first = await plan.pilot(prompts, url, model=model, per_dataset=args.min_pilot,
+                             sampling=sampling, concurrency=args.concurrency, seed=0)  # fmt: skip
+    means = first.frame.group_by("dataset").agg(pl.col("completion_tokens").mean())
+    sizes = prompts.group_by("dataset").len()
+    extra = {}
+    for name, mean in means.iter_rows():
+        want = max(args.min_pilot, math.ceil(args.pilot_share * budgets[name] / mean))
+        available = sizes.filter(pl.col("dataset") == name)["len"][0]
+        extra[name] = max(0, min(want, available) - args.min_pilot)
+    if not any(extra.values()):
+        return first.frame, first.errors, first.wall_s
+    rest = prompts.filter(~pl.col("prompt_id").is_in(first.frame["prompt_id"].implode()))
+    second = await plan.pilot(rest, url, model=model, per_dataset=extra, sampling=sampling,
+                              concurrency=args.concurrency, seed=0)  # fmt: skip
+    frame = pl.concat([first.frame, second.frame])
+    return frame, first.errors + second.errors, first.wall_s + second.wall_s
 
 
 async def run(args, url: str, model: str) -> None:
@@ -59,48 +110,91 @@ async def run(args, url: str, model: str) -> None:
     from kit.types import Sampling
 
     prompts = load_prompts()
+    budgets = {d: b for d, b in args.budgets.items() if d in set(prompts["dataset"])}
+    prompts = prompts.filter(pl.col("dataset").is_in(list(budgets)))
     sampling = Sampling(max_tokens=args.max_tokens)
-    per = max(5, math.ceil(args.pilot_share * args.budget / (args.max_tokens / 2)))
-    res = await plan.pilot(
-        prompts, url, model=model, per_dataset=per, sampling=sampling, concurrency=8
+    t0 = time.time()
+    pilot_frame, errors, pilot_s = await two_stage_pilot(
+        prompts, url, model, sampling, budgets, args
     )
-    print(f"pilot: {per} prompts/dataset, {res.frame.height} completions, {len(res.errors)} errors, "
-          f"{res.tokens_per_s:.0f} tok/s, {res.wall_s:.0f} s")  # fmt: skip
-    for line in res.errors[:3]:
-        print("  pilot error:", line)
-    budgets = dict.fromkeys(DATASETS, args.budget)
-    table = plan.budget(budgets, res, prompts_available=prompts, max_tokens=args.max_tokens)
+    print(f"pilot: {pilot_frame.height} completions, {len(errors)} errors, "
+          f"{pilot_frame['completion_tokens'].sum():,} tokens, {pilot_s:.0f} s")  # fmt: skip
+    sizes = dict(prompts.group_by("dataset").len().iter_rows())
+    first = plan.budget(budgets, pilot_frame, prompts_available=sizes, max_tokens=args.max_tokens)
+    first = first.filter(pl.col("dataset") != plan.TOTAL)
+    n = max(math.ceil(1.3 * (r["samples_needed_upper"] or 3 * r["samples_needed"])
+                      / sizes[r["dataset"]]) for r in first.iter_rows(named=True))  # fmt: skip
+    available = {d: k * n for d, k in sizes.items()}
+    table = plan.budget(
+        budgets, pilot_frame, prompts_available=available, max_tokens=args.max_tokens
+    )
+    table = table.filter(pl.col("dataset") != plan.TOTAL)
     means = {r["dataset"]: r["mean"] for r in table.iter_rows(named=True)}
+    print(f"run: {n} samples per prompt (so no dataset runs out), concurrency {args.concurrency}")
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        await generate(
-            prompts, run_dir=run_dir, model=model, endpoints=url, budgets=budgets, sampling=sampling,
-            concurrency=8, expected_tokens={d: means[d] for d in DATASETS}, seed=1,
-            timeout=args.timeout,
+        t1 = time.time()
+        result = await generate(
+            prompts, run_dir=run_dir, model=model, endpoints=url, budgets=budgets,
+            sampling=Sampling(max_tokens=args.max_tokens, n=n), concurrency=args.concurrency,
+            expected_tokens=means, seed=args.seed, timeout=args.timeout,
         )  # fmt: skip
         records = records_frame(run_dir)
-    print(
-        f"{'dataset':<16}{'pilot n':>8}{'mean':>8}{'predicted':>11}{'upper':>8}{'actual':>8}{'error':>9}"
-    )
+        summary = {r["dataset"]: r for r in result.summary().iter_rows(named=True)}
+    print(f"run: {records.height} records, {records['completion_tokens'].sum():,} tokens, "
+          f"{time.time() - t1:.0f} s; all {time.time() - t0:.0f} s")  # fmt: skip
+    report(table, records, prompts, budgets, n, args, summary)
+
+
+def report(table, records, prompts, budgets, n, args, summary) -> None:
+    """The comparison table and the verdict."""
+    import polars as pl
+
+    from kit._runner import seeded_order
+
+    head = (f"{'dataset':<15}{'pilot':>6}{'share':>7}{'mean':>7}{'cv':>6}{'trunc':>7}"
+            f"{'se':>6}{'predicted':>10}{'upper':>7}{'actual':>8}{'error':>8}{'tokens/budget':>15}")  # fmt: skip
+    print(head)
     worst = 0.0
-    for r in table.filter(pl.col("dataset") != plan.TOTAL).iter_rows(named=True):
-        actual = actual_samples_needed(
-            records.filter(pl.col("dataset") == r["dataset"]), args.budget
-        )
-        err = (r["samples_needed"] - actual) / actual if actual else float("nan")
-        worst = max(worst, abs(err)) if actual else math.inf
-        print(f"{r['dataset']:<16}{r['n_pilot']:>8}{r['mean']:>8.1f}{r['samples_needed']:>11}"
-              f"{r['samples_needed_upper'] or 0:>8}{actual or 'n/a':>8}{err:>9.1%}")  # fmt: skip
+    for r in table.iter_rows(named=True):
+        name = r["dataset"]
+        mine = records.filter(pl.col("dataset") == name)
+        ids = prompts.filter(pl.col("dataset") == name)["prompt_id"].unique().to_list()
+        order = seeded_order(ids, name, args.seed, n)
+        actual = actual_samples_needed(mine, order, budgets[name])
+        err = (r["samples_needed"] - actual) / actual if actual else math.inf
+        worst = max(worst, abs(err))
+        cv = r["std"] / r["mean"]
+        se = cv * math.sqrt(1 / r["n_pilot"] + 1 / r["samples_needed"])
+        done = summary[name]["tokens_done"]
+        print(f"{name:<15}{r['n_pilot']:>6}{r['n_pilot'] / (actual or 1):>7.1%}{r['mean']:>7.1f}"
+              f"{cv:>6.2f}{r['truncated_share']:>7.1%}{se:>6.1%}{r['samples_needed']:>10}"
+              f"{r['samples_needed_upper']:>7}{actual or 'n/a':>8}{err:>8.1%}"
+              f"{f'{done:,}/{budgets[name]:,}':>15}")  # fmt: skip
+    print("share = pilot / actual samples needed; se = the relative standard error the pilot's "
+          "spread implies for the prediction, cv * sqrt(1/pilot + 1/needed)")  # fmt: skip
     print(f"worst error {worst:.1%} (goal <= 15%) {'OK' if worst <= 0.15 else 'MISSED'}")
+
+
+def _budgets(text: str) -> dict[str, int]:
+    """'a=100,b=200' -> {'a': 100, 'b': 200}."""
+    out = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        out[name.strip()] = int(value)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url")
     parser.add_argument("--model")
-    parser.add_argument("--budget", type=int, default=3000)
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--budgets", type=_budgets, default=BUDGETS, help="name=tokens,...")
+    parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--pilot-share", type=float, default=0.1)
+    parser.add_argument("--min-pilot", type=int, default=20)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=1, help="the run's prompt order")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per request")
     parser.add_argument("--temperature", type=float, default=0.7, help="of a server started here")
     args = parser.parse_args()

@@ -412,6 +412,22 @@ def _template_hash(tokenizer: str | None) -> str | None:
     return hashlib.sha256(str(text).encode()).hexdigest()[:16] if text else None
 
 
+def seeded_order(prompt_ids, dataset: str, seed: int, n: int = 1) -> list[tuple[str, int]]:
+    """The order a run sends one dataset's (prompt_id, sample) pairs in.
+
+    Prompts are shuffled by a seed of their own (independent of file order); with n samples
+    per prompt, every prompt's sample 0 comes before any sample 1, so a dataset its budget
+    cuts short is still spread over as many distinct prompts as it can be.
+
+    Example:
+        >>> seeded_order(["a", "b", "c"], "d", 0, n=2)
+        [('c', 0), ('b', 0), ('a', 0), ('c', 1), ('b', 1), ('a', 1)]
+    """
+    ids = sorted(prompt_ids)
+    random.Random(f"{seed}:{dataset}").shuffle(ids)
+    return [(pid, s) for s in range(n) for pid in ids]
+
+
 def _datasets(
     frame, config: RunConfig, done: dict, priors: dict, skips: dict
 ) -> dict[str, _Dataset]:
@@ -419,19 +435,17 @@ def _datasets(
     n = config.sampling.n
     out = {}
     for (name,), part in frame.group_by("dataset", maintain_order=True):
-        part = part.unique(subset="prompt_id", keep="first").sort("prompt_id")
-        rows = list(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))
-        random.Random(f"{config.seed}:{name}").shuffle(rows)
+        part = part.unique(subset="prompt_id", keep="first")
+        messages = dict(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))
+        rows = len(messages)
         queue = deque(
-            (pid, s, msgs)
-            for pid, msgs in rows
-            if (name, pid) not in skips
-            for s in range(n)
-            if (name, pid, s) not in done
+            (pid, s, messages[pid])
+            for pid, s in seeded_order(messages, name, config.seed, n)
+            if (name, pid) not in skips and (name, pid, s) not in done
         )
         prior = float(priors.get(name, config.sampling.max_tokens / 2))
         d = _Dataset(
-            name=name, budget=config.budgets[name], queue=queue, total=len(rows) * n, prior=prior
+            name=name, budget=config.budgets[name], queue=queue, total=rows * n, prior=prior
         )
         d.skipped = sum(samples for (ds, _), (_, samples) in skips.items() if ds == name)
         for (ds, _, _), (tokens, finish) in done.items():

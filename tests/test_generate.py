@@ -296,3 +296,18 @@ def test_cancelled_task_stops_cleanly(server, tmp_path):
     frame = run.status().frame
     assert frame["state"][0] == "stopped" and frame["in_flight"][0] == 0
     assert assert_no_duplicates(tmp_path / "run") == frame["samples_done"][0] >= 10
+
+
+def test_samples_are_sent_sample_major_in_a_seeded_prompt_order():
+    from kit._runner import seeded_order
+
+    ids = [f"p{i:03d}" for i in range(50)]
+    order = seeded_order(ids, "d", seed=3, n=4)
+    assert sorted(order) == sorted((p, s) for p in ids for s in range(4))
+    assert [s for _, s in order] == sorted(s for _, s in order)  # every sample 0 first
+    first = [p for p, s in order if s == 0]
+    assert first == [p for p, _ in seeded_order(list(reversed(ids)), "d", seed=3)]  # file order
+    assert first == [p for p, s in order if s == 3] and first != sorted(ids)
+    assert first != [p for p, _ in seeded_order(ids, "other", seed=3)]
+    # a budget that takes a quarter of the samples still sees every prompt once
+    assert len({p for p, _ in order[: len(order) // 4]}) == len(ids)
