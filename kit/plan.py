@@ -18,8 +18,8 @@ import math
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
+from kit._profile import _truncated_expr, profile, profile_completions, profile_prompts
 from kit.pilot import PilotResult, pilot, pilot_sample, pilot_sync
-from kit.tokens import _truncated_expr, profile, profile_completions, profile_prompts
 from kit.types import Budget
 
 if TYPE_CHECKING:
