@@ -121,8 +121,22 @@ def encoding_from_spec(spec: dict) -> Any | None:
 
 @lru_cache(maxsize=8)
 def _encoding_for(spec_text: str) -> Any | None:
-    """encoding_from_spec, cached by the tokenizer.json text."""
-    return encoding_from_spec(json.loads(spec_text))
+    """encoding_from_spec, cached by the tokenizer.json text, if whole words agree.
+
+    tiktoken emits a pre-token that is itself in the vocabulary as one token; the BPE
+    merges must then give that token too. Checked for every vocabulary entry (0.1 s).
+    """
+    spec = json.loads(spec_text)
+    encoding = encoding_from_spec(spec)
+    if encoding is None:
+        return None
+    from tokenizers import Tokenizer
+
+    model = Tokenizer.from_str(spec_text).model
+    added = {a["content"] for a in spec.get("added_tokens") or []}
+    if any(len(model.tokenize(word)) != 1 for word in spec["model"]["vocab"] if word not in added):
+        return None
+    return encoding
 
 
 def fast_counter(tokenizer: Any) -> Callable[[list[str]], list[int]] | None:

@@ -217,3 +217,12 @@ def test_a_mirror_that_disagrees_is_caught_and_the_tokenizer_counts(tok, monkeyp
     assert counted == expected
     messages = [str(w.message) for w in caught]
     assert any("disagreed" in m for m in messages), messages
+
+
+@pytest.mark.server
+def test_a_vocabulary_word_the_merges_cannot_make_is_refused(spec):
+    assert _bpe._encoding_for(json.dumps(spec)) is not None
+    variant = copy.deepcopy(spec)
+    del variant["model"]["merges"][500]  # its token stays in the vocabulary, unreachable
+    hf = Tokenizer.from_str(json.dumps(variant))
+    assert hf is not None and _bpe._encoding_for(json.dumps(variant)) is None
