@@ -43,19 +43,6 @@ class ShapeCounter:
             layout = self._layouts[shape] = self._layout(pieces, order)
         return layout
 
-    def segments(self, messages: list) -> tuple[int, list[str]] | None:
-        """(constant tokens, variable segment texts) of a conversation; None: count it whole."""
-        layout = self.layout(messages)
-        if layout is None:
-            return None
-        constant, templates = layout
-        contents = [m.get("content") for m in messages]
-        texts = [
-            "".join(part if type(part) is str else contents[part] for part in parts)
-            for parts in templates
-        ]
-        return constant, texts
-
     def _layout(self, pieces: tuple, order: tuple) -> tuple | None:
         """The shape's constant count and its segments as parts (str literal or content index)."""
         spans = [self._special_spans(p) for p in pieces]
@@ -116,29 +103,6 @@ class ShapeCounter:
         )
 
 
-def prompt_counts(
-    counter: ShapeCounter, count: Counter, messages_list: list
-) -> tuple[list[int | None], list[int]]:
-    """Counts for the rows the shape path takes, and the indices it left (None in counts)."""
-    constants: list[int | None] = []
-    texts: list[str] = []
-    owners: list[int] = []
-    left: list[int] = []
-    for i, messages in enumerate(messages_list):
-        found = counter.segments(messages)
-        if found is None:
-            constants.append(None)
-            left.append(i)
-            continue
-        constants.append(found[0])
-        texts.extend(found[1])
-        owners.extend([i] * len(found[1]))
-    counts = constants
-    for i, n in zip(owners, count(texts), strict=True):
-        counts[i] += n
-    return counts, left
-
-
 def specials_of(tokenizer: Any) -> list[str]:
     """The text of every added token (special or not): where the tokenizer splits first."""
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
@@ -148,12 +112,12 @@ def specials_of(tokenizer: Any) -> list[str]:
 def frame_counts(
     counter: ShapeCounter, count: Counter, frame: Any, column: str
 ) -> tuple[list[int | None], list[int]] | None:
-    """prompt_counts over a polars column of list[struct{role, content}], built in polars.
+    """Prompt counts of a polars column of list[struct{role, content}], and the rows left.
 
-    Segment texts are concatenated column-wise per shape, so no conversation becomes Python
-    dicts. Rows with a null role or content, a role with the separator, or any other
-    non-null field are left (returned indices) for the per-row path. None when the
-    column's type is not that.
+    Returns (counts, with None for the rows left; the indices of those rows), or None when
+    the column's type is not that. Segment texts are concatenated column-wise per shape,
+    so no conversation becomes Python dicts. Rows with a null role or content, a role with
+    the separator, any other non-null field, or no messages are left for the per-row path.
     """
     import polars as pl
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kit._bpe import fast_counter
-from kit._fastcount import ShapeCounter, frame_counts, prompt_counts, specials_of
+from kit._fastcount import ShapeCounter, frame_counts, specials_of
 from kit._profile import profile, profile_completions, profile_prompts
 from kit._template import _REASONING_KEYS, ShapeRenderer, content_is_pasted
 
@@ -277,17 +277,16 @@ def _rendered_counts(tokenizer: Any, messages_list: list) -> list[int | None]:
 
 def _shape_counts(tokenizer: Any, frame: pl.DataFrame, column: str) -> list[int | None] | None:
     """Counts by conversation shape (kit._fastcount), checked against the tokenizer itself on a
-    spread of rows; None when the fast path can't take this tokenizer or template."""
+    spread of rows; None when the fast path can't take this tokenizer, template or column."""
     count = fast_counter(tokenizer)
     compiled, kwargs, pasted = _template_and_kwargs(tokenizer)
     if count is None or not pasted:
         return None
     shapes = ShapeCounter(ShapeRenderer(compiled, kwargs, True), count, specials_of(tokenizer))
     found = frame_counts(shapes, count, frame, column)
-    if found is None:
-        counts, left = prompt_counts(shapes, count, frame[column].to_list())
-    else:
-        counts, left = found
+    if found is None:  # not a list[struct{role, content}] column: render every row
+        return None
+    counts, left = found
     rows = frame[column].gather(left).to_list() if left else []
     for i, n in zip(left, _rendered_counts(tokenizer, rows), strict=True):
         counts[i] = n

@@ -180,10 +180,9 @@ def test_a_special_token_that_could_straddle_a_content_boundary_is_not_split_on(
 
     conv = [{"role": "user", "content": "A"}]
     # "A" + "<|im_end|>" would be the longer special "A<|im_end|>": no safe split there
-    assert counter(["<|im_end|>", "A<|im_end|>"]).segments(conv) is None
-    # with only "<|im_end|>": the special is a constant, content and "tail" are segments
-    constant, texts = counter(["<|im_end|>"]).segments(conv)
-    assert constant == len("<|im_end|>") + len("tail") and texts == ["A"]
+    assert counter(["<|im_end|>", "A<|im_end|>"]).layout(conv) is None
+    # with only "<|im_end|>": the special and "tail" are constants, the content a segment
+    assert counter(["<|im_end|>"]).layout(conv) == (len("<|im_end|>") + len("tail"), [[0]])
 
 
 @pytest.mark.server
