@@ -311,3 +311,17 @@ def test_samples_are_sent_sample_major_in_a_seeded_prompt_order():
     assert first != [p for p, _ in seeded_order(ids, "other", seed=3)]
     # a budget that takes a quarter of the samples still sees every prompt once
     assert len({p for p, _ in order[: len(order) // 4]}) == len(ids)
+
+
+def test_a_budget_cut_short_spreads_over_distinct_prompts(server, tmp_path):
+    # 40 prompts x 4 samples; a budget of ~30 samples (40 tokens max each) stops in sample 0
+    kit.generate_sync(
+        prompts({"a": 40}), budgets={"a": 600}, **run_args(server, tmp_path, concurrency=4, sampling=Sampling(max_tokens=40, n=4))
+    )  # fmt: skip
+    f = records_frame(tmp_path / "run")
+    assert 10 <= f.height < 40 and set(f["sample"]) == {0}
+    assert f["prompt_id"].n_unique() == f.height
+    from kit._runner import seeded_order
+
+    order = [p for p, _ in seeded_order([f"a-{i:04d}" for i in range(40)], "a", 0)]
+    assert set(f["prompt_id"]) == set(order[: f.height])  # the run's first prompts, in order
