@@ -1,20 +1,22 @@
 """The pilot: a seeded random sample of prompts per dataset, sent to the target, lengths measured.
 
-Re-exported by kit.plan (`kit.plan.pilot`). A minimal asyncio loop with a semaphore over
-`backend.complete`; the runner (kit.generate) does the same at scale with retries.
+Re-exported by kit.plan (`kit.plan.pilot`). The requests go through the generation engine
+(kit.generate), so a pilot has the run's retries, endpoint pool and crash-safe records.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kit.types import BackendError, Sampling
+from kit.types import Sampling
 
 if TYPE_CHECKING:
     import polars as pl
@@ -117,7 +119,7 @@ def _how_many(per_dataset: Any, name: str, available: int) -> int:
 
 async def pilot(
     prompts: pl.DataFrame,
-    backend: Any,
+    endpoints: Any,
     *,
     model: str | None = None,
     per_dataset: int | float | dict[str, int] = 32,
@@ -130,14 +132,19 @@ async def pilot(
     api: str = "openai",
     api_key_env: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    run_dir: Any = None,
+    no_endpoint_timeout: float = 30.0,
 ) -> PilotResult:
     """Send a seeded random sample of each dataset's prompts to the target; measure lengths.
 
+    The requests go through the generation engine (kit.generate): retries with backoff,
+    the endpoint pool, records written to a run directory. With `run_dir`, a pilot that is
+    stopped or crashes resumes where it was, and its records stay there.
+
     Args:
         prompts: a prompt frame (kit.sources.load(...).frame).
-        backend: a kit.backends Backend, or a base URL ("http://127.0.0.1:8000/v1") for
-            make_backend(api, url, model).
-        model: the model name (needed with a URL).
+        endpoints: a base URL ("http://127.0.0.1:8000/v1") or a list of them.
+        model: the model name the server expects.
         per_dataset: rows per dataset, a fraction of each, or a dict (see pilot_sample).
         max_tokens: the completion cap (default 512); or give a full `sampling`.
         sampling: sampling parameters; its max_tokens wins when both are given and agree.
@@ -146,8 +153,11 @@ async def pilot(
         timeout: seconds per request.
         max_attempts: tries per request; retryable failures (429, 5xx, timeouts, resets)
             are retried with backoff, the rest counted in `errors`.
-        api, api_key_env: for a URL backend (see kit.backends.make_backend).
-        progress: called as progress(done, total) after each request.
+        api, api_key_env: the server's API and the NAME of the env var holding its key.
+        progress: called as progress(done, total) while it runs and once at the end.
+        run_dir: the pilot's own run directory (default: a temporary one, removed after).
+        no_endpoint_timeout: seconds with no healthy endpoint before the pilot gives up (the
+            prompts left are reported in `errors`).
 
     Returns:
         A PilotResult: per-request frame, wall time, throughput, failed requests.
@@ -157,79 +167,56 @@ async def pilot(
         >>> res.frame.columns[:3], res.errors
         (['dataset', 'prompt_id', 'completion_tokens'], [])
     """
-    import polars as pl
-
     sampling = _sampling(sampling, max_tokens)
     for name, value in (("concurrency", concurrency), ("max_attempts", max_attempts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if not model:
+        raise ValueError(f"model must be given, got {model!r}")
     chosen = pilot_sample(prompts, per_dataset, seed=seed)
     if chosen.height == 0:
         raise ValueError(f"per_dataset={per_dataset!r} picks no prompts: nothing to pilot")
-    owned = isinstance(backend, str)
-    if owned:
-        from kit.backends import make_backend
+    sizes = dict(chosen.group_by("dataset").len().iter_rows())
+    # budgets no pilot can reach: every chosen prompt is sent once, then its dataset is exhausted
+    budgets = {d: k * (sampling.max_tokens + 64) + 1 for d, k in sizes.items()}
+    kwargs = dict(model=model, endpoints=endpoints, budgets=budgets, sampling=replace(sampling, n=1),
+                  api=api, api_key_env=api_key_env, concurrency=concurrency, seed=seed,
+                  max_attempts=max_attempts, timeout=timeout, no_endpoint_timeout=no_endpoint_timeout,
+                  progress=_progress_adapter(progress, chosen.height))  # fmt: skip
+    if run_dir is not None:
+        return await _run(chosen, Path(run_dir), sampling, kwargs)
+    with tempfile.TemporaryDirectory(prefix="kit-pilot-") as tmp:
+        return await _run(chosen, Path(tmp) / "pilot", sampling, kwargs)
 
-        if not model:
-            raise ValueError("model must be given with a URL backend, got None")
-        backend = make_backend(api, backend, model, api_key_env=api_key_env)
-    rows: list[tuple] = []
-    errors: list[str] = []
-    jobs = chosen.select("dataset", "prompt_id", "messages").rows()
-    gate = asyncio.Semaphore(concurrency)
 
-    async def one(dataset: str, prompt_id: str, messages: list) -> None:
-        async with gate:
-            t0 = time.perf_counter()
-            try:
-                c = await _complete(backend, messages, sampling, timeout, max_attempts)
-            except BackendError as err:
-                errors.append(f"{dataset}/{prompt_id}: {err}")
-            else:
-                lat = time.perf_counter() - t0
-                rows.append(
-                    (
-                        dataset,
-                        prompt_id,
-                        c.completion_tokens,
-                        c.finish_reason,
-                        c.count_source,
-                        c.prompt_tokens,
-                        lat,
-                    )
-                )
-        if progress is not None:
-            progress(len(rows) + len(errors), len(jobs))
+async def _run(
+    chosen: pl.DataFrame, run_dir: Path, sampling: Sampling, kwargs: dict
+) -> PilotResult:
+    """kit.generate over the chosen prompts; its records and failures as a PilotResult."""
+    import polars as pl
+
+    from kit.generate import generate
+    from kit.store import read_errors, records_frame
 
     start = time.perf_counter()
-    try:
-        await asyncio.gather(*(one(*job) for job in jobs))
-    finally:
-        if owned:
-            await backend.aclose()
+    await generate(chosen, run_dir=run_dir, **kwargs)
     wall = time.perf_counter() - start
-    frame = pl.DataFrame(
-        rows,
-        schema={n: getattr(pl, t) for n, t in (c.split(":") for c in _COLUMNS.split())},
-        orient="row",
-    ).sort("dataset", "prompt_id")
+    schema = {n: getattr(pl, t) for n, t in (c.split(":") for c in _COLUMNS.split())}
+    frame = records_frame(run_dir).select(list(schema)).cast(schema).sort("dataset", "prompt_id")
+    failed = read_errors(run_dir).filter(~pl.col("resolved"))
+    errors = {f"{d}/{p}: {e}" for d, p, e in failed.select("dataset", "prompt_id", "error").rows()}
     return PilotResult(frame=frame, wall_s=wall, sampling=sampling, errors=sorted(errors))
 
 
-async def _complete(
-    backend: Any, messages: list, sampling: Sampling, timeout: float, attempts: int
-):
-    """backend.complete with retries of retryable errors (backoff 0.5 s doubling, or Retry-After)."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return await backend.complete(messages, sampling, timeout=timeout)
-        except BackendError as err:
-            if not err.retryable or attempt == attempts:
-                raise
-            await asyncio.sleep(
-                err.retry_after if err.retry_after is not None else 0.5 * 2 ** (attempt - 1)
-            )
-    raise AssertionError("unreachable")
+def _progress_adapter(progress: Callable[[int, int], None] | None, total: int):
+    """The runner's per-dataset progress as progress(done, total) calls."""
+    if progress is None:
+        return None
+
+    def report(datasets: list) -> None:
+        progress(sum(d.samples_done + d.errors for d in datasets), total)
+
+    return report
 
 
 def _sampling(sampling: Sampling | None, max_tokens: int | None) -> Sampling:
