@@ -8,6 +8,7 @@ synthetic multi-turn chats), then times, in one run, with the embedded model's t
   kit     kit.tokens.count_prompt_tokens(tok, frame) on all N rows
   naive   len(tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True)) per
           row, timed on --naive rows and extrapolated (the rate is what is compared)
+  (and, for reference, kit with a template that trims contents: the per-row Jinja path)
   raw     the tokenizer's own batch encoding (Rust `encode_batch_fast` in chunks, both
           cores) of the pre-rendered prompts only, no template: what a hand-written batch
           pipeline pays
@@ -18,6 +19,7 @@ kit's counts are asserted equal to the naive loop's on the naive rows and to raw
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import random
 import time
@@ -98,7 +100,7 @@ def timed(fn):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000)
-    parser.add_argument("--naive", type=int, default=5_000, help="rows the naive loop is timed on")
+    parser.add_argument("--naive", type=int, default=20_000, help="rows the naive loop is timed on")
     args = parser.parse_args()
 
     from kit import tokens
@@ -134,6 +136,11 @@ def main() -> None:
     raw_counts, t_raw_fast = timed(lambda: tokens._hf_lengths(tok, texts))
     assert raw_counts == counted.to_list(), "kit and raw counts differ"
     _, t_mirror = timed(lambda: tokens.encode_lengths(tok, texts))
+    trimming = copy.deepcopy(tok)  # a template that edits content (Llama 3 trims): per-row Jinja
+    trimming.chat_template = tok.get_chat_template().replace(
+        "message['content']", "(message['content'] | trim)"
+    )
+    _, t_trim = timed(lambda: tokens.count_prompt_tokens(trimming, frame))
     t_raw = min(t_raw_call, t_raw_fast)
 
     rate = lambda rows, s: rows / s  # noqa: E731
@@ -148,6 +155,7 @@ def main() -> None:
         ("raw tok(texts) on pre-rendered text", rate(frame.height, t_raw_call), t_raw_call),
         ("raw encode_batch_fast on pre-rendered text", rate(frame.height, t_raw_fast), t_raw_fast),
         ("  for reference: kit encode_lengths on them", rate(frame.height, t_mirror), t_mirror),
+        ("for reference: kit, template that trims", rate(frame.height, t_trim), t_trim),
     ]:
         print(f"{label:<44}{r:>12,.0f}{r * tok_per_row:>14,.0f}{s:>11.2f}")
     print(
