@@ -114,7 +114,7 @@ class ShapeRenderer:
             return None
         plan = self._pieces.get(shape, 0)
         if plan == 0:
-            plan = self._pieces[shape] = self._learn(shape, messages)
+            plan = self._pieces[shape] = self._learn(messages)
         return None if plan is None else (shape, *plan)
 
     def render(self, messages: list) -> str | None:
@@ -130,7 +130,7 @@ class ShapeRenderer:
             out.append(piece)
         return "".join(out)
 
-    def _learn(self, shape: tuple, messages: list) -> tuple | None:
+    def _learn(self, messages: list) -> tuple | None:
         """Render the shape once with markers; the literal pieces and which content goes where."""
         probe = []
         for i, m in enumerate(messages):
