@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ class PilotResult:
     frame: pl.DataFrame  # dataset, prompt_id, completion_tokens, finish_reason, count_source, prompt_tokens, latency_s
     wall_s: float
     sampling: Sampling
-    errors: list[str] = field(default_factory=list)  # "dataset/prompt_id: kind: message"
+    errors: list[str] = field(default_factory=list)  # "dataset/prompt_id[#sample]: kind: message"
 
     @property
     def tokens_per_s(self) -> float:
@@ -148,6 +148,8 @@ async def pilot(
         per_dataset: rows per dataset, a fraction of each, or a dict (see pilot_sample).
         max_tokens: the completion cap (default 512); or give a full `sampling`.
         sampling: sampling parameters; its max_tokens wins when both are given and agree.
+            Its `n` is samples per prompt, as in a run: a pilot for a run that needs more
+            samples than a dataset has prompts can take more than one of each.
         seed: which prompts are drawn.
         concurrency: requests in flight.
         timeout: seconds per request.
@@ -177,12 +179,12 @@ async def pilot(
     if chosen.height == 0:
         raise ValueError(f"per_dataset={per_dataset!r} picks no prompts: nothing to pilot")
     sizes = dict(chosen.group_by("dataset").len().iter_rows())
-    # budgets no pilot can reach: every chosen prompt is sent once, then its dataset is exhausted
-    budgets = {d: k * (sampling.max_tokens + 64) + 1 for d, k in sizes.items()}
-    kwargs = dict(model=model, endpoints=endpoints, budgets=budgets, sampling=replace(sampling, n=1),
+    # budgets no pilot can reach: every chosen prompt is sent n times, then its dataset is exhausted
+    budgets = {d: k * sampling.n * (sampling.max_tokens + 64) + 1 for d, k in sizes.items()}
+    kwargs = dict(model=model, endpoints=endpoints, budgets=budgets, sampling=sampling,
                   api=api, api_key_env=api_key_env, concurrency=concurrency, seed=seed,
                   max_attempts=max_attempts, timeout=timeout, no_endpoint_timeout=no_endpoint_timeout,
-                  progress=_progress_adapter(progress, chosen.height))  # fmt: skip
+                  progress=_progress_adapter(progress, chosen.height * sampling.n))  # fmt: skip
     if run_dir is not None:
         return await _run(chosen, Path(run_dir), sampling, kwargs)
     with tempfile.TemporaryDirectory(prefix="kit-pilot-") as tmp:
@@ -204,7 +206,11 @@ async def _run(
     schema = {n: getattr(pl, t) for n, t in (c.split(":") for c in _COLUMNS.split())}
     frame = records_frame(run_dir).select(list(schema)).cast(schema).sort("dataset", "prompt_id")
     failed = read_errors(run_dir).filter(~pl.col("resolved"))
-    errors = {f"{d}/{p}: {e}" for d, p, e in failed.select("dataset", "prompt_id", "error").rows()}
+    failed = failed.unique(subset=["dataset", "prompt_id", "sample"], keep="last")
+    errors = [
+        f"{d}/{p}{f'#{k}' if k else ''}: {e}"
+        for d, p, k, e in failed.select("dataset", "prompt_id", "sample", "error").rows()
+    ]
     return PilotResult(frame=frame, wall_s=wall, sampling=sampling, errors=sorted(errors))
 
 

@@ -379,6 +379,21 @@ def test_pilot_retries_transient_faults_and_counts_hard_ones():
         plan.pilot_sync(prompts, "http://127.0.0.1:9/v1", model="m", max_attempts=0)
 
 
+def test_pilot_takes_n_samples_per_prompt_like_a_run():
+    from faultserver import FaultConfig, FaultServer
+
+    prompts = _prompts({"a": 6, "b": 6})
+    sampling = Sampling(max_tokens=32, n=3)
+    with FaultServer(FaultConfig(latency=0.01)) as srv:
+        res = plan.pilot_sync(prompts, srv.base_url, model="m", per_dataset=2, sampling=sampling)
+    assert res.errors == [] and res.frame.height == 12  # 2 prompts x 3 samples x 2 datasets
+    assert res.frame.group_by("dataset", "prompt_id").len()["len"].to_list() == [3] * 4
+    assert plan.budget(100, res, prompts_available=prompts)["n_pilot"].to_list()[:2] == [6, 6]
+    with FaultServer(FaultConfig(mode="400")) as srv:  # every sample's failure is listed
+        res = plan.pilot_sync(prompts, srv.base_url, model="m", per_dataset=1, sampling=sampling)
+    assert len(res.errors) == 6 and sum("#2:" in e for e in res.errors) == 2
+
+
 @pytest.mark.server
 def test_pilot_against_the_embedded_server(embedded_server):
     prompts = _prompts({"a": 10, "b": 10})
