@@ -1,4 +1,5 @@
-# The README's two commands: `make demo` (the main job) and `make test` (the test suite).
+# The README's two commands: `make demo` (the main job) and `make test` (the test suite);
+# `make unit` is the quick loop: no server, no browser, under a minute.
 # Each sets itself up on a fresh clone: virtualenv, package with extras, the embedded model.
 PYTHON ?= python3
 VENV ?= .venv
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
 BROWSER_STAMP := $(VENV)/.kit-chromium
 
-.PHONY: setup demo test lint serve clean-runs browser screenshots
+.PHONY: setup demo test unit lint serve clean-runs browser screenshots
 
 setup: $(STAMP) data/models/.prepared
 
@@ -39,6 +40,11 @@ lint: $(STAMP)
 
 test: setup browser lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
+
+# tests/ and the docstring examples in kit/, without the embedded server, the browser or
+# slow tests (the prepared model is still used: doctests may name `tok`, see conftest.py)
+unit: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not server and not slow and not browser"
 
 serve: setup
 	HF_HUB_OFFLINE=1 $(BIN)/kit serve

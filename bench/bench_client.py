@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from faultserver import free_port  # noqa: E402
 
-from kit.backends import EndpointPool, OpenAIChat  # noqa: E402
-from kit.types import Sampling  # noqa: E402
+from kit.run.backends import EndpointPool, OpenAIChat  # noqa: E402
+from kit.types import RunConfig, Sampling  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Say something short about speculative decoding."}]
 SAMPLING = Sampling(max_tokens=32, temperature=0.0)
@@ -110,7 +110,7 @@ def _prompt_frame(n: int):
     if n not in _FRAMES:
         import polars as pl
 
-        from kit.sources import MESSAGE_TYPE, prompt_id
+        from kit.data.sources import MESSAGE_TYPE, prompt_id
 
         msgs = [[{"role": "user", "content": f"{MESSAGES[0]['content']} (#{i})"}] for i in range(n)]
         _FRAMES[n] = pl.DataFrame(
@@ -123,16 +123,14 @@ def _prompt_frame(n: int):
 
 async def case_generate(url: str, n: int, concurrency: int) -> None:
     """The full runner: kit.generate over n prompts into a fresh run directory."""
-    from kit.generate import generate
+    from kit.run.generate import generate
 
     frame = _prompt_frame(n)
+    config = RunConfig(model="m", endpoints=url, budgets=n * SAMPLING.max_tokens * 2,
+                       sampling=SAMPLING, concurrency=concurrency, max_attempts=1)  # fmt: skip
     run_dir = Path(tempfile.mkdtemp(prefix="kit-bench-", dir=RUNS_ROOT))
     try:
-        run = await generate(
-            frame, run_dir=run_dir / "run", model="m", endpoints=[url],
-            budgets={"bench": n * SAMPLING.max_tokens * 2}, sampling=SAMPLING,
-            concurrency=concurrency, max_attempts=1,
-        )  # fmt: skip
+        run = await generate(frame, config, run_dir=run_dir / "run")
         done = run.summary()["samples_done"].sum()
         if done != n or run.stop_reason is not None:
             raise RuntimeError(f"kit.generate wrote {done} of {n} records ({run.stop_reason})")

@@ -2,16 +2,21 @@
 
     python bench/bench_plan_accuracy.py [--url http://127.0.0.1:PORT/v1 --model NAME]
         [--max-tokens 96] [--budgets alpaca_tasks=30000,...] [--pilot-share 0.1]
+        [--min-pilot 32]
 
 On the embedded server (started here, temperature 0.7, unless --url is given), for every
 sample dataset:
-  1. pilot: --min-pilot prompts per dataset, then more until the pilot is --pilot-share of
-     the samples the budget needs by the first estimate (distinct prompts, one sample each);
+  1. pilot: kit.plan.pilot with --min-pilot prompts per dataset (default 32, as
+     kit.plan.pilot: a pilot takes at least 30 per dataset), then more until the pilot is
+     --pilot-share of the samples the budget needs by the first estimate (distinct
+     prompts, one sample each);
   2. plan: kit.plan.budget on the pilot -> samples needed (and its upper bound);
-  3. run: kit.generate with the budgets (n samples per prompt so the prompts suffice,
-     drain policy, the pilot means as admission priors);
+  3. run: kit.generate(prompts, config, run_dir=...) with the budgets (n samples per
+     prompt so the prompts suffice, drain policy, the pilot means as admission priors);
   4. actual: the smallest k such that the first k samples in the run's own order
-     (kit._runner.seeded_order) reach the budget.
+     (kit.run.runner.seeded_order) reach the budget.
+One kit.RunConfig carries the url, model, sampling, concurrency and timeout of both the
+pilot and the run.
 Prints predicted vs actual per dataset and the error; goal: within 15% for every dataset.
 
 Why these budgets: a 10% pilot of P samples estimates the mean with a relative standard
@@ -23,7 +28,9 @@ the prompts, error 8-10%) one of two runs missed 15% (chat_general +17.0%). The 
 (cv <= 0.4) need less. At max_tokens 96 the long-answer datasets (code_instruct,
 code_problems, essays) hit the cap on nearly every answer, so their prediction is
 trivially right; the trunc column says so. About 310K completion tokens: 45 minutes on
-2 CPU cores (pilot 4, run 41).
+2 CPU cores (pilot 4, run 41), measured with --min-pilot 12; the default is now 32, which
+adds about 20 pilot samples to each dataset whose --pilot-share is below 32 (not
+re-measured).
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ BUDGETS = {
 
 def load_prompts():
     """Every sample dataset in data/samples, one frame."""
-    from kit.sources import load
+    from kit.data.sources import load
 
     files = sorted(
         p
@@ -82,7 +89,7 @@ def actual_samples_needed(records, order: list[tuple[str, int]], budget: int) ->
     return None
 
 
-async def two_stage_pilot(prompts, url, model, sampling, budgets, args):
+async def two_stage_pilot(prompts, config, budgets, args):
     """Pilot --min-pilot prompts per dataset, then top each up to --pilot-share of its need.
 
     A dataset whose share needs more samples than it has prompts is piloted again whole,
@@ -93,8 +100,8 @@ async def two_stage_pilot(prompts, url, model, sampling, budgets, args):
 
     from kit import plan
 
-    first = await plan.pilot(prompts, url, model=model, per_dataset=args.min_pilot,
-                             sampling=sampling, concurrency=args.concurrency, seed=0)  # fmt: skip
+    config = replace(config, seed=0)  # the pilot's own sample, apart from the run's order
+    first = await plan.pilot(prompts, config, per_dataset=args.min_pilot)
     means = first.frame.group_by("dataset").agg(pl.col("completion_tokens").mean())
     sizes = dict(prompts.group_by("dataset").len().iter_rows())
     extra, whole = {}, {}  # dataset -> more prompts; dataset -> samples per prompt
@@ -107,14 +114,14 @@ async def two_stage_pilot(prompts, url, model, sampling, budgets, args):
     parts = [first.frame.filter(~pl.col("dataset").is_in(list(whole)))]
     errors, wall = list(first.errors), first.wall_s
     rest = prompts.filter(~pl.col("prompt_id").is_in(first.frame["prompt_id"].implode()))
-    calls = [(rest, extra, sampling)] if any(extra.values()) else []
+    calls = [(rest, extra, config.sampling)] if any(extra.values()) else []
     for n in sorted(set(whole.values())):
         names = [d for d, k in whole.items() if k == n]
         chosen = prompts.filter(pl.col("dataset").is_in(names))
-        calls.append((chosen, dict.fromkeys(names, max(sizes.values())), replace(sampling, n=n)))
+        more = dict.fromkeys(names, max(sizes.values()))
+        calls.append((chosen, more, replace(config.sampling, n=n)))
     for frame, per_dataset, how in calls:
-        res = await plan.pilot(frame, url, model=model, per_dataset=per_dataset, sampling=how,
-                               concurrency=args.concurrency, seed=0)  # fmt: skip
+        res = await plan.pilot(frame, replace(config, sampling=how), per_dataset=per_dataset)
         parts.append(res.frame)
         errors += res.errors
         wall += res.wall_s
@@ -124,19 +131,23 @@ async def two_stage_pilot(prompts, url, model, sampling, budgets, args):
 async def run(args, url: str, model: str) -> None:
     import polars as pl
 
-    from kit import plan
-    from kit.generate import generate
-    from kit.store import records_frame
-    from kit.types import Sampling
+    from kit import RunConfig, Sampling, generate, plan
+    from kit.run.store import records_frame
 
     prompts = load_prompts()
     budgets = {d: b for d, b in args.budgets.items() if d in set(prompts["dataset"])}
     prompts = prompts.filter(pl.col("dataset").is_in(list(budgets)))
-    sampling = Sampling(max_tokens=args.max_tokens)
-    t0 = time.time()
-    pilot_frame, errors, pilot_s = await two_stage_pilot(
-        prompts, url, model, sampling, budgets, args
+    config = RunConfig(
+        model=model,
+        endpoints=url,
+        budgets=budgets,
+        sampling=Sampling(max_tokens=args.max_tokens),
+        concurrency=args.concurrency,
+        seed=args.seed,
+        timeout=args.timeout,
     )
+    t0 = time.time()
+    pilot_frame, errors, pilot_s = await two_stage_pilot(prompts, config, budgets, args)
     print(f"pilot: {pilot_frame.height} completions, {len(errors)} errors, "
           f"{pilot_frame['completion_tokens'].sum():,} tokens, {pilot_s:.0f} s")  # fmt: skip
     sizes = dict(prompts.group_by("dataset").len().iter_rows())
@@ -154,11 +165,8 @@ async def run(args, url: str, model: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         t1 = time.time()
-        result = await generate(
-            prompts, run_dir=run_dir, model=model, endpoints=url, budgets=budgets,
-            sampling=Sampling(max_tokens=args.max_tokens, n=n), concurrency=args.concurrency,
-            expected_tokens=means, seed=args.seed, timeout=args.timeout,
-        )  # fmt: skip
+        config = replace(config, sampling=replace(config.sampling, n=n))
+        result = await generate(prompts, config, run_dir=run_dir, expected_tokens=means)
         records = records_frame(run_dir)
         summary = {r["dataset"]: r for r in result.summary().iter_rows(named=True)}
     print(f"run: {records.height} records, {records['completion_tokens'].sum():,} tokens, "
@@ -170,7 +178,7 @@ def report(table, records, prompts, budgets, n, args, summary) -> None:
     """The comparison table and the verdict."""
     import polars as pl
 
-    from kit._runner import seeded_order
+    from kit.run.runner import seeded_order
 
     head = (f"{'dataset':<15}{'pilot':>6}{'share':>7}{'mean':>7}{'cv':>6}{'trunc':>7}"
             f"{'se':>6}{'predicted':>10}{'upper':>7}{'actual':>8}{'error':>8}{'tokens/budget':>15}")  # fmt: skip
@@ -212,13 +220,15 @@ def main() -> None:
     parser.add_argument("--budgets", type=_budgets, default=BUDGETS, help="name=tokens,...")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--pilot-share", type=float, default=0.1)
-    parser.add_argument("--min-pilot", type=int, default=12)
+    parser.add_argument("--min-pilot", type=int, default=32, help="at least 30 (kit.plan.pilot)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1, help="the run's prompt order")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per request")
     parser.add_argument("--temperature", type=float, default=0.7, help="of a server started here")
     args = parser.parse_args()
     if args.url:
+        if not args.model:
+            parser.error("--url needs --model (the name the server expects)")
         asyncio.run(run(args, args.url, args.model))
         return
     from kit.serve import start

@@ -43,7 +43,7 @@ def prompt_frame(n: int):
     """n distinct prompts drawn (seeded) from data/samples, all in dataset DATASET."""
     import polars as pl
 
-    from kit.sources import load
+    from kit.data.sources import load
 
     frame = load(ROOT / "data" / "samples").frame.unique(subset="prompt_id", keep="first")
     if frame.height < n:
@@ -61,7 +61,7 @@ def kit_order(frame) -> list[list[dict]]:
 
 
 async def run_raw(url: str, model: str, prompts: list, max_tokens: int, conc: int) -> int:
-    """The baseline: the same request bodies as kit.backends.OpenAIChat; returns tokens."""
+    """The baseline: the same request bodies as kit.run.backends.OpenAIChat; returns tokens."""
     sem = asyncio.Semaphore(conc)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=TIMEOUT)
@@ -83,17 +83,17 @@ async def run_raw(url: str, model: str, prompts: list, max_tokens: int, conc: in
 
 async def run_kit(url: str, model: str, frame, max_tokens: int, conc: int) -> int:
     """kit.generate into a fresh run directory; returns completion tokens written."""
-    from kit.generate import generate
-    from kit.types import Sampling
+    from kit.run.generate import generate
+    from kit.types import RunConfig, Sampling
 
+    config = RunConfig(
+        model=model, endpoints=url, budgets={DATASET: frame.height * max_tokens * 4},
+        sampling=Sampling(max_tokens=max_tokens, temperature=0.0), concurrency=conc, seed=SEED,
+        max_attempts=1, timeout=TIMEOUT,
+    )  # fmt: skip
     run_dir = Path(tempfile.mkdtemp(prefix="kit-saturation-"))
     try:
-        run = await generate(
-            frame, run_dir=run_dir / "run", model=model, endpoints=[url],
-            budgets={DATASET: frame.height * max_tokens * 4}, concurrency=conc, seed=SEED,
-            sampling=Sampling(max_tokens=max_tokens, temperature=0.0), max_attempts=1,
-            timeout=TIMEOUT,
-        )  # fmt: skip
+        run = await generate(frame, config, run_dir=run_dir / "run")
         summary = run.summary()
         done = summary["samples_done"].sum()
         if done != frame.height or run.stop_reason is not None:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     frame = prompt_frame(args.prompts)
     server = None
     if args.url is None:
-        from kit.serve import start
+        from kit.serve.server import start
 
         t0 = time.perf_counter()
         server = start(temperature=0.0)

@@ -1,172 +1,176 @@
-"""Prompt-length profiling at scale: kit.tokens.count_prompt_tokens vs a naive loop vs raw encoding.
+"""Prompt-token counting at scale: kit.tokens.count_prompt_tokens vs the tokenizer alone.
 
-    python bench/bench_tokens.py [--n 100000] [--naive 5000]
+    python bench/bench_tokens.py [--n 100000] [--check 2000] [--repeat 2]
 
-Builds N prompts (data/samples replicated when present, each copy made distinct by
-prepending its copy number to its last turn, so no cache of any kind sees a repeat; else
-synthetic multi-turn chats), then times, in one run, with the embedded model's tokenizer and chat template:
-  kit     kit.tokens.count_prompt_tokens(tok, frame) on all N rows
-  naive   len(tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True)) per
-          row, timed on --naive rows and extrapolated (the rate is what is compared)
-  (and, for reference, kit with a template that trims contents: the per-row Jinja path)
-  raw     the tokenizer's own batch encoding (Rust `encode_batch_fast` in chunks, both
-          cores) of the pre-rendered prompts only, no template: what a hand-written batch
-          pipeline pays
-Goals: kit >= 10x naive, and kit within 2x of raw (kit's time <= 2x raw's).
-kit's counts are asserted equal to the naive loop's on the naive rows and to raw's on all.
+Builds N distinct prompts (data/samples replicated, each copy marked by prepending its
+copy number to its last turn, so no cache of any kind sees a repeat), then times, with
+the embedded model's tokenizer and chat template, both starting from the same polars frame:
+  kit   kit.tokens.count_prompt_tokens(tok, frame)
+  raw   what a user writes with the tokenizer alone:
+        convs = frame["messages"].to_list()
+        texts = tok.apply_chat_template(convs, tokenize=False, add_generation_prompt=True)
+        [len(e) for e in tok.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+Each run is a fresh process (frame built, tokenizer loaded and warmed up, then the method
+timed once); the methods alternate --repeat times and the best time counts. Peak RSS is
+that process's high-water mark while the method runs (whole process, frame included).
+Asserts kit's counts equal raw's on all rows, and equal
+len(tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True)) on --check rows
+spread over the frame. Goal: kit's time within 1.3x raw's.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import os
-import random
+import resource
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = "the model data token budget prompt python function return value list loop sample".split()
-
-
-def sample_frame():
-    """The prompt frame of data/samples, or None when there are none yet."""
-    files = sorted(
-        p
-        for p in (ROOT / "data" / "samples").glob("*")
-        if p.suffix in (".json", ".jsonl", ".parquet")
-    )
-    if not files:
-        return None
-    from kit.sources import load
-
-    return load([str(p) for p in files]).frame
-
-
-def synthetic_frame(n: int, seed: int = 0):
-    """n synthetic chats: 1-3 user turns of 5-400 words, sometimes a system turn."""
-    import polars as pl
-
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        turns = rng.choice([1, 1, 1, 2, 3])
-        messages = [{"role": "system", "content": "You are terse."}] if rng.random() < 0.2 else []
-        for t in range(turns):
-            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 400)))
-            messages.append({"role": "user", "content": text})
-            if t < turns - 1:
-                messages.append(
-                    {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=40))}
-                )
-        rows.append({"dataset": f"syn{i % 4}", "prompt_id": f"{i:08x}", "messages": messages})
-    return pl.DataFrame(rows)
+MODEL = ROOT / "data" / "models" / "SmolLM2-135M-Instruct"
+GOAL = 1.3
 
 
 def build(n: int):
-    """N prompts and a label saying where they came from."""
+    """N distinct prompts: data/samples replicated, copy r's last turns prefixed "(r) " (in polars)."""
     import polars as pl
 
-    base = sample_frame()
-    if base is None or base.height == 0:
-        return synthetic_frame(n), "synthetic chats"
-    reps = -(-n // base.height)
-    copies = [base] + [distinct(base, r) for r in range(1, reps)]
-    label = f"data/samples ({base.height} prompts) replicated, copies made distinct"
-    return pl.concat(copies, how="vertical_relaxed").head(n), label
+    import kit
+
+    base = kit.load(str(ROOT / "data" / "samples")).frame
+    if base.height == 0:
+        raise SystemExit("data/samples has no prompts")
+
+    def marked(r: int):
+        last = pl.int_range(pl.len()) == pl.len() - 1
+        content = pl.field("content")
+        content = pl.when(last).then(pl.lit(f"({r}) ") + content).otherwise(content)
+        edit = pl.element().struct.with_fields(content.alias("content"))
+        return base.with_columns(pl.col("messages").list.eval(edit))
+
+    copies = [base] + [marked(r) for r in range(1, -(-n // base.height))]
+    return pl.concat(copies).head(n), base.height
 
 
-def distinct(frame, copy: int):
-    """The frame with copy number `copy` prepended to every conversation's last turn."""
-    import polars as pl
+def peak_rss_mb() -> float:
+    """The process's peak RSS in MB since the last reset_peak()."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-    def mark(messages):
-        out = [dict(m) for m in messages]
-        out[-1]["content"] = f"({copy}) {out[-1]['content']}"
-        return out
 
-    return frame.with_columns(pl.Series("messages", [mark(m) for m in frame["messages"].to_list()]))
+def reset_peak() -> None:
+    """Reset the peak RSS to the current RSS (Linux); a no-op elsewhere."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
-def timed(fn):
-    """(result, seconds) of fn()."""
+def child(method: str, n: int, out: str) -> None:
+    """One timed run of one method in this (fresh) process; results as JSON to `out`."""
+    from kit import tokens
+
+    tok = tokens.load_tokenizer(MODEL)
+    frame, _ = build(n)
+
+    def kit_counts():
+        return tokens.count_prompt_tokens(tok, frame)["prompt_tokens"].to_list()
+
+    def raw_counts():
+        convs = frame["messages"].to_list()
+        texts = tok.apply_chat_template(convs, tokenize=False, add_generation_prompt=True)
+        enc = tok.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        return [len(e) for e in enc]
+
+    tokens.count_prompt_tokens(tok, frame.head(100))  # warm up: template compile, thread pool
+    before = peak_rss_mb()
+    reset_peak()
     t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
+    counts = {"kit": kit_counts, "raw": raw_counts}[method]()
+    seconds = time.perf_counter() - t0
+    doc = {"seconds": seconds, "peak_mb": peak_rss_mb(), "before_mb": before, "counts": counts}
+    Path(out).write_text(json.dumps(doc))
+
+
+def run(method: str, n: int) -> dict:
+    """child(method) in a fresh interpreter; its JSON result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, __file__, "--n", str(n), "--child", method, "--out", str(out)]
+        subprocess.run(cmd, check=True)
+        return json.loads(out.read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000)
-    parser.add_argument("--naive", type=int, default=20_000, help="rows the naive loop is timed on")
+    parser.add_argument("--check", type=int, default=2_000, help="rows checked one by one")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--child", choices=["kit", "raw"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.n, args.out)
 
     from kit import tokens
-    from kit.serve import prepare_model
 
-    tok = tokens.load_tokenizer(prepare_model())
-    frame, origin = build(args.n)
-    messages = frame["messages"].to_list()
-    print(f"{frame.height:,} prompts from {origin}; tokenizer {type(tok).__name__}")
+    if not MODEL.is_dir():  # convert the bundled GGUF once (kit.serve)
+        from kit.serve.server import prepare_model
 
-    tokens.count_prompt_tokens(tok, frame.head(200))  # warm caches (template compile)
-    counted, t_kit = timed(lambda: tokens.count_prompt_tokens(tok, frame)["prompt_tokens"])
-    total_tokens = int(counted.sum())
-
-    subset = messages[: args.naive]
-
-    def naive():
-        return [
-            len(
-                tok.apply_chat_template(
-                    m, tokenize=True, add_generation_prompt=True, return_dict=False
-                )
-            )
-            for m in subset
-        ]
-
-    naive_counts, t_naive = timed(naive)
-    assert naive_counts == counted.head(len(subset)).to_list(), "kit and naive counts differ"
-
-    texts, t_render = timed(lambda: tokens.render(tok, messages))
-    _, t_raw_call = timed(lambda: tok(texts, add_special_tokens=False)["input_ids"])
-    # the Rust batch encoder in 8,192-text chunks (faster than one 100K call here)
-    raw_counts, t_raw_fast = timed(lambda: tokens._hf_lengths(tok, texts))
-    assert raw_counts == counted.to_list(), "kit and raw counts differ"
-    _, t_mirror = timed(lambda: tokens.encode_lengths(tok, texts))
-    trimming = copy.deepcopy(tok)  # a template that edits content (Llama 3 trims): per-row Jinja
-    trimming.chat_template = tok.get_chat_template().replace(
-        "message['content']", "(message['content'] | trim)"
-    )
-    _, t_trim = timed(lambda: tokens.count_prompt_tokens(trimming, frame))
-    t_raw = min(t_raw_call, t_raw_fast)
-
-    rate = lambda rows, s: rows / s  # noqa: E731
-    kit_rate, naive_rate = rate(frame.height, t_kit), rate(len(subset), t_naive)
-    tok_per_row = total_tokens / frame.height
-    print(f"{'method':<44}{'prompts/s':>12}{'tokens/s':>14}{'time (s)':>11}")
-    for label, r, s in [
-        ("kit count_prompt_tokens", kit_rate, t_kit),
-        ("  part: render alone (compiled template)", rate(frame.height, t_render), t_render),
-        (f"naive apply_chat_template loop ({len(subset):,} rows)", naive_rate, t_naive),
-        ("  extrapolated to all rows", naive_rate, frame.height / naive_rate),
-        ("raw tok(texts) on pre-rendered text", rate(frame.height, t_raw_call), t_raw_call),
-        ("raw encode_batch_fast on pre-rendered text", rate(frame.height, t_raw_fast), t_raw_fast),
-        ("  for reference: kit encode_lengths on them", rate(frame.height, t_mirror), t_mirror),
-        ("for reference: kit, template that trims", rate(frame.height, t_trim), t_trim),
-    ]:
-        print(f"{label:<44}{r:>12,.0f}{r * tok_per_row:>14,.0f}{s:>11.2f}")
+        prepare_model()
+    tok = tokens.load_tokenizer(MODEL)
+    frame, n_base = build(args.n)
     print(
-        f"total prompt tokens {total_tokens:,} (mean {tok_per_row:.1f}/prompt); "
-        "counts equal naive on its rows and raw on all"
+        f"{frame.height:,} distinct prompts ({n_base} from data/samples, replicated and marked); "
+        f"tokenizer {type(tok).__name__}, {os.cpu_count()} cores; best of {args.repeat} runs each"
     )
-    speedup, overhead = kit_rate / naive_rate, t_kit / t_raw
-    print(f"kit / naive speed: {speedup:.1f}x (goal >= 10x) {'OK' if speedup >= 10 else 'MISSED'}")
+    runs: dict[str, list[dict]] = {"kit": [], "raw": []}
+    for _ in range(args.repeat):
+        for name in runs:
+            runs[name].append(run(name, args.n))
+    counts = runs["kit"][0]["counts"]
+    assert all(r["counts"] == counts for rs in runs.values() for r in rs), "kit and raw differ"
+
+    step = max(1, frame.height // args.check)
+    rows = list(range(0, frame.height, step))[: args.check]
+    for i, m in zip(rows, frame["messages"].gather(rows).to_list(), strict=True):
+        out = tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out  # a BatchEncoding in transformers 5
+        assert counts[i] == len(ids), f"row {i}: kit {counts[i]} != {len(ids)}"
+
+    total = sum(counts)
     print(
-        f"kit time / raw encoding time: {overhead:.2f}x (goal <= 2x) {'OK' if overhead <= 2 else 'MISSED'}"
+        f"{'method':<26}{'time (s)':>9}{'prompts/s':>11}{'tokens/s':>11}{'peak RSS MB':>13}{'(before)':>10}"
     )
+    best = {}
+    for name, label in (("kit", "kit count_prompt_tokens"), ("raw", "raw tokenizer alone")):
+        best[name] = min(r["seconds"] for r in runs[name])
+        peak = max(r["peak_mb"] for r in runs[name])
+        before = max(r["before_mb"] for r in runs[name])
+        print(
+            f"{label:<26}{best[name]:>9.2f}{frame.height / best[name]:>11,.0f}"
+            f"{total / best[name]:>11,.0f}{peak:>13,.0f}{before:>10,.0f}"
+        )
+    print("  all runs (s): " + "; ".join(
+        f"{name} " + " ".join(f"{r['seconds']:.2f}" for r in rs) for name, rs in runs.items()
+    ))  # fmt: skip
+    ratio = best["kit"] / best["raw"]
+    print(
+        f"total prompt tokens {total:,} (mean {total / frame.height:.1f}); counts equal raw on "
+        f"all rows and apply_chat_template(tokenize=True) on {len(rows):,} spread rows"
+    )
+    print(f"kit / raw time: {ratio:.2f}x (goal <= {GOAL}x) {'OK' if ratio <= GOAL else 'MISSED'}")
 
 
 if __name__ == "__main__":

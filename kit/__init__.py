@@ -1,7 +1,9 @@
 """kit: prompt datasets -> drafter training data under per-dataset token budgets.
 
-Re-exports only. Attributes load on first use so `import kit` stays fast and never
-imports torch or transformers.
+Re-exports only. The stages are subpackages, imports flowing one way:
+types -> data, tokens -> run -> plan -> report; serve and cli on top
+(tests/test_layout.py fails on a cycle or an upward import). Names load on first use,
+so `import kit` imports no torch, transformers or polars.
 """
 
 from __future__ import annotations
@@ -12,22 +14,24 @@ __version__ = "0.1.0"
 
 # public name -> "module:attribute" (attribute empty for a module)
 _EXPORTS = {
+    # stages
     "types": "kit.types:",
-    "sources": "kit.sources:",
+    "data": "kit.data:",
     "tokens": "kit.tokens:",
+    "run": "kit.run:",
     "plan": "kit.plan:",
-    "backends": "kit.backends:",
-    "store": "kit.store:",
-    "monitor": "kit.monitor:",
-    "audit": "kit.audit:",  # callable module: kit.audit(run_dir)
-    "export": "kit.export:",
-    "charts": "kit.charts:",
+    "report": "kit.report:",
     "serve": "kit.serve:",
-    "load": "kit.sources:load",
-    "generate": "kit.generate:",  # callable module: await kit.generate(...)
-    "generate_sync": "kit.generate:generate_sync",
-    "watch": "kit.monitor:watch",
-    "widgets": "kit.widgets:",
+    # the job, as plain functions
+    "load": "kit.data.sources:load",
+    "generate": "kit.run.generate:generate",
+    "generate_sync": "kit.run.generate:generate_sync",
+    "audit": "kit.report.audit:audit",
+    "export": "kit.report.export:export",
+    "validate": "kit.report.validate:validate",
+    "watch": "kit.report.monitor:watch",
+    # the shared types
+    "RunConfig": "kit.types:RunConfig",
     "Sampling": "kit.types:Sampling",
     "Record": "kit.types:Record",
     "Completion": "kit.types:Completion",

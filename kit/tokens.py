@@ -1,16 +1,15 @@
-"""Tokenizer loading, chat-template rendering, token counting and length profiles.
+"""Tokenizer loading, chat-template rendering, token counts and the chat-template hash.
 
-The target's tokenizer and chat template decide how long a prompt really is. Rendering
-compiles the chat template once; a template that only pastes message contents in is
-rendered once per conversation shape and filled in (kit._template), any other is called
-per row (the same sandboxed Jinja environment `apply_chat_template` uses). Counting goes
-through a tiktoken mirror of a byte-level BPE tokenizer (kit._bpe), checked against the
-Hugging Face tokenizer on a spread of every batch, else through the fast (Rust)
-tokenizer's batch encoder. `python bench/bench_tokens.py` measures both against the
-per-row `apply_chat_template` loop.
+Counting goes through the target's tokenizer only: the public
+`tokenizer.apply_chat_template(..., tokenize=False)` renders chunks of conversations
+(row by row in a chunk the template refuses a row of) and the tokenizer's Rust batch
+encoder counts the texts, so each count equals
+`len(tokenizer.apply_chat_template(m, tokenize=True, add_generation_prompt=True))`.
+`python bench/bench_tokens.py` times it against those two calls written by hand.
 
-    tok = load_tokenizer("data/models/SmolLM2-135M-Instruct")
-    frame = count_prompt_tokens(tok, kit.load("data/samples/alpaca.json").frame)
+    >>> tok = load_tokenizer("data/models/SmolLM2-135M-Instruct")
+    >>> count_prompt_tokens(tok, kit.load("data/samples").frame)["prompt_tokens"][:3].to_list()
+    [111, 98, 89]
 """
 
 from __future__ import annotations
@@ -22,30 +21,24 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kit._bpe import fast_counter
-from kit._fastcount import ShapeCounter, frame_counts, specials_of
-from kit._profile import profile, profile_completions, profile_prompts
-from kit._template import _REASONING_KEYS, ShapeRenderer, content_is_pasted
-
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = [  # profiles live in kit._profile and are re-exported here
+__all__ = [
     "chat_template_hash", "count_completion_tokens", "count_prompt_tokens", "encode_lengths",
-    "load_tokenizer", "profile", "profile_completions", "profile_prompts", "render",
+    "load_tokenizer", "render",
 ]  # fmt: skip
 
-_ENCODE_CHUNK = 8192  # rendered prompts encoded per batch call
-_CHECKED = 64  # texts of a batch also counted by the tokenizer itself (kit._bpe check)
+_CHUNK = 2048  # conversations rendered / texts encoded per call (big batches encode slower)
 
 
-def load_tokenizer(name_or_path: str | Path) -> Any:
+def load_tokenizer(name_or_path: str | Path | Any) -> Any:
     """Load a tokenizer from local files only, cached per path.
 
     Args:
         name_or_path: a folder with tokenizer files, a `.gguf` file (via transformers'
-            gguf support), or a Hugging Face id already in the local cache. Nothing is
-            downloaded.
+            gguf support), or a Hugging Face id already in the local cache; nothing is
+            downloaded. A tokenizer object is returned as it is.
 
     Returns:
         A transformers tokenizer (fast when the files allow it).
@@ -55,6 +48,8 @@ def load_tokenizer(name_or_path: str | Path) -> Any:
         >>> tok("hello", add_special_tokens=False)["input_ids"]
         [28120]
     """
+    if not isinstance(name_or_path, (str, Path)):
+        return name_or_path
     path = Path(name_or_path).expanduser()
     key = str(path.resolve()) if path.exists() else str(name_or_path)
     return _load_cached(key)
@@ -81,50 +76,6 @@ def _load_cached(key: str) -> Any:
         ) from exc
 
 
-def _as_tokenizer(tokenizer_or_path: Any) -> Any:
-    """Accept a tokenizer object or anything load_tokenizer accepts."""
-    if isinstance(tokenizer_or_path, (str, Path)):
-        return load_tokenizer(tokenizer_or_path)
-    return tokenizer_or_path
-
-
-def _template_and_kwargs(tokenizer: Any) -> tuple[Any, dict, bool]:
-    """The compiled chat template, the variables apply_chat_template passes it, and whether
-    it only pastes contents in (kit._template)."""
-    try:
-        from transformers.utils.chat_template_utils import (
-            _compile_jinja_template,
-            _plain_template_data,
-        )
-    except ImportError:  # a transformers without these helpers: render row by row
-        return None, {}, False
-    template = tokenizer.get_chat_template()
-    compiled = _compile_jinja_template(template)
-    kwargs = _plain_template_data(dict(tokenizer.special_tokens_map))
-    return compiled, kwargs, _pastes_content(compiled, template)
-
-
-@lru_cache(maxsize=16)
-def _pastes_content(compiled: Any, template: str) -> bool:
-    """kit._template.content_is_pasted, once per template."""
-    return content_is_pasted(compiled, template)
-
-
-def _plain_messages(messages: Any) -> list[dict] | None:
-    """Messages as plain dicts without None values; None when the fast path cannot take them."""
-    out = []
-    for message in messages:
-        if not isinstance(message, dict):
-            return None
-        clean = {k: v for k, v in message.items() if v is not None}
-        if any(type(v) is not str for v in clean.values()):
-            return None
-        if any(k in clean for k in _REASONING_KEYS):
-            return None
-        out.append(clean)
-    return out
-
-
 def render(
     tokenizer: Any,
     messages_list: list[list[dict]],
@@ -134,13 +85,12 @@ def render(
 ) -> list[str | None]:
     """Render conversations with the tokenizer's chat template, one string each.
 
-    Equal to `tokenizer.apply_chat_template(m, tokenize=False, ...)` row by row, but the
-    template is compiled once, and one that only pastes contents in is rendered once per
-    conversation shape (kit._template).
+    Equal to `tokenizer.apply_chat_template(m, tokenize=False, ...)` row by row; rendered
+    by its batched form over chunks of conversations, row by row in a chunk that fails.
 
     Args:
         tokenizer: a tokenizer or a path for load_tokenizer.
-        messages_list: conversations, each a list of {"role", "content"} dicts.
+        messages_list: conversations, each a non-empty list of {"role", "content"} dicts.
         add_generation_prompt: append the assistant header (what a server does).
         on_error: "raise" (ValueError naming the row) or "skip" (None for that row).
 
@@ -153,78 +103,71 @@ def render(
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    tokenizer = _as_tokenizer(tokenizer)
-    compiled, kwargs, pasted = _template_and_kwargs(tokenizer)
-    shapes = ShapeRenderer(compiled, kwargs, add_generation_prompt) if pasted else None
+    tokenizer = load_tokenizer(tokenizer)
+    tokenizer.get_chat_template()  # no template at all: ValueError now, not a null per row
+    gen = {"add_generation_prompt": add_generation_prompt}
     out: list[str | None] = []
-    for i, messages in enumerate(messages_list):
-        if shapes is not None and (text := shapes.render(messages)) is not None:
-            out.append(text)
-            continue
-        try:
-            if not messages:
-                raise ValueError("empty conversation")
-            plain = _plain_messages(messages) if compiled is not None else None
-            if plain is None:
-                text = tokenizer.apply_chat_template(
-                    list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-                )
-            else:
-                text = compiled.render(
-                    messages=plain,
-                    tools=None,
-                    documents=None,
-                    add_generation_prompt=add_generation_prompt,
-                    **kwargs,
-                )
-        except Exception as exc:  # jinja TemplateError, TypeError on malformed rows
-            if on_error == "raise":
-                raise ValueError(f"row {i}: the chat template could not render it: {exc}") from exc
-            text = None
-        out.append(text)
+    for start in range(0, len(messages_list), _CHUNK):
+        chunk = list(messages_list[start : start + _CHUNK])
+        if all(isinstance(m, (list, tuple)) and m for m in chunk):
+            try:  # any exception (jinja TemplateError, TypeError, ...): find the row below
+                out.extend(tokenizer.apply_chat_template(chunk, tokenize=False, **gen))
+                continue
+            except Exception:
+                pass
+        for i, messages in enumerate(chunk, start):
+            out.append(_render_one(tokenizer, messages, gen, i, on_error))
     return out
 
 
-def encode_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
-    """Token counts of texts (no special tokens added), equal to the tokenizer's own.
+def _render_one(tokenizer: Any, messages: Any, gen: dict, row: int, on_error: str) -> str | None:
+    """One conversation's text; None (on_error="skip") or ValueError naming the row if refused."""
+    try:
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("not a non-empty list of messages")
+        text = tokenizer.apply_chat_template(list(messages), tokenize=False, **gen)
+        if not isinstance(text, str):  # a list of lists is read as a batch
+            raise TypeError("messages must be dicts, not lists")
+        return text
+    except Exception as exc:
+        if on_error == "raise":
+            raise ValueError(f"row {row}: the chat template could not render it: {exc}") from exc
+        return None
 
-    Byte-level BPE tokenizers are counted by their tiktoken mirror (kit._bpe); up to 64
-    texts spread over the batch are also encoded by the tokenizer itself, and any
-    difference sends the whole batch to it (with a warning). Others are batch-encoded by
-    the fast (Rust) tokenizer.
+
+def encode_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
+    """Token counts of texts (no special tokens added), by the tokenizer's own batch encoder.
+
+    Args:
+        tokenizer: a tokenizer or a path for load_tokenizer.
+        texts: the texts, e.g. rendered prompts.
+
+    Returns:
+        One count per text, equal to `len(tokenizer(t, add_special_tokens=False)["input_ids"])`.
 
     Example:
-        >>> encode_lengths(tok, ["hello world", "<|im_start|>user\nhi<|im_end|>"])
+        >>> encode_lengths(tok, ["hello world", "<|im_start|>user\\nhi<|im_end|>"])
         [2, 5]
     """
-    tokenizer = _as_tokenizer(tokenizer)
-    count = fast_counter(tokenizer)
-    if count is not None and texts:
-        lengths = count(texts)
-        check = range(0, len(texts), max(1, len(texts) // _CHECKED))
-        if _hf_lengths(tokenizer, [texts[i] for i in check]) == [lengths[i] for i in check]:
-            return lengths
-        warnings.warn(
-            "the tiktoken mirror of this tokenizer disagreed with it on a checked text; "
-            "counting this batch with the tokenizer itself",
-            stacklevel=2,
-        )
-    return _hf_lengths(tokenizer, texts)
-
-
-def _hf_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
-    """Token counts from the tokenizer's own batch encoder."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
+    tokenizer = load_tokenizer(tokenizer)
+    backend = _plain_backend(tokenizer)
     lengths: list[int] = []
-    for start in range(0, len(texts), _ENCODE_CHUNK):
-        chunk = texts[start : start + _ENCODE_CHUNK]
+    for start in range(0, len(texts), _CHUNK):
+        chunk = list(texts[start : start + _CHUNK])
         if backend is not None:
             lengths.extend(map(len, backend.encode_batch_fast(chunk, add_special_tokens=False)))
         else:
-            lengths.extend(
-                len(ids) for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"]
-            )
+            lengths.extend(map(len, tokenizer(chunk, add_special_tokens=False)["input_ids"]))
     return lengths
+
+
+def _plain_backend(tokenizer: Any) -> Any:
+    """The Rust tokenizer when it encodes as the tokenizer's call does (no truncation or padding set)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.truncation or backend.padding:
+        return None
+    split = bool(getattr(tokenizer, "split_special_tokens", False))
+    return backend if getattr(backend, "encode_special_tokens", split) == split else None
 
 
 def count_prompt_tokens(
@@ -232,7 +175,7 @@ def count_prompt_tokens(
 ) -> pl.DataFrame:
     """Add a `prompt_tokens` column: the rendered prompt's length with the target's template.
 
-    Rows the template refuses get null and are reported in one warning (count + first case).
+    Rows the template refuses get null and are reported in one warning (count + first row).
 
     Args:
         tokenizer: a tokenizer or a path for load_tokenizer.
@@ -251,56 +194,21 @@ def count_prompt_tokens(
 
     if column not in frame.columns:
         raise ValueError(f"frame has no {column!r} column (columns: {frame.columns})")
-    tokenizer = _as_tokenizer(tokenizer)
-    counts = _shape_counts(tokenizer, frame, column)
-    if counts is None:
-        counts = _rendered_counts(tokenizer, frame[column].to_list())
+    tokenizer = load_tokenizer(tokenizer)
+    counts: list[int | None] = []
+    for start in range(0, frame.height, _CHUNK):  # a chunk at a time: memory stays flat
+        texts = render(tokenizer, frame[column].slice(start, _CHUNK).to_list(), on_error="skip")
+        lengths = iter(encode_lengths(tokenizer, [t for t in texts if t is not None]))
+        counts.extend(None if t is None else next(lengths) for t in texts)
     bad = [i for i, n in enumerate(counts) if n is None]
     if bad:
-        where = f"row {bad[0]}" + (
-            f" ({frame['prompt_id'][bad[0]]})" if "prompt_id" in frame.columns else ""
-        )
+        pid = f" ({frame['prompt_id'][bad[0]]})" if "prompt_id" in frame.columns else ""
         warnings.warn(
             f"{len(bad)} of {len(counts)} prompts could not be rendered by the chat template "
-            f"(first: {where}); their prompt_tokens is null",
+            f"(first: row {bad[0]}{pid}); their prompt_tokens is null",
             stacklevel=2,
         )
     return frame.with_columns(pl.Series("prompt_tokens", counts, dtype=pl.Int64))
-
-
-def _rendered_counts(tokenizer: Any, messages_list: list) -> list[int | None]:
-    """Render every row, count the rendered texts; None where the template refused a row."""
-    texts = render(tokenizer, messages_list, on_error="skip")
-    it = iter(encode_lengths(tokenizer, [t for t in texts if t is not None]))
-    return [None if t is None else next(it) for t in texts]
-
-
-def _shape_counts(tokenizer: Any, frame: pl.DataFrame, column: str) -> list[int | None] | None:
-    """Counts by conversation shape (kit._fastcount), checked against the tokenizer itself on a
-    spread of rows; None when the fast path can't take this tokenizer, template or column."""
-    count = fast_counter(tokenizer)
-    compiled, kwargs, pasted = _template_and_kwargs(tokenizer)
-    if count is None or not pasted:
-        return None
-    shapes = ShapeCounter(ShapeRenderer(compiled, kwargs, True), count, specials_of(tokenizer))
-    found = frame_counts(shapes, count, frame, column)
-    if found is None:  # not a list[struct{role, content}] column: render every row
-        return None
-    counts, left = found
-    rows = frame[column].gather(left).to_list() if left else []
-    for i, n in zip(left, _rendered_counts(tokenizer, rows), strict=True):
-        counts[i] = n
-    check = range(0, len(counts), max(1, len(counts) // _CHECKED))
-    check = [i for i in check if counts[i] is not None]
-    texts = render(tokenizer, frame[column].gather(check).to_list())
-    if _hf_lengths(tokenizer, texts) != [counts[i] for i in check]:
-        warnings.warn(
-            "prompt counts by conversation shape disagreed with the tokenizer on a checked "
-            "row; counting every rendered prompt instead",
-            stacklevel=3,
-        )
-        return None
-    return counts
 
 
 def count_completion_tokens(records: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
@@ -327,60 +235,50 @@ def count_completion_tokens(records: pl.DataFrame, tokenizer: Any = None) -> pl.
     n = records.height
     counts = _column_or_nulls(records, "completion_tokens", n)
     sources = _column_or_nulls(records, "count_source", n)
-    ids = _column_or_nulls(records, "output_ids", n)
-    out_counts: list[int | None] = []
-    out_sources: list[str | None] = []
-    for count, source, row_ids in zip(counts, sources, ids, strict=True):
+    for i, row_ids in enumerate(_column_or_nulls(records, "output_ids", n)):
         if row_ids is not None:
-            out_counts.append(len(row_ids))
-            out_sources.append("server_ids")
-        elif count is not None:
-            out_counts.append(int(count))
-            out_sources.append(source or "usage")
+            counts[i], sources[i] = len(row_ids), "server_ids"
+        elif counts[i] is not None:
+            counts[i], sources[i] = int(counts[i]), sources[i] or "usage"
         else:
-            out_counts.append(None)
-            out_sources.append("retokenized")
-    missing = [i for i, c in enumerate(out_counts) if c is None]
+            sources[i] = "retokenized"
+    missing = [i for i, c in enumerate(counts) if c is None]
+    if missing and (tokenizer is None or "completion" not in records.columns):
+        need = "pass tokenizer=" if tokenizer is None else "give them a 'completion' column"
+        raise ValueError(
+            f"{len(missing)} records have no server token count (first: row {missing[0]}); "
+            f"{need} to re-tokenize their text"
+        )
     if missing:
-        out_counts = _retokenize(records, missing, out_counts, tokenizer)
+        texts = records["completion"].to_list()
+        lengths = encode_lengths(tokenizer, [texts[i] or "" for i in missing])
+        for i, length in zip(missing, lengths, strict=True):
+            counts[i] = length
     return records.with_columns(
-        pl.Series("completion_tokens", out_counts, dtype=pl.Int64),
-        pl.Series("count_source", out_sources, dtype=pl.String),
+        pl.Series("completion_tokens", counts, dtype=pl.Int64),
+        pl.Series("count_source", sources, dtype=pl.String),
     )
 
 
 def _column_or_nulls(frame: pl.DataFrame, name: str, n: int) -> list:
-    """A column as a list, or n Nones when absent."""
+    """A column as a (new) list, or n Nones when absent."""
     return frame[name].to_list() if name in frame.columns else [None] * n
-
-
-def _retokenize(records: pl.DataFrame, missing: list[int], counts: list, tokenizer: Any) -> list:
-    """Fill counts[i] for i in missing by encoding the completion text."""
-    if tokenizer is None:
-        raise ValueError(
-            f"{len(missing)} records have no server token count (first: row {missing[0]}); "
-            "pass tokenizer= to re-tokenize their text"
-        )
-    if "completion" not in records.columns:
-        raise ValueError(
-            f"records have no 'completion' text column to re-tokenize (columns: {records.columns})"
-        )
-    texts = records["completion"].to_list()
-    lengths = encode_lengths(tokenizer, [texts[i] or "" for i in missing])
-    counts = list(counts)
-    for i, length in zip(missing, lengths, strict=True):
-        counts[i] = length
-    return counts
 
 
 def chat_template_hash(tokenizer: Any) -> str:
     """A short stable hash of the chat template and the special tokens it sees.
 
+    Args:
+        tokenizer: a tokenizer or a path for load_tokenizer.
+
+    Returns:
+        16 hex digits; they change when the template or a special token changes.
+
     Example:
         >>> chat_template_hash(tok)
-        '5adf0442e5f7706b'  # SmolLM2-135M-Instruct
+        '5adf0442e5f7706b'
     """
-    tokenizer = _as_tokenizer(tokenizer)
+    tokenizer = load_tokenizer(tokenizer)
     payload = json.dumps(
         {"template": tokenizer.get_chat_template(), "special": dict(tokenizer.special_tokens_map)},
         sort_keys=True,

@@ -1,24 +1,27 @@
 """The dataclasses every stage shares.
 
-The run directory (written by kit.store, read by monitor/audit/export) holds:
+The run directory (written by kit.run.store, read by kit.report's monitor/audit/export) holds:
 
     run_dir/
       config.json            {"fingerprint": str, "config": RunConfig as dict}  (no secrets)
-      plan.json              written by 01_plan (kit.plan.write_plan), read by generate
-      prompts.parquet        the prompt frame the run draws from (sources.load output)
+      plan.json              {"version": 2, "budgets", "config", "pilot", "table"}, written by
+                             kit.plan.write_plan (01_plan, `kit plan`), read by kit.plan.read_plan
+      prompts.parquet        the prompt frame the run draws from (kit.load output)
       records/<dataset>.jsonl  one Record per line (dataclasses.asdict), append-only
       errors.jsonl           one ErrorRecord per line: requests that failed every attempt
-      skipped.jsonl          prompts never sent (too long for the context; kit._guard), one per line
+      skipped.jsonl          prompts never sent (too long for the context; kit.run.guard), one per line
 
-A prompt frame (kit.sources.load) has the columns:
+A prompt frame (kit.load, i.e. kit.data.sources.load) has the columns:
     dataset: str, prompt_id: str, messages: list[struct{role: str, content: str}],
     n_turns: int, row: int (index of the row in its source file)
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, Protocol
 
 CountSource = Literal["server_ids", "usage", "retokenized"]
@@ -28,7 +31,16 @@ Message = dict  # {"role": "system"|"user"|"assistant", "content": str}
 
 @dataclass(slots=True)
 class Sampling:
-    """Sampling parameters sent with every request; part of the run fingerprint."""
+    """Sampling parameters sent with every request; part of the run fingerprint.
+
+    Example:
+        >>> Sampling(max_tokens=256, temperature=0.0).n
+        1
+        >>> Sampling(top_p=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: Sampling.top_p must be in (0, 1], got 0
+    """
 
     max_tokens: int = 512
     temperature: float = 0.7
@@ -118,7 +130,7 @@ class BackendError(Exception):
 
 
 class Backend(Protocol):
-    """One server endpoint. Implementations live in kit.backends."""
+    """One server endpoint. Implementations live in kit.run.backends."""
 
     url: str
 
@@ -150,40 +162,149 @@ class Budget:
                 )
 
 
+APIS = ("openai", "vllm", "sglang")
+POLICIES = ("drain", "cancel")
+
+
 @dataclass(slots=True)
 class RunConfig:
-    """Everything a run needs; stored in run_dir/config.json (never an API key, only its env var name).
+    """The one settings object of a run: what the CLI, the pilot, the notebooks and
+    `kit.generate(prompts, config, run_dir=...)` all build. Validates on construction.
 
-    The fingerprint (kit.store.fingerprint) covers what changes outputs: model, sampling,
-    chat_template_hash, source_hashes. Budgets, endpoints and concurrency may change on resume.
+    Stored in run_dir/config.json (never an API key, only the NAME of its env var). The
+    fingerprint covers what changes outputs (model, sampling, chat template, sources);
+    budgets, endpoints, concurrency and timeouts may change on resume.
+
+    Example:
+        >>> RunConfig(model="smol", endpoints="http://127.0.0.1:8000/v1", budgets=4000).endpoints
+        ['http://127.0.0.1:8000/v1']
+        >>> RunConfig(model="smol", endpoints=["http://h/v1"], budgets={"a": 0})
+        Traceback (most recent call last):
+        ...
+        ValueError: RunConfig.budgets: budget for dataset 'a' must be a positive number, got 0
     """
 
     model: str
     # base URLs, e.g. "http://127.0.0.1:8000/v1" (openai/vllm) or "http://host:30000" (sglang)
     endpoints: list[str]
-    sampling: Sampling
-    budgets: dict[str, int]  # dataset -> completion-token budget
-    # dataset -> hash of its sorted prompt_ids
-    source_hashes: dict[str, str] = field(default_factory=dict)
-    # dataset -> source path ("" for in-memory)
-    datasets: dict[str, str] = field(default_factory=dict)
-    chat_template_hash: str | None = None
-    # local path of the target's tokenizer (re-tokenizing, chat template)
-    tokenizer: str | None = None
+    # dataset -> completion-token budget; one int means "this much for every dataset"
+    budgets: dict[str, int] | int
+    sampling: Sampling = field(default_factory=Sampling)
+    tokenizer: str | None = None  # local path of the target's tokenizer (counts, guard, template)
     api: Literal["openai", "vllm", "sglang"] = "openai"
     api_key_env: str | None = None  # NAME of the environment variable holding the key
     concurrency: int = 32  # requests in flight, all endpoints together
     per_endpoint_concurrency: int | None = None
     policy: Literal["drain", "cancel"] = "drain"
     seed: int = 0  # prompt order
-    max_attempts: int = 5
+    max_attempts: int = 5  # tries per request (429/5xx/timeouts/resets are retried)
     max_context: int | None = None  # skip prompt + max_tokens > this (None: from the tokenizer)
+    timeout: float | None = None  # read timeout per request (None: 120 s + 0.5 s per max_token)
+    retry_base: float = 0.5  # first backoff delay (s), doubled per attempt with jitter
+    no_endpoint_timeout: float = 120.0  # s with no healthy endpoint before the run stops
+    # filled in by kit.generate from the prompts and the tokenizer; part of the fingerprint
+    source_hashes: dict[str, str] = field(default_factory=dict)  # dataset -> hash of prompt ids
+    datasets: dict[str, str] = field(default_factory=dict)  # dataset -> source path ("" in memory)
+    chat_template_hash: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.endpoints, str):
+            self.endpoints = [self.endpoints]
+        if isinstance(self.sampling, dict):
+            self.sampling = Sampling(**self.sampling)
+        for name, (ok, must) in _config_checks(self).items():
+            if not ok:
+                raise ValueError(f"RunConfig.{name} must be {must}, got {getattr(self, name)!r}")
+        if isinstance(self.budgets, dict):
+            try:
+                Budget(self.budgets)
+            except ValueError as exc:
+                raise ValueError(f"RunConfig.budgets: {exc}") from None
+            self.budgets = {name: int(math.ceil(v)) for name, v in self.budgets.items()}
+
+    def budgets_for(self, datasets: list[str]) -> dict[str, int]:
+        """dataset -> budget for exactly these datasets; ValueError naming what is missing.
+
+        Example:
+            >>> RunConfig(model="m", endpoints="http://h/v1", budgets=4000).budgets_for(["a", "b"])
+            {'a': 4000, 'b': 4000}
+        """
+        if not isinstance(self.budgets, dict):
+            return dict.fromkeys(datasets, int(self.budgets))
+        if missing := [n for n in datasets if n not in self.budgets]:
+            raise ValueError(
+                f"RunConfig.budgets has no entry for datasets {missing}; "
+                "give each a budget (or one number for all) or drop their prompts"
+            )
+        if extra := [n for n in self.budgets if n not in datasets]:
+            raise ValueError(
+                f"RunConfig.budgets names datasets {extra} that have no prompts (found {datasets})"
+            )
+        return dict(self.budgets)
+
+    def fingerprint_parts(self) -> dict:
+        """The parts that change outputs: model, sampling, chat template, sources."""
+        return {
+            "model": self.model,
+            "sampling": asdict(self.sampling),
+            "chat_template_hash": self.chat_template_hash,
+            "source_hashes": dict(sorted(self.source_hashes.items())),
+        }
+
+    def fingerprint(self) -> str:
+        """A short stable hash of fingerprint_parts() (the run's identity)."""
+        blob = json.dumps(self.fingerprint_parts(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        """A plain dict for config.json (holds only the key's env var name)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunConfig:
+        """Inverse of to_dict; unknown keys (from other kit versions) are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _is_int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_pos(value) -> bool:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return ok and not math.isnan(value) and value > 0
+
+
+def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
+    """field -> (valid?, what it must be); budgets are checked in detail by Budget."""
+    optional_int = lambda v, low: v is None or _is_int(v, low)  # noqa: E731
+    return {
+        "model": (isinstance(c.model, str) and c.model != "", "a non-empty model name"),
+        "endpoints": (isinstance(c.endpoints, list) and bool(c.endpoints)
+                      and all(isinstance(u, str) and u for u in c.endpoints), "a base URL or a non-empty list of them"),
+        "budgets": (isinstance(c.budgets, dict) or _is_pos(c.budgets), "a positive number or a dict dataset -> tokens"),
+        "sampling": (isinstance(c.sampling, Sampling), "a kit.Sampling"),
+        "api": (c.api in APIS, f"one of {APIS}"),
+        "api_key_env": (c.api_key_env is None or (isinstance(c.api_key_env, str) and c.api_key_env != ""),
+                        "the NAME of an environment variable (never the key itself)"),
+        "concurrency": (_is_int(c.concurrency, 1), "an int >= 1"),
+        "per_endpoint_concurrency": (optional_int(c.per_endpoint_concurrency, 1), "None or an int >= 1"),
+        "policy": (c.policy in POLICIES, f"one of {POLICIES}"),
+        "seed": (_is_int(c.seed, -(2**63)), "an int"),
+        "max_attempts": (_is_int(c.max_attempts, 1), "an int >= 1"),
+        "max_context": (optional_int(c.max_context, 2), "None or an int >= 2"),
+        "timeout": (c.timeout is None or _is_pos(c.timeout), "None or seconds > 0"),
+        "retry_base": (_is_pos(c.retry_base), "seconds > 0"),
+        "no_endpoint_timeout": (_is_pos(c.no_endpoint_timeout), "seconds > 0"),
+        "tokenizer": (c.tokenizer is None or isinstance(c.tokenizer, str), "None or a local path"),
+    }  # fmt: skip
 
 
 @dataclass(slots=True)
 class DatasetProgress:
     """Where one dataset stands; what the monitor draws. Built by the runner live and by
-    kit.monitor from a run directory (kit.watch)."""
+    kit.report.monitor from a run directory (kit.watch)."""
 
     dataset: str
     budget: int  # completion tokens

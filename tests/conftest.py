@@ -4,6 +4,10 @@ model_dir        Path of the prepared SmolLM2-135M-Instruct folder (tokenizer + 
 embedded_server  a running kit.serve.EmbeddedServer: .base_url ("http://127.0.0.1:PORT/v1"),
                  .model (send it as the request's "model"), .model_dir, .port, .pid
 free_port        a function returning an unused TCP port
+
+A test that uses model_dir or embedded_server (directly or through another fixture) is
+marked `server` even if it forgot the mark, so `make unit` (-m "not server ...") never
+prepares the model or starts a server.
 """
 
 from __future__ import annotations
@@ -16,6 +20,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SERVER_TIMEOUT = 300  # start-up is ~10-25 s on 2 idle cores; CI machines are often loaded
+NEEDS_MODEL = {"model_dir", "embedded_server"}  # fixtures that make a test a `server` test
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if NEEDS_MODEL & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +51,6 @@ def embedded_server(model_dir):
 @pytest.fixture(scope="session")
 def free_port():
     """A function returning a TCP port nobody listens on right now."""
-    from kit.serve import free_port as pick
+    from kit.serve.server import free_port as pick
 
     return pick

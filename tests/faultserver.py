@@ -19,6 +19,8 @@ drawn from a fixed vocabulary, completion_tokens == number of words, token ids a
 vocabulary indices + 100. A request gets a fault when it is among the first `first_k`
 requests, or when a draw seeded by (config seed, request body, times this body was seen)
 falls under `fraction`, so a retry of the same body draws again, reproducibly.
+With `hang_after` N, every request after the first N (counted since start) hangs: a run
+against it cannot finish, so a test can act on it mid-run whatever the machine's speed.
 
 In a test:
     with FaultServer(FaultConfig(mode="429", first_k=2)) as srv:
@@ -64,6 +66,7 @@ class FaultConfig:
     retry_after: str = "1"  # Retry-After header for 429: seconds or an HTTP date
     latency: float = 0.0  # seconds before each answer
     die_after: int | None = None  # answer N requests, then die on the next (exit as a process)
+    hang_after: int | None = None  # answer N requests, then never answer another (a stuck server)
     min_words: int = 5
     max_words: int = 60
     seed: int = 0
@@ -244,6 +247,8 @@ class _Conn(asyncio.Protocol):
             st.last_body, st.last_headers = orjson.loads(body), headers
         except orjson.JSONDecodeError:
             return self.answer("bad_json", _http(400, b'{"error": "bad json"}'))
+        if st.cfg.hang_after is not None and st.requests > st.cfg.hang_after:
+            return self.answer("hang", None)
         mode = st.cfg.mode if st.faulted(body) else "ok"
         if mode == "ok" and path not in ("/v1/chat/completions", "/generate"):
             return self.answer("not_found", _http(404, b'{"error": "not found"}'))

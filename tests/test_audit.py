@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 import kit
-from kit.audit import AuditThresholds, normalize_text
+from kit.report.audit import AuditThresholds, normalize_text
 from kit.types import ErrorRecord, Record, RunConfig, Sampling
 
 T0 = 1_700_000_000.0
@@ -71,7 +71,7 @@ def plant_run(
         chat_template_hash="planted",
     )
     (run_dir / "records").mkdir(parents=True, exist_ok=True)
-    doc = {"fingerprint": "f" * 16, "config": dataclasses.asdict(cfg)}
+    doc = {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict()}
     (run_dir / "config.json").write_text(json.dumps(doc))
     by_ds: dict[str, list[str]] = {}
     for r in records:
@@ -270,7 +270,7 @@ def _values(spec) -> list[dict]:
 
 
 def test_chart_specs(chart_run):
-    from kit import charts
+    from kit.report import charts
 
     report = kit.audit(chart_run)
     recs = report.records
@@ -314,7 +314,7 @@ def test_chart_specs(chart_run):
 def test_charts_render_png(chart_run, tmp_path):
     import vl_convert as vlc
 
-    from kit import charts
+    from kit.report import charts
 
     report = kit.audit(chart_run)
     builders = [charts.token_distributions, charts.budget_vs_actual, charts.finish_reasons, charts.throughput, charts.completion_vs_prompt]  # fmt: skip

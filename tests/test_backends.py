@@ -1,4 +1,4 @@
-"""kit.backends against the fault server (tests/faultserver.py) and the embedded server."""
+"""kit.run.backends against the fault server (tests/faultserver.py) and the embedded server."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from faultserver import FaultConfig, FaultServer, free_port
 
-from kit.backends import (
+from kit.run.backends import (
     EndpointPool,
     OpenAIChat,
     SGLangGenerate,
@@ -55,6 +55,15 @@ async def error_of(backend, timeout=5.0) -> BackendError:
     return info.value
 
 
+async def wait_until(cond, timeout: float = 60.0, what: str = "condition") -> None:
+    """Poll cond() on the running loop until it holds; fail after a generous timeout."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout:g} s")
+        await asyncio.sleep(0.02)
+
+
 # --- OpenAI-compatible chat ---------------------------------------------------------------
 
 
@@ -88,6 +97,7 @@ def test_openai_length_finish_when_max_tokens_hit(srv):
     assert (c.finish_reason, c.completion_tokens, len(c.text.split())) == ("length", 8, 8)
 
 
+@pytest.mark.server  # the real model's tokenizer
 def test_openai_no_usage_retokenizes_with_tokenizer(srv, model_dir):
     srv.configure(mode="nousage")
     c = run(complete(OpenAIChat(srv.base_url, "m", tokenizer=str(model_dir))))
@@ -121,6 +131,7 @@ def test_vllm_without_ids_falls_back_to_usage(srv):
     assert c.count_source == "usage" and c.output_ids is None
 
 
+@pytest.mark.server  # the real model's tokenizer
 def test_sglang_renders_template_and_parses_meta(srv, model_dir):
     from transformers import AutoTokenizer
 
@@ -190,10 +201,10 @@ def test_429_then_ok_with_first_k(srv):
 
 
 def test_retry_after_http_date(srv):
-    when = email.utils.formatdate(time.time() + 30, usegmt=True)
+    when = email.utils.formatdate(time.time() + 3600, usegmt=True)  # whole seconds
     srv.configure(mode="429", retry_after=when)
     err = run(error_of(OpenAIChat(srv.base_url, "m")))
-    assert 25 <= err.retry_after <= 31
+    assert 3600 - 300 <= err.retry_after <= 3600  # seconds from now, however long the request took
 
 
 def test_parse_retry_after():
@@ -204,11 +215,9 @@ def test_parse_retry_after():
 
 
 def test_timeout_is_enforced(srv):
-    srv.configure(mode="hang")
-    t0 = time.monotonic()
-    err = run(error_of(OpenAIChat(srv.base_url, "m"), timeout=0.3))
+    srv.configure(mode="hang")  # never answers: only the backend's own timeout ends the request
+    err = run(asyncio.wait_for(error_of(OpenAIChat(srv.base_url, "m"), timeout=0.3), 60))
     assert err.kind == "timeout" and err.retryable
-    assert time.monotonic() - t0 < 3
 
 
 def test_connection_refused_is_connect():
@@ -289,9 +298,10 @@ def test_pool_least_loaded_and_per_endpoint_limit():
                 assert {b1.url, b2.url} == set(urls)  # one each: the least loaded
                 cm = pool.acquire()
                 third = asyncio.ensure_future(cm.__aenter__())
-                await asyncio.sleep(0.05)
+                for _ in range(20):  # let it run as far as it can: it parks, both are full
+                    await asyncio.sleep(0)
                 assert not third.done()  # both endpoints full: waits
-            b3 = await asyncio.wait_for(third, 1)  # a slot came free
+            b3 = await asyncio.wait_for(third, 60)  # a slot came free
             assert [s["in_flight"] for s in pool.stats().values()].count(1) == 1
             await cm.__aexit__(None, None, None)
             assert pool.stats()[b3.url]["in_flight"] == 0
@@ -321,12 +331,8 @@ def test_pool_takes_dead_endpoint_out_and_brings_it_back():
             st = pool.stats()[a.base_url]
             assert not st["healthy"] and 1 <= st["failures"] <= 2  # out (2 errors or a probe)
             assert served == {a.base_url: 0, b.base_url: 12 - st["failures"]}
-            a.restart()
-            for _ in range(100):
-                if pool.stats()[a.base_url]["healthy"]:
-                    break
-                await asyncio.sleep(0.05)
-            assert pool.stats()[a.base_url]["healthy"]
+            a.restart()  # the prober (every 0.1 s) brings it back
+            await wait_until(lambda: pool.stats()[a.base_url]["healthy"], what="endpoint back")
             async with pool.acquire() as b1, pool.acquire() as b2:
                 assert {b1.url, b2.url} == {a.base_url, b.base_url}
         finally:
@@ -349,11 +355,16 @@ def test_pool_no_endpoint_after_timeout_and_429_keeps_endpoint():
             s.configure(mode="down")
             pool.report(b, False, BackendError("http_5xx", "boom"))
             assert not pool.stats()[url]["healthy"]
-            t0 = time.monotonic()
-            with pytest.raises(BackendError) as info:
+
+            async def acquire_once():
                 async with pool.acquire():
                     pass
-            assert info.value.kind == "no_endpoint" and 0.25 < time.monotonic() - t0 < 2
+
+            t0 = time.monotonic()
+            with pytest.raises(BackendError) as info:
+                await asyncio.wait_for(acquire_once(), 60)
+            assert info.value.kind == "no_endpoint"
+            assert time.monotonic() - t0 >= 0.29  # it waited no_endpoint_timeout (0.3 s) first
         finally:
             await pool.aclose()
 
@@ -375,7 +386,7 @@ def test_faultserver_process_dies_after_n():
         assert all(run(complete(b)).completion_tokens > 0 for _ in range(2))
         kinds = [run(error_of(b)).kind for _ in range(2)]  # the 3rd request kills it
         assert kinds == ["connect", "connect"]
-        assert proc.wait(5) == 3
+        assert proc.wait(60) == 3
     finally:
         proc.kill()
         proc.wait()

@@ -1,7 +1,8 @@
 """The four notebooks as people use them: JupyterLab in headless Chromium, Run All Cells.
 
-One JupyterLab serves the repo; its kernels inherit KIT_RUN_DIR (a temp run dir) and the
-session's embedded server (KIT_BASE_URL/KIT_MODEL/KIT_TOKENIZER), so 01 -> 04 share one
+One JupyterLab serves copies of the notebooks with their parameters injected the way
+papermill does (a cell tagged `injected-parameters` after the `parameters` cell; what
+`kit demo` does): a temp run dir and the session's embedded server, so 01 -> 04 share one
 server and one run directory. The test asserts what a person sees: planner widgets that
 answer a typed budget, monitor bars that move and end full, charts with drawn marks, no
 error output. Screenshots go to $KIT_SCREENSHOTS (docs/img with `make screenshots`),
@@ -18,6 +19,7 @@ import re
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 from browser_helpers import (
     JupyterLab,
@@ -27,16 +29,13 @@ from browser_helpers import (
     launch_chromium,
 )
 
+from kit.cli import NOTEBOOKS, parameterized
+
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 # small on purpose: 8 datasets x (2 pilot prompts + ~3 samples) x <= 32 tokens
-NOTEBOOK_ENV = {
-    "KIT_MAX_TOKENS": "32",
-    "KIT_PILOT": "2",
-    "KIT_STOP_AFTER": "5",
-    "KIT_CONCURRENCY": "8",
-}
+NOTEBOOK_PARAMETERS = {"max_tokens": 32, "pilot_per_dataset": 2, "concurrency": 8}
 TYPED_BUDGET = 96  # completion tokens per dataset, typed into the planner's IntText boxes
 CELL_TIMEOUT = 420  # seconds for one notebook's Run All on a loaded 2-core machine
 
@@ -48,18 +47,23 @@ def run_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def lab(embedded_server, run_dir, free_port, tmp_path_factory):
-    """JupyterLab on the repo, kernels pointed at the shared server and the temp run dir."""
-    env = {
-        **NOTEBOOK_ENV,
-        "KIT_RUN_DIR": str(run_dir),
-        "KIT_EXPORT_DIR": str(run_dir.parent / "export"),
-        "KIT_BASE_URL": embedded_server.base_url,
-        "KIT_MODEL": embedded_server.model,
-        "KIT_TOKENIZER": str(embedded_server.model_dir),
-        "HF_HUB_OFFLINE": "1",
+    """JupyterLab on parameterized copies of the notebooks: the shared server, the temp run dir."""
+    root = tmp_path_factory.mktemp("lab")
+    parameters = {
+        **NOTEBOOK_PARAMETERS,
+        "run_dir": str(run_dir),
+        "data": str(REPO / "data" / "samples"),
+        "out_dir": str(run_dir.parent / "export"),
+        "base_url": embedded_server.base_url,
+        "model": embedded_server.model,
+        "tokenizer": str(embedded_server.model_dir),
     }
+    (root / "notebooks").mkdir()
+    for name in NOTEBOOKS:
+        nbformat.write(parameterized(name, parameters), root / "notebooks" / f"{name}.ipynb")
     committed = {p: p.read_bytes() for p in (REPO / "notebooks").glob("*.ipynb")}
-    server = JupyterLab(REPO, tmp_path_factory.mktemp("jupyter"), free_port(), env)
+    env = {"HF_HUB_OFFLINE": "1"}
+    server = JupyterLab(root, tmp_path_factory.mktemp("jupyter"), free_port(), env)
     try:
         server.wait_ready()
         yield server
@@ -264,7 +268,7 @@ def check_generate(browser, lab, run_dir: Path, shots: Path) -> None:
     assert len(rising) >= 2, f"progress bars did not move during generation: {totals}"
 
     final = nb.page.evaluate(BARS_BY_CELL_JS)
-    assert len(final) == 2, f"want a monitor under the stopped run and the resume: {final}"
+    assert len(final) == 1, f"want one monitor, under the run cell: {final}"
     last_cell = max(final, key=int)
     bars = final[last_cell]["bars"]
     plan = json.loads((run_dir / "plan.json").read_text())

@@ -1,4 +1,4 @@
-"""kit.export on planted runs and on a real embedded-server run; kit.export.validate."""
+"""kit.export on planted runs and on a real embedded-server run; kit.validate on the exports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 from test_audit import ANSWERS, make_record, pid, plant_run
 
 import kit
-from kit.export import ExportOptions, export, validate
+from kit.report.export import ExportOptions, export
+from kit.report.validate import sha256_file, validate
+from kit.run.store import records_frame
 
 SECRET = "sk-kit-test-secret-7f3a9c"
 
@@ -71,7 +73,7 @@ def test_specforge_format_field_by_field(planted, tmp_path):
     out = tmp_path / "out"
     result = export(planted, out, formats=("specforge",))
     rows = read_jsonl(out / "specforge/train.jsonl")
-    records = kit.store.records_frame(planted).sort("t_done").to_dicts()
+    records = records_frame(planted).sort("t_done").to_dicts()
     assert len(rows) == len(records) == 10
     for row, rec in zip(rows, records, strict=True):
         assert set(row) == {"id", "conversations"}
@@ -95,7 +97,7 @@ def test_token_rows_on_planted_records(planted, tmp_path, tok):
     result = export(planted, out, formats=("token_ids", "specforge", "parquet"))
     rows = read_jsonl(out / "token_ids/train.jsonl")
     convs = read_jsonl(out / "specforge/train.jsonl")
-    finish = kit.store.records_frame(planted).sort("t_done")["finish_reason"].to_list()
+    finish = records_frame(planted).sort("t_done")["finish_reason"].to_list()
     assert len(rows) == 10
     for row, conv, fin in zip(rows, convs, finish, strict=True):
         assert row["id"] == conv["id"]
@@ -131,7 +133,7 @@ def test_ids_that_do_not_match_text_are_retokenized(tmp_path, tok, model_dir):
 @pytest.mark.server
 def test_trim_to_budget_is_exact(planted, tmp_path):
     result = export(planted, tmp_path / "out", formats=("specforge",), trim_to_budget=True)
-    recs = kit.store.records_frame(planted).filter(pl.col("dataset") == "chat").sort("t_done")
+    recs = records_frame(planted).filter(pl.col("dataset") == "chat").sort("t_done")
     tokens = recs["completion_tokens"].to_list()
     kept = result.counts["chat"]["records"]
     assert 0 < kept < len(tokens)
@@ -230,7 +232,7 @@ def test_manifest_contents_and_no_secret(tmp_path, tok, model_dir, monkeypatch):
     out = tmp_path / "out"
     export(run, out, formats=("specforge", "token_ids", "parquet"), val_fraction=0.3, seed=3)
     m = json.loads((out / "manifest.json").read_text())
-    assert m["model"] == "smollm2-135m" and m["run_fingerprint"] == "f" * 16
+    assert m["model"] == "smollm2-135m" and m["run_fingerprint"] == cfg["fingerprint"]
     assert m["servers"] == {"api": "openai", "endpoints": ["http://127.0.0.1:8000/v1"]}
     assert m["sampling"] == {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "seed": 1, "n": 1}
     assert m["tokenizer"]["chat_template_hash"] == kit.tokens.chat_template_hash(tok)
@@ -243,9 +245,7 @@ def test_manifest_contents_and_no_secret(tmp_path, tok, model_dir, monkeypatch):
     assert m["counts"]["chat"]["train"] + m["counts"]["chat"]["validation"] == 6
     for rel, entry in m["files"].items():
         data = (out / rel).read_bytes()
-        assert entry["sha256"] == kit._exportcheck.sha256_file(out / rel) and entry["bytes"] == len(
-            data
-        )
+        assert entry["sha256"] == sha256_file(out / rel) and entry["bytes"] == len(data)
     for path in out.rglob("*"):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
@@ -290,9 +290,7 @@ def test_real_server_run_token_rows(embedded_server, model_dir, tok, tmp_path):
             for i, q in enumerate(questions)
         ]
     )  # fmt: skip
-    run = kit.generate_sync(
-        prompts,
-        run_dir=tmp_path / "run",
+    config = kit.RunConfig(
         model=embedded_server.model,
         endpoints=embedded_server.base_url,
         budgets={"qa": 10_000, "chat": 10_000},
@@ -301,10 +299,11 @@ def test_real_server_run_token_rows(embedded_server, model_dir, tok, tmp_path):
         concurrency=4,
         timeout=600,  # generous: a loaded 2-core CI box answers slowly
     )
+    run = kit.generate_sync(prompts, config, run_dir=tmp_path / "run")
     out = tmp_path / "out"
     result = export(run.run_dir, out, val_fraction=0.5)
     assert sum(c["records"] for c in result.counts.values()) == 4, kit.audit(run.run_dir).summary()
-    finish = dict(kit.store.records_frame(run.run_dir).select(pl.format("{}-{}-{}", "dataset", "prompt_id", "sample"), "finish_reason").iter_rows())  # fmt: skip
+    finish = dict(records_frame(run.run_dir).select(pl.format("{}-{}-{}", "dataset", "prompt_id", "sample"), "finish_reason").iter_rows())  # fmt: skip
     n = 0
     for split in ("train", "validation"):
         rows = read_jsonl(out / f"token_ids/{split}.jsonl")

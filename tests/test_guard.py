@@ -11,10 +11,10 @@ import pytest
 from faultserver import FaultConfig, FaultServer
 
 import kit
-from kit._guard import model_context
-from kit.store import progress, records_frame
+from kit.run.guard import model_context
+from kit.run.store import progress, records_frame
 from kit.tokens import count_prompt_tokens
-from kit.types import Sampling
+from kit.types import RunConfig, Sampling
 
 MAX_TOKENS, MAX_CONTEXT = 40, 400
 
@@ -31,12 +31,13 @@ def frame(spec: dict[str, dict[str, int]]) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def run_args(srv, tmp_path, model_dir, **kw) -> dict:
-    base = dict(run_dir=tmp_path / "run", model="fake", endpoints=srv.base_url, tokenizer=str(model_dir), sampling=Sampling(max_tokens=MAX_TOKENS), concurrency=8, retry_base=0.02)  # fmt: skip
-    return base | kw
+def config(srv, budgets, model_dir, **kw) -> RunConfig:
+    base = dict(model="fake", endpoints=srv.base_url, budgets=budgets, tokenizer=str(model_dir), sampling=Sampling(max_tokens=MAX_TOKENS), concurrency=8, retry_base=0.02)  # fmt: skip
+    return RunConfig(**(base | kw))
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_long_prompts_are_skipped_counted_and_listed(model_dir, tmp_path):
     prompts = frame({"a": {"short": 60, "medium": 5, "long": 5}, "b": {"short": 20, "medium": 4, "long": 3}})  # fmt: skip
     counted = count_prompt_tokens(model_dir, prompts)  # the truth, every prompt tokenized
@@ -44,8 +45,8 @@ def test_long_prompts_are_skipped_counted_and_listed(model_dir, tmp_path):
     assert sorted(truth["prompt_id"]) == sorted(p for p in prompts["prompt_id"] if "long" in p)
     budgets = {"a": 600, "b": 100_000}
     with FaultServer(FaultConfig(latency=0.01, min_words=5, max_words=60)) as srv:
-        args = run_args(srv, tmp_path, model_dir, max_context=MAX_CONTEXT)
-        run = kit.generate_sync(prompts, budgets=budgets, **args)
+        cfg = config(srv, budgets, model_dir, max_context=MAX_CONTEXT)
+        run = kit.generate_sync(prompts, cfg, run_dir=tmp_path / "run")
         sent = srv.stats()["requests"]
         summary = {r["dataset"]: r for r in run.summary().iter_rows(named=True)}
         print(f"\n{run.summary()}")
@@ -73,7 +74,7 @@ def test_long_prompts_are_skipped_counted_and_listed(model_dir, tmp_path):
         assert [d["skipped"] for d in status["datasets"]] == [5, 3]
 
         before = (run.run_dir / "skipped.jsonl").read_bytes()
-        again = kit.generate_sync(None, budgets=budgets, **args)  # resume: nothing new to send
+        again = kit.generate_sync(None, cfg, run_dir=run.run_dir)  # resume: nothing new to send
         assert srv.stats()["requests"] == sent
         assert (run.run_dir / "skipped.jsonl").read_bytes() == before  # listed once, not per start
         assert again.summary()["skipped_context"].to_list() == [5, 3]
@@ -96,9 +97,8 @@ def test_default_context_comes_from_the_model(model_dir, tmp_path):
     huge = {"dataset": "a", "prompt_id": "a-huge", "n_turns": 1, "row": 6, "messages": [{"role": "user", "content": "word " * 9000}]}  # fmt: skip
     prompts = pl.concat([prompts, pl.DataFrame([huge])])
     with FaultServer(FaultConfig(min_words=5, max_words=30)) as srv:
-        run = kit.generate_sync(
-            prompts, budgets={"a": 10_000}, **run_args(srv, tmp_path, model_dir)
-        )
+        cfg = config(srv, {"a": 10_000}, model_dir)
+        run = kit.generate_sync(prompts, cfg, run_dir=tmp_path / "run")
         assert srv.stats()["requests"] == 6
     row = run.summary().row(0, named=True)
     assert (row["skipped_context"], row["samples_done"], row["state"]) == (1, 6, "exhausted")
@@ -110,17 +110,21 @@ def test_default_context_comes_from_the_model(model_dir, tmp_path):
 def test_no_tokenizer_no_guard_and_bad_settings_raise(tmp_path):
     prompts = frame({"a": {"short": 3, "long": 2}})
     with FaultServer(FaultConfig(min_words=5, max_words=30)) as srv:
-        args = dict(run_dir=tmp_path / "run", model="fake", endpoints=srv.base_url, sampling=Sampling(max_tokens=MAX_TOKENS), retry_base=0.02)  # fmt: skip
-        run = kit.generate_sync(prompts, budgets={"a": 10_000}, **args)
+        args = dict(model="fake", endpoints=srv.base_url, sampling=Sampling(max_tokens=MAX_TOKENS), retry_base=0.02)  # fmt: skip
+        run = kit.generate_sync(
+            prompts, RunConfig(budgets={"a": 10_000}, **args), run_dir=tmp_path / "run"
+        )
         assert srv.stats()["requests"] == 5  # without a tokenizer every prompt is sent
         assert run.summary()["skipped_context"].to_list() == [0]
         assert not (tmp_path / "run" / "skipped.jsonl").exists()
-        bad = [
-            ({"max_context": 0, "tokenizer": "x"}, "max_context=0"),
-            ({"max_context": 2.5, "tokenizer": "x"}, "max_context=2.5"),
-            ({"max_context": 400}, "max_context=400 needs tokenizer"),
-            ({"max_context": 30, "tokenizer": "x"}, "max_context=30 leaves no room"),
-        ]
-        for extra, message in bad:
-            with pytest.raises(ValueError, match=message):
-                kit.generate_sync(prompts, budgets={"a": 100}, **(args | extra | {"run_dir": tmp_path / "bad"}))  # fmt: skip
+    for value in (0, 2.5):  # the config refuses these itself
+        with pytest.raises(ValueError, match=f"RunConfig.max_context must be .*, got {value}"):
+            RunConfig(budgets={"a": 100}, max_context=value, tokenizer="x", **args)
+    bad = [  # refused by generate before anything is loaded, sent or written
+        ({"max_context": 400}, "max_context=400 needs tokenizer"),
+        ({"max_context": 30, "tokenizer": "x"}, "max_context=30 leaves no room"),
+    ]
+    for extra, message in bad:
+        with pytest.raises(ValueError, match=message):
+            kit.generate_sync(prompts, RunConfig(budgets={"a": 100}, **args, **extra), run_dir=tmp_path / "bad")  # fmt: skip
+    assert not (tmp_path / "bad").exists()

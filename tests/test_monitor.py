@@ -1,4 +1,4 @@
-"""kit.monitor: text table, throttling, console and widget monitors, watch over a run dir."""
+"""kit.report.monitor: text table, throttling, console and widget monitors, watch over a run dir."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import doctest
 import io
 import json
 import os
-import threading
 import time
 
 import pytest
 
 import kit
-from kit import monitor as M
+from kit.report import monitor as M
+from kit.run.store import progress as progress_of
 from kit.types import DatasetProgress, RunConfig, Sampling
 
 # ----------------------------------------------------------------------------- formatting
@@ -251,6 +251,21 @@ def test_widget_monitor_builds_and_updates(capsys):
 
 
 # ----------------------------------------------------------------------------- watch
+#
+# No test here waits on the wall clock: the run grows from the monitor callback (watch calls
+# it between two polls, so each poll sees exactly the writes of the step before), and the
+# stall timeout runs on a fake clock that moves on by a fixed step at each reading.
+
+
+class Ticks:
+    """A fake clock for watch(clock=...): each reading moves it on by `step` seconds."""
+
+    def __init__(self, step: float = 0.25) -> None:
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
 
 
 def make_run(tmp_path, budgets: dict[str, int], prompts: dict[str, int] | None = None):
@@ -258,7 +273,7 @@ def make_run(tmp_path, budgets: dict[str, int], prompts: dict[str, int] | None =
     run = tmp_path / "run"
     (run / "records").mkdir(parents=True)
     cfg = RunConfig(model="m", endpoints=["http://x/v1"], sampling=Sampling(), budgets=budgets)
-    doc = {"fingerprint": "hand", "config": dataclasses.asdict(cfg)}
+    doc = {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict()}
     (run / "config.json").write_text(json.dumps(doc))
     if prompts:
         import polars as pl
@@ -285,14 +300,27 @@ def append(run, dataset: str, text: str) -> None:
         f.flush()
 
 
+def writer(run, dataset: str, writes: list[str], seen: list):
+    """A monitor that keeps (samples_done, tokens_done) of each poll, then appends the next
+    text of `writes` (whole or partial lines) before the next poll."""
+    writes = list(writes)
+
+    def monitor(progress: list[DatasetProgress]) -> None:
+        seen.append((progress[0].samples_done, progress[0].tokens_done))
+        if writes:
+            append(run, dataset, writes.pop(0))
+
+    return monitor
+
+
 def test_watch_finished_run_returns_at_once(tmp_path):
     run = make_run(tmp_path, {"a": 100, "b": 1_000}, prompts={"a": 10, "b": 3})
     append(run, "a", "".join(record_line("a", i, 60) for i in range(2)))
     append(run, "b", "".join(record_line("b", i, 5, "length") for i in range(3)))
     out = io.StringIO()
-    t0 = time.monotonic()
-    final = kit.watch(run, interval=0.05, monitor=M.ConsoleMonitor(out, min_interval=0))
-    assert time.monotonic() - t0 < 5
+    mon = M.ConsoleMonitor(out, min_interval=0)
+    final = kit.watch(run, interval=0.05, monitor=mon)
+    assert mon.renders == 1  # one poll, one render: a finished run is not polled again
     assert [(p.dataset, p.tokens_done, p.state) for p in final] == [
         ("a", 120, "budget_reached"), ("b", 15, "exhausted"),
     ]  # fmt: skip
@@ -300,40 +328,19 @@ def test_watch_finished_run_returns_at_once(tmp_path):
     assert "budget_reached" in out.getvalue() and "100.0%" in out.getvalue()
 
 
-def grow(run, dataset: str, n: int, tokens: int, pause: float, torn_at: int | None = None):
-    """Append n records from a thread; at torn_at, write half a line, pause, then the rest."""
-
-    def work():
-        for i in range(n):
-            line = record_line(dataset, i, tokens)
-            if i == torn_at:
-                append(run, dataset, line[:20])
-                time.sleep(pause * 6)
-                append(run, dataset, line[20:])
-            else:
-                append(run, dataset, line)
-            time.sleep(pause)
-
-    t = threading.Thread(target=work, daemon=True)
-    t.start()
-    return t
-
-
 def test_watch_follows_a_growing_run_until_budget(tmp_path):
     run = make_run(tmp_path, {"a": 200})
-    seen: list[int] = []
-    thread = grow(run, "a", n=20, tokens=20, pause=0.05)
-    final = kit.watch(run, interval=0.05, monitor=lambda ps: seen.append(ps[0].tokens_done))
-    thread.join()
-    assert final[0].state == "budget_reached" and final[0].tokens_done >= 200
-    assert len(set(seen)) >= 3 and seen == sorted(seen)  # watched it grow
-    assert seen[-1] == final[0].tokens_done
+    seen: list[tuple[int, int]] = []
+    lines = [record_line("a", i, 20) for i in range(12)]  # 240 tokens: more than the budget
+    final = kit.watch(run, interval=0.01, monitor=writer(run, "a", lines, seen))
+    assert seen == [(i, 20 * i) for i in range(11)]  # every step seen, stopped at the budget
+    assert (final[0].state, final[0].tokens_done) == ("budget_reached", 200)
 
 
 def test_watch_ignores_a_torn_last_line(tmp_path):
     run = make_run(tmp_path, {"a": 10_000})
     append(run, "a", record_line("a", 0, 7) + record_line("a", 1, 7)[:25])  # torn tail
-    final = kit.watch(run, interval=0.05, stall_timeout=0.3, monitor=lambda ps: None)
+    final = kit.watch(run, interval=0.01, stall_timeout=1.0, monitor=lambda ps: None, clock=Ticks())
     assert (final[0].samples_done, final[0].tokens_done) == (1, 7)
     assert final[0].state == "stopped"  # no live runner status: stalled, not done
 
@@ -341,65 +348,68 @@ def test_watch_ignores_a_torn_last_line(tmp_path):
 def test_watch_counts_a_torn_line_once_it_is_completed(tmp_path):
     run = make_run(tmp_path, {"a": 100})
     seen: list[tuple[int, int]] = []
-    thread = grow(run, "a", n=5, tokens=20, pause=0.05, torn_at=2)
-    final = kit.watch(
-        run, interval=0.02, monitor=lambda ps: seen.append((ps[0].samples_done, ps[0].tokens_done))
-    )
-    thread.join()
+    lines = [record_line("a", i, 20) for i in range(5)]
+    writes = [lines[0], lines[1], lines[2][:20], lines[2][20:], lines[3], lines[4]]
+    final = kit.watch(run, interval=0.01, monitor=writer(run, "a", writes, seen))
     assert (final[0].samples_done, final[0].tokens_done) == (5, 100)
-    assert all(t == 20 * s for s, t in seen)  # never a half-counted record
-    assert (2, 40) in seen  # it sat at 2 records while line 3 was torn
+    # it sat at 2 records while line 3 was torn, and never counted half a record
+    assert seen == [(0, 0), (1, 20), (2, 40), (2, 40), (3, 60), (4, 80), (5, 100)]
 
 
 def test_watch_stops_when_the_run_stalls_or_never_starts(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    t0 = time.monotonic()
-    assert kit.watch(empty, interval=0.05, stall_timeout=0.3, monitor=lambda ps: None) == []
-    assert 0.25 < time.monotonic() - t0 < 5
+    polls: list = []
+    final = kit.watch(empty, interval=0.01, stall_timeout=1.0, monitor=polls.append, clock=Ticks())
+    # clock 0.25 at the start, 0.5 at the first poll (the mark), then 0.75 .. 1.5: 1 s unchanged
+    assert final == [] and polls == [[]] * 5
 
 
 def test_watch_is_not_stalled_while_a_live_runner_has_requests_in_flight(tmp_path):
     run = make_run(tmp_path, {"a": 1_000})
     append(run, "a", record_line("a", 0, 10))
 
-    def heartbeat():  # what a live runner's status.json looks like (kit.store.write_status)
-        for _ in range(8):
-            live = DatasetProgress("a", budget=1_000, in_flight=2, state="running")
-            doc = {"t": time.time(), "finished": False, "datasets": [dataclasses.asdict(live)]}
-            (run / "status.tmp").write_text(json.dumps(doc))
-            os.replace(run / "status.tmp", run / "status.json")  # atomic, like the store
-            time.sleep(0.1)
-        (run / "status.json").unlink()
+    def beat() -> None:  # what a live runner's status.json looks like (RunStore.write_status)
+        live = DatasetProgress("a", budget=1_000, in_flight=2, state="running")
+        doc = {"t": time.time(), "finished": False, "datasets": [dataclasses.asdict(live)]}
+        (run / "status.tmp").write_text(json.dumps(doc))
+        os.replace(run / "status.tmp", run / "status.json")  # atomic, like the store
 
-    thread = threading.Thread(target=heartbeat, daemon=True)
-    t0 = time.monotonic()
-    thread.start()
-    final = kit.watch(run, interval=0.05, stall_timeout=0.3, monitor=lambda ps: None)
-    thread.join()
-    assert time.monotonic() - t0 >= 0.8 + 0.25  # heartbeat lasted 0.8 s, then the stall timeout
+    in_flight: list[int] = []
+
+    def monitor(progress):  # the runner beats before each of the first 8 polls, then is gone
+        in_flight.append(progress[0].in_flight)
+        if len(in_flight) < 8:
+            beat()
+        elif len(in_flight) == 8:
+            (run / "status.json").unlink()
+
+    beat()
+    final = kit.watch(run, interval=0.01, stall_timeout=1.0, monitor=monitor, clock=Ticks())
+    # 8 live polls span 2 s of the clock with no new record (the stall timeout is 1 s); once
+    # the status is gone, 4 more polls (1 s) and it stops
+    assert in_flight == [2] * 8 + [0] * 4
     assert final[0].in_flight == 0 and final[0].tokens_done == 10
 
 
 def test_watch_until_done_false_keeps_watching_until_stall(tmp_path):
     run = make_run(tmp_path, {"a": 10})
     append(run, "a", record_line("a", 0, 50))
-    t0 = time.monotonic()
-    final = kit.watch(
-        run, interval=0.05, until_done=False, stall_timeout=0.4, monitor=lambda ps: None
-    )
-    assert final[0].state == "budget_reached" and time.monotonic() - t0 >= 0.35
+    polls: list = []
+    final = kit.watch(run, interval=0.01, until_done=False, stall_timeout=1.0,
+                      monitor=polls.append, clock=Ticks())  # fmt: skip
+    assert final[0].state == "budget_reached" and len(polls) == 5  # done at once, kept 1 s more
 
 
 def test_awatch_matches_watch(tmp_path):
     run = make_run(tmp_path, {"a": 100})
-    thread = grow(run, "a", n=5, tokens=20, pause=0.05)
-    final = asyncio.run(M.awatch(run, interval=0.05, monitor=lambda ps: None))
-    thread.join()
-    again = kit.watch(run, interval=0.05, monitor=lambda ps: None)
+    seen: list[tuple[int, int]] = []
+    lines = [record_line("a", i, 20) for i in range(5)]
+    final = asyncio.run(M.awatch(run, interval=0.01, monitor=writer(run, "a", lines, seen)))
+    again = kit.watch(run, interval=0.01, monitor=lambda ps: None)
     strip = [(p.dataset, p.tokens_done, p.samples_done, p.state) for p in final]
     assert strip == [(p.dataset, p.tokens_done, p.samples_done, p.state) for p in again]
-    assert strip[0][3] == "budget_reached"
+    assert strip[0][3] == "budget_reached" and seen == [(i, 20 * i) for i in range(6)]
 
 
 def test_watch_refuses_bad_arguments(tmp_path):
@@ -420,6 +430,7 @@ def test_docstring_examples_hold():
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_monitor_and_awatch_follow_a_real_run(embedded_server, tmp_path):
     import polars as pl
 
@@ -436,11 +447,12 @@ def test_monitor_and_awatch_follow_a_real_run(embedded_server, tmp_path):
     live = M.ConsoleMonitor(out, min_interval=1.0)  # never closed: the settled rule draws the end
 
     async def main():
-        run = await kit.generate(
-            frame, run_dir=run_dir, model=embedded_server.model, endpoints=embedded_server.base_url,
-            budgets={"fruits": 120, "hi": 10_000}, sampling=kit.Sampling(max_tokens=32, seed=1),
-            concurrency=4, progress=live, background=True,
+        config = RunConfig(
+            model=embedded_server.model, endpoints=embedded_server.base_url,
+            budgets={"fruits": 120, "hi": 10_000}, sampling=Sampling(max_tokens=32, seed=1),
+            concurrency=4,
         )  # fmt: skip
+        run = await kit.generate(frame, config, run_dir=run_dir, progress=live, background=True)
         watched = await M.awatch(run_dir, interval=0.2, monitor=lambda ps: None, stall_timeout=120)
         await run.wait()
         return run, watched
@@ -464,7 +476,7 @@ def test_monitor_and_awatch_follow_a_real_run(embedded_server, tmp_path):
     for line, p in zip(last_block, final, strict=False):  # tokens, samples, state as rendered
         cells = M._row(p, 20)
         assert line.split()[:5] == cells[:5] and line.split()[-1] == p.state
-    on_disk = kit.store.progress(run_dir)  # watch's view after the drain equals the runner's
+    on_disk = progress_of(run_dir)  # watch's view after the drain equals the runner's
     assert [(p.tokens_done, p.samples_done) for p in on_disk] == [
         (p.tokens_done, p.samples_done) for p in final
     ]

@@ -1,9 +1,11 @@
 """kit.plan: profiles, budget math, bounds, allocation, validation, the seed story, plan.json,
-the pilot against the embedded server, and the planning charts' specs."""
+the pilot (faults, n samples, the embedded server), and the planning charts' specs."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import json
 import math
 import random
@@ -12,8 +14,10 @@ import statistics
 import polars as pl
 import pytest
 
-from kit import charts, plan
-from kit.types import Sampling
+from kit import plan
+from kit.plan.pilots import PilotResult
+from kit.report import charts
+from kit.types import RunConfig, Sampling
 
 
 def spread(mean: int, n: int = 100) -> list[int]:
@@ -278,27 +282,51 @@ def test_allocate_validation(kwargs, match):
 # ---------------------------------------------------------------- plan.json
 
 
+def config(**kw) -> RunConfig:
+    """A RunConfig for plans and pilots; budgets are a placeholder (plans replace them)."""
+    return RunConfig(**({"model": "m", "endpoints": "http://127.0.0.1:9/v1", "budgets": 1} | kw))
+
+
 def test_write_and_read_plan_round_trip(tmp_path):
     table = plan.budget(
         {"a": 1000, "b": 2000},
         {"a": spread(100), "b": spread(50)},
         prompts_available={"a": 99, "b": 99},
     )
-    path = plan.write_plan(
-        tmp_path / "run",
-        table,
-        sampling=Sampling(max_tokens=128, temperature=0.0),
+    cfg = config(
         model="smol",
-        sources={"a": "data/samples/a.jsonl"},
+        sampling=Sampling(max_tokens=128, temperature=0.0),
+        datasets={"a": "data/samples/a.jsonl"},
         chat_template_hash="abc",
+        concurrency=7,
     )
+    measured = PilotResult(
+        frame=pl.DataFrame({"dataset": ["a"], "completion_tokens": [100]}),
+        wall_s=2.0,
+        sampling=cfg.sampling,
+    )
+    path = plan.write_plan(tmp_path / "run", table, cfg, pilot=measured)
     raw = json.loads(path.read_text())  # plain JSON: no NaN/inf
-    assert raw["budgets"] == {"a": 1000, "b": 2000} and raw["max_tokens"] == 128
+    assert raw["version"] == 2 and raw["budgets"] == {"a": 1000, "b": 2000}
+    assert raw["config"]["budgets"] == raw["budgets"]  # the planned budgets, not the placeholder
+    assert raw["config"]["sampling"]["max_tokens"] == 128
+    assert raw["pilot"]["completions"] == 1 and raw["pilot"]["tokens_per_s"] == 50.0
     back = plan.read_plan(tmp_path / "run")
-    assert back["sampling"] == Sampling(max_tokens=128, temperature=0.0)
-    assert back["model"] == "smol" and back["sources"] == {"a": "data/samples/a.jsonl"}
+    assert isinstance(back["config"], RunConfig)
+    assert back["config"] == dataclasses.replace(cfg, budgets={"a": 1000, "b": 2000})
+    assert back["config"].fingerprint() == cfg.fingerprint()  # budgets are not identity
+    assert back["budgets"] == {"a": 1000, "b": 2000}
     assert back["table"]["samples_needed"].to_list() == table["samples_needed"].to_list()
     assert back["created"].endswith("+00:00")
+    assert plan.pilot_means(back) == {"a": 100.0, "b": 50.0}
+
+
+def test_write_plan_budgets_override_the_table_rounded_up(tmp_path):
+    table = plan.budget({"a": 1000}, {"a": spread(100)}, prompts_available={"a": 99})
+    plan.write_plan(tmp_path, table, config(), budgets={"a": 1234.2})
+    assert plan.read_plan(tmp_path)["config"].budgets == {"a": 1235}
+    with pytest.raises(ValueError, match="no dataset/budget columns"):
+        plan.write_plan(tmp_path, pl.DataFrame({"x": [1]}), config())
 
 
 def test_read_plan_errors(tmp_path):
@@ -307,8 +335,13 @@ def test_read_plan_errors(tmp_path):
     (tmp_path / "plan.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a valid plan"):
         plan.read_plan(tmp_path)
-    (tmp_path / "plan.json").write_text(json.dumps({"budgets": {"a": -1}, "sampling": {}}))
-    with pytest.raises(ValueError, match="'a'.*-1"):
+    bad = config(budgets={"a": 5}).to_dict() | {"budgets": {"a": -1}}
+    (tmp_path / "plan.json").write_text(json.dumps({"budgets": {"a": -1}, "config": bad}))
+    with pytest.raises(ValueError, match="not a valid plan.*'a'.*-1"):
+        plan.read_plan(tmp_path)
+    old = {"budgets": {"a": 10}, "sampling": {}, "model": "m"}  # a version-1 plan: no config
+    (tmp_path / "plan.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="not a valid plan.*make it again"):
         plan.read_plan(tmp_path)
 
 
@@ -347,36 +380,40 @@ def test_pilot_sample_is_seeded_and_independent_of_row_order():
             plan.pilot_sample(prompts, bad)
 
 
+def test_pilot_default_is_at_least_30_per_dataset():
+    assert inspect.signature(plan.pilot).parameters["per_dataset"].default >= 30
+
+
 def test_pilot_to_a_dead_server_counts_errors_and_the_plan_refuses_it(free_port):
     url = f"http://127.0.0.1:{free_port()}/v1"
-    res = plan.pilot_sync(
-        _prompts({"a": 4}), url, model="m", per_dataset=3, max_tokens=8, timeout=5,
-        no_endpoint_timeout=1,
-    )  # fmt: skip
+    cfg = config(endpoints=url, sampling=Sampling(max_tokens=8), timeout=5, no_endpoint_timeout=1)
+    res = plan.pilot_sync(_prompts({"a": 4}), cfg, per_dataset=3)
     assert res.frame.height == 0 and len(res.errors) == 3
     assert all(e.startswith("a/a-") and "no healthy endpoint" in e for e in res.errors)
     with pytest.raises(ValueError, match="samples is empty"):
         plan.budget(100, res, prompts_available={"a": 4})
-    with pytest.raises(ValueError, match="model must be given"):
-        plan.pilot_sync(_prompts({"a": 4}), url, per_dataset=1)
+    with pytest.raises(ValueError, match="RunConfig.model must be"):  # no pilot without a model
+        config(model="", endpoints=url)
 
 
 def test_pilot_retries_transient_faults_and_counts_hard_ones():
     from faultserver import FaultConfig, FaultServer
 
     prompts = _prompts({"a": 6, "b": 6})
+    sampling = Sampling(max_tokens=32)
     with FaultServer(FaultConfig(mode="500", first_k=3)) as srv:  # 3 failures, then fine
-        res = plan.pilot_sync(
-            prompts, srv.base_url, model="m", per_dataset=3, max_tokens=32, max_attempts=3
-        )
+        cfg = config(endpoints=srv.base_url, sampling=sampling, max_attempts=3)
+        res = plan.pilot_sync(prompts, cfg, per_dataset=3)
     assert res.errors == [] and res.frame.height == 6
     assert res.frame["completion_tokens"].sum() > 0 and res.tokens_per_s > 0
     with FaultServer(FaultConfig(mode="400")) as srv:  # not retryable: counted, not raised
-        res = plan.pilot_sync(prompts, srv.base_url, model="m", per_dataset=2, max_tokens=32)
+        res = plan.pilot_sync(
+            prompts, config(endpoints=srv.base_url, sampling=sampling), per_dataset=2
+        )
         assert srv.stats()["requests"] == 4  # one attempt each
     assert res.frame.height == 0 and len(res.errors) == 4
     with pytest.raises(ValueError, match="max_attempts.*0"):
-        plan.pilot_sync(prompts, "http://127.0.0.1:9/v1", model="m", max_attempts=0)
+        config(max_attempts=0)
 
 
 def test_pilot_takes_n_samples_per_prompt_like_a_run():
@@ -385,24 +422,45 @@ def test_pilot_takes_n_samples_per_prompt_like_a_run():
     prompts = _prompts({"a": 6, "b": 6})
     sampling = Sampling(max_tokens=32, n=3)
     with FaultServer(FaultConfig(latency=0.01)) as srv:
-        res = plan.pilot_sync(prompts, srv.base_url, model="m", per_dataset=2, sampling=sampling)
+        res = plan.pilot_sync(
+            prompts, config(endpoints=srv.base_url, sampling=sampling), per_dataset=2
+        )
     assert res.errors == [] and res.frame.height == 12  # 2 prompts x 3 samples x 2 datasets
     assert res.frame.group_by("dataset", "prompt_id").len()["len"].to_list() == [3] * 4
     assert plan.budget(100, res, prompts_available=prompts)["n_pilot"].to_list()[:2] == [6, 6]
     with FaultServer(FaultConfig(mode="400")) as srv:  # every sample's failure is listed
-        res = plan.pilot_sync(prompts, srv.base_url, model="m", per_dataset=1, sampling=sampling)
+        res = plan.pilot_sync(
+            prompts, config(endpoints=srv.base_url, sampling=sampling), per_dataset=1
+        )
     assert len(res.errors) == 6 and sum("#2:" in e for e in res.errors) == 2
+
+
+def test_pilot_keeps_its_records_in_run_dir_and_resumes(tmp_path):
+    from faultserver import FaultConfig, FaultServer
+
+    prompts = _prompts({"a": 5})
+    with FaultServer(FaultConfig(latency=0.01)) as srv:
+        cfg = config(endpoints=srv.base_url, sampling=Sampling(max_tokens=16))
+        first = plan.pilot_sync(prompts, cfg, per_dataset=3, run_dir=tmp_path / "pilot")
+        again = plan.pilot_sync(prompts, cfg, per_dataset=3, run_dir=tmp_path / "pilot")
+        assert srv.stats()["requests"] == 3  # the second pilot found every record on disk
+    assert (tmp_path / "pilot" / "records" / "a.jsonl").is_file()
+    assert again.frame["prompt_id"].to_list() == first.frame["prompt_id"].to_list()
 
 
 @pytest.mark.server
 def test_pilot_against_the_embedded_server(embedded_server):
     prompts = _prompts({"a": 10, "b": 10})
-    kwargs = dict(model=embedded_server.model, per_dataset=3, max_tokens=16, seed=1, concurrency=4)
+    cfg = config(
+        model=embedded_server.model,
+        endpoints=embedded_server.base_url,
+        sampling=Sampling(max_tokens=16),
+        seed=1,
+        concurrency=4,
+    )
     seen = []
     res = asyncio.run(
-        plan.pilot(
-            prompts, embedded_server.base_url, progress=lambda d, t: seen.append((d, t)), **kwargs
-        )
+        plan.pilot(prompts, cfg, per_dataset=3, progress=lambda d, t: seen.append((d, t)))
     )
     assert res.errors == [] and res.frame.height == 6
     assert seen[-1] == (6, 6)
@@ -415,13 +473,11 @@ def test_pilot_against_the_embedded_server(embedded_server):
     prof = plan.profile_completions(res)
     assert prof["n"].to_list() == [3, 3]
     table = plan.budget(200, res, prompts_available=prompts, max_tokens=16)
-    assert row(table, "a")["samples_needed"] >= math.ceil(
-        200 / 16
-    )  # can't beat max_tokens per sample
+    assert row(table, "a")["samples_needed"] >= math.ceil(200 / 16)  # can't beat max_tokens
     assert res.summary()["completions"] == 6
 
     async def inside_a_running_loop():  # a notebook: the sync wrapper must still work
-        return plan.pilot_sync(prompts, embedded_server.base_url, **kwargs)
+        return plan.pilot_sync(prompts, cfg, per_dataset=3)
 
     again = asyncio.run(inside_a_running_loop())
     assert sorted(again.frame["prompt_id"]) == sorted(res.frame["prompt_id"])

@@ -1,4 +1,6 @@
-"""The embedded server: model preparation, real completions, clean start/stop/exit."""
+"""The embedded server: model preparation, real completions, clean start/stop/exit.
+
+Every test but the models-dir one needs the prepared model or a server: marked `server`."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from kit import serve
+from kit.serve.server import group_pids
 
-pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,6 +59,7 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.server
 def test_prepared_model_has_chat_template_and_answers(model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -74,6 +77,7 @@ def test_prepared_model_has_chat_template_and_answers(model_dir):
     assert "Paris" in answer
 
 
+@pytest.mark.server
 def test_prepare_survives_a_killed_preparation(tmp_path, model_dir):
     code = "from kit.serve import prepare_model; prepare_model()"
     env = dict(os.environ, KIT_MODELS_DIR=str(tmp_path))
@@ -106,6 +110,7 @@ def test_models_dir_resolution(monkeypatch, tmp_path):
     assert serve.models_root("data/models") == tmp_path / "elsewhere"
 
 
+@pytest.mark.server
 def test_usage_matches_tokenizer(embedded_server, model_dir):
     from transformers import AutoTokenizer
 
@@ -121,22 +126,25 @@ def test_usage_matches_tokenizer(embedded_server, model_dir):
         assert usage["completion_tokens"] == n + extra, (choice, usage)
 
 
+@pytest.mark.server
 def test_max_tokens_gives_finish_reason_length(embedded_server):
     reply = chat(embedded_server, "Tell me a long story about a dragon.", max_tokens=5)
     assert reply["choices"][0]["finish_reason"] == "length"
     assert reply["usage"]["completion_tokens"] == 5
 
 
+@pytest.mark.server
 def test_start_and_stop_leave_no_process(model_dir):
     with serve.start(model_dir, timeout=300) as server:
-        assert server.alive() and server.pid in serve.group_pids(server.pid)
+        assert server.alive() and server.pid in group_pids(server.pid)
         assert serve_pids(server.port) == [server.pid]
         assert chat(server, "Hi", max_tokens=3)["usage"]["completion_tokens"] == 3
     assert not pid_alive(server.pid)
-    assert serve.group_pids(server.pid) == []
+    assert group_pids(server.pid) == []
     assert serve_pids(server.port) == []
 
 
+@pytest.mark.server
 def test_bad_model_dir_raises_with_log(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(serve.ServerError) as info:
@@ -146,6 +154,7 @@ def test_bad_model_dir_raises_with_log(tmp_path):
     assert (tmp_path / "serve.log").read_text().strip()
 
 
+@pytest.mark.server
 def test_start_validates_sampling(model_dir):
     with pytest.raises(ValueError, match="temperature"):
         serve.start(model_dir, temperature=-1)
@@ -153,6 +162,7 @@ def test_start_validates_sampling(model_dir):
         serve.start(model_dir, top_p=0)
 
 
+@pytest.mark.server
 def test_normal_exit_leaves_no_orphan(model_dir):
     code = textwrap.dedent(f"""
         from kit.serve import start

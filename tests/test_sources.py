@@ -1,4 +1,6 @@
-"""kit.sources: every format and container, malformed rows counted by reason, stable ids."""
+"""kit.data.sources (kit.load): every format and container, malformed rows counted by reason,
+stable ids. Every input is written by the test itself; tests/test_samples.py checks the
+shipped files in data/samples."""
 
 import json
 import random
@@ -9,9 +11,7 @@ import polars as pl
 import pytest
 
 import kit
-from kit import sources
-
-SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
+from kit.data import sources
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -348,7 +348,7 @@ def test_prompt_id_is_the_documented_hash_of_stripped_messages():
     assert res.frame["prompt_id"].to_list() == [sources.prompt_id(messages)]
 
 
-# ---------------------------------------------------------------- display and samples
+# ---------------------------------------------------------------- display and scale
 
 
 def test_summary_and_reprs(tmp_path):
@@ -366,41 +366,6 @@ def test_summary_and_reprs(tmp_path):
     text = repr(res)
     assert "1 prompts, 1 skipped, 1 duplicates" in text and "bad_json: 1" in text
     assert "<table" in res._repr_html_()
-
-
-def test_samples_load_clean():
-    res = kit.load(SAMPLES)
-    summary = res.summary()
-    assert summary.height == 8
-    assert summary["dataset"].n_unique() == 8
-    assert summary["prompts"].min() >= 60
-    assert summary["skipped"].sum() == 0 and summary["duplicates"].sum() == 0
-    assert set(summary["format"]) == {
-        "openai",
-        "sharegpt",
-        "ultrachat",
-        "alpaca",
-        "magicoder",
-        "opencodeinstruct",
-    }
-    assert res.frame.filter(pl.col("n_turns") > 1).height >= 20  # multi-turn context present
-    systems = res.frame["messages"].list.first().struct.field("role") == "system"
-    assert systems.sum() >= 20
-
-
-def test_samples_prompt_lengths_differ_between_datasets():
-    lengths = (
-        kit.load(SAMPLES)
-        .frame.with_columns(
-            chars=pl.col("messages")
-            .list.eval(pl.element().struct.field("content").str.len_chars())
-            .list.sum()
-        )
-        .group_by("dataset")
-        .agg(pl.col("chars").mean())
-    )
-    means = dict(zip(lengths["dataset"], lengths["chars"], strict=True))
-    assert means["code_problems"] > 3 * means["chat_general"]
 
 
 @pytest.mark.slow

@@ -14,12 +14,10 @@ import orjson
 import polars as pl
 import pytest
 
-from kit.store import (
+from kit.run.store import (
     FingerprintMismatch,
     ProgressReader,
     RunStore,
-    fingerprint,
-    fingerprint_parts,
     progress,
     read_config,
     read_errors,
@@ -79,7 +77,7 @@ def test_round_trip(tmp_path):
     assert pl.read_parquet(tmp_path / "prompts.parquet").equals(_prompts())
     doc = json.loads((tmp_path / "config.json").read_text())
     assert (
-        doc["fingerprint"] == fingerprint(_config())
+        doc["fingerprint"] == _config().fingerprint()
         and doc["config"]["api_key_env"] == "KIT_TEST_KEY"
     )
 
@@ -113,7 +111,7 @@ def test_fingerprint_mismatch_names_the_change(tmp_path):
     assert "sampling.max_tokens: 64 -> 128" in msg and "source_hashes.chat: 'cc' -> 'zz'" in msg
     assert "model" not in msg and "force=True" in msg
     assert isinstance(err.value, ValueError)
-    assert fingerprint_parts(changed)["sampling"]["max_tokens"] == 128
+    assert changed.fingerprint_parts()["sampling"]["max_tokens"] == 128
 
 
 def test_budget_and_endpoint_changes_resume(tmp_path):
@@ -129,7 +127,7 @@ def test_force_records_new_fingerprint(tmp_path):
     new = _config(model="other")
     RunStore(tmp_path).init(new, force=True)
     doc = json.loads((tmp_path / "config.json").read_text())
-    assert doc["fingerprint"] == fingerprint(new) != fingerprint(_config())
+    assert doc["fingerprint"] == new.fingerprint() != _config().fingerprint()
 
 
 def test_torn_last_line_is_ignored_and_repaired(tmp_path):
@@ -171,6 +169,7 @@ def test_errors_effective_set(tmp_path):
     assert errs["resolved"].to_list() == [True, False]
 
 
+@pytest.mark.slow
 def test_index_of_100k_records_is_fast(tmp_path):
     text = "The quick brown fox jumps over the lazy dog. " * 10
     store = RunStore(tmp_path, flush_every=10_000)
@@ -195,7 +194,7 @@ def test_index_of_100k_records_is_fast(tmp_path):
 FULL_DISK = """
 import resource, signal, sys, time
 sys.path.insert(0, {root!r})
-from kit.store import RunStore, StoreWriteError
+from kit.run.store import RunStore, StoreWriteError
 from kit.types import Record
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 store = RunStore({run_dir!r}, flush_every=7)
@@ -309,7 +308,7 @@ def test_progress_reader_waits_for_a_torn_line_and_rescans_a_rewritten_file(tmp_
 
 def _write_lines(path: Path, ds: str, start: int, count: int, t_done: float) -> int:
     """Append `count` record lines as RunStore writes them; returns their tokens."""
-    from kit._lines import LINE_ORDER
+    from kit.run.lines import LINE_ORDER
 
     text, tokens = "The quick brown fox jumps over the lazy dog. " * 10, 0
     with open(path, "ab") as f:
@@ -324,6 +323,7 @@ def _write_lines(path: Path, ds: str, start: int, count: int, t_done: float) -> 
     return tokens
 
 
+@pytest.mark.slow
 def test_progress_poll_of_100k_records_first_vs_incremental(tmp_path):
     names = ("a", "b", "c", "d")
     RunStore(tmp_path).init(_config(budgets=dict.fromkeys(names, 10**9), source_hashes={}))

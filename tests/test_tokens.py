@@ -9,6 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+import kit
 from kit import tokens
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
@@ -38,11 +39,11 @@ CONVERSATIONS = [
 
 
 def _sample_conversations() -> list[list[dict]]:
-    """Prompts from data/samples (kit.sources) when the samples exist, else none."""
+    """Prompts from data/samples (kit.data.sources) when the samples exist, else none."""
     files = sorted(p for p in SAMPLES.glob("*") if p.suffix in (".json", ".jsonl", ".parquet"))
     if not files:
         return []
-    from kit.sources import load
+    from kit.data.sources import load
 
     frame = load([str(p) for p in files]).frame
     return frame.sample(n=min(300, frame.height), seed=0)["messages"].to_list()
@@ -64,14 +65,10 @@ def test_render_equals_apply_chat_template(tok, gen):
 
 
 @pytest.mark.server
-def test_render_slow_path_rows_still_equal(tok):
+def test_render_rows_with_none_and_extra_fields_equal(tok):
     convs = [
-        [
-            {"role": "user", "content": "x", "name": None}
-        ],  # None values are dropped, as transformers does
-        [
-            {"role": "user", "content": "y", "reasoning": "hidden"}
-        ],  # reasoning aliasing: fallback path
+        [{"role": "user", "content": "x", "name": None}],  # None values dropped, as transformers
+        [{"role": "user", "content": "y", "reasoning": "hidden"}],  # reasoning aliasing
     ]
     expected = [
         tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in convs
@@ -92,6 +89,64 @@ def test_prompt_counts_equal_tokenizer_counts(tok):
     ]
     assert counted == expected
     assert counted[7] > 2000  # the long one
+
+
+def _exact_count(tok, messages) -> int:
+    """len(apply_chat_template(tokenize=True)); transformers 5 returns a BatchEncoding."""
+    out = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return len(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+@pytest.mark.server
+def test_every_sample_prompt_count_equals_apply_chat_template(tok):
+    frame = kit.load(str(SAMPLES)).frame
+    assert frame.height > 0
+    counted = tokens.count_prompt_tokens(tok, frame)["prompt_tokens"].to_list()
+    assert counted == [_exact_count(tok, m) for m in frame["messages"].to_list()]
+
+
+@pytest.mark.server
+def test_a_row_the_template_refuses_is_null_with_one_warning(tok, monkeypatch):
+    refusing = copy.deepcopy(tok)  # a template that raises on a role it does not take
+    refusing.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}"
+        "{{ raise_exception('no tool turns') }}{% endif %}{% endfor %}" + tok.get_chat_template()
+    )
+    monkeypatch.setattr(tokens, "_CHUNK", 4)  # the bad row sits inside a batched chunk
+    convs = [[{"role": "user", "content": f"q{i}"}] for i in range(10)]
+    convs[5] = [{"role": "user", "content": "q5"}, {"role": "tool", "content": "42"}]
+    frame = pl.DataFrame({"dataset": ["d"] * 10, "prompt_id": [f"p{i}" for i in range(10)],
+                          "messages": convs})  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        counts = tokens.count_prompt_tokens(refusing, frame)["prompt_tokens"].to_list()
+    assert counts[5] is None
+    assert [n for i, n in enumerate(counts) if i != 5] == [
+        _exact_count(tok, m) for i, m in enumerate(convs) if i != 5
+    ]
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "1 of 10 prompts" in messages[0] and "row 5 (p5)" in messages[0]
+    with pytest.raises(ValueError, match="row 5: .*no tool turns"):
+        tokens.render(refusing, convs)
+
+
+@pytest.mark.server
+def test_no_chat_template_is_an_error_not_nulls(tok):
+    bare = copy.deepcopy(tok)
+    bare.chat_template = None
+    frame = pl.DataFrame({"dataset": ["d"], "messages": [[{"role": "user", "content": "hi"}]]})
+    with pytest.raises(ValueError, match="chat template"):
+        tokens.count_prompt_tokens(bare, frame)
+
+
+@pytest.mark.server
+def test_encode_lengths_ignore_truncation_left_on_the_backend(tok):
+    texts = ["word " * 50, "hello world", ""]
+    expected = [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    truncating = copy.deepcopy(tok)
+    truncating.backend_tokenizer.enable_truncation(8)
+    assert tokens.encode_lengths(tok, texts) == expected
+    assert tokens.encode_lengths(truncating, texts) == expected
 
 
 @pytest.mark.server
@@ -178,7 +233,7 @@ def test_load_tokenizer_is_cached_and_local_only(model_dir, tmp_path):
 @pytest.mark.server
 @pytest.mark.slow
 def test_gguf_tokenizer_renders_like_the_prepared_folder(tok):
-    from kit.prepare import gguf_path
+    from kit.serve.prepare import gguf_path
 
     from_gguf = tokens.load_tokenizer(gguf_path())
     frame = pl.DataFrame({"dataset": ["d"] * len(CONVERSATIONS), "messages": CONVERSATIONS})

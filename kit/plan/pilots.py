@@ -1,0 +1,210 @@
+"""The pilot: a seeded random sample of prompts per dataset, sent to the target, lengths measured.
+
+Re-exported by kit.plan (`kit.plan.pilot`, pilot_sync, pilot_sample, PilotResult). The
+requests go through the generation engine (kit.run.generate), so a pilot has the run's
+retries, endpoint pool and crash-safe records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kit.types import RunConfig, Sampling
+
+if TYPE_CHECKING:
+    import polars as pl
+
+_COLUMNS = """dataset:String prompt_id:String completion_tokens:Int64 finish_reason:String
+    count_source:String prompt_tokens:Int64 latency_s:Float64"""  # name:polars dtype
+
+
+@dataclass(slots=True)
+class PilotResult:
+    """What a pilot measured."""
+
+    frame: pl.DataFrame  # dataset, prompt_id, completion_tokens, finish_reason, count_source, prompt_tokens, latency_s
+    wall_s: float
+    sampling: Sampling
+    errors: list[str] = field(default_factory=list)  # "dataset/prompt_id[#sample]: kind: message"
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Completion tokens per second of wall time, all datasets together."""
+        return (
+            float(self.frame["completion_tokens"].sum()) / self.wall_s if self.wall_s > 0 else 0.0
+        )
+
+    def profile(self) -> pl.DataFrame:
+        """Completion-length profile per dataset (kit.plan.profile)."""
+        from kit.plan.lengths import profile
+
+        return profile(self.frame, max_tokens=self.sampling.max_tokens)
+
+    def summary(self) -> dict:
+        """A JSON-able summary (stored in plan.json)."""
+        return {
+            "requests": self.frame.height + len(self.errors),
+            "completions": self.frame.height,
+            "errors": len(self.errors),
+            "wall_s": round(self.wall_s, 3),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "sampling": asdict(self.sampling),
+        }
+
+
+def pilot_sample(
+    prompts: pl.DataFrame, per_dataset: int | float | dict[str, int], *, seed: int = 0
+) -> pl.DataFrame:
+    """A seeded random sample of prompts per dataset, independent of the file's row order.
+
+    Args:
+        prompts: a prompt frame (dataset, prompt_id, messages, ...).
+        per_dataset: rows per dataset (int, capped at what exists), a fraction in (0, 1)
+            of each dataset (rounded up), or a dict dataset -> rows.
+        seed: the sampling seed.
+
+    Returns:
+        The chosen rows, datasets in sorted order.
+
+    Example:
+        >>> prompts = pl.DataFrame({"dataset": ["a"] * 40 + ["b"] * 20,
+        ...     "prompt_id": [f"p{i:02d}" for i in range(60)],
+        ...     "messages": [[{"role": "user", "content": str(i)}] for i in range(60)]})
+        >>> pilot_sample(prompts, 0.1, seed=0)["prompt_id"].to_list()
+        ['p12', 'p38', 'p14', 'p00', 'p46', 'p47']
+    """
+    import polars as pl
+
+    for name in ("dataset", "prompt_id", "messages"):
+        if name not in prompts.columns:
+            raise ValueError(f"prompts has no {name!r} column (columns: {prompts.columns})")
+    if prompts.height == 0:
+        raise ValueError("prompts is empty: nothing to pilot")
+    if isinstance(per_dataset, dict):
+        unknown = sorted(set(per_dataset) - set(prompts["dataset"].unique()))
+        if unknown:
+            raise ValueError(f"per_dataset names datasets not in prompts: {unknown}")
+    parts = []
+    for (name,), group in prompts.sort("dataset", "prompt_id").group_by(
+        "dataset", maintain_order=True
+    ):
+        k = _how_many(per_dataset, name, group.height)
+        if k:
+            parts.append(group.sample(n=k, seed=seed, shuffle=True))
+    return pl.concat(parts) if parts else prompts.head(0)
+
+
+def _how_many(per_dataset: Any, name: str, available: int) -> int:
+    """Rows to pilot for one dataset (validates per_dataset)."""
+    if isinstance(per_dataset, dict):
+        value = per_dataset.get(name, 0)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return min(value, available)
+        raise ValueError(f"per_dataset[{name!r}] must be an int >= 0, got {value!r}")
+    if isinstance(per_dataset, int) and not isinstance(per_dataset, bool) and per_dataset >= 1:
+        return min(per_dataset, available)
+    if isinstance(per_dataset, float) and 0 < per_dataset < 1:
+        return math.ceil(per_dataset * available)
+    raise ValueError(
+        f"per_dataset must be an int >= 1, a fraction in (0, 1) or a dict dataset -> int, got {per_dataset!r}"
+    )
+
+
+async def pilot(
+    prompts: pl.DataFrame,
+    config: RunConfig,
+    *,
+    per_dataset: int | float | dict[str, int] = 32,
+    progress: Callable[[int, int], None] | None = None,
+    run_dir: Any = None,
+) -> PilotResult:
+    """Send a seeded random sample of each dataset's prompts to the target; measure lengths.
+
+    The requests go through the generation engine (kit.run.generate) with the run's own
+    settings: retries with backoff, the endpoint pool, records written to a run directory.
+    With `run_dir`, a pilot that is stopped or crashes resumes where it was, and its
+    records stay there.
+
+    Args:
+        prompts: a prompt frame (kit.load(...).frame).
+        config: the run's kit.RunConfig (model, endpoints, sampling, api, concurrency,
+            seed, timeouts); its budgets are not used: a pilot sends every chosen prompt.
+            `sampling.n` is samples per prompt, as in a run, so a pilot can take more
+            than one of each when a dataset has few prompts.
+        per_dataset: rows per dataset, a fraction of each, or a dict (see pilot_sample).
+        progress: called as progress(done, total) while it runs and once at the end.
+        run_dir: the pilot's own run directory (default: a temporary one, removed after).
+
+    Returns:
+        A PilotResult: per-request frame, wall time, throughput, failed requests.
+
+    Example (needs a server; `config` holds its url and model, e.g. kit.serve.start()'s):
+        res = await kit.plan.pilot(prompts, config, per_dataset=32)
+        res.frame.columns[:3], res.errors   # (['dataset', 'prompt_id', 'completion_tokens'], [])
+    """
+    chosen = pilot_sample(prompts, per_dataset, seed=config.seed)
+    if chosen.height == 0:
+        raise ValueError(f"per_dataset={per_dataset!r} picks no prompts: nothing to pilot")
+    sizes = dict(chosen.group_by("dataset").len().iter_rows())
+    n, max_tokens = config.sampling.n, config.sampling.max_tokens
+    # budgets no pilot can reach: every chosen prompt is sent n times, then its dataset is exhausted
+    budgets = {d: k * n * (max_tokens + 64) + 1 for d, k in sizes.items()}
+    config = replace(config, budgets=budgets)
+    report = _progress_adapter(progress, chosen.height * n)
+    if run_dir is not None:
+        return await _run(chosen, Path(run_dir), config, report)
+    with tempfile.TemporaryDirectory(prefix="kit-pilot-") as tmp:
+        return await _run(chosen, Path(tmp) / "pilot", config, report)
+
+
+async def _run(chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report) -> PilotResult:
+    """kit.run.generate over the chosen prompts; its records and failures as a PilotResult."""
+    import polars as pl
+
+    from kit.run.generate import generate
+    from kit.run.store import read_errors, records_frame
+
+    start = time.perf_counter()
+    await generate(chosen, config, run_dir=run_dir, progress=report)
+    wall = time.perf_counter() - start
+    schema = {n: getattr(pl, t) for n, t in (c.split(":") for c in _COLUMNS.split())}
+    frame = records_frame(run_dir).select(list(schema)).cast(schema).sort("dataset", "prompt_id")
+    failed = read_errors(run_dir).filter(~pl.col("resolved"))
+    failed = failed.unique(subset=["dataset", "prompt_id", "sample"], keep="last")
+    errors = [
+        f"{d}/{p}{f'#{k}' if k else ''}: {e}"
+        for d, p, k, e in failed.select("dataset", "prompt_id", "sample", "error").rows()
+    ]
+    return PilotResult(frame=frame, wall_s=wall, sampling=config.sampling, errors=sorted(errors))
+
+
+def _progress_adapter(progress: Callable[[int, int], None] | None, total: int):
+    """The runner's per-dataset progress as progress(done, total) calls."""
+    if progress is None:
+        return None
+
+    def report(datasets: list) -> None:
+        progress(sum(d.samples_done + d.errors for d in datasets), total)
+
+    return report
+
+
+def pilot_sync(*args: Any, **kwargs: Any) -> PilotResult:
+    """pilot() for scripts: runs the coroutine (in a worker thread when a loop is already running).
+
+    Example: kit.plan.pilot_sync(prompts, config, per_dataset=32).summary()["errors"] -> 0
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(pilot(*args, **kwargs))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, pilot(*args, **kwargs)).result()

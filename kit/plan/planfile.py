@@ -1,0 +1,123 @@
+"""plan.json: the hand-over from the planning stage to the generate stage.
+
+The plan stores the run's RunConfig with the planned budgets, so generate needs nothing
+else. Re-exported as kit.plan.write_plan / read_plan / pilot_means.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kit.plan.estimate import TOTAL, plan_schema
+from kit.plan.pilots import PilotResult
+from kit.types import RunConfig
+
+if TYPE_CHECKING:
+    import polars as pl
+
+
+def write_plan(
+    run_dir: str | Path,
+    plan_frame: pl.DataFrame,
+    config: RunConfig,
+    *,
+    budgets: dict[str, float] | None = None,
+    pilot: PilotResult | None = None,
+) -> Path:
+    """Write run_dir/plan.json: the planned budgets and the run's RunConfig, which the
+    generate stage (02_generate, `kit generate`) reads back with read_plan().
+
+    Args:
+        run_dir: the run directory (created if missing).
+        plan_frame: the table from budget() (or allocate()), stored as records.
+        config: the run's settings; its budgets are replaced by the planned ones.
+        budgets: dataset -> tokens; default: the plan's `budget` (or `tokens`) column.
+        pilot: the PilotResult the plan came from (its summary is stored).
+
+    Returns:
+        The path of plan.json.
+
+    Example:
+        >>> import tempfile
+        >>> config = kit.RunConfig(model="m", endpoints="http://127.0.0.1:8000/v1", budgets=1)
+        >>> t = kit.plan.budget({"a": 4000}, {"a": [10, 64, 30, 64]}, prompts_available={"a": 100})
+        >>> with tempfile.TemporaryDirectory() as run_dir:
+        ...     path = write_plan(run_dir, t, config)
+        ...     back = read_plan(run_dir)
+        >>> path.name, back["budgets"], back["config"].budgets
+        ('plan.json', {'a': 4000}, {'a': 4000})
+    """
+    if budgets is None:
+        budgets = _plan_budgets(plan_frame)
+    config = replace(config, budgets={name: int(math.ceil(v)) for name, v in budgets.items()})
+    payload = {
+        "version": 2,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "budgets": config.budgets,
+        "config": config.to_dict(),
+        "pilot": pilot.summary() if pilot is not None else None,
+        "table": plan_frame.to_dicts(),
+    }
+    path = Path(run_dir) / "plan.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, allow_nan=False, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def _plan_budgets(plan_frame: pl.DataFrame) -> dict[str, float]:
+    """dataset -> budget from a budget() or allocate() table, without the TOTAL row."""
+    column = "budget" if "budget" in plan_frame.columns else "tokens"
+    if column not in plan_frame.columns or "dataset" not in plan_frame.columns:
+        raise ValueError(
+            f"plan_frame has no dataset/budget columns (columns: {plan_frame.columns}): pass budgets="
+        )
+    return {d: v for d, v in plan_frame.select("dataset", column).iter_rows() if d != TOTAL}
+
+
+def read_plan(run_dir: str | Path) -> dict:
+    """Read run_dir/plan.json: `budgets`, `config` (a RunConfig), `pilot`, `table` (a frame).
+
+    A plan.json from before version 2 (no "config") is refused: make it again.
+
+    Example (see write_plan for one that runs):
+        plan = read_plan("data/runs/demo")
+        plan["config"].budgets == plan["budgets"]   # True: the config carries the plan
+    """
+    import polars as pl
+
+    path = Path(run_dir) / "plan.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no plan at {path}: run the plan stage (kit plan, 01_plan) first")
+    try:
+        plan = json.loads(path.read_text())
+        plan["config"] = RunConfig.from_dict(plan["config"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{path} is not a valid plan (make it again with kit plan): {exc}"
+        ) from exc
+    table = plan.get("table")
+    plan["table"] = pl.DataFrame(table) if table else pl.DataFrame(schema=plan_schema())
+    return plan
+
+
+def pilot_means(plan: dict) -> dict[str, float] | None:
+    """dataset -> mean completion tokens from a read_plan() table: the runner's admission prior.
+
+    Example:
+        >>> t = kit.plan.budget({"a": 4000}, {"a": [10, 64, 30, 64]}, prompts_available={"a": 100})
+        >>> pilot_means({"table": t})
+        {'a': 42.0}
+    """
+    table = plan.get("table")
+    if table is None or table.is_empty() or "mean" not in table.columns:
+        return None
+    rows = table.select("dataset", "mean").iter_rows()
+    return {d: float(m) for d, m in rows if m is not None and d != TOTAL}

@@ -1,0 +1,393 @@
+"""Checks over a run directory -> polars frames and a findings table.
+
+`kit.audit(run_dir)` reads config.json, records/*.jsonl, errors.jsonl and prompts.parquet
+(through kit.run.store) and checks every dataset against stated thresholds: budget adherence,
+completion-length distribution, finish reasons and truncation, empty, duplicate and echoed
+responses, error rate, where token counts came from, and (where the server returned token
+ids) whether those ids decode to the stored text.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import unicodedata
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+FINDING_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
+_PUNCT_DIGITS = re.compile(r"[\d\W_]+", re.UNICODE)
+
+
+@dataclass(slots=True)
+class AuditThresholds:
+    """What counts as a problem. Shares are fractions of a dataset's records (0 = any).
+
+    A dataset is over budget when its tokens exceed the budget by more than
+    max(over_budget_share * budget, max_tokens); under budget when below it with prompts left.
+    """
+
+    over_budget_share: float = 0.01
+    truncation_share: float = 0.05
+    empty_share: float = 0.0
+    duplicate_share: float = 0.0  # exact duplicates (copies beyond the first)
+    near_duplicate_share: float = 0.0  # same normalized text, not exact copies
+    echo_share: float = 0.0
+    error_rate: float = 0.01  # unresolved errors / (records + unresolved errors)
+    other_finish_share: float = 0.0  # finish reasons other than stop/length
+    retokenized_share: float = 0.5  # counts estimated by re-tokenizing (not from the server)
+    echo_similarity: float = 0.9  # completion "mostly equals" the last user message
+    echo_min_chars: int = 16  # shorter user messages are never called echoed
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "echo_min_chars":
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            else:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                ok = ok and not math.isnan(value) and 0 <= value <= 1
+            if not ok:
+                raise ValueError(f"AuditThresholds.{f.name} has an invalid value {value!r}")
+
+
+@dataclass
+class AuditReport:
+    """The audit of one run: per-dataset tables, flagged records and the findings.
+
+    Frames: datasets (one row per dataset), lengths (completion-length distribution),
+    finish (dataset x finish_reason counts), records (every record with flag columns),
+    findings (dataset, check, value, threshold, severity, message; empty when clean).
+    """
+
+    run_dir: str
+    datasets: object  # pl.DataFrame
+    lengths: object
+    finish: object
+    records: object
+    findings: object
+    thresholds: AuditThresholds
+    notes: list[str] = field(default_factory=list)  # checks that could not run, and why
+
+    @property
+    def ok(self) -> bool:
+        """True when no finding has severity "error"."""
+        return self.findings.filter(self.findings["severity"] == "error").height == 0
+
+    def summary(self) -> str:
+        """Plain text: one line per dataset, then every finding and note."""
+        lines = [f"audit of {self.run_dir}"]
+        for r in self.datasets.iter_rows(named=True):
+            budget = f"{r['budget']:,}" if r["budget"] else "none"
+            lines.append(
+                f"  {r['dataset']}: {r['records']} records, {r['tokens']:,} tokens of {budget}"
+                f" | mean {r['mean']:.0f} p90 {r['p90']:.0f} max {r['max']}"
+                f" | truncated {r['truncation_share']:.1%} | errors {r['errors']}"
+            )
+        if self.findings.height == 0:
+            lines.append("no findings")
+        for f in self.findings.iter_rows(named=True):
+            lines.append(f"  [{f['severity']}] {f['dataset']} {f['check']}: {f['message']}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        findings = self.findings._repr_html_() if self.findings.height else "<p>no findings</p>"
+        notes = "".join(f"<li>{n}</li>" for n in self.notes)
+        return (
+            f"<h4>audit of {self.run_dir}</h4>{self.datasets._repr_html_()}"
+            f"<h4>findings</h4>{findings}" + (f"<ul>{notes}</ul>" if notes else "")
+        )
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+def normalize_text(text: str) -> str:
+    """Lowercase, drop punctuation and digits, collapse whitespace (near-duplicate key).
+
+    Example:
+        >>> normalize_text("Hello,  World! 42")
+        'hello world'
+    """
+    text = unicodedata.normalize("NFKC", text).lower()
+    return " ".join(_PUNCT_DIGITS.sub(" ", text).split())
+
+
+def load_tokenizer_for(tokenizer, config=None):
+    """The tokenizer given (object or local path), else the run's config.tokenizer, else None."""
+    from kit.tokens import load_tokenizer
+
+    return load_tokenizer(
+        tokenizer if tokenizer is not None else getattr(config, "tokenizer", None)
+    )
+
+
+def strip_end_ids(tokenizer, ids: list[int]) -> list[int]:
+    """Drop trailing special ids (the EOS / end-of-turn a server may include in output ids)."""
+    special = set(tokenizer.all_special_ids)
+    end = len(ids)
+    while end and ids[end - 1] in special:
+        end -= 1
+    return list(ids[:end])
+
+
+def ids_match_text(tokenizer, ids: list[int], text: str) -> bool:
+    """True when the ids decode to the text (a trailing EOS / end-of-turn is allowed)."""
+    if tokenizer.decode(strip_end_ids(tokenizer, ids), skip_special_tokens=False) == text:
+        return True
+    return tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+def _last_user(messages) -> str:
+    for m in reversed(messages or []):
+        if m["role"] == "user":
+            return m["content"] or ""
+    return ""
+
+
+def _is_echo(user: str, completion: str, th: AuditThresholds) -> bool:
+    u, c = normalize_text(user), normalize_text(completion)
+    if len(u) < th.echo_min_chars or not c:
+        return False
+    if c.startswith(u):
+        return True
+    if 2 * min(len(u), len(c)) / (len(u) + len(c)) < th.echo_similarity:
+        return False  # the ratio cannot reach the threshold
+    return difflib.SequenceMatcher(None, u, c, autojunk=False).ratio() >= th.echo_similarity
+
+
+def flag_records(records, *, tokenizer=None, thresholds: AuditThresholds | None = None):
+    """Add flag columns to a records frame (kit.run.store.records_frame).
+
+    Adds: empty, dup_exact (a copy of an earlier completion in its dataset), dup_near (same
+    normalized text, not an exact copy), echo, has_ids, ids_len_mismatch (completion_tokens
+    != len(output_ids)), ids_text_mismatch (null without a tokenizer or ids). Earlier is by
+    t_done, so the first copy is never flagged.
+
+    Example: flag_records(records_frame(run_dir))["dup_exact"].sum() -> exact repeats in the run
+    """
+    import polars as pl
+
+    th = thresholds or AuditThresholds()
+    recs = records.with_row_index("_row").sort("t_done", maintain_order=True)
+    norm = [normalize_text(t) for t in recs["completion"]]
+    empty = [not t.strip() for t in recs["completion"]]
+    pairs = zip(recs["messages"].to_list(), recs["completion"].to_list(), strict=True)
+    echo = [_is_echo(_last_user(m), c, th) for m, c in pairs]
+    recs = recs.with_columns(
+        pl.Series("empty", empty),
+        pl.Series("_norm", norm),
+        pl.Series("echo", echo),
+        has_ids=pl.col("output_ids").is_not_null(),
+        ids_len_mismatch=pl.col("output_ids").is_not_null()
+        & (pl.col("output_ids").list.len() != pl.col("completion_tokens")),
+    )
+    first_exact = pl.int_range(pl.len()).over(["dataset", "completion"]) > 0
+    first_norm = pl.int_range(pl.len()).over(["dataset", "_norm"]) > 0
+    recs = recs.with_columns(
+        dup_exact=~pl.col("empty") & first_exact,
+        dup_near=~pl.col("empty") & (pl.col("_norm") != "") & first_norm & ~first_exact,
+    )
+    recs = recs.with_columns(_decode_flags(recs, tokenizer))
+    return recs.sort("_row").drop("_row", "_norm")
+
+
+def _decode_flags(recs, tokenizer):
+    """ids_text_mismatch as a Series: null where there are no ids or no tokenizer."""
+    import polars as pl
+
+    values = [None] * recs.height
+    if tokenizer is not None:
+        pairs = zip(recs["output_ids"].to_list(), recs["completion"].to_list(), strict=True)
+        for i, (ids, text) in enumerate(pairs):
+            if ids is not None:
+                values[i] = not ids_match_text(tokenizer, ids, text)
+    return pl.Series("ids_text_mismatch", values, dtype=pl.Boolean)
+
+
+def _prompt_totals(run_dir: Path, n: int) -> dict[str, int]:
+    """dataset -> samples available (prompts x n), from prompts.parquet ({} when absent)."""
+    import polars as pl
+
+    path = run_dir / "prompts.parquet"
+    if not path.exists():
+        return {}
+    counts = pl.read_parquet(path, columns=["dataset"])["dataset"].value_counts()
+    return {d: c * n for d, c in counts.iter_rows()}
+
+
+def _dataset_table(flags, config, errors, totals: dict[str, int]):
+    """One row per dataset: counts, shares, budget and the length distribution."""
+    import polars as pl
+
+    c = pl.col
+    agg = flags.group_by("dataset").agg(
+        records=pl.len(),
+        tokens=c("completion_tokens").sum(),
+        mean=c("completion_tokens").mean(),
+        p50=c("completion_tokens").quantile(0.5, "nearest"),
+        p90=c("completion_tokens").quantile(0.9, "nearest"),
+        p99=c("completion_tokens").quantile(0.99, "nearest"),
+        max=c("completion_tokens").max(),
+        stop=(c("finish_reason") == "stop").sum(),
+        length=(c("finish_reason") == "length").sum(),
+        empty=c("empty").sum(),
+        dup_exact=c("dup_exact").sum(),
+        dup_near=c("dup_near").sum(),
+        echo=c("echo").sum(),
+        server_ids=(c("count_source") == "server_ids").sum(),
+        usage=(c("count_source") == "usage").sum(),
+        retokenized=(c("count_source") == "retokenized").sum(),
+        with_ids=c("has_ids").sum(),
+        ids_len_mismatch=c("ids_len_mismatch").sum(),
+        ids_text_mismatch=c("ids_text_mismatch").sum(),
+        ids_text_checked=c("ids_text_mismatch").is_not_null().sum(),
+    )
+    err = errors.filter(~c("resolved")).unique(["dataset", "prompt_id", "sample"])
+    err = err.group_by("dataset").agg(errors=pl.len())
+    names = list(dict.fromkeys([*config.budgets, *totals, *agg["dataset"], *err["dataset"]]))
+    base = pl.DataFrame(
+        {
+            "dataset": names,
+            "budget": [config.budgets.get(n) for n in names],
+            "prompts_total": [totals.get(n) for n in names],
+        },
+        schema={"dataset": pl.String, "budget": pl.Int64, "prompts_total": pl.Int64},
+    )
+    table = base.join(agg, on="dataset", how="left").join(err, on="dataset", how="left")
+    counts = [col for col in table.columns if col not in ("dataset", "budget", "prompts_total")]
+    table = table.with_columns(
+        [c(x).fill_null(0) for x in counts if x not in ("mean", "p50", "p90", "p99", "max")]
+    )
+    return table.with_columns(
+        other=c("records") - c("stop") - c("length"),
+        budget_share=c("tokens") / c("budget"),
+        prompts_left=c("prompts_total") - c("records") if totals else pl.lit(None, pl.Int64),
+        truncation_share=_share("length"),
+        error_rate=c("errors") / pl.max_horizontal(c("records") + c("errors"), 1),
+        retokenized_share=_share("retokenized"),
+    )
+
+
+def _share(name: str):
+    import polars as pl
+
+    return pl.col(name) / pl.max_horizontal(pl.col("records"), 1)
+
+
+def _findings(table, th: AuditThresholds, max_tokens: int):
+    """The findings frame: one row per check a dataset fails."""
+    import polars as pl
+
+    rows = []
+    for r in table.iter_rows(named=True):
+        rows += _budget_findings(r, th, max_tokens)
+        rows += _share_findings(r, th)
+        for check in ("ids_len_mismatch", "ids_text_mismatch"):
+            if r[check]:
+                what = "completion_tokens != len(output_ids)" if "len" in check else (
+                    "output_ids do not decode to the stored text"
+                )  # fmt: skip
+                msg = f"{r[check]} of {r['with_ids']} records with ids: {what}"
+                rows.append((r["dataset"], check, float(r[check]), 0.0, "error", msg))
+    schema = dict(zip(FINDING_COLUMNS, [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String], strict=True))  # fmt: skip
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tuple]:
+    name, tokens, budget = r["dataset"], r["tokens"], r["budget"]
+    if not budget:
+        if r["records"]:
+            return [(name, "no_budget", float(tokens), 0.0, "warn", "records but no budget")]
+        return []
+    slack = max(th.over_budget_share * budget, max_tokens)
+    if tokens - budget > slack:
+        msg = (
+            f"{tokens:,} tokens vs budget {budget:,}: over by {tokens - budget:,} (> {slack:,.0f})"
+        )
+        return [(name, "over_budget", float(tokens - budget), float(slack), "error", msg)]
+    left = r["prompts_left"]
+    if tokens < budget and left:
+        msg = f"{tokens:,} of {budget:,} tokens ({tokens / budget:.0%}) with {left} prompts left"
+        return [(name, "under_budget", float(tokens), float(budget), "warn", msg)]
+    return []
+
+
+_SHARE_CHECKS = [  # check, count column, threshold field, severity, what
+    ("truncation", "length", "truncation_share", "warn", "finish_reason length (truncated)"),
+    ("empty", "empty", "empty_share", "warn", "empty responses"),
+    ("duplicate_exact", "dup_exact", "duplicate_share", "warn", "exact duplicate responses"),
+    ("duplicate_near", "dup_near", "near_duplicate_share", "warn", "near-duplicate responses"),
+    ("echo", "echo", "echo_share", "warn", "responses echoing the prompt"),
+    ("finish_other", "other", "other_finish_share", "warn", "finish reasons not stop/length"),
+    ("retokenized", "retokenized", "retokenized_share", "info", "counts from re-tokenizing"),
+]
+
+
+def _share_findings(r: dict, th: AuditThresholds) -> list[tuple]:
+    out = []
+    n = max(r["records"], 1)
+    for check, col, limit_name, severity, what in _SHARE_CHECKS:
+        share, limit = r[col] / n, getattr(th, limit_name)
+        if r[col] and share > limit:
+            msg = f"{r[col]} of {r['records']} records ({share:.1%}) {what}; threshold {limit:.1%}"
+            out.append((r["dataset"], check, share, float(limit), severity, msg))
+    if r["errors"] and r["error_rate"] > th.error_rate:
+        msg = f"{r['errors']} requests failed every attempt ({r['error_rate']:.1%}); threshold {th.error_rate:.1%}"
+        out.append((r["dataset"], "error_rate", r["error_rate"], th.error_rate, "warn", msg))
+    return out
+
+
+def _finish_table(flags):
+    import polars as pl
+
+    out = flags.group_by("dataset", "finish_reason").agg(count=pl.len())
+    out = out.with_columns(share=pl.col("count") / pl.col("count").sum().over("dataset"))
+    return out.sort("dataset", "count", descending=[False, True])
+
+
+def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None) -> AuditReport:
+    """Check a run directory against thresholds.
+
+    Args:
+        run_dir: a run directory (kit.types describes the layout).
+        tokenizer: a tokenizer object or local path; default the run's config.tokenizer.
+            Needed only to check that output_ids decode to the stored text.
+        thresholds: AuditThresholds (defaults when None).
+    Returns:
+        AuditReport; `report.findings` is empty for a clean run, `report.summary()` is text.
+
+    Example:
+        report = kit.audit("data/runs/demo")
+        report.findings.select("dataset", "check", "severity")
+        # -> e.g. ("alpaca", "truncation", "warn"), ("sharegpt", "over_budget", "error")
+    """
+    from kit.run.store import read_config, read_errors, records_frame
+
+    run_dir = Path(run_dir)
+    th = thresholds or AuditThresholds()
+    if not isinstance(th, AuditThresholds):
+        raise ValueError(f"thresholds must be an AuditThresholds, got {type(th).__name__}")
+    config = read_config(run_dir)
+    records = records_frame(run_dir)
+    notes = []
+    tok = load_tokenizer_for(tokenizer, config)
+    if tok is None and records["output_ids"].is_not_null().any():
+        notes.append("output_ids not decoded: no tokenizer given and none in config.tokenizer")
+    flags = flag_records(records, tokenizer=tok, thresholds=th)
+    totals = _prompt_totals(run_dir, config.sampling.n)
+    if not totals:
+        notes.append("no prompts.parquet: prompts left unknown, under-budget not checked")
+    table = _dataset_table(flags, config, read_errors(run_dir), totals)
+    return AuditReport(
+        run_dir=str(run_dir),
+        datasets=table,
+        lengths=table.select("dataset", "records", "mean", "p50", "p90", "p99", "max"),
+        finish=_finish_table(flags),
+        records=flags,
+        findings=_findings(table, th, config.sampling.max_tokens),
+        thresholds=th,
+        notes=notes,
+    )

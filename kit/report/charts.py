@@ -1,0 +1,396 @@
+"""Altair chart builders for planning and auditing. They return charts and never display.
+
+Every builder takes polars frames (or an AuditReport) and imports altair inside the
+function, so `import kit` stays light. Render in a notebook by leaving the chart as the
+cell's value; save with `chart.save("x.png")` (vl-convert) or `chart.to_dict()`.
+"""
+
+from __future__ import annotations
+
+
+def enable_offline() -> None:
+    """Draw charts in Jupyter without a CDN: altair's widget renderer with Vega bundled.
+
+    altair's default renderer loads Vega from cdn.jsdelivr.net, so on a machine without
+    internet (a GPU cluster node, CI) every chart cell stays blank. This switches to
+    `alt.JupyterChart` (anywidget) with the JavaScript from vl-convert; the first call
+    takes a few seconds to bundle it.
+
+    Example: `kit.report.charts.enable_offline()` once, in a notebook, before its first chart.
+    """
+    import altair as alt
+
+    alt.renderers.enable("jupyter", offline=True)
+
+
+# ---------------------------------------------------------------- audit charts
+
+_AUDIT_COLUMNS = ["dataset", "completion_tokens", "prompt_tokens", "finish_reason", "t_done"]
+
+
+def _records(records_or_report):
+    """The records frame of an AuditReport, or the frame itself, with plain columns only."""
+    frame = getattr(records_or_report, "records", records_or_report)
+    return frame.select([c for c in _AUDIT_COLUMNS if c in frame.columns])
+
+
+def token_distributions(records, *, bins: int = 40):
+    """Completion-length histogram per dataset (one row each) beside a box plot per dataset.
+
+    Args:
+        records: a records frame (kit.run.store.records_frame) or an AuditReport.
+        bins: histogram bins.
+    Returns:
+        alt.HConcatChart (histograms faceted by dataset | box plots).
+
+    Example: token_distributions(kit.audit(run_dir)).save("lengths.png")
+    """
+    import altair as alt
+
+    data = _records(records).select("dataset", "completion_tokens")
+    x = alt.X("completion_tokens:Q", bin=alt.Bin(maxbins=bins), title="completion tokens")
+    hist = (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
+            x=x, y=alt.Y("count():Q", title="records"), color=alt.Color("dataset:N", legend=None)
+        )
+        .properties(width=320, height=90)
+        .facet(row=alt.Row("dataset:N", title=None))
+        .resolve_scale(y="independent")
+    )
+    box = (
+        alt.Chart(data)
+        .mark_boxplot(extent="min-max")
+        .encode(
+            x=alt.X("completion_tokens:Q", title="completion tokens"),
+            y=alt.Y("dataset:N", title=None),
+            color=alt.Color("dataset:N", legend=None),
+        )
+        .properties(width=320, title="per-dataset spread")
+    )
+    return alt.hconcat(hist, box).properties(title="completion-length distributions")
+
+
+def budget_vs_actual(audit_or_frames):
+    """Completion tokens per dataset as bars, the budget as a tick, the share as a label.
+
+    Args:
+        audit_or_frames: an AuditReport, or a frame with dataset, tokens, budget columns
+            (report.datasets).
+    Returns:
+        alt.LayerChart.
+
+    Example: budget_vs_actual(kit.audit(run_dir))
+    """
+    import altair as alt
+    import polars as pl
+
+    frame = getattr(audit_or_frames, "datasets", audit_or_frames)
+    data = frame.select("dataset", "tokens", "budget").with_columns(
+        share=pl.when(pl.col("budget") > 0).then(pl.col("tokens") / pl.col("budget"))
+    )
+    base = alt.Chart(data).encode(y=alt.Y("dataset:N", title=None))
+    bars = base.mark_bar().encode(
+        x=alt.X("tokens:Q", title="completion tokens"),
+        color=alt.condition("datum.share > 1", alt.value("#d62728"), alt.value("#4c78a8")),
+        tooltip=["dataset", "tokens", "budget", alt.Tooltip("share:Q", format=".1%")],
+    )
+    budget = base.mark_tick(color="black", thickness=3, size=28).encode(x="budget:Q")
+    label = base.mark_text(align="left", dx=4).encode(
+        x="tokens:Q", text=alt.Text("share:Q", format=".0%")
+    )
+    return (bars + budget + label).properties(title="tokens vs budget (tick = budget)", width=420)
+
+
+def finish_reasons(records):
+    """Stacked bars of finish reasons (stop, length, ...) per dataset.
+
+    Args:
+        records: a records frame or an AuditReport.
+    Returns:
+        alt.Chart.
+
+    Example: finish_reasons(records_frame(run_dir))
+    """
+    import altair as alt
+    import polars as pl
+
+    data = _records(records).group_by("dataset", "finish_reason").agg(count=pl.len())
+    data = data.with_columns(share=pl.col("count") / pl.col("count").sum().over("dataset"))
+    return (
+        alt.Chart(data.sort("dataset", "finish_reason"))
+        .mark_bar()
+        .encode(
+            x=alt.X("count:Q", stack="zero", title="records"),
+            y=alt.Y("dataset:N", title=None),
+            color=alt.Color("finish_reason:N", title="finish reason"),
+            tooltip=["dataset", "finish_reason", "count", alt.Tooltip("share:Q", format=".1%")],
+        )
+        .properties(title="finish reasons", width=420)
+    )
+
+
+def throughput(records, *, bins: int = 40):
+    """Completion tokens per second over the run, per dataset, from each record's t_done.
+
+    Args:
+        records: a records frame or an AuditReport.
+        bins: time buckets across the run (each at least one second wide).
+    Returns:
+        alt.Chart (stacked area: x = minutes since the first record, y = tokens/s).
+
+    Example: throughput(records_frame(run_dir))
+    """
+    import altair as alt
+    import polars as pl
+
+    data = _records(records).select("dataset", "completion_tokens", "t_done")
+    t0 = data["t_done"].min() or 0.0
+    span = (data["t_done"].max() or 0.0) - t0
+    width = max(span / bins, 1.0)
+    sums = (
+        data.with_columns(bucket=((pl.col("t_done") - t0) / width).floor().cast(pl.Int64))
+        .group_by("dataset", "bucket")
+        .agg(tokens=pl.col("completion_tokens").sum())
+    )
+    grid = data.select(pl.col("dataset").unique()).join(  # every bucket for every dataset
+        pl.DataFrame({"bucket": range(int(span / width) + 1)}, schema={"bucket": pl.Int64}),
+        how="cross",
+    )
+    data = (
+        grid.join(sums, on=["dataset", "bucket"], how="left")
+        .with_columns(pl.col("tokens").fill_null(0))
+        .with_columns(
+            minutes=pl.col("bucket") * width / 60.0, tokens_per_s=pl.col("tokens") / width
+        )
+        .sort("dataset", "bucket")
+    )
+    return (
+        alt.Chart(data)
+        .mark_area(interpolate="step-after", opacity=0.8)
+        .encode(
+            x=alt.X("minutes:Q", title="minutes since first record"),
+            y=alt.Y("tokens_per_s:Q", stack="zero", title="completion tokens / s"),
+            color=alt.Color("dataset:N"),
+            tooltip=["dataset", "minutes", alt.Tooltip("tokens_per_s:Q", format=".1f")],
+        )
+        .properties(title=f"throughput ({width:.0f} s buckets)", width=480)
+    )
+
+
+def completion_vs_prompt(records, *, max_points: int = 5000, seed: int = 0):
+    """Scatter of completion tokens against prompt tokens, colored by dataset.
+
+    Args:
+        records: a records frame or an AuditReport; rows without prompt_tokens are left out.
+        max_points: a seeded sample keeps the chart light for large runs.
+        seed: sampling seed.
+    Returns:
+        alt.Chart (truncated records drawn as crosses).
+
+    Example: completion_vs_prompt(records_frame(run_dir))
+    """
+    import altair as alt
+
+    data = _records(records).select(
+        "dataset", "prompt_tokens", "completion_tokens", "finish_reason"
+    )
+    data = data.drop_nulls("prompt_tokens")
+    if data.height > max_points:
+        data = data.sample(max_points, seed=seed)
+    return (
+        alt.Chart(data)
+        .mark_point(filled=True, opacity=0.6)
+        .encode(
+            x=alt.X("prompt_tokens:Q", title="prompt tokens"),
+            y=alt.Y("completion_tokens:Q", title="completion tokens"),
+            color=alt.Color("dataset:N"),
+            shape=alt.Shape("finish_reason:N", title="finish reason"),
+            tooltip=["dataset", "prompt_tokens", "completion_tokens", "finish_reason"],
+        )
+        .properties(title="completion vs prompt length", width=420)
+    )
+
+
+# ---------------------------------------------------------------- planning charts (kit.plan)
+
+
+def _length_bins(frame, column: str, log: bool, bins: int):
+    """Histogram counts and box statistics per dataset, computed in polars (any row count)."""
+    import polars as pl
+
+    v = pl.col("v")
+    data = frame.select("dataset", pl.col(column).cast(pl.Float64).alias("v")).drop_nulls()
+    if data.height == 0:
+        raise ValueError(f"frame has no {column!r} values to chart")
+    t = data.with_columns(v.clip(lower_bound=1).log10()) if log else data
+    lo, hi = t["v"].min(), t["v"].max()
+    width = (hi - lo) / bins or 1.0
+    back = (lambda e: 10**e) if log else (lambda e: e)  # noqa: E731  bin edges in tokens
+    hist = (
+        t.with_columns(bin=((v - lo) / width).floor().clip(0, bins - 1).cast(pl.Int64))
+        .group_by("dataset", "bin")
+        .len("count")
+        .with_columns(
+            start=back(lo + pl.col("bin") * width), end=back(lo + (pl.col("bin") + 1) * width)
+        )
+        .sort("dataset", "bin")
+    )
+    box = (
+        data.group_by("dataset")
+        .agg(
+            n=pl.len(),
+            min=v.min(),
+            q1=v.quantile(0.25, "linear"),
+            median=v.median(),
+            q3=v.quantile(0.75, "linear"),
+            max=v.max(),
+            mean=v.mean(),
+        )
+        .sort("dataset")
+    )
+    return hist, box
+
+
+def length_distribution(
+    frame, column: str = "completion_tokens", *, log: bool = False, bins: int = 40
+):
+    """Per-dataset box plots above a per-dataset histogram of a length column.
+
+    Bins and quartiles are computed in polars first, so a 1M-row frame makes a small spec.
+
+    Args:
+        frame: rows with `dataset` and `column` (a pilot frame, records, a prompt frame
+            with prompt_tokens).
+        column: the length column.
+        log: log-scale x axis (bins equal in log space).
+        bins: histogram bins (shared edges across datasets).
+    Returns:
+        alt.VConcatChart: box plots (rule min-max, bar q1-q3, tick median) | faceted histogram.
+
+    Example: length_distribution(pilot_result.frame, log=True).save("pilot.png")
+    """
+    import altair as alt
+
+    hist, box = _length_bins(frame, column, log, bins)
+    scale = alt.Scale(type="log") if log else alt.Scale(zero=True)
+    x_title = column.replace("_", " ") + (" (log)" if log else "")
+    color = alt.Color("dataset:N", legend=None)
+    y = alt.Y("dataset:N", title=None)
+    base = alt.Chart(box).encode(y=y, color=color, tooltip=list(box.columns))
+    boxes = alt.layer(
+        base.mark_rule().encode(x=alt.X("min:Q", scale=scale, title=x_title), x2="max:Q"),
+        base.mark_bar(size=12).encode(x="q1:Q", x2="q3:Q"),
+        base.mark_tick(size=14, thickness=2).encode(x="median:Q", color=alt.value("black")),
+    ).properties(width=420, title=f"{x_title} per dataset")
+    bars = (
+        alt.Chart(hist)
+        .mark_bar()
+        .encode(
+            x=alt.X("start:Q", scale=scale, title=x_title),
+            x2="end:Q",
+            y=alt.Y("count:Q", title="rows"),
+            y2=alt.datum(0),
+            color=color,
+            tooltip=["dataset", "start", "end", "count"],
+        )
+        .properties(width=420, height=70)
+        .facet(row=alt.Row("dataset:N", title=None))
+        .resolve_scale(y="independent")
+    )
+    return alt.vconcat(boxes, bars)
+
+
+def _plan_rows(plan_frame):
+    """The per-dataset rows of a kit.plan.budget() table (no TOTAL row)."""
+    import polars as pl
+
+    return plan_frame.filter(pl.col("dataset") != "TOTAL")
+
+
+def samples_needed(plan_frame):
+    """Samples each budget needs: a point at the estimate, an error bar up to the upper bound,
+    a red tick at the prompts available.
+
+    Args:
+        plan_frame: the table from kit.plan.budget().
+    Returns:
+        alt.LayerChart (errorbar, point, tick), one row per dataset.
+
+    Example: samples_needed(kit.plan.budget(budgets, pilot, prompts_available=prompts))
+    """
+    import altair as alt
+    import polars as pl
+
+    data = _plan_rows(plan_frame).select(
+        "dataset",
+        "samples_needed",
+        pl.col("samples_needed_upper").fill_null(pl.col("samples_needed")),
+        "prompts_available",
+        "shortfall",
+    )
+    base = alt.Chart(data).encode(y=alt.Y("dataset:N", title=None))
+    return alt.layer(
+        base.mark_errorbar(ticks=True).encode(
+            x=alt.X("samples_needed:Q", title="samples"), x2="samples_needed_upper:Q"
+        ),
+        base.mark_point(filled=True, size=80).encode(
+            x="samples_needed:Q",
+            color=alt.Color("shortfall:N", title="shortfall"),
+            tooltip=list(data.columns),
+        ),
+        base.mark_tick(color="red", thickness=2, size=18).encode(x="prompts_available:Q"),
+    ).properties(width=420, title="samples needed (point, upper bound) vs prompts available (red)")
+
+
+def budget_vs_cap(plan_frame):
+    """Each dataset's token budget beside what a per-dataset sample cap would produce.
+
+    Args:
+        plan_frame: the table from kit.plan.budget() (with cap_tokens and overshoot).
+    Returns:
+        alt.LayerChart: grouped bars (budget, sample cap) and an "2.66x" overshoot label.
+
+    Example: budget_vs_cap(kit.plan.budget(10_000_000, pilot, prompts_available=p, sample_cap=7000))
+    """
+    import altair as alt
+    import polars as pl
+
+    rows = _plan_rows(plan_frame)
+    long = pl.concat(
+        [
+            rows.select(
+                "dataset", pl.lit("budget").alias("kind"), pl.col("budget").alias("tokens"), "cap"
+            ),
+            rows.select(
+                "dataset",
+                pl.lit("sample cap").alias("kind"),
+                pl.col("cap_tokens").alias("tokens"),
+                "cap",
+            ),
+        ]
+    )
+    labels = rows.select(
+        "dataset", "cap_tokens", pl.format("{}x", pl.col("overshoot").round(2)).alias("label")
+    )
+    y = alt.Y("dataset:N", title=None)
+    bars = (
+        alt.Chart(long)
+        .mark_bar()
+        .encode(
+            x=alt.X("tokens:Q", title="completion tokens"),
+            y=y,
+            yOffset="kind:N",
+            color=alt.Color("kind:N", title=None),
+            tooltip=["dataset", "kind", "tokens", "cap"],
+        )
+    )
+    text = (
+        alt.Chart(labels)
+        .mark_text(align="left", dx=4)
+        .encode(x="cap_tokens:Q", y=y, text="label:N")
+    )
+    return alt.layer(bars, text).properties(
+        width=420, title="token budget vs a sample cap (overshoot)"
+    )

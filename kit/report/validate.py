@@ -1,0 +1,211 @@
+"""Read an export back and check it against its manifest and its formats (kit.validate)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROLES = ("system", "user", "assistant")
+MAX_PER_FILE = 20  # problems listed per file before "... and N more"
+
+
+@dataclass
+class ValidationResult:
+    """The outcome of kit.validate: ok, and every problem as "file line N: what"."""
+
+    path: Path
+    problems: list[str] = field(default_factory=list)
+    files_checked: int = 0
+    rows_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def summary(self) -> str:
+        """Plain text: OK with counts, or every problem on its own line."""
+        head = f"{self.path}: {self.files_checked} files, {self.rows_checked} rows"
+        if self.ok:
+            return f"{head}: OK"
+        return "\n".join(
+            [f"{head}: {len(self.problems)} problems", *("  " + p for p in self.problems)]
+        )
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_entry(path: Path, rows: int | None, *, line_hashes: str | None = None) -> dict:
+    """The manifest entry of one written file."""
+    entry = {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
+    if line_hashes:
+        entry["line_hashes"] = line_hashes
+    return entry
+
+
+def _check_specforge(row) -> str | None:
+    if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
+        return "'id' must be a non-empty string"
+    conv = row.get("conversations")
+    if not isinstance(conv, list) or not conv:
+        return "'conversations' must be a non-empty list"
+    for j, m in enumerate(conv):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ROLES
+            or not isinstance(m.get("content"), str)
+        ):
+            return f"conversations[{j}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.80}"
+        if m["role"] == "system" and j:
+            return f"conversations[{j}] is a system message after the first turn"
+    if conv[-1]["role"] != "assistant":
+        return "the last message must be the assistant completion"
+    return None
+
+
+def _is_int(x) -> bool:
+    return type(x) is int
+
+
+def _check_token_ids(row) -> str | None:
+    if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
+        return "'id' must be a non-empty string"
+    ids, mask = row.get("input_ids"), row.get("loss_mask")
+    if not isinstance(ids, list) or not ids or not all(map(_is_int, ids)):
+        return "'input_ids' must be a non-empty list of ints"
+    if not isinstance(mask, list) or any(x not in (0, 1) or not _is_int(x) for x in mask):
+        return "'loss_mask' must be a list of 0/1 ints"
+    if len(mask) != len(ids):
+        return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
+    return None
+
+
+_CHECKS = {"specforge": _check_specforge, "token_ids": _check_token_ids}
+
+
+def _check_jsonl(root: Path, rel: str, result: ValidationResult) -> list[str]:
+    """Parse and check every line of one JSONL export file; returns the row ids."""
+    check, ids, problems = _CHECKS[rel.split("/")[0]], [], []
+    with open(root / rel, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                problems.append(f"{rel} line {n}: not valid JSON ({e.msg} at column {e.colno})")
+                continue
+            what = check(row)
+            if what:
+                problems.append(f"{rel} line {n}: {what}")
+            ids.append(row.get("id") if isinstance(row, dict) else None)
+    result.rows_checked += len(ids)
+    _add(result, problems)
+    return ids
+
+
+def _add(result: ValidationResult, problems: list[str]) -> None:
+    result.problems += problems[:MAX_PER_FILE]
+    if len(problems) > MAX_PER_FILE:
+        result.problems.append(f"... and {len(problems) - MAX_PER_FILE} more in that file")
+
+
+def _changed_lines(root: Path, rel: str, entry: dict) -> list[str]:
+    """Which lines of a JSONL file differ from the export, via its line-hash file."""
+    lh = root / entry.get("line_hashes", "")
+    if "line_hashes" not in entry or not lh.is_file():
+        return [f"{rel}: contents changed after export (sha256 differs from manifest.json)"]
+    want = lh.read_text().split()
+    got = [hashlib.sha256(x.encode()).hexdigest()[:16] for x in (root / rel).read_text(encoding="utf-8").splitlines()]  # fmt: skip
+    out = [f"{rel} line {i + 1}: edited after export (differs from the line written)" for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b]  # fmt: skip
+    if len(got) != len(want):
+        out.append(f"{rel}: has {len(got)} lines, the export wrote {len(want)}")
+    return out or [f"{rel}: bytes changed after export (sha256 differs; lines unchanged)"]
+
+
+def _check_files(root: Path, files: dict, result: ValidationResult) -> dict[str, list]:
+    """Existence, hashes, row counts and formats of every listed file; returns ids per JSONL."""
+    ids = {}
+    for rel, entry in files.items():
+        path = root / rel
+        if not path.is_file():
+            result.problems.append(f"{rel}: missing (listed in manifest.json)")
+            continue
+        result.files_checked += 1
+        if sha256_file(path) != entry["sha256"]:
+            _add(result, _changed_lines(root, rel, entry))
+        if rel.split("/")[0] in _CHECKS:
+            ids[rel] = _check_jsonl(root, rel, result)
+            rows = len(ids[rel])
+        elif rel.endswith(".parquet") and rel.startswith("parquet/"):
+            import pyarrow.parquet as pq
+
+            rows = pq.ParquetFile(path).metadata.num_rows
+        else:
+            continue
+        if entry.get("rows") is not None and rows != entry["rows"]:
+            result.problems.append(f"{rel}: {rows} rows, manifest.json says {entry['rows']}")
+    return ids
+
+
+def _check_counts(manifest: dict, ids: dict[str, list], result: ValidationResult) -> None:
+    """Rows per split agree with manifest counts, and formats hold the same ids in order."""
+    counts = manifest.get("counts", {})
+    for split in ("train", "validation"):
+        want = sum(c.get(split, 0) for c in counts.values())
+        found = {rel: v for rel, v in ids.items() if rel.endswith(f"/{split}.jsonl")}
+        for rel, v in found.items():
+            if len(v) != want:
+                result.problems.append(
+                    f"{rel}: {len(v)} rows, manifest counts say {want} {split} rows"
+                )
+        sf, tk = found.get(f"specforge/{split}.jsonl"), found.get(f"token_ids/{split}.jsonl")
+        if sf is not None and tk is not None and sf != tk:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(sf, tk, strict=False)) if a != b),
+                min(len(sf), len(tk)),
+            )
+            result.problems.append(
+                f"token_ids/{split}.jsonl line {first + 1}: id differs from specforge/{split}.jsonl"
+            )
+
+
+def validate(path) -> ValidationResult:
+    """Read an export back and check it against manifest.json and its formats.
+
+    Checks: every listed file exists with its sha256 (an edited JSONL line is named by file
+    and line); every JSONL line parses with the right fields and types (SpecForge
+    conversations; token ids are ints, loss_mask is 0/1 and as long as input_ids); row
+    counts match the manifest; SpecForge and token-id files hold the same ids in order.
+
+    Args:
+        path: the export directory (holding manifest.json).
+    Returns:
+        ValidationResult; `.ok`, `.problems` (e.g. "token_ids/train.jsonl line 3: loss_mask
+        length 40 != input_ids length 41"), `.summary()`.
+
+    Example: kit.validate("data/exports/demo").ok -> True (after kit.export to that folder)
+    """
+    root = Path(path)
+    result = ValidationResult(path=root)
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        result.problems.append(f"{root / 'manifest.json'}: missing (not an export directory?)")
+        return result
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        result.problems.append(f"manifest.json: unreadable ({e})")
+        return result
+    ids = _check_files(root, files, result)
+    _check_counts(manifest, ids, result)
+    return result

@@ -1,0 +1,135 @@
+"""Interactive planning for notebooks: budget per dataset, throughput and confidence as
+ipywidgets; the plan table and its charts redraw as you move them.
+
+The planner keeps no state of its own beyond its inputs: every change calls
+kit.plan.budget again, so what you see is what write_plan will store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Planner:
+    """Widgets over kit.plan.budget.
+
+    Args:
+        budgets: dataset -> starting completion-token budget, or one number for every
+            dataset the samples have (a RunConfig's `budgets` as they come).
+        samples: completion-length samples (a PilotResult or a frame), as budget() takes them.
+        prompts_available: dataset -> samples available, or the prompt frame.
+        throughput: starting tokens/s. max_tokens: the pilot's max_tokens.
+        sample_cap: the naive cap to compare against (default: every prompt).
+
+    Example:
+        planner = Planner(config.budgets, pilot, prompts_available=frame, throughput=120.0)
+        planner.widget        # display it in a cell
+        planner.table         # the current plan (a polars frame)
+    """
+
+    def __init__(
+        self, budgets, samples, *, prompts_available, throughput, max_tokens=None, sample_cap=None
+    ):
+        import ipywidgets as w
+
+        self._samples = samples
+        self._available = prompts_available
+        self._max_tokens = max_tokens
+        self._cap = sample_cap
+        if not isinstance(budgets, dict):  # one number: every dataset the pilot measured
+            budgets = dict.fromkeys(_datasets(samples), budgets)
+        style = {"description_width": "140px"}
+        layout = w.Layout(width="480px")
+        self.budget_inputs = {
+            name: w.IntText(value=int(v), description=name, style=style, layout=layout, step=500)
+            for name, v in sorted(budgets.items())
+        }
+        self.throughput = w.FloatText(
+            value=round(float(throughput), 2),
+            description="throughput tok/s",
+            style=style,
+            layout=layout,
+        )
+        self.confidence = w.FloatSlider(
+            value=0.95,
+            min=0.5,
+            max=0.995,
+            step=0.005,
+            description="confidence",
+            style=style,
+            layout=layout,
+        )
+        self.output = w.Output()
+        self.message = w.HTML()
+        for control in [*self.budget_inputs.values(), self.throughput, self.confidence]:
+            control.observe(self._changed, names="value")
+        self.widget = w.VBox(
+            [w.HTML("<b>Token budget per dataset</b>"), *self.budget_inputs.values(),
+             self.throughput, self.confidence, self.message, self.output]
+        )  # fmt: skip
+        self.table = self.compute()
+        self._draw()
+
+    @property
+    def budgets(self) -> dict[str, int]:
+        """dataset -> the budget currently entered."""
+        return {name: int(box.value) for name, box in self.budget_inputs.items()}
+
+    def compute(self):
+        """kit.plan.budget over the current widget values."""
+        from kit import plan
+
+        return plan.budget(
+            self.budgets,
+            self._samples,
+            prompts_available=self._available,
+            throughput=self.throughput.value,
+            max_tokens=self._max_tokens,
+            confidence=self.confidence.value,
+            sample_cap=self._cap,
+        )
+
+    def _changed(self, _change: Any) -> None:
+        try:
+            self.table = self.compute()
+        except ValueError as exc:  # a bad value typed in: say so, keep the last good plan
+            self.message.value = f"<span style='color:#b00'>{exc}</span>"
+            return
+        self.message.value = ""
+        self._draw()
+
+    def _draw(self) -> None:
+        from IPython.display import display
+
+        from kit.report import charts
+
+        self.output.clear_output(wait=True)
+        with self.output:
+            display(self.table.select(SUMMARY_COLUMNS))
+            display(charts.samples_needed(self.table) | charts.budget_vs_cap(self.table))
+
+    def summary(self) -> str:
+        """The plan as plain text, for headless runs."""
+        return summary_text(self.table)
+
+
+def _datasets(samples) -> list[str]:
+    """Dataset names of budget()'s samples: a PilotResult, a frame or a dict of lengths."""
+    frame = getattr(samples, "frame", samples)
+    if isinstance(frame, dict):
+        return sorted(frame)
+    return sorted(frame["dataset"].unique().to_list())
+
+
+SUMMARY_COLUMNS = [
+    "dataset", "budget", "mean", "samples_needed", "samples_needed_upper",
+    "prompts_available", "shortfall", "hours_to_go", "cap_tokens", "overshoot", "note",
+]  # fmt: skip
+
+
+def summary_text(table) -> str:
+    """A plan table as a plain-text block."""
+    import polars as pl
+
+    with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=160, fmt_str_lengths=60):
+        return str(table.select(SUMMARY_COLUMNS))

@@ -1,0 +1,214 @@
+"""The async runner: interleaved datasets, per-dataset token budgets, retries, resume.
+
+`await kit.generate(prompts, config, run_dir=...)` (config: a kit.RunConfig) sends
+every dataset's prompts (seeded random order) to the endpoints, interleaved by the lowest
+share of budget committed, and stops feeding a dataset before it crosses its budget:
+
+- admission counts tokens done + the expected tokens of requests in flight (running mean
+  per dataset; before any record, `expected_tokens` or max_tokens / 2);
+- policy "drain" lets in-flight requests finish and also caps in-flight so that
+  tokens_done + in_flight * max_tokens <= budget + max(1% of budget, max_tokens): the final
+  count lands in [budget, budget + that slack] whenever the prompts suffice;
+- policy "cancel" aborts a dataset's in-flight requests once its budget is reached.
+
+With a tokenizer, prompts too long for the context (prompt tokens + max_tokens >
+max_context) are never sent: counted per dataset (`skipped_context`) and listed in
+run_dir/skipped.jsonl (kit.run.guard). Results go through kit.run.store (crash-safe); a
+stop (run.stop(), a cancelled task, Ctrl-C) cancels in-flight requests and flushes.
+Resume = the same call again, or `resume(run_dir)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import NamedTuple
+
+from kit.run.runner import _Runner
+from kit.types import DatasetProgress, RunConfig
+
+
+class Status(NamedTuple):
+    """What `Run.status()` returns: a frame per dataset and the DatasetProgress list."""
+
+    frame: object  # polars.DataFrame
+    datasets: list[DatasetProgress]
+
+
+def _progress_frame(progress: list[DatasetProgress]):
+    """DatasetProgress list -> polars frame with overshoot/shortfall columns."""
+    import polars as pl
+
+    rows = []
+    for p in progress:
+        rows.append(
+            {
+                "dataset": p.dataset, "state": p.state, "budget": p.budget,
+                "tokens_done": p.tokens_done, "share": p.tokens_done / p.budget if p.budget else 0.0,
+                "overshoot": max(0, p.tokens_done - p.budget), "shortfall": max(0, p.budget - p.tokens_done),
+                "samples_done": p.samples_done, "prompts_total": p.prompts_total,
+                "in_flight": p.in_flight, "retries": p.retries, "errors": p.errors,
+                "truncated": p.truncated, "skipped_context": p.skipped,
+                "tokens_per_s": round(p.tokens_per_s, 1),
+            }
+        )  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+class Run:
+    """A run: finished (foreground) or running as a task on the current loop (background).
+
+    Example:
+        run = await kit.generate(prompts, ..., background=True)
+        run.status().frame      # one row per dataset
+        run.stop(); await run.wait()
+        run.summary()           # budget, tokens_done, overshoot, shortfall, errors per dataset
+    """
+
+    def __init__(self, runner: _Runner, task: asyncio.Task | None = None) -> None:
+        self.run_dir = runner.store.run_dir
+        self._runner = runner
+        self.task = task
+
+    @property
+    def done(self) -> bool:
+        return self.task is None or self.task.done()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run stopped early (None when it ran to the end)."""
+        return self._runner.stop_reason
+
+    def status(self) -> Status:
+        """The live (or final) state per dataset."""
+        progress = self._runner.progress()
+        return Status(_progress_frame(progress), progress)
+
+    def stop(self) -> None:
+        """Ask for a clean stop: in-flight requests are cancelled, records flushed."""
+        self._runner.request_stop("stopped by user")
+
+    async def wait(self) -> Run:
+        """Wait for the run to end; re-raise what ended it (e.g. a full disk)."""
+        if self.task is not None:
+            await self.task
+        return self
+
+    def summary(self):
+        """Per-dataset budget adherence of the run as a polars frame."""
+        return self.status().frame
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "running"
+        return f"Run({str(self.run_dir)!r}, {state})\n{self.summary()}"
+
+
+async def generate(
+    prompts,
+    config: RunConfig,
+    *,
+    run_dir: str | Path,
+    progress: Callable[[list[DatasetProgress]], None] | None = None,
+    background: bool = False,
+    force: bool = False,
+    expected_tokens: dict[str, float] | None = None,
+) -> Run:
+    """Run prompts through the endpoints under per-dataset completion-token budgets.
+
+    Args:
+        prompts: a prompt frame (`kit.load(...).frame` or the LoadResult), or None to resume
+            from run_dir/prompts.parquet.
+        config: the run's settings (kit.RunConfig: model, endpoints, budgets, sampling,
+            tokenizer, api, concurrency, policy, timeouts ...). With a tokenizer, prompts whose
+            prompt tokens + sampling.max_tokens exceed the context are skipped, counted
+            (summary column `skipped_context`) and listed in run_dir/skipped.jsonl.
+        run_dir: the run directory (created; resumed when it exists).
+        progress: callback(list[DatasetProgress]), at most once a second and once at the end.
+        background: return at once; the run is a task on the current loop.
+        force: resume even when the fingerprint changed.
+        expected_tokens: {dataset: mean completion tokens} from a pilot (admission prior).
+
+    Returns:
+        Run: `run.summary()` is one row per dataset (budget, tokens_done, overshoot,
+        shortfall, errors, skipped_context); `run.stop_reason` says why it stopped early.
+
+    Example (a notebook cell; the embedded server at `url`):
+        config = kit.RunConfig(model="SmolLM2-135M-Instruct", endpoints=url,
+                               budgets={"alpaca_tasks": 4000}, sampling=kit.Sampling(max_tokens=64))
+        run = await kit.generate(kit.load("data/samples/alpaca_tasks.jsonl"), config,
+                                 run_dir="data/runs/demo")
+        run.summary()  # alpaca_tasks: budget 4000, tokens_done 4031, state budget_reached
+    """
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"generate: config must be a kit.RunConfig, got {type(config).__name__}")
+    runner = _Runner.create(
+        prompts, config, run_dir=run_dir, force=force, expected_tokens=expected_tokens
+    )
+    runner.callback = progress
+    if background:
+        return Run(runner, asyncio.get_running_loop().create_task(runner.run()))
+    await runner.run()
+    return Run(runner)
+
+
+async def resume(run_dir: str | Path, *, progress=None, force: bool = False, **changes) -> Run:
+    """Continue a run from its own config.json and prompts.parquet.
+
+    `changes` replace settings that may change on resume (budgets, endpoints,
+    concurrency, timeout ...); a change to what the fingerprint covers is refused
+    unless force=True.
+
+    Example: run = await kit.run.generate.resume("data/runs/demo", concurrency=64)
+    """
+    from kit.run.store import read_config
+
+    config = replace(read_config(run_dir), **changes)
+    return await generate(None, config, run_dir=run_dir, progress=progress, force=force)
+
+
+def generate_sync(*args, **kwargs) -> Run:
+    """generate() for scripts and running kernels: blocks until the run ends.
+
+    With no running loop it uses asyncio.run (Ctrl-C stops the run cleanly); inside a
+    running loop (Jupyter) it runs the run on a worker thread with its own loop.
+
+    Example: kit.generate_sync(frame, config, run_dir="data/runs/x").summary()
+    """
+    if kwargs.get("background"):
+        raise ValueError("generate_sync: background=True needs `await kit.generate(...)`")
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(generate(*args, **kwargs))
+    return _run_in_thread(args, kwargs)
+
+
+def _run_in_thread(args, kwargs) -> Run:
+    """Run generate() on a worker thread's loop; Ctrl-C in the caller stops it cleanly."""
+    box: dict = {}
+
+    def target() -> None:
+        async def main():
+            box["loop"] = asyncio.get_running_loop()
+            box["run"] = await generate(*args, **kwargs, background=True)
+            return await box["run"].wait()
+
+        try:
+            box["result"] = asyncio.run(main())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="kit-generate", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        try:
+            thread.join(0.2)
+        except KeyboardInterrupt:
+            if "run" in box:
+                box["loop"].call_soon_threadsafe(box["run"].stop)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]

@@ -1,0 +1,393 @@
+"""The runner behind kit.generate: scheduling, budget accounting, retries, clean stops.
+
+Budget rule (see kit.generate): a dataset is fed while tokens_done + in_flight * expected
+< budget; with policy "drain" also while tokens_done + (in_flight + 1) * max_tokens <=
+budget + max(1% of budget, max_tokens), which bounds the final overshoot whatever the
+completions turn out to be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from kit.data.sources import source_hashes
+from kit.run import guard as _guard
+from kit.run.store import RunStore, read_config
+from kit.tokens import chat_template_hash
+from kit.types import BackendError, DatasetProgress, ErrorRecord, Record, RunConfig
+
+
+@dataclass
+class _Dataset:
+    """Live state of one dataset in a run."""
+
+    name: str
+    budget: int
+    queue: deque  # (prompt_id, sample, messages) not yet sent
+    total: int  # samples available (prompts x n)
+    prior: float  # expected completion tokens before any record
+    tokens_done: int = 0
+    samples_done: int = 0
+    truncated: int = 0
+    retries: int = 0
+    errors: int = 0
+    tasks: set = field(default_factory=set)
+    recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (t_done, tokens)
+    stopped: bool = False
+    skipped: int = 0  # samples never sent (prompt too long for the context)
+
+    @property
+    def expected(self) -> float:
+        """Running mean of completion tokens, pulled toward the prior for the first few."""
+        return (self.tokens_done + 2 * self.prior) / (self.samples_done + 2)
+
+    @property
+    def committed(self) -> float:
+        return self.tokens_done + len(self.tasks) * self.expected
+
+    def state(self) -> str:
+        if self.tokens_done >= self.budget:
+            return "budget_reached"
+        if not self.queue and not self.tasks:
+            return "exhausted"
+        if self.stopped:
+            return "stopped"
+        return "running" if self.tasks or self.samples_done else "waiting"
+
+    def progress(self, now: float) -> DatasetProgress:
+        window = [(t, c) for t, c in self.recent if now - t <= 30.0]
+        rate = sum(c for _, c in window) / max(now - window[0][0], 1.0) if len(window) > 1 else 0.0
+        return DatasetProgress(
+            dataset=self.name, budget=self.budget, tokens_done=self.tokens_done,
+            samples_done=self.samples_done, in_flight=len(self.tasks), prompts_total=self.total,
+            errors=self.errors, retries=self.retries, truncated=self.truncated,
+            skipped=self.skipped, tokens_per_s=rate, state=self.state(),
+        )  # fmt: skip
+
+
+class _Runner:
+    """Scheduling, budget accounting, retries and clean stops for one run."""
+
+    clock = staticmethod(time.monotonic)  # paces progress reports (a test injects a fake one)
+
+    @classmethod
+    def create(
+        cls, prompts, config: RunConfig, *, run_dir, force: bool, expected_tokens
+    ) -> _Runner:
+        """Check the prompts against the config, open the store, build the queues."""
+        frame = _prompt_frame(prompts, run_dir)
+        names = frame["dataset"].unique(maintain_order=True).to_list()
+        _guard.check(config.max_context, config.tokenizer, config.sampling.max_tokens)
+        config = replace(
+            config,
+            budgets=config.budgets_for(names),
+            source_hashes=source_hashes(frame),
+            datasets=_dataset_paths(prompts, run_dir),
+            chat_template_hash=chat_template_hash(config.tokenizer) if config.tokenizer else None,
+        )
+        # one fsync per wave of in-flight results at most (a kill -9 loses in-flight work anyway);
+        # flushing every 32 cost ~30% of requests/s at 256 in flight (bench/bench_client.py)
+        store = RunStore(run_dir, flush_every=max(32, config.concurrency))
+        store.init(config, frame if prompts is not None else None, force=force)
+        self = cls()
+        self.config, self.store = config, store
+        self._sampling = replace(config.sampling, n=1)  # what each request sends (seed aside)
+        self.timeout = config.timeout or 120.0 + 0.5 * config.sampling.max_tokens
+        self.retry_base, self.no_endpoint_timeout = config.retry_base, config.no_endpoint_timeout
+        done = store.scan()
+        skips = _guard.apply(frame, config, run_dir, done)  # too long for the context: never sent
+        self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips)
+        self.callback, self.stop_reason = None, None
+        self._stop_requested = False
+        self._last_progress = 0.0
+        self._failures = 0  # consecutive requests that failed every attempt
+        return self
+
+    # -- public-ish
+    def progress(self) -> list[DatasetProgress]:
+        now = time.time()
+        return [d.progress(now) for d in self.datasets.values()]
+
+    def request_stop(self, reason: str) -> None:
+        if not self._stop_requested:
+            self._stop_requested, self.stop_reason = True, reason
+        if self._wake is not None:
+            self._wake.set()
+
+    _wake: asyncio.Event | None = None
+
+    # -- main loop
+    async def run(self) -> None:
+        from kit.run.backends import EndpointPool, make_backend
+
+        cfg = self.config
+        backends = [
+            make_backend(
+                cfg.api, url, cfg.model, api_key_env=cfg.api_key_env, tokenizer=cfg.tokenizer
+            )
+            for url in cfg.endpoints
+        ]
+        self.pool = EndpointPool(
+            backends,
+            per_endpoint_concurrency=cfg.per_endpoint_concurrency,
+            no_endpoint_timeout=self.no_endpoint_timeout,
+        )
+        self._wake, self._done = asyncio.Event(), []
+        try:
+            await self.pool.start()
+            await self._schedule()
+        except BaseException as e:
+            self.request_stop(f"interrupted ({type(e).__name__})")
+            raise
+        finally:
+            await self._shutdown()
+
+    async def _schedule(self) -> None:
+        """Admit, wait for completions (O(1) each, via done callbacks), write, repeat."""
+        while not self._stop_requested:
+            self._admit()
+            if not any(d.tasks for d in self.datasets.values()):
+                break
+            if not self._done:
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.store.flush_interval)
+            done, self._done = self._done, []
+            for task in done:
+                self._finish(task)
+            self.store.maybe_flush()
+            self._report()
+
+    def _admit(self) -> None:
+        """Start requests while slots are free, always for the least-committed dataset."""
+        in_flight = sum(len(d.tasks) for d in self.datasets.values())
+        while in_flight < self.config.concurrency:
+            ds = [d for d in self.datasets.values() if self._admissible(d)]
+            if not ds:
+                return
+            d = min(ds, key=lambda d: d.committed / d.budget)
+            prompt_id, sample, messages = d.queue.popleft()
+            task = asyncio.ensure_future(self._request(d, prompt_id, sample, messages))
+            task.meta = (d, prompt_id, sample, messages)
+            task.add_done_callback(self._on_done)
+            d.tasks.add(task)
+            in_flight += 1
+
+    def _on_done(self, task: asyncio.Task) -> None:
+        self._done.append(task)
+        self._wake.set()
+
+    def _admissible(self, d: _Dataset) -> bool:
+        """Whether one more request for d keeps the budget promise."""
+        if not d.queue or d.stopped or d.committed >= d.budget:
+            return False
+        if self.config.policy == "cancel":
+            return True
+        max_tokens = self.config.sampling.max_tokens
+        slack = max(0.01 * d.budget, max_tokens)
+        return d.tokens_done + (len(d.tasks) + 1) * max_tokens <= d.budget + slack
+
+    async def _request(self, d: _Dataset, prompt_id: str, sample: int, messages: list) -> Record:
+        """One sample with retries; raises the last error when every attempt failed."""
+        sampling = self._sampling
+        if sampling.seed is not None:
+            sampling = replace(sampling, seed=sampling.seed + sample)
+        for attempt in range(1, self.config.max_attempts + 1):
+            t0, backend = time.monotonic(), None
+            try:
+                async with self.pool.acquire() as backend:
+                    comp = await backend.complete(messages, sampling, timeout=self.timeout)
+                self.pool.report(backend, True)
+                return _record(d.name, prompt_id, sample, messages, comp, backend, t0, attempt)
+            except BackendError as e:
+                if backend is not None:
+                    self.pool.report(backend, False, e)
+                e.attempts = attempt
+                if (
+                    not e.retryable
+                    or attempt == self.config.max_attempts
+                    or e.kind == "no_endpoint"
+                ):
+                    raise
+                d.retries += 1
+                await asyncio.sleep(self._backoff(attempt, e.retry_after))
+        raise AssertionError("unreachable")
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        """Exponential backoff with jitter; a server's Retry-After wins when given."""
+        if retry_after is not None and retry_after >= 0:
+            return min(retry_after, 300.0)
+        return min(self.retry_base * 2 ** (attempt - 1), 60.0) * random.uniform(0.5, 1.5)
+
+    def _finish(self, task: asyncio.Task) -> None:
+        """Write the record (or error) of a finished request and update the accounting."""
+        d, prompt_id, sample, _ = task.meta
+        d.tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            return self._fail(d, prompt_id, sample, exc)
+        record = task.result()
+        if self.config.policy == "cancel" and d.tokens_done >= d.budget:
+            return  # budget reached while this one ran: cancelled results are not written
+        self._failures = 0
+        self.store.append(record)
+        d.tokens_done += record.completion_tokens
+        d.samples_done += 1
+        d.truncated += record.finish_reason == "length"
+        d.recent.append((record.t_done, record.completion_tokens))
+        if self.config.policy == "cancel" and d.tokens_done >= d.budget:
+            for t in list(d.tasks):
+                t.cancel()
+                d.tasks.discard(t)
+                d.queue.appendleft(t.meta[1:])
+
+    def _fail(self, d: _Dataset, prompt_id: str, sample: int, exc: BaseException) -> None:
+        """Log a request that failed every attempt; stop the run when no endpoint answers."""
+        if isinstance(exc, BackendError):
+            message = str(exc)
+        else:
+            message = f"internal: {type(exc).__name__}: {exc}"
+        attempts = getattr(exc, "attempts", 1)
+        error = ErrorRecord(d.name, prompt_id, sample, message[:500], attempts, time.time())
+        self.store.append_error(error)
+        d.errors += 1
+        self._failures += 1
+        kind = getattr(exc, "kind", "")
+        dead = kind in ("connect", "timeout") and self._failures >= max(8, self.config.concurrency)
+        if dead or kind == "no_endpoint":
+            self.request_stop(f"{self._failures} requests in a row failed, last: {message[:200]}")
+
+    def _report(self, final: bool = False) -> None:
+        """Progress callback + status.json, at most once a second (and once at the end)."""
+        now = self.clock()
+        if not final and now - self._last_progress < 1.0:
+            return
+        self._last_progress = now
+        progress = self.progress()
+        self.store.write_status(progress, finished=final)
+        if self.callback is not None:
+            try:
+                self.callback(progress)
+            except Exception as e:  # noqa: BLE001 - a bad callback must not end the run
+                warnings.warn(f"progress callback failed: {e!r}", stacklevel=1)
+
+    async def _shutdown(self) -> None:
+        """Keep finished results, cancel the rest, flush + fsync, close the pool."""
+        finished = [t for d in self.datasets.values() for t in d.tasks if t.done()]
+        try:
+            for task in dict.fromkeys(self._done + finished):
+                self._finish(task)
+        except OSError:
+            pass  # the store failed (e.g. full disk); close() below reports nothing new
+        self._done = []
+        tasks = [t for d in self.datasets.values() for t in d.tasks]
+        for t in tasks:
+            t.cancel()
+            d, prompt_id, sample, messages = t.meta
+            d.queue.appendleft((prompt_id, sample, messages))  # not done: due on resume
+        for d in self.datasets.values():
+            d.stopped = d.stopped or self._stop_requested or bool(d.tasks)
+            d.tasks.clear()
+        try:
+            self.store.close()
+        finally:
+            self._report(final=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.pool.aclose()
+
+
+def _record(dataset, prompt_id, sample, messages, comp, backend, t0, attempt) -> Record:
+    """Completion -> Record."""
+    return Record(
+        dataset=dataset, prompt_id=prompt_id, sample=sample, messages=messages,
+        completion=comp.text, finish_reason=comp.finish_reason,
+        completion_tokens=comp.completion_tokens, count_source=comp.count_source,
+        prompt_tokens=comp.prompt_tokens, output_ids=comp.output_ids, prompt_ids=comp.prompt_ids,
+        endpoint=getattr(backend, "url", ""), latency_s=round(time.monotonic() - t0, 4),
+        attempts=attempt, t_done=time.time(),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------ setup helpers
+
+
+def _dataset_paths(prompts, run_dir) -> dict[str, str]:
+    """dataset -> source path: from a LoadResult, or the run's recorded ones on resume."""
+    if prompts is None and (Path(run_dir) / "config.json").exists():
+        return read_config(run_dir).datasets
+    return dict(getattr(prompts, "paths", None) or {})
+
+
+def _prompt_frame(prompts, run_dir):
+    """The prompt frame to run: given, or run_dir/prompts.parquet on resume."""
+    import polars as pl
+
+    if prompts is None:
+        path = Path(run_dir) / "prompts.parquet"
+        if not path.exists():
+            raise ValueError(f"prompts=None but {path} does not exist: pass the prompt frame")
+        return pl.read_parquet(path)
+    frame = getattr(prompts, "frame", prompts)
+    if not isinstance(frame, pl.DataFrame):
+        raise ValueError(
+            f"prompts must be a polars DataFrame or a LoadResult, got {type(prompts).__name__}"
+        )
+    if missing := {"dataset", "prompt_id", "messages"} - set(frame.columns):
+        raise ValueError(f"prompt frame lacks columns {sorted(missing)}; found {frame.columns}")
+    if frame.height == 0:
+        raise ValueError("the prompt frame is empty")
+    return frame
+
+
+def seeded_order(prompt_ids, dataset: str, seed: int, n: int = 1) -> list[tuple[str, int]]:
+    """The order a run sends one dataset's (prompt_id, sample) pairs in.
+
+    Prompts are shuffled by a seed of their own (independent of file order); with n samples
+    per prompt, every prompt's sample 0 comes before any sample 1, so a dataset its budget
+    cuts short is still spread over as many distinct prompts as it can be.
+
+    Example:
+        >>> seeded_order(["a", "b", "c"], "d", 0, n=2)
+        [('c', 0), ('b', 0), ('a', 0), ('c', 1), ('b', 1), ('a', 1)]
+    """
+    ids = sorted(prompt_ids)
+    random.Random(f"{seed}:{dataset}").shuffle(ids)
+    return [(pid, s) for s in range(n) for pid in ids]
+
+
+def _datasets(
+    frame, config: RunConfig, done: dict, priors: dict, skips: dict
+) -> dict[str, _Dataset]:
+    """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals."""
+    n = config.sampling.n
+    out = {}
+    for (name,), part in frame.group_by("dataset", maintain_order=True):
+        part = part.unique(subset="prompt_id", keep="first")
+        messages = dict(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))
+        rows = len(messages)
+        queue = deque(
+            (pid, s, messages[pid])
+            for pid, s in seeded_order(messages, name, config.seed, n)
+            if (name, pid) not in skips and (name, pid, s) not in done
+        )
+        prior = float(priors.get(name, config.sampling.max_tokens / 2))
+        d = _Dataset(
+            name=name, budget=config.budgets[name], queue=queue, total=rows * n, prior=prior
+        )
+        d.skipped = sum(samples for (ds, _), (_, samples) in skips.items() if ds == name)
+        for (ds, _, _), (tokens, finish) in done.items():
+            if ds == name:
+                d.tokens_done += tokens
+                d.samples_done += 1
+                d.truncated += finish == "length"
+        out[name] = d
+    return out

