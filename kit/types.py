@@ -3,7 +3,8 @@
 The run directory (written by kit.run.store, read by kit.report's monitor/audit/export) holds:
 
     run_dir/
-      config.json            {"fingerprint": str, "config": RunConfig as dict}  (no secrets)
+      config.json            {"fingerprint": str, "config": RunConfig as dict}  (no secrets: no
+                             key, endpoints without user:password@)
       plan.json              {"version": 2, "budgets", "config", "pilot", "table"}, written by
                              kit.plan.write_plan (01_plan, `kit plan`), read by kit.plan.read_plan
       prompts.parquet        the prompt frame the run draws from (kit.load output)
@@ -21,8 +22,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, Protocol
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 CountSource = Literal["server_ids", "usage", "retokenized"]
 FinishReason = str  # "stop" | "length" | "cancelled" | server-specific
@@ -175,6 +178,11 @@ class RunConfig:
     fingerprint covers what changes outputs (model, sampling, chat template, sources);
     budgets, endpoints, concurrency and timeouts may change on resume.
 
+    Credentials inside an endpoint URL ("http://user:KEY@host/v1") are sent (HTTP Basic)
+    but never written: to_dict() (config.json, plan.json) keeps "http://host/v1", so a
+    resume needs the endpoints given again. Better: keep the key in an environment variable
+    and pass its name as api_key_env.
+
     Example:
         >>> RunConfig(model="smol", endpoints="http://127.0.0.1:8000/v1", budgets=4000).endpoints
         ['http://127.0.0.1:8000/v1']
@@ -202,6 +210,8 @@ class RunConfig:
     timeout: float | None = None  # read timeout per request (None: 120 s + 0.5 s per max_token)
     retry_base: float = 0.5  # first backoff delay (s), doubled per attempt with jitter
     no_endpoint_timeout: float = 120.0  # s with no healthy endpoint before the run stops
+    # a dataset's answers failing in a row (non-retryable or malformed) before the run stops
+    max_consecutive_failures: int = 20
     # filled in by kit.generate from the prompts and the tokenizer; part of the fingerprint
     source_hashes: dict[str, str] = field(default_factory=dict)  # dataset -> hash of prompt ids
     datasets: dict[str, str] = field(default_factory=dict)  # dataset -> source path ("" in memory)
@@ -212,6 +222,7 @@ class RunConfig:
             self.endpoints = [self.endpoints]
         if isinstance(self.sampling, dict):
             self.sampling = Sampling(**self.sampling)
+        _warn_url_credentials(self.endpoints)
         for name, (ok, must) in _config_checks(self).items():
             if not ok:
                 raise ValueError(f"RunConfig.{name} must be {must}, got {getattr(self, name)!r}")
@@ -257,8 +268,16 @@ class RunConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_dict(self) -> dict:
-        """A plain dict for config.json (holds only the key's env var name)."""
-        return asdict(self)
+        """A plain dict for config.json and plan.json: the key's env var NAME only, endpoints
+        without user:password@ (a resume must give such endpoints again)."""
+        d = asdict(self)
+        d["endpoints"] = [strip_userinfo(u) for u in self.endpoints]
+        return d
+
+    def __repr__(self) -> str:  # endpoints shown without credentials
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["endpoints"] = [strip_userinfo(u) for u in self.endpoints]
+        return f"RunConfig({', '.join(f'{k}={v!r}' for k, v in d.items())})"
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
@@ -297,6 +316,7 @@ def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
         "timeout": (c.timeout is None or _is_pos(c.timeout), "None or seconds > 0"),
         "retry_base": (_is_pos(c.retry_base), "seconds > 0"),
         "no_endpoint_timeout": (_is_pos(c.no_endpoint_timeout), "seconds > 0"),
+        "max_consecutive_failures": (_is_int(c.max_consecutive_failures, 1), "an int >= 1"),
         "tokenizer": (c.tokenizer is None or isinstance(c.tokenizer, str), "None or a local path"),
     }  # fmt: skip
 
@@ -318,6 +338,7 @@ class DatasetProgress:
     skipped: int = 0  # samples never sent: their prompt + max_tokens exceeds the context
     tokens_per_s: float = 0.0  # recent rate
     state: Literal["waiting", "running", "budget_reached", "exhausted", "stopped"] = "waiting"
+    note: str = ""  # for the user, next to the dataset: why the run stopped, a long Retry-After
 
     @property
     def mean_completion(self) -> float:
@@ -337,3 +358,46 @@ class DatasetProgress:
 
 
 ProgressCallback = "Callable[[list[DatasetProgress]], None]"  # called at most once a second
+
+
+# ------------------------------------------------------------------ secrets
+
+
+def strip_userinfo(url: str) -> str:
+    """The URL without user:password@ (what kit writes anywhere).
+
+    Example:
+        >>> strip_userinfo("http://alice:s3cret@gpu:8000/v1")
+        'http://gpu:8000/v1'
+    """
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def url_credentials(url: str) -> tuple[str, str] | None:
+    """(user, password) decoded from a URL's user:password@, or None without one."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return None
+    user, _, password = parts.netloc.rpartition("@")[0].partition(":")
+    return unquote(user), unquote(password)
+
+
+_WARNED_URLS: set[str] = set()
+
+
+def _warn_url_credentials(endpoints) -> None:
+    """Warn once per endpoint that its URL credentials are used but never stored."""
+    if not isinstance(endpoints, list):
+        return
+    for url in endpoints:
+        if isinstance(url, str) and url_credentials(url) and url not in _WARNED_URLS:
+            _WARNED_URLS.add(url)
+            warnings.warn(
+                f"RunConfig.endpoints: the credentials in {strip_userinfo(url)!r} are sent but "
+                "never written (config.json keeps the URL without them), so a resume needs the "
+                "endpoint again; better: put the key in an environment variable, pass api_key_env",
+                stacklevel=4,
+            )

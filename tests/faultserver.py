@@ -10,7 +10,8 @@ Routes:
     POST /generate              SGLang shape: text, output_ids, meta_info{finish_reason dict,
                                 prompt_tokens, completion_tokens}
     GET  /health, /v1/models    200 unless the server is "down"
-    GET  /stats                 {"requests": n, "outcomes": {outcome: n}, "paths": {path: n}}
+    GET  /stats                 {"requests": n, "outcomes": {outcome: n}, "paths": {path: n},
+                                 "auth": {"Bearer" | "Basic" | "none": n}}
     GET  /last                  the last POST body and its headers (lower-cased names)
     POST /control               JSON fields of FaultConfig to change on the fly
 
@@ -21,6 +22,17 @@ requests, or when a draw seeded by (config seed, request body, times this body w
 falls under `fraction`, so a retry of the same body draws again, reproducibly.
 With `hang_after` N, every request after the first N (counted since start) hangs: a run
 against it cannot finish, so a test can act on it mid-run whatever the machine's speed.
+
+Hostile modes (a broken or malicious server; tests/test_hostile_server.py):
+    usage_negative / usage_huge / usage_bool / usage_string / usage_float / usage_low
+        usage.completion_tokens is -n / 10**9 / true / "n" / n.0 / 1 (text and ids stay true)
+    ids_mismatch   vLLM fields present but usage.completion_tokens = len(token_ids) // 2
+                   (/generate: meta_info.completion_tokens likewise)
+    error_200      200 with an OpenAI error body and no choices
+    sse            200 with a text/event-stream body (a streaming-only server)
+    echo           a rotation of 200 error bodies, 200 non-JSON text, 400, 401 and 500, each
+                   body echoing the Authorization header (as sent, lower/upper case, base64,
+                   URL-encoded, the decoded Basic credentials)
 
 In a test:
     with FaultServer(FaultConfig(mode="429", first_k=2)) as srv:
@@ -34,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import hashlib
 import os
@@ -44,10 +57,17 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
+from urllib.parse import quote
 
 import orjson
 
 MODES = ("ok", "429", "500", "400", "reset", "hang", "malformed", "nousage", "down")
+BAD_USAGE = {
+    "usage_negative": lambda n: -n, "usage_huge": lambda n: 10**9, "usage_bool": lambda n: True,
+    "usage_string": lambda n: str(n), "usage_float": lambda n: float(n), "usage_low": lambda n: 1,
+}  # fmt: skip
+MODES += (*BAD_USAGE, "ids_mismatch", "error_200", "sse", "echo")
+ECHO_KINDS = ("error_200", "text_200", "400", "401", "500")
 VOCAB = [
     "the", "model", "answers", "with", "a", "short", "plain", "sentence", "about", "data",
     "tokens", "and", "budget", "drafts", "speculative", "decoding", "target", "runs", "fast",
@@ -128,7 +148,7 @@ def chat_response(body: dict, cfg: FaultConfig, *, usage: bool = True) -> dict:
     return out
 
 
-def generate_response(body: dict, cfg: FaultConfig) -> dict:
+def generate_response(body: dict, cfg: FaultConfig, *, mismatch: bool = False) -> dict:
     """SGLang /generate answer for a request body with input_ids."""
     ids = body.get("input_ids") or []
     params = body.get("sampling_params") or {}
@@ -142,7 +162,7 @@ def generate_response(body: dict, cfg: FaultConfig) -> dict:
         else {"type": "stop", "matched": 2}
     )
     meta = {"id": "fault", "finish_reason": reason, "prompt_tokens": len(ids)}
-    meta["completion_tokens"] = len(words)
+    meta["completion_tokens"] = len(words) // 2 if mismatch else len(words)
     return {
         "text": " ".join(VOCAB[w] for w in words),
         "output_ids": [100 + w for w in words],
@@ -150,13 +170,36 @@ def generate_response(body: dict, cfg: FaultConfig) -> dict:
     }
 
 
+def echo_body(headers: dict) -> dict:
+    """An error body echoing the Authorization header in every form a leak could take."""
+    auth = headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    try:
+        decoded = base64.b64decode(token).decode() if scheme.lower() == "basic" else ""
+    except ValueError:
+        decoded = ""
+    echo = {"as_sent": auth, "lower": auth.lower(), "upper": auth.upper(), "token": token,
+            "b64": base64.b64encode(auth.encode()).decode(), "quoted": quote(token, safe=""),
+            "token_b64": base64.b64encode(token.encode()).decode(), "decoded": decoded}  # fmt: skip
+    return {"error": {"message": f"denied for {auth}", "type": "auth", "echo": echo}}
+
+
+def sse_body(body: dict, cfg: FaultConfig) -> bytes:
+    """The answer as an event stream (what a streaming-only server sends)."""
+    out = chat_response(body, cfg)
+    chunk = {"id": out["id"], "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": out["choices"][0]["message"]["content"]}}]}  # fmt: skip
+    return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+
+
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 411: "Length Required"}
 _REASONS |= {429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS |= {401: "Unauthorized"}
 
 
-def _http(status: int, body: bytes, extra: str = "") -> bytes:
+def _http(status: int, body: bytes, extra: str = "", ctype: str = "application/json") -> bytes:
     """Serialize one HTTP/1.1 response."""
-    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'X')}\r\nContent-Type: application/json\r\n"
+    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'X')}\r\nContent-Type: {ctype}\r\n"
     return (head + f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
 
 
@@ -168,12 +211,14 @@ class _State:
         self.requests = 0
         self.outcomes: Counter = Counter()
         self.paths: Counter = Counter()
+        self.auth: Counter = Counter()  # Authorization scheme of each POST ("none" without)
         self.seen: Counter = Counter()  # body digest -> times seen
         self.last_body: dict | None = None
         self.last_headers: dict = {}
         self.transports: set = set()
         self.server: asyncio.AbstractServer | None = None
         self.exit_on_die = False
+        self.echoes = 0  # echo-mode answers so far (picks the next ECHO_KINDS entry)
 
     def faulted(self, raw: bytes) -> bool:
         """Whether this request gets the configured fault (deterministic, see module doc)."""
@@ -191,6 +236,7 @@ class _State:
             "requests": self.requests,
             "outcomes": dict(self.outcomes),
             "paths": dict(self.paths),
+            "auth": dict(self.auth),
         }
 
 
@@ -243,6 +289,7 @@ class _Conn(asyncio.Protocol):
         if st.cfg.die_after is not None and st.requests > st.cfg.die_after:
             return _die(st)
         st.paths[path] += 1
+        st.auth[headers.get("authorization", "none").partition(" ")[0]] += 1
         try:
             st.last_body, st.last_headers = orjson.loads(body), headers
         except orjson.JSONDecodeError:
@@ -265,6 +312,8 @@ class _Conn(asyncio.Protocol):
 
     def respond(self, mode: str, path: str) -> None:
         st, body = self.state, self.state.last_body
+        if mode in ("echo", "error_200", "sse") or mode in BAD_USAGE:
+            return self.hostile(mode, path)
         if mode == "hang":
             return self.answer("hang", None)
         if mode == "reset":
@@ -277,9 +326,38 @@ class _Conn(asyncio.Protocol):
         if mode == "malformed":
             return self.answer("malformed", _http(200, b'{"choices": [{"mess'))
         if path == "/generate":
-            return self.answer("ok", _http(200, orjson.dumps(generate_response(body, st.cfg))))
+            out = generate_response(body, st.cfg, mismatch=mode == "ids_mismatch")
+            outcome = mode if mode == "ids_mismatch" else "ok"
+            return self.answer(outcome, _http(200, orjson.dumps(out)))
         out = chat_response(body, st.cfg, usage=mode != "nousage")
+        if mode == "ids_mismatch" and "token_ids" in out["choices"][0]:
+            out["usage"]["completion_tokens"] = len(out["choices"][0]["token_ids"]) // 2
         self.answer(mode, _http(200, orjson.dumps(out)))
+
+    def hostile(self, mode: str, path: str) -> None:
+        """A broken or malicious answer (see "Hostile modes" in the module docstring)."""
+        st, body = self.state, self.state.last_body
+        if mode in BAD_USAGE and path == "/generate":  # no output_ids: the count is all there is
+            out = generate_response(body, st.cfg)
+            meta, _ = out["meta_info"], out.pop("output_ids")
+            meta["completion_tokens"] = BAD_USAGE[mode](meta["completion_tokens"])
+            return self.answer(mode, _http(200, orjson.dumps(out)))
+        if mode in BAD_USAGE:
+            out = chat_response(body, st.cfg)
+            out["usage"]["completion_tokens"] = BAD_USAGE[mode](out["usage"]["completion_tokens"])
+            return self.answer(mode, _http(200, orjson.dumps(out)))
+        if mode == "sse":
+            return self.answer(mode, _http(200, sse_body(body, st.cfg), ctype="text/event-stream"))
+        if mode == "error_200":
+            err = {"error": {"message": "The model does not exist", "type": "invalid_request"}}
+            return self.answer(mode, _http(200, orjson.dumps(err)))
+        kind = ECHO_KINDS[st.echoes % len(ECHO_KINDS)]
+        st.echoes += 1
+        echo = orjson.dumps(echo_body(st.last_headers))
+        if kind == "text_200":
+            return self.answer("echo_" + kind, _http(200, b"denied: " + echo, ctype="text/plain"))
+        status = 200 if kind == "error_200" else int(kind)
+        self.answer("echo_" + kind, _http(status, echo))
 
     def answer(self, outcome: str, payload: bytes | None) -> None:
         st = self.state

@@ -238,6 +238,28 @@ def test_health(srv):
     assert run(check(OpenAIChat(f"http://127.0.0.1:{free_port()}/v1", "m"))) is False
 
 
+def test_redact_finds_every_form_of_a_secret():
+    import base64
+    from urllib.parse import quote
+
+    from kit.run.answers import redact
+
+    key = "sk-Mixed/Case+Key=0123456789"
+    forms = [
+        key,
+        key.lower(),
+        key.upper(),
+        quote(key, safe=""),
+        base64.b64encode(key.encode()).decode(),
+    ]
+    forms += [base64.b64encode(f"{p}{key}".encode()).decode() for p in ("Bearer ", "x", "xy")]
+    for form in forms:
+        out = redact(f"echo: {form} end", [key])
+        assert out.startswith("echo: ") and out.endswith(" end") and "***" in out, (form, out)
+        assert len(out) < len(form) + 10, (form, out)  # nothing but a boundary char or two left
+    assert redact("nothing here", [key, "", None]) == "nothing here"
+
+
 # --- API key --------------------------------------------------------------------------------
 
 
@@ -401,6 +423,13 @@ def test_openai_chat_against_embedded_server(embedded_server):
     c = run(complete(b, Sampling(max_tokens=24, temperature=0.0), timeout=120))
     assert c.count_source == "usage" and 0 < c.completion_tokens <= 24
     assert c.finish_reason in ("stop", "length") and c.text
+    # with the target's tokenizer the usage count is checked against the text: a real
+    # server's counts pass (the under-report rule must not misfire)
+    b = OpenAIChat(
+        embedded_server.base_url, embedded_server.model, tokenizer=embedded_server.model_dir
+    )
+    c = run(complete(b, Sampling(max_tokens=48, temperature=0.7, seed=3), timeout=120))
+    assert c.count_source == "usage" and 0 < c.completion_tokens <= 49
 
     async def healthy():
         b = OpenAIChat(embedded_server.base_url, embedded_server.model)

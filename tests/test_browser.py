@@ -29,7 +29,7 @@ from browser_helpers import (
     launch_chromium,
 )
 
-from kit.cli import NOTEBOOKS, parameterized
+from kit.cli.demo import NOTEBOOKS, parameterized
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""The `kit` command without a server: one-line user errors (exit 2), budgets required,
+"""The `kit` command (kit.cli) without a server: one-line user errors (exit 2), budgets required,
 plan -> generate through plan.json (the pilot and the run replaced by fakes), the demo's
 run-directory guard and its papermill-style parameter injection."""
 
@@ -13,6 +13,7 @@ import pytest
 
 import kit
 from kit import cli
+from kit.cli import commands, demo
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT = REPO / "data" / "samples" / "chat_general.jsonl"
@@ -72,8 +73,8 @@ def test_bad_budget_is_refused_before_any_work(budget, needle, tmp_path, capsys)
 
 
 def test_parse_budgets():
-    assert cli.parse_budgets(["1e7"]) == 10_000_000
-    assert cli.parse_budgets(["a=5000", "b=2.5e3"]) == {"a": 5000, "b": 2500}
+    assert commands.parse_budgets(["1e7"]) == 10_000_000
+    assert commands.parse_budgets(["a=5000", "b=2.5e3"]) == {"a": 5000, "b": 2500}
 
 
 def test_budget_for_an_unknown_dataset_names_the_missing_ones(tmp_path, capsys):
@@ -126,14 +127,14 @@ def test_fingerprint_mismatch_keeps_its_lines_first_one_prefixed():
     lines = cli.error_line(exc).splitlines()
     assert lines[0] == "kit: error: run dir r was made with a different configuration:"
     assert lines[1] == "  model: a -> b"
-    assert "--force" in lines[2]
+    assert "--force" in lines[2] and "force=True" not in lines[2]
 
 
 def test_unexpected_exceptions_keep_their_traceback(monkeypatch):
     def boom(args):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli, "_cmd_audit", boom)
+    monkeypatch.setattr(cli, "cmd_audit", boom)
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["audit", "somewhere"])
 
@@ -170,7 +171,7 @@ class FakeRun:
     stop_reason = None
 
     def summary(self):
-        return "summary"
+        return pl.DataFrame([dict.fromkeys([*commands.SUMMARY, "skipped_context"], 0)])
 
 
 @pytest.fixture
@@ -254,13 +255,13 @@ def test_demo_refuses_a_directory_it_did_not_make(tmp_path, capsys):
 
 def test_demo_clears_only_its_own_run_dir(tmp_path):
     run_dir = tmp_path / "demo"
-    cli._claim_demo_dir(run_dir, keep=False)  # new: made and marked
+    demo._claim_demo_dir(run_dir, keep=False)  # new: made and marked
     (run_dir / "old.txt").write_text("from the last demo")
     (tmp_path / "beside.txt").write_text("not the demo's")
-    cli._claim_demo_dir(run_dir, keep=True)
+    demo._claim_demo_dir(run_dir, keep=True)
     assert (run_dir / "old.txt").exists()
-    cli._claim_demo_dir(run_dir, keep=False)
-    assert not (run_dir / "old.txt").exists() and (run_dir / cli.DEMO_MARK).exists()
+    demo._claim_demo_dir(run_dir, keep=False)
+    assert not (run_dir / "old.txt").exists() and (run_dir / demo.DEMO_MARK).exists()
     assert (tmp_path / "beside.txt").exists()
 
 
@@ -271,19 +272,19 @@ def read_nb(name: str):
 def test_injected_parameters_follow_the_parameters_cell():
     nb = read_nb("01_plan")
     at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    cli.inject_parameters(nb, {"run_dir": Path("/tmp/r"), "budgets": {"a": 5}, "model": None})
+    demo.inject_parameters(nb, {"run_dir": Path("/tmp/r"), "budgets": {"a": 5}, "model": None})
     cell = nb.cells[at + 1]
     assert cell.cell_type == "code" and cell.metadata["tags"] == ["injected-parameters"]
     assert "run_dir = '/tmp/r'" in cell.source and "budgets = {'a': 5}" in cell.source
     assert "model = None" in cell.source
-    cli.inject_parameters(nb, {"run_dir": "/tmp/s"})  # again: replaced, not stacked
+    demo.inject_parameters(nb, {"run_dir": "/tmp/s"})  # again: replaced, not stacked
     injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert len(injected) == 1 and nb.cells[at + 1].source == "# Parameters\nrun_dir = '/tmp/s'"
     nbformat.validate(nb)
 
 
 def test_injected_values_override_the_defaults():
-    nb = cli.inject_parameters(read_nb("04_export"), {"run_dir": "/x", "overwrite": True})
+    nb = demo.inject_parameters(read_nb("04_export"), {"run_dir": "/x", "overwrite": True})
     names: dict = {}
     for cell in nb.cells:
         if set(cell.metadata.get("tags", [])) & {"parameters", "injected-parameters"}:
@@ -294,12 +295,31 @@ def test_injected_values_override_the_defaults():
 
 def test_the_demo_parameters_are_notebook_parameters():
     """Everything the demo injects is a parameter of some notebook (no typo goes unseen)."""
-    known = {n for name in cli.NOTEBOOKS for n in cli.notebook_parameters(read_nb(name))}
-    demo = {*cli.DEMO_PARAMETERS, "run_dir", "data", "out_dir", "overwrite"}
-    demo |= {"base_url", "model", "tokenizer"}
-    assert demo <= known, demo - known
+    known = {n for name in demo.NOTEBOOKS for n in demo.notebook_parameters(read_nb(name))}
+    given = {*demo.DEMO_PARAMETERS, "run_dir", "data", "out_dir", "overwrite"}
+    given |= {"base_url", "model", "tokenizer"}
+    assert given <= known, given - known
 
 
 def test_plan_json_is_what_the_notebooks_and_cli_share(planned):
     doc = json.loads((planned / "plan.json").read_text())
     assert doc["version"] == 2 and doc["config"]["budgets"] == doc["budgets"]
+
+
+def test_a_failing_notebook_is_named_with_its_error(tmp_path, monkeypatch, capsys):
+    """`kit demo` names the notebook, the cell's error and the executed copy; exit 1."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("raise ValueError('no pilot completions')")]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    monkeypatch.setattr(demo, "NOTEBOOKS", ("01_plan",))
+    monkeypatch.setattr(demo, "parameterized", lambda name, parameters: nb)
+    monkeypatch.setattr("kit.serve.start", lambda **kw: pytest.fail("no server wanted"))
+    argv = ["demo", "--run-dir", str(tmp_path / "d"), "--base-url", "http://h/v1", "--model", "m"]
+    code, _, err = run_main(argv, capsys)
+    assert code == 1
+    assert "\nkit: error: notebooks/01_plan.ipynb failed: ValueError: no pilot" in err
+    assert (tmp_path / "d" / "notebooks" / "01_plan.ipynb").is_file()

@@ -1,6 +1,6 @@
 """The four notebooks: committed clean (a parameters cell first, no outputs), and executed
 cold, in order, against one embedded server with papermill-style injected parameters
-(kit.cli.run_notebooks, what `kit demo` runs)."""
+(kit.cli.demo.run_notebooks, what `kit demo` runs)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kit import cli
+from kit.cli import demo
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", cli.NOTEBOOKS)
+@pytest.mark.parametrize("name", demo.NOTEBOOKS)
 def test_committed_clean_with_a_parameters_cell_first(name):
     nb = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
     nbformat.validate(nb)
@@ -26,7 +26,7 @@ def test_committed_clean_with_a_parameters_cell_first(name):
     assert len(tagged) == 1 and tagged[0] is code[0], "one parameters cell, the first code cell"
     body = ast.parse(code[0].source).body
     assert body and all(isinstance(node, ast.Assign) for node in body), "parameters: assignments"
-    assert "run_dir" in cli.notebook_parameters(nb)
+    assert "run_dir" in demo.notebook_parameters(nb)
     assert not any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
     assert "os.environ" not in "".join(c.source for c in code), "parameters come from the cell"
 
@@ -45,9 +45,9 @@ def test_notebooks_run_cold_in_order(embedded_server, tmp_path):
         "tokenizer": str(embedded_server.model_dir),
     }  # fmt: skip
     parameters["data"] = [str(p) for p in parameters["data"]]
-    executed = cli.run_notebooks(run_dir, parameters)
+    executed = demo.run_notebooks(run_dir, parameters)
 
-    for name in cli.NOTEBOOKS:
+    for name in demo.NOTEBOOKS:
         nb = nbformat.read(executed / f"{name}.ipynb", as_version=4)
         errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
         assert not errors, f"{name}: {errors[0]}"

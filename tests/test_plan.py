@@ -345,6 +345,39 @@ def test_read_plan_errors(tmp_path):
         plan.read_plan(tmp_path)
 
 
+def test_plan_prompts_and_write_plan_prompts_checks(tmp_path):
+    import kit
+
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"q": f"question {i}"}) + "\n" for i in range(5)))
+    loaded = kit.load(data, mapping={"prompt": "q"})
+    table = pl.DataFrame({"dataset": ["q"], "budget": [500]})
+    plan.write_plan(tmp_path / "bare", table, config(datasets={"q": str(data)}))
+    back = plan.read_plan(tmp_path / "bare")  # no prompts given: the config's paths, detected
+    assert back["sources"] is None
+    with pytest.raises(ValueError, match="cannot detect"):  # a mapped file needs its spec
+        plan.plan_prompts(tmp_path / "bare")
+
+    run_dir = tmp_path / "run"
+    plan.write_plan(run_dir, table, config(), prompts=loaded)
+    assert plan.plan_prompts(run_dir) is None  # generate runs run_dir/prompts.parquet
+    (run_dir / "prompts.parquet").unlink()  # the spec alone loads the same prompts again
+    again = plan.plan_prompts(run_dir)
+    assert again.frame["prompt_id"].to_list() == loaded.frame["prompt_id"].to_list()
+
+    with pytest.raises(ValueError, match=r"budgets has no entry for datasets \['q'\]"):
+        plan.write_plan(tmp_path / "x", pl.DataFrame({"dataset": ["z"], "budget": [5]}), config(), prompts=loaded)  # fmt: skip
+    with pytest.raises(ValueError, match="no prompt"):
+        plan.write_plan(tmp_path / "x", table, config(), prompts=loaded.frame.clear())
+    plan.write_plan(run_dir, table, config(), prompts=loaded)
+    (run_dir / "config.json").write_text("{}")  # a run started over these prompts
+    plan.write_plan(run_dir, table, config(), prompts=loaded)  # the same prompts: fine
+    other = kit.load({"q": [{"q": "another question"}]}, mapping={"prompt": "q"})
+    with pytest.raises(ValueError, match="holds a run over other prompts"):
+        plan.write_plan(run_dir, table, config(), prompts=other)
+    assert plan.plan_prompts(run_dir) is None and not (tmp_path / "x").exists()
+
+
 # ---------------------------------------------------------------- pilot sampling
 
 

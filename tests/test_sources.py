@@ -136,10 +136,16 @@ def test_bad_arguments_name_the_field_and_value(tmp_path):
 
 
 def test_forced_format_overrides_detection(tmp_path):
-    row = {"instruction": "ignored", "problem": "used"}
+    row = {"conversations": [{"from": "human", "value": "sharegpt"}], "messages": [user("openai")]}
     path = write_jsonl(tmp_path / "f.jsonl", [row])
-    assert msgs(kit.load(path, format="magicoder").frame) == [[user("used")]]
-    assert msgs(kit.load(path, format="alpaca").frame) == [[user("ignored")]]
+    assert kit.load(path).formats == {"f": "sharegpt"}
+    assert msgs(kit.load(path, format="openai").frame) == [[user("openai")]]
+    # a second prompt field the forced format does not read is a skip, not a silent drop
+    both = write_jsonl(tmp_path / "both.jsonl", [{"instruction": "one", "problem": "two"}])
+    for fmt in ("magicoder", "alpaca"):
+        with pytest.warns(UserWarning, match="0 prompts"):
+            res = kit.load(both, format=fmt)
+        assert res.skipped == {"both": {"conflicting_fields": 1}}
 
 
 def test_unknown_format_names_path_and_columns(tmp_path):
@@ -418,7 +424,8 @@ def test_broken_last_user_turn_skips_the_row_instead_of_cutting_early(tmp_path):
         {"messages": [user("q1"), {"role": "assistant", "content": "a1"}, {"role": "user"}]},
         {"conversations": [{"from": "human", "value": "q1"}, {"from": "gpt", "value": None}]},
     ]
-    res = kit.load(write_jsonl(tmp_path / "b.jsonl", rows[:1]))
+    with pytest.warns(UserWarning, match="0 prompts"):
+        res = kit.load(write_jsonl(tmp_path / "b.jsonl", rows[:1]))
     assert res.frame.height == 0 and res.skipped["b"] == {"missing_field": 1}
     assert res.frame.schema == pl.Schema(sources.SCHEMA)  # an all-bad file still gives the frame
     res = kit.load(write_jsonl(tmp_path / "c.jsonl", rows[1:]))  # a broken answer costs nothing

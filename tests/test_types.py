@@ -21,7 +21,8 @@ def config(**changes) -> RunConfig:
     ("field", "value", "shown"),
     [("model", "", "''"), ("endpoints", [], "[]"), ("budgets", -1, "-1"), ("budgets", "x", "'x'"),
      ("concurrency", 0, "0"), ("policy", "x", "'x'"), ("api", "x", "'x'"), ("max_attempts", 0, "0"),
-     ("timeout", -1, "-1")],
+     ("timeout", -1, "-1"), ("max_consecutive_failures", 0, "0"),
+     ("max_consecutive_failures", True, "True")],
 )  # fmt: skip
 def test_a_bad_field_raises_naming_the_field_and_the_value(field, value, shown):
     with pytest.raises(ValueError) as err:
@@ -68,11 +69,20 @@ def test_to_dict_from_dict_round_trip_through_json():
         sampling=Sampling(max_tokens=64, temperature=0.2, seed=3, n=2), tokenizer="/m",
         api="vllm", api_key_env="KIT_KEY", concurrency=8, per_endpoint_concurrency=4,
         policy="cancel", seed=7, max_attempts=2, max_context=4096, timeout=30.0,
-        source_hashes={"a": "h1"}, datasets={"a": "data/a.jsonl"}, chat_template_hash="t",
+        max_consecutive_failures=5, source_hashes={"a": "h1"}, datasets={"a": "data/a.jsonl"}, chat_template_hash="t",
     )  # fmt: skip
     again = RunConfig.from_dict(json.loads(json.dumps(c.to_dict())))
     assert again == c and again.fingerprint() == c.fingerprint()
     assert RunConfig.from_dict(c.to_dict() | {"from_a_newer_kit": 1}) == c  # unknown keys ignored
+
+
+def test_url_credentials_are_used_but_never_written_nor_shown():
+    with pytest.warns(UserWarning, match="api_key_env"):
+        c = config(endpoints=["http://al:pw-S3cret@h:1/v1", URL])
+    assert c.endpoints[0] == "http://al:pw-S3cret@h:1/v1"  # what the backend authenticates with
+    assert c.to_dict()["endpoints"] == ["http://h:1/v1", URL]
+    assert "S3cret" not in repr(c) and "S3cret" not in json.dumps(c.to_dict())
+    assert RunConfig.from_dict(c.to_dict()).endpoints == ["http://h:1/v1", URL]
 
 
 def test_fingerprint_follows_what_changes_outputs():

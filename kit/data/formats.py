@@ -1,21 +1,20 @@
-"""Readers and per-format row parsers behind kit.data.sources (see its docstring for the rules).
+"""Per-format row parsers behind kit.data.sources (see its docstring for the rules).
 
-read(source) gives the rows of a file or in-memory object; detect() names the format from
-the columns; raw_turns(row, fmt, mapping) gives [(role, content), ...] for one row (a Skip
-in either slot marks a broken turn), before kit.data.sources cuts the prompt at the last user
-turn and checks it.
+detect() names the format from the columns (kit.data.readers reads the rows);
+raw_prompts(row, fmt, mapping) gives the raw turn lists of one row's prompts, each
+[(role, content), ...] (a Skip in either slot marks a broken turn), before
+kit.data.sources cuts each prompt at its last user turn and checks it. A single-prompt
+row whose other prompt fields (instruction, input, instances, problem) hold a value the
+format does not read is a conflicting_fields skip: no prompt text is dropped unsaid.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import polars as pl
 
+from kit.data.readers import Skip
+
 FORMATS = ("sharegpt", "openai", "ultrachat", "alpaca", "magicoder", "opencodeinstruct", "mapping")
-SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
-BLANK = object()  # a blank JSONL line: keeps row == line index, not counted as a row
 _DETECT_ROWS = 200  # rows whose keys decide the format
 _ROLES = {
     "user": "user",
@@ -29,88 +28,6 @@ _ROLES = {
 }
 
 
-class Skip(Exception):
-    """A row that cannot give a prompt; `reason` is one of kit.data.sources.REASONS."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(reason, detail)
-        self.reason = reason
-        self.detail = detail
-
-
-def read(source) -> list:
-    """All rows of a source, in order; a JSONL line that fails to parse becomes a Skip."""
-    if not isinstance(source, Path):
-        return _read_memory(source)
-    kind = SUFFIXES.get(source.suffix.lower())
-    if kind is None:
-        raise ValueError(
-            f"{source}: unsupported file type {source.suffix!r}; expected .jsonl, .json or .parquet"
-        )
-    if not source.is_file():
-        raise FileNotFoundError(f"no such file: {source}")
-    return {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[kind](source)
-
-
-def _read_jsonl(path: Path) -> list:
-    """Rows of a JSONL file; blank lines are ignored, row = 0-based line number."""
-    rows: list = []
-    with open(path, "rb") as f:
-        for i, line in enumerate(f):
-            if i == 0:
-                line = line.removeprefix(b"\xef\xbb\xbf")  # UTF-8 byte-order mark
-            if not line.strip():
-                rows.append(BLANK)  # keeps row == line index; not counted as a row
-                continue
-            try:
-                rows.append(json.loads(line))
-            except ValueError as exc:
-                rows.append(Skip("bad_json", f"line {i + 1}: {exc}"))
-    return rows
-
-
-def _read_json(path: Path) -> list:
-    """Rows of a JSON file: a list of objects or {"data": [...]}; JSONL misnamed .json also works."""
-    try:
-        data = json.loads(path.read_bytes())
-    except ValueError as exc:
-        if "Extra data" in str(exc):
-            return _read_jsonl(path)
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        data = data["data"]
-    if not isinstance(data, list):
-        found = sorted(data) if isinstance(data, dict) else type(data).__name__
-        raise ValueError(
-            f'{path}: expected a JSON list of rows or {{"data": [...]}}, found {found}'
-        )
-    return data
-
-
-def _read_parquet(path: Path) -> pl.DataFrame:
-    """A Parquet file as a frame (rows become dicts after the format is known)."""
-    try:
-        return pl.read_parquet(path)
-    except Exception as exc:  # polars raises several error types for a bad file
-        raise ValueError(f"{path}: cannot read Parquet ({type(exc).__name__}: {exc})") from None
-
-
-def _read_memory(obj) -> list | pl.DataFrame:
-    """Rows of an in-memory source: list of dicts, polars frame, datasets.Dataset, iterable."""
-    if isinstance(obj, pl.DataFrame):
-        return obj
-    if hasattr(obj, "to_list") and hasattr(obj, "column_names"):  # datasets.Dataset
-        return list(obj.to_list())
-    if hasattr(obj, "to_dicts"):
-        return list(obj.to_dicts())
-    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):  # pandas.DataFrame
-        return obj.to_dict("records")
-    try:
-        return list(obj)
-    except TypeError:
-        raise ValueError(f"cannot read rows from a {type(obj).__name__}") from None
-
-
 def columns(rows: list | pl.DataFrame) -> list[str]:
     """Keys with a non-null value in the first _DETECT_ROWS object rows."""
     if isinstance(rows, pl.DataFrame):
@@ -122,43 +39,63 @@ def columns(rows: list | pl.DataFrame) -> list[str]:
     return list(keys)
 
 
-def detect(rows: list | pl.DataFrame, label: str) -> str:
-    """Pick the format from the columns found; raise naming the source and its columns.
+class Undetectable(ValueError):
+    """No format fits a source's columns; `columns` are the ones found."""
+
+    def __init__(self, label: str, cols: list[str]) -> None:
+        super().__init__(
+            f"cannot detect the prompt format of {label}: columns found {cols}; "
+            f"pass format= (one of {FORMATS}) or mapping={{'prompt': <column>}}"
+        )
+        self.label, self.columns = label, cols
+
+
+def detect(rows: list | pl.DataFrame, label: str) -> str | None:
+    """Pick the format from the columns found; raise Undetectable naming the source and its
+    columns. None when no row has a column with a value (every row is skipped by reason).
 
     Example:
         >>> detect([{"instruction": "Name a colour.", "input": ""}], "tasks.jsonl")
         'alpaca'
+        >>> detect([{"instruction": "Name a colour.", "instances": [{"input": ""}]}], "seed.jsonl")
+        'alpaca'
     """
     cols = set(columns(rows))
+    if not cols:
+        return None
     for fmt, needs in (
         ("sharegpt", {"conversations"}),
         ("openai", {"messages"}),
         ("ultrachat", {"data"}),
         ("alpaca", {"instruction", "input"}),
+        ("alpaca", {"instruction", "instances"}),  # self-instruct seed tasks
         ("magicoder", {"problem"}),
         ("magicoder", {"instruction"}),
         ("opencodeinstruct", {"input"}),
     ):
         if needs <= cols:
             return fmt
-    raise ValueError(
-        f"cannot detect the prompt format of {label}: columns found {sorted(cols)}; "
-        f"pass format= (one of {FORMATS}) or mapping={{'prompt': <column>}}"
-    )
+    raise Undetectable(label, sorted(cols))
 
 
-_FIELDS = {  # format -> the columns its rows are read from
+_PROMPT_FIELDS = ("instruction", "input", "instances", "problem")  # single-prompt formats
+_READS = {  # single-prompt format -> the prompt fields it reads (others must be empty)
+    "alpaca": {"instruction", "input", "instances"},
+    "magicoder": {"problem", "instruction"},
+    "opencodeinstruct": {"input"},
+}
+_FIELDS = {  # format -> the columns its rows are read from (and checked)
     "sharegpt": ["conversations"],
     "openai": ["messages"],
     "ultrachat": ["data"],
-    "alpaca": ["instruction", "input"],
-    "magicoder": ["problem", "instruction"],
-    "opencodeinstruct": ["input"],
+    **dict.fromkeys(_READS, list(_PROMPT_FIELDS)),
 }
 
 
 def frame_rows(df: pl.DataFrame, fmt: str, mapping: dict | None) -> list[dict]:
     """Rows of a columnar source: only the needed columns, turn lists cut after the last user turn."""
+    if fmt is None:
+        return df.to_dicts()
     wanted = list(mapping.values()) if fmt == "mapping" else _FIELDS[fmt]
     df = df.select([c for c in df.columns if c in wanted])
     trims = [_trim_turns(c, df.schema[c]) for c in df.columns]
@@ -233,13 +170,57 @@ def _system(row: dict, key: str | None) -> list:
 
 
 def _alpaca(row: dict) -> list:
-    """instruction + "\\n\\n" + input (input optional)."""
-    instruction, extra = _field(row, "instruction"), row.get("input")
-    if not isinstance(instruction, str) or (extra is not None and not isinstance(extra, str)):
-        raise Skip("non_string_content", "instruction/input is not a string")
+    """instruction + "\\n\\n" + input (input optional) -> [turns]; a seed-task row
+    ({instruction, instances: [{input, output}]}) gives one prompt per instance, a broken
+    instance a Skip in its place, no instance the instruction alone."""
+    instruction = _field(row, "instruction")
+    if not isinstance(instruction, str):
+        raise Skip("non_string_content", f"'instruction' is a {type(instruction).__name__}")
+    instances = row.get("instances")
+    if instances is None:
+        return [_joined(instruction, row.get("input"), "'input'")]
+    if row.get("input") is not None:
+        raise Skip("conflicting_fields", "both 'input' and 'instances' hold a value: keep one")
+    if not isinstance(instances, list):
+        raise Skip("bad_type", f"'instances' is a {type(instances).__name__}, not a list")
+    return [_instance(instruction, x, k) for k, x in enumerate(instances)] or [
+        [("user", instruction)]
+    ]
+
+
+def _instance(instruction: str, instance, k: int) -> list | Skip:
+    """One seed-task instance -> its turns, or the Skip saying why it cannot be a prompt."""
+    if not isinstance(instance, dict):
+        return Skip("bad_type", f"instance {k} is a {type(instance).__name__}, not an object")
+    try:
+        return _joined(instruction, instance.get("input"), f"instance {k} 'input'")
+    except Skip as skip:
+        return skip
+
+
+def _joined(instruction: str, extra, where: str) -> list:
+    """[(user, instruction + "\\n\\n" + extra)], or the instruction alone for a blank extra."""
+    if extra is not None and not isinstance(extra, str):
+        raise Skip("non_string_content", f"{where} is a {type(extra).__name__}, not a string")
     if extra and extra.strip():
         instruction = instruction.strip() + "\n\n" + extra.strip()
     return [("user", instruction)]
+
+
+def _magicoder(row: dict) -> list:
+    """problem (OSS-Instruct) or instruction (Evol-Instruct); a row with both is ambiguous."""
+    if row.get("problem") is not None and row.get("instruction") is not None:
+        raise Skip("conflicting_fields", "both 'problem' and 'instruction' hold a value: keep one")
+    return _single(row, "problem" if row.get("problem") is not None else "instruction")
+
+
+def _unread(row: dict, fmt: str) -> None:
+    """A prompt field the format does not read, holding a value: a skip, never dropped unsaid."""
+    if extra := [k for k in _PROMPT_FIELDS if k not in _READS[fmt] and row.get(k) is not None]:
+        raise Skip(
+            "conflicting_fields",
+            f"{extra[0]!r} holds a value the {fmt} format does not read (load with mapping=)",
+        )
 
 
 def _ultrachat(row: dict) -> list:
@@ -250,8 +231,25 @@ def _ultrachat(row: dict) -> list:
     return [("user" if i % 2 == 0 else "assistant", text) for i, text in enumerate(data)]
 
 
+def raw_prompts(row: dict, fmt: str, mapping: dict | None) -> list:
+    """Row -> the raw turn lists of its prompts: one, or one per instance of an Alpaca seed
+    task (a broken instance is a Skip in its place). A broken row raises Skip.
+
+    Example:
+        >>> row = {"instruction": "Classify.", "instances": [{"input": "a"}, {"input": "b"}]}
+        >>> raw_prompts(row, "alpaca", None)
+        [[('user', 'Classify.\\n\\na')], [('user', 'Classify.\\n\\nb')]]
+    """
+    if fmt in _READS:
+        _unread(row, fmt)
+    if fmt == "alpaca":
+        return _alpaca(row)
+    return [raw_turns(row, fmt, mapping)]
+
+
 def raw_turns(row: dict, fmt: str, mapping: dict | None) -> list:
     """Row -> [(role, content), ...] (either may be a Skip) before the prompt is cut and checked.
+    Alpaca rows may hold several prompts: raw_prompts() reads them.
 
     Example:
         >>> raw_turns({"data": ["Hi", "Hello!", "Bye"]}, "ultrachat", None)
@@ -263,10 +261,8 @@ def raw_turns(row: dict, fmt: str, mapping: dict | None) -> list:
         return _turn_list(row, "messages")
     if fmt == "ultrachat":
         return _ultrachat(row)
-    if fmt == "alpaca":
-        return _alpaca(row)
     if fmt == "magicoder":
-        return _single(row, "problem" if row.get("problem") is not None else "instruction")
+        return _magicoder(row)
     if fmt == "opencodeinstruct":
         return _single(row, "input")
     if "messages" in mapping:

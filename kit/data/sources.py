@@ -6,6 +6,8 @@ Formats (detected from the row keys, or forced with `format=`):
     openai            {"messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]}
     ultrachat         {"data": [user, assistant, user, ...]}  (alternating strings)
     alpaca            {"instruction": str, "input": str}  -> instruction + "\\n\\n" + input
+                      {"instruction": str, "instances": [{"input": str, "output": ...}, ...]}
+                      (self-instruct seed tasks): one prompt per instance, same `row`
     magicoder         {"problem": str} or {"instruction": str}
     opencodeinstruct  {"input": str}
     mapping           mapping={"prompt": column, "system": column} or {"messages": column}
@@ -22,35 +24,38 @@ prompt_id = blake2b (8-byte digest, 16 hex chars) of the compact JSON of
 [[role, content], ...] for the stored (stripped) prompt. It does not depend on the
 dataset name, the file, or the row order, so it is stable across re-loads.
 
-Bad rows are skipped and counted by reason (REASONS); duplicate prompts within a dataset
-keep their first row and are counted. Nothing in a file's rows raises.
+Bad rows are skipped and counted by reason (REASONS; an Alpaca seed task's broken
+instance is counted on its own); duplicate prompts within a dataset keep their first row
+and are counted. A row holding a prompt field its format does not read is a skip
+(conflicting_fields), never a silent drop. Nothing in a file's rows raises. A directory
+loads its .jsonl/.ndjson/.json/.parquet files; every other entry (other file types,
+sub-directories, symlink loops, broken symlinks) is listed in LoadResult.ignored_files.
+Sources that cannot be read or whose format cannot be detected are reported together in
+one error. A dataset that keeps 0 prompts is a warning naming its file and the reasons.
+
+LoadResult.specs records how each dataset was loaded (path, format, mapping); reload(specs)
+loads the same prompts again, and kit.plan.write_plan stores it in plan.json.
 """
 
 from __future__ import annotations
 
 import hashlib
+import html
 import json
-import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
-from kit.data.formats import (
-    BLANK,
-    FORMATS,
-    SUFFIXES,
-    Skip,
-    columns,
-    detect,
-    frame_rows,
-    raw_turns,
-    read,
-)
+from kit.data.formats import FORMATS, Undetectable, detect, frame_rows, raw_prompts
+from kit.data.inputs import check_format, check_mapping_columns, check_name, sources
+from kit.data.readers import BLANK, Skip, read
 
 REASONS = (
     "bad_json",  # a JSONL line is not valid JSON (or not UTF-8)
+    "too_deep",  # a row nested too deep for the JSON parser
     "not_object",  # a row is not a JSON object
     "bad_type",  # a turn list is not a list, or a turn is not an object
     "missing_field",  # the format's field (or a turn's role/content) is absent or null
@@ -59,6 +64,7 @@ REASONS = (
     "empty_content",  # a prompt turn's content is empty or whitespace
     "no_user_turn",  # the conversation has no user turn
     "bad_order",  # roles out of order: assistant first, two in a row, system not first
+    "conflicting_fields",  # two prompt fields hold a value where the format reads one
 )
 MESSAGE_TYPE = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
 SCHEMA = {
@@ -70,8 +76,6 @@ SCHEMA = {
 }
 MAX_SKIP_ROWS = 1000  # skipped rows kept per dataset in LoadResult.skipped_rows (counts are exact)
 
-_NAME_OK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-
 
 @dataclass(slots=True)
 class LoadResult:
@@ -80,13 +84,18 @@ class LoadResult:
     frame: pl.DataFrame  # dataset, prompt_id, messages, n_turns, row (see kit.types)
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)  # dataset -> reason -> rows
     duplicates: dict[str, int] = field(default_factory=dict)  # dataset -> rows dropped as repeats
-    formats: dict[str, str] = field(default_factory=dict)  # dataset -> format name
+    formats: dict[str, str | None] = field(
+        default_factory=dict
+    )  # dataset -> format (None: no columns)
     paths: dict[str, str] = field(default_factory=dict)  # dataset -> source path ("" in memory)
     rows: dict[str, int] = field(default_factory=dict)  # dataset -> rows read
     skipped_rows: pl.DataFrame | None = None  # dataset, row, reason, detail (first MAX_SKIP_ROWS)
+    ignored_files: list[dict] = field(default_factory=list)  # [{"path", "reason"}] not loaded
+    specs: dict[str, dict] = field(default_factory=dict)  # dataset -> {"path", "format", "mapping"}
 
     def summary(self) -> pl.DataFrame:
-        """One row per dataset: format, rows read, prompts kept, duplicates, skips by reason."""
+        """One row per dataset: format, rows read, prompts kept, duplicates, skips by reason.
+        (Directory entries not loaded are in `ignored_files` and the repr.)"""
         kept = Counter(self.frame["dataset"].to_list())
         out = []
         for name, fmt in self.formats.items():
@@ -103,7 +112,7 @@ class LoadResult:
                     "skip_reasons": reasons,
                 }
             )
-        return pl.DataFrame(out)
+        return pl.DataFrame(out, schema_overrides={"format": pl.String})
 
     def source_hashes(self) -> dict[str, str]:
         """dataset -> 16-hex hash of its sorted prompt_ids (RunConfig.source_hashes)."""
@@ -111,28 +120,34 @@ class LoadResult:
 
     def _headline(self) -> str:
         skipped = sum(sum(s.values()) for s in self.skipped.values())
-        dups = sum(self.duplicates.values())
+        dups, n = sum(self.duplicates.values()), len(self.ignored_files)
+        ignored = f", {n} file{'s' * (n != 1)} ignored" if n else ""
         return (
             f"LoadResult: {len(self.formats)} datasets, {self.frame.height} prompts, "
-            f"{skipped} skipped, {dups} duplicates"
+            f"{skipped} skipped, {dups} duplicates{ignored}"
         )
+
+    def _ignored_lines(self) -> list[str]:
+        return [f"ignored {f['path']}: {f['reason']}" for f in self.ignored_files]
 
     def __repr__(self) -> str:
         with pl.Config(
             tbl_rows=50, tbl_cols=20, fmt_str_lengths=120, tbl_hide_dataframe_shape=True
         ):
-            return f"{self._headline()}\n{self.summary()}"
+            return "\n".join([self._headline(), *self._ignored_lines(), str(self.summary())])
 
     def _repr_html_(self) -> str:
-        return f"<p><b>{self._headline()}</b></p>{self.summary()._repr_html_()}"
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in self._ignored_lines())
+        ignored = f"<ul>{items}</ul>" if items else ""
+        return f"<p><b>{self._headline()}</b></p>{ignored}{self.summary()._repr_html_()}"
 
 
 def load(paths_or_mapping, *, format=None, name=None, mapping=None) -> LoadResult:
     """Load prompt datasets into one prompt frame.
 
     Args:
-        paths_or_mapping: a path, a directory (its .jsonl/.json/.parquet files), a list of
-            those, or {dataset_name: path or in-memory rows}
+        paths_or_mapping: a path, a directory (its .jsonl/.ndjson/.json/.parquet files), a
+            list of those, or {dataset_name: path or in-memory rows}
             (a list of dicts, a polars DataFrame, a Hugging Face `datasets.Dataset`).
         format: force one of FORMATS for every source; None detects it per source.
         name: dataset name for a single source (default: the file stem, sanitized).
@@ -140,7 +155,12 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None) -> LoadResul
 
     Returns:
         LoadResult with `.frame` (dataset, prompt_id, messages, n_turns, row), `.skipped`,
-        `.duplicates` and `.summary()`.
+        `.duplicates`, `.ignored_files`, `.specs` and `.summary()`.
+
+    Raises:
+        ValueError (FileNotFoundError for a missing file) naming every source that cannot
+        be read or whose format cannot be detected, all at once. Warns (UserWarning) when a
+        dataset keeps 0 prompts.
 
     Example:
         >>> res = kit.load("data/samples/chat_general.jsonl")
@@ -149,26 +169,109 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None) -> LoadResul
         >>> res.summary().select("dataset", "format", "prompts", "skipped").row(0)
         ('chat_general', 'openai', 80, 0)
     """
-    fmt = _check_format(format, mapping)
+    fmt = check_format(format, mapping)
+    pairs, ignored = sources(paths_or_mapping, name)
+    return _load([(ds, source, fmt, mapping) for ds, source in pairs], ignored)
+
+
+def reload(specs: dict[str, dict]) -> LoadResult:
+    """Load datasets again from their recorded specs (LoadResult.specs, plan.json "sources").
+
+    Example:
+        >>> res = kit.load("data/samples/alpaca_tasks.jsonl")
+        >>> reload(res.specs).frame["prompt_id"].equals(res.frame["prompt_id"])
+        True
+    """
+    if not specs:
+        raise ValueError("reload() got no dataset specs")
+    if in_memory := [ds for ds, spec in specs.items() if not spec.get("path")]:
+        raise ValueError(
+            f"datasets {in_memory} were loaded from memory: no file to load them from again; "
+            "run from the run directory's prompts.parquet (kit.generate(None, config, run_dir=...))"
+        )
+    items = [
+        (check_name(ds), Path(s["path"]), check_format(s.get("format"), s.get("mapping")),
+         s.get("mapping"))
+        for ds, s in specs.items()
+    ]  # fmt: skip
+    return _load(items, [])
+
+
+def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
+    """Load [(dataset, source, format or None, mapping or None)]; raise every failure at once."""
     cols: dict[str, list] = {key: [] for key in SCHEMA}
-    result = LoadResult(frame=pl.DataFrame(schema=SCHEMA))
+    result = LoadResult(frame=pl.DataFrame(schema=SCHEMA), ignored_files=ignored)
     skip_rows: list[dict] = []
-    for ds, source in _sources(paths_or_mapping, name):
-        label = str(source) if isinstance(source, Path) else f"in-memory dataset {ds!r}"
-        rows = read(source)
-        result.formats[ds] = fmt or detect(rows, label)
+    failures: list[Exception] = []
+    for ds, source, fmt, mapping in items:
+        try:
+            rows, fmt = _read_source(ds, source, fmt, mapping)
+        except (ValueError, OSError) as exc:
+            failures.append(exc)
+            continue
+        result.formats[ds] = fmt
         result.paths[ds] = str(source) if isinstance(source, Path) else ""
-        if mapping:
-            _check_mapping_columns(mapping, rows, label)
-        if isinstance(rows, pl.DataFrame):
-            rows = frame_rows(rows, result.formats[ds], mapping)
-        _convert(ds, rows, result.formats[ds], mapping, cols, result, skip_rows)
+        result.specs[ds] = {"path": result.paths[ds], "format": fmt, "mapping": mapping}
+        _convert(ds, rows, fmt, mapping, cols, result, skip_rows)
+    _raise_failures(failures)
     result.frame = _frame(cols)
     result.skipped_rows = pl.DataFrame(
         skip_rows,
         schema={"dataset": pl.String, "row": pl.Int64, "reason": pl.String, "detail": pl.String},
     )
+    _warn_empty(result)
     return result
+
+
+def _read_source(ds: str, source, fmt: str | None, mapping: dict | None) -> tuple:
+    """(rows, format) of one source; raises ValueError/OSError when it cannot be used at all."""
+    label = str(source) if isinstance(source, Path) else f"in-memory dataset {ds!r}"
+    rows = read(source)
+    fmt = fmt or detect(rows, label)
+    if mapping:
+        check_mapping_columns(mapping, rows, label)
+    if isinstance(rows, pl.DataFrame):
+        rows = frame_rows(rows, fmt, mapping)
+    return rows, fmt
+
+
+def _raise_failures(failures: list[Exception]) -> None:
+    """One failure: raise it as it is; several: one ValueError listing each on its line."""
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        lines = [
+            f"{e.label}: format not detected, columns found {e.columns}"
+            if isinstance(e, Undetectable)
+            else str(e)
+            for e in failures
+        ]
+        raise ValueError(
+            f"cannot load {len(failures)} files or datasets:\n  "
+            + "\n  ".join(lines)
+            + f"\nfix or move them, or load each on its own with format= (one of {FORMATS}) "
+            "or mapping={'prompt': <column>}"
+        )
+
+
+def _warn_empty(result: LoadResult) -> None:
+    """Warn, naming each file and why, when a dataset kept no prompt at all."""
+    kept = Counter(result.frame["dataset"].to_list())
+    empty = [ds for ds in result.formats if not kept.get(ds)]
+    if not empty:
+        return
+    parts = []
+    for ds in empty:
+        skips = ", ".join(f"{r}: {n}" for r, n in result.skipped.get(ds, {}).items())
+        where = result.paths[ds] or f"in-memory dataset {ds!r}"
+        parts.append(f"{where}: {result.rows[ds]} rows" + (f", skipped {skips}" if skips else ""))
+    scope = "" if len(empty) == len(result.formats) else f" in {len(empty)} datasets"
+    warnings.warn(
+        f"kit.load kept 0 prompts{scope}: " + "; ".join(parts)
+        + " (LoadResult.skipped_rows has each row; pass format= or mapping= if misread)",
+        UserWarning,
+        stacklevel=4,
+    )  # fmt: skip
 
 
 def source_hashes(frame: pl.DataFrame) -> dict[str, str]:
@@ -205,120 +308,6 @@ def _frame(cols: dict[str, list]) -> pl.DataFrame:
     return frame.insert_column(2, messages.alias("messages")).cast(SCHEMA)
 
 
-# ---------------------------------------------------------------- inputs
-
-
-def _check_format(format, mapping) -> str | None:
-    """Validate format/mapping arguments; return the forced format or None."""
-    if format is not None and format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    if mapping is None:
-        if format == "mapping":
-            raise ValueError("format='mapping' needs mapping={'prompt': column}")
-        return format
-    if not isinstance(mapping, dict) or not mapping:
-        raise ValueError(f"mapping must be a non-empty dict, got {mapping!r}")
-    unknown = set(mapping) - {"prompt", "system", "messages"}
-    if unknown or ("prompt" in mapping) == ("messages" in mapping):
-        raise ValueError(
-            f"mapping needs exactly one of 'prompt' or 'messages' (plus optional 'system'), got {mapping!r}"
-        )
-    if not all(isinstance(v, str) and v for v in mapping.values()):
-        raise ValueError(f"mapping values must be column names, got {mapping!r}")
-    if format not in (None, "mapping"):
-        raise ValueError(f"format={format!r} conflicts with mapping={mapping!r}")
-    return "mapping"
-
-
-def _sources(spec, name) -> list[tuple[str, object]]:
-    """Normalize the first argument of load() to [(dataset_name, Path or rows object)]."""
-    if isinstance(spec, dict):
-        if name is not None:
-            raise ValueError("name= is for a single source; a dict already names its datasets")
-        pairs = [(_check_name(k), _as_source(v)) for k, v in spec.items()]
-    elif isinstance(spec, (str, Path)) and not Path(spec).is_dir():
-        pairs = [(_check_name(name) if name else _stem_name(Path(spec)), Path(spec))]
-    elif isinstance(spec, (str, Path, list, tuple)) and _all_paths(spec):
-        if name is not None:
-            raise ValueError("name= is for a single file; pass {name: path} for several")
-        pairs = [(_stem_name(p), p) for p in _expand(spec)]
-    elif name is not None:
-        pairs = [(_check_name(name), spec)]
-    else:
-        raise ValueError(
-            f"load() takes a path, a list of paths or {{name: path_or_rows}}, got {type(spec).__name__}; "
-            "in-memory data needs a name: load({'name': data})"
-        )
-    if not pairs:
-        raise ValueError("load() got no sources")
-    _check_unique(pairs)
-    return pairs
-
-
-def _all_paths(spec) -> bool:
-    """True for a path or a list/tuple of paths."""
-    items = spec if isinstance(spec, (list, tuple)) else [spec]
-    return all(isinstance(p, (str, Path)) for p in items)
-
-
-def _expand(spec) -> list[Path]:
-    """Paths, with each directory replaced by its .jsonl/.ndjson/.json/.parquet files, sorted."""
-    out = []
-    for item in spec if isinstance(spec, (list, tuple)) else [spec]:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix.lower() in SUFFIXES)
-            if not found:
-                raise ValueError(f"{path}: no .jsonl, .json or .parquet files in this directory")
-            out.extend(found)
-        else:
-            out.append(path)
-    return out
-
-
-def _as_source(value):
-    """A dict value: a path becomes a Path, anything else is in-memory rows."""
-    return Path(value) if isinstance(value, (str, Path)) else value
-
-
-def _check_unique(pairs) -> None:
-    """Raise when two sources share a dataset name."""
-    seen: dict[str, object] = {}
-    for ds, src in pairs:
-        if ds in seen:
-            raise ValueError(
-                f"dataset name {ds!r} used twice ({seen[ds]} and {src}); pass {{name: path}} to rename"
-            )
-        seen[ds] = src
-
-
-def _check_name(name) -> str:
-    """Dataset names become file names in the run directory: [A-Za-z0-9_.-], no leading dot."""
-    if not isinstance(name, str) or not _NAME_OK.fullmatch(name):
-        raise ValueError(
-            f"dataset name {name!r} must match [A-Za-z0-9_.-]+ and not start with '.' or '-' "
-            "(it names files in the run directory)"
-        )
-    return name
-
-
-def _stem_name(path: Path) -> str:
-    """'my data (v2).jsonl' -> 'my_data_v2'."""
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.name[: -len(path.suffix) or None])
-    stem = stem.strip("_.-")
-    if not stem:
-        raise ValueError(f"cannot make a dataset name from {str(path)!r}; pass name= or a dict")
-    return stem
-
-
-def _check_mapping_columns(mapping: dict, rows: list, label: str) -> None:
-    """A mapped column missing from every row is a typo, not a bad row: raise."""
-    cols = columns(rows)
-    missing = [c for c in mapping.values() if c not in cols]
-    if missing and cols:
-        raise ValueError(f"mapping columns {missing} not found in {label}; columns found {cols}")
-
-
 # ---------------------------------------------------------------- prompts
 
 
@@ -353,6 +342,20 @@ def _check_order(roles: list[str]) -> None:
         expected = "assistant" if role == "user" else "user"
 
 
+def _row_prompts(row, fmt: str | None, mapping: dict | None) -> list:
+    """A row's raw prompts (turn lists, or a Skip per broken one), or [Skip] for a broken row."""
+    try:
+        if isinstance(row, Skip):
+            raise row
+        if not isinstance(row, dict):
+            raise Skip("not_object", f"row is a {type(row).__name__}")
+        if fmt is None:
+            raise Skip("missing_field", "no field holds a value")
+        return raw_prompts(row, fmt, mapping)
+    except Skip as skip:
+        return [skip]
+
+
 def _convert(ds, rows, fmt, mapping, cols, result: LoadResult, skip_rows: list) -> None:
     """Append the prompts of one dataset to cols; count skips and duplicates in result."""
     seen: set[str] = set()
@@ -362,28 +365,26 @@ def _convert(ds, rows, fmt, mapping, cols, result: LoadResult, skip_rows: list) 
         if row is BLANK:
             continue
         n_rows += 1
-        try:
-            if isinstance(row, Skip):
-                raise row
-            if not isinstance(row, dict):
-                raise Skip("not_object", f"row is a {type(row).__name__}")
-            messages = _prompt(raw_turns(row, fmt, mapping))
-        except Skip as skip:
-            skips[skip.reason] += 1
-            if skips.total() <= MAX_SKIP_ROWS:
-                skip_rows.append(
-                    {"dataset": ds, "row": i, "reason": skip.reason, "detail": skip.detail}
-                )
-            continue
-        pid = prompt_id(messages)
-        if pid in seen:
-            dups += 1
-            continue
-        seen.add(pid)
-        for key, value in zip(
-            SCHEMA, (ds, pid, messages, sum(m["role"] == "user" for m in messages), i), strict=True
-        ):
-            cols[key].append(value)
+        for turns in _row_prompts(row, fmt, mapping):
+            try:
+                if isinstance(turns, Skip):
+                    raise turns
+                messages = _prompt(turns)
+            except Skip as skip:
+                skips[skip.reason] += 1
+                if skips.total() <= MAX_SKIP_ROWS:
+                    skip_rows.append(
+                        {"dataset": ds, "row": i, "reason": skip.reason, "detail": skip.detail}
+                    )
+                continue
+            pid = prompt_id(messages)
+            if pid in seen:
+                dups += 1
+                continue
+            seen.add(pid)
+            n_user = sum(m["role"] == "user" for m in messages)
+            for key, value in zip(SCHEMA, (ds, pid, messages, n_user, i), strict=True):
+                cols[key].append(value)
     result.skipped[ds] = {r: skips[r] for r in REASONS if skips[r]}
     result.duplicates[ds] = dups
     result.rows[ds] = n_rows

@@ -12,7 +12,7 @@ from kit.plan.allocation import allocate
 from kit.plan.estimate import TOTAL, budget
 from kit.plan.lengths import profile, profile_completions, profile_prompts
 from kit.plan.pilots import PilotResult, pilot, pilot_sample, pilot_sync
-from kit.plan.planfile import pilot_means, read_plan, write_plan
+from kit.plan.planfile import pilot_means, plan_prompts, read_plan, write_plan
 
 __all__ = [
     "TOTAL",
@@ -23,6 +23,7 @@ __all__ = [
     "pilot_means",
     "pilot_sample",
     "pilot_sync",
+    "plan_prompts",
     "profile",
     "profile_completions",
     "profile_prompts",

@@ -1,11 +1,15 @@
 """plan.json: the hand-over from the planning stage to the generate stage.
 
-The plan stores the run's RunConfig with the planned budgets, so generate needs nothing
-else. Re-exported as kit.plan.write_plan / read_plan / pilot_means.
+The plan stores the run's RunConfig with the planned budgets and, given the prompts, the
+load spec of each dataset (path, format, mapping: plan.json "sources") with the prompts
+themselves in run_dir/prompts.parquet, so generate needs nothing else: not the source
+files, not the format or mapping they were read with, not data that only ever lived in
+memory. Re-exported as kit.plan.write_plan / read_plan / plan_prompts / pilot_means.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -14,8 +18,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kit.data.sources import LoadResult, reload, source_hashes
 from kit.plan.estimate import TOTAL, plan_schema
 from kit.plan.pilots import PilotResult
+from kit.run.lines import write_atomic
 from kit.types import RunConfig
 
 if TYPE_CHECKING:
@@ -29,6 +35,7 @@ def write_plan(
     *,
     budgets: dict[str, float] | None = None,
     pilot: PilotResult | None = None,
+    prompts: pl.DataFrame | LoadResult | None = None,
 ) -> Path:
     """Write run_dir/plan.json: the planned budgets and the run's RunConfig, which the
     generate stage (02_generate, `kit generate`) reads back with read_plan().
@@ -39,6 +46,11 @@ def write_plan(
         config: the run's settings; its budgets are replaced by the planned ones.
         budgets: dataset -> tokens; default: the plan's `budget` (or `tokens`) column.
         pilot: the PilotResult the plan came from (its summary is stored).
+        prompts: the prompts to run (a prompt frame or a LoadResult). Written to
+            run_dir/prompts.parquet, with each dataset's load spec in plan.json
+            ("sources"; config.datasets from it): kit.generate(None, config, run_dir=...)
+            then runs the plan from the run directory alone. The planned budgets must
+            name exactly its datasets.
 
     Returns:
         The path of plan.json.
@@ -56,20 +68,64 @@ def write_plan(
     if budgets is None:
         budgets = _plan_budgets(plan_frame)
     config = replace(config, budgets={name: int(math.ceil(v)) for name, v in budgets.items()})
+    run_dir = Path(run_dir)
+    specs = None
+    if prompts is not None:
+        frame, specs = _prompt_specs(prompts)
+        config.budgets_for(list(specs))  # a plan that cannot run is refused now, not later
+        config = replace(config, datasets={name: s["path"] for name, s in specs.items()})
+        _write_prompts(run_dir, frame)
     payload = {
         "version": 2,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "budgets": config.budgets,
         "config": config.to_dict(),
+        "sources": specs,
         "pilot": pilot.summary() if pilot is not None else None,
         "table": plan_frame.to_dicts(),
     }
-    path = Path(run_dir) / "plan.json"
+    path = run_dir / "plan.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2, allow_nan=False, default=str))
     os.replace(tmp, path)
     return path
+
+
+def _prompt_specs(prompts) -> tuple[pl.DataFrame, dict[str, dict]]:
+    """(prompt frame, dataset -> load spec) of a LoadResult or a frame (in-memory specs)."""
+    import polars as pl
+
+    frame = getattr(prompts, "frame", prompts)
+    if not isinstance(frame, pl.DataFrame):
+        raise ValueError(f"prompts must be a prompt frame or a LoadResult, got {type(prompts).__name__}")  # fmt: skip
+    if missing := {"dataset", "prompt_id", "messages"} - set(frame.columns):
+        raise ValueError(f"prompts lacks columns {sorted(missing)}; found {frame.columns}: pass kit.load(...)")  # fmt: skip
+    if frame.height == 0:
+        raise ValueError("prompts holds no prompt: nothing to plan a run for")
+    names = frame["dataset"].unique(maintain_order=True).to_list()
+    known = getattr(prompts, "specs", {})
+    specs = {name: dict(known.get(name, {"path": "", "format": None, "mapping": None})) for name in names}  # fmt: skip
+    for spec in specs.values():  # absolute: generate may run from another directory
+        spec["path"] = str(Path(spec["path"]).absolute()) if spec["path"] else ""
+    return frame, specs
+
+
+def _write_prompts(run_dir: Path, frame: pl.DataFrame) -> None:
+    """run_dir/prompts.parquet, atomically; refused over a started run with other prompts."""
+    path = run_dir / "prompts.parquet"
+    if (run_dir / "config.json").exists() and path.exists():
+        import polars as pl
+
+        if source_hashes(pl.read_parquet(path)) != source_hashes(frame):
+            raise ValueError(
+                f"{run_dir} holds a run over other prompts (config.json, prompts.parquet): "
+                "write this plan into a new run directory"
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    frame.write_parquet(buf)
+    write_atomic(path, buf.getvalue())
 
 
 def _plan_budgets(plan_frame: pl.DataFrame) -> dict[str, float]:
@@ -83,7 +139,8 @@ def _plan_budgets(plan_frame: pl.DataFrame) -> dict[str, float]:
 
 
 def read_plan(run_dir: str | Path) -> dict:
-    """Read run_dir/plan.json: `budgets`, `config` (a RunConfig), `pilot`, `table` (a frame).
+    """Read run_dir/plan.json: `budgets`, `config` (a RunConfig), `sources` (dataset -> load
+    spec, None when the plan was written without prompts), `pilot`, `table` (a frame).
 
     A plan.json from before version 2 (no "config") is refused: make it again.
 
@@ -105,7 +162,34 @@ def read_plan(run_dir: str | Path) -> dict:
         ) from exc
     table = plan.get("table")
     plan["table"] = pl.DataFrame(table) if table else pl.DataFrame(schema=plan_schema())
+    plan.setdefault("sources", None)
     return plan
+
+
+def plan_prompts(run_dir: str | Path, plan: dict | None = None) -> LoadResult | None:
+    """The `prompts` argument of kit.generate for the plan in run_dir: None when the run
+    directory holds prompts.parquet (generate runs those: a plan written with prompts=,
+    or a run under way), else the plan's datasets loaded again from their specs (or from
+    config.datasets for a plan that has none).
+
+    Example (02_generate, `kit generate`):
+        plan = kit.plan.read_plan(run_dir)
+        prompts = kit.plan.plan_prompts(run_dir, plan)
+        run = await kit.generate(prompts, plan["config"], run_dir=run_dir)
+    """
+    if (Path(run_dir) / "prompts.parquet").exists():
+        return None
+    plan = plan if plan is not None else read_plan(run_dir)
+    specs = plan.get("sources") or {
+        name: {"path": path, "format": None, "mapping": None}
+        for name, path in plan["config"].datasets.items()
+    }
+    if not specs:
+        raise ValueError(
+            f"{Path(run_dir) / 'plan.json'} records no prompts and {run_dir} has no "
+            "prompts.parquet: write the plan with prompts= (kit.plan.write_plan)"
+        )
+    return reload(specs)
 
 
 def pilot_means(plan: dict) -> dict[str, float] | None:

@@ -3,8 +3,11 @@
 `kit.audit(run_dir)` reads config.json, records/*.jsonl, errors.jsonl and prompts.parquet
 (through kit.run.store) and checks every dataset against stated thresholds: budget adherence,
 completion-length distribution, finish reasons and truncation, empty, duplicate and echoed
-responses, error rate, where token counts came from, and (where the server returned token
-ids) whether those ids decode to the stored text.
+responses, error rate, where token counts came from, whether those counts are counts (an
+int in 0..max_tokens+1, equal to len(output_ids), not far below the text's own token count),
+(where the server returned token ids) whether those ids decode to the stored text, and the
+record lines that could not be read at all. A run with no records gives empty tables and a
+"no_records" finding per dataset.
 """
 
 from __future__ import annotations
@@ -15,6 +18,15 @@ import re
 import unicodedata
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+from kit.report.tokenrows import (  # noqa: F401 - re-exported for callers of kit.report.audit
+    ids_match_text,
+    ids_text_flags,
+    load_tokenizer_for,
+    strip_end_ids,
+    under_reported_flags,
+)
+from kit.run.lines import safe_name
 
 FINDING_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
 _PUNCT_DIGITS = re.compile(r"[\d\W_]+", re.UNICODE)
@@ -37,6 +49,7 @@ class AuditThresholds:
     error_rate: float = 0.01  # unresolved errors / (records + unresolved errors)
     other_finish_share: float = 0.0  # finish reasons other than stop/length
     retokenized_share: float = 0.5  # counts estimated by re-tokenizing (not from the server)
+    under_report_ratio: float = 0.5  # a server count below this x the re-tokenized text's
     echo_similarity: float = 0.9  # completion "mostly equals" the last user message
     echo_min_chars: int = 16  # shorter user messages are never called echoed
 
@@ -69,6 +82,7 @@ class AuditReport:
     findings: object
     thresholds: AuditThresholds
     notes: list[str] = field(default_factory=list)  # checks that could not run, and why
+    corrupt: list[dict] = field(default_factory=list)  # lines skipped: {"file", "line", "problem"}
 
     @property
     def ok(self) -> bool:
@@ -80,11 +94,13 @@ class AuditReport:
         lines = [f"audit of {self.run_dir}"]
         for r in self.datasets.iter_rows(named=True):
             budget = f"{r['budget']:,}" if r["budget"] else "none"
-            lines.append(
-                f"  {r['dataset']}: {r['records']} records, {r['tokens']:,} tokens of {budget}"
-                f" | mean {r['mean']:.0f} p90 {r['p90']:.0f} max {r['max']}"
-                f" | truncated {r['truncation_share']:.1%} | errors {r['errors']}"
-            )
+            line = f"  {r['dataset']}: {r['records']} records, {r['tokens']:,} tokens of {budget}"
+            if r["records"]:
+                line += (
+                    f" | mean {r['mean']:.0f} p90 {r['p90']:.0f} max {r['max']}"
+                    f" | truncated {r['truncation_share']:.1%}"
+                )
+            lines.append(line + f" | errors {r['errors']}")
         if self.findings.height == 0:
             lines.append("no findings")
         for f in self.findings.iter_rows(named=True):
@@ -115,31 +131,6 @@ def normalize_text(text: str) -> str:
     return " ".join(_PUNCT_DIGITS.sub(" ", text).split())
 
 
-def load_tokenizer_for(tokenizer, config=None):
-    """The tokenizer given (object or local path), else the run's config.tokenizer, else None."""
-    from kit.tokens import load_tokenizer
-
-    return load_tokenizer(
-        tokenizer if tokenizer is not None else getattr(config, "tokenizer", None)
-    )
-
-
-def strip_end_ids(tokenizer, ids: list[int]) -> list[int]:
-    """Drop trailing special ids (the EOS / end-of-turn a server may include in output ids)."""
-    special = set(tokenizer.all_special_ids)
-    end = len(ids)
-    while end and ids[end - 1] in special:
-        end -= 1
-    return list(ids[:end])
-
-
-def ids_match_text(tokenizer, ids: list[int], text: str) -> bool:
-    """True when the ids decode to the text (a trailing EOS / end-of-turn is allowed)."""
-    if tokenizer.decode(strip_end_ids(tokenizer, ids), skip_special_tokens=False) == text:
-        return True
-    return tokenizer.decode(ids, skip_special_tokens=True) == text
-
-
 def _last_user(messages) -> str:
     for m in reversed(messages or []):
         if m["role"] == "user":
@@ -158,13 +149,18 @@ def _is_echo(user: str, completion: str, th: AuditThresholds) -> bool:
     return difflib.SequenceMatcher(None, u, c, autojunk=False).ratio() >= th.echo_similarity
 
 
-def flag_records(records, *, tokenizer=None, thresholds: AuditThresholds | None = None):
+def flag_records(
+    records, *, tokenizer=None, thresholds: AuditThresholds | None = None, max_tokens=None
+):
     """Add flag columns to a records frame (kit.run.store.records_frame).
 
     Adds: empty, dup_exact (a copy of an earlier completion in its dataset), dup_near (same
     normalized text, not an exact copy), echo, has_ids, ids_len_mismatch (completion_tokens
-    != len(output_ids)), ids_text_mismatch (null without a tokenizer or ids). Earlier is by
-    t_done, so the first copy is never flagged.
+    != len(output_ids)), ids_text_mismatch (null without a tokenizer or ids), under_reported
+    (completion_tokens < under_report_ratio x the completion re-tokenized; null without a
+    tokenizer or when the count was re-tokenized), count_over_max (completion_tokens >
+    max_tokens + 1; False without max_tokens). Earlier is by t_done, so the first copy is
+    never flagged.
 
     Example: flag_records(records_frame(run_dir))["dup_exact"].sum() -> exact repeats in the run
     """
@@ -176,13 +172,15 @@ def flag_records(records, *, tokenizer=None, thresholds: AuditThresholds | None 
     empty = [not t.strip() for t in recs["completion"]]
     pairs = zip(recs["messages"].to_list(), recs["completion"].to_list(), strict=True)
     echo = [_is_echo(_last_user(m), c, th) for m, c in pairs]
+    over = pl.lit(False) if max_tokens is None else pl.col("completion_tokens") > max_tokens + 1
     recs = recs.with_columns(
-        pl.Series("empty", empty),
-        pl.Series("_norm", norm),
-        pl.Series("echo", echo),
+        pl.Series("empty", empty, dtype=pl.Boolean),
+        pl.Series("_norm", norm, dtype=pl.String),
+        pl.Series("echo", echo, dtype=pl.Boolean),
         has_ids=pl.col("output_ids").is_not_null(),
         ids_len_mismatch=pl.col("output_ids").is_not_null()
         & (pl.col("output_ids").list.len() != pl.col("completion_tokens")),
+        count_over_max=over,
     )
     first_exact = pl.int_range(pl.len()).over(["dataset", "completion"]) > 0
     first_norm = pl.int_range(pl.len()).over(["dataset", "_norm"]) > 0
@@ -190,21 +188,11 @@ def flag_records(records, *, tokenizer=None, thresholds: AuditThresholds | None 
         dup_exact=~pl.col("empty") & first_exact,
         dup_near=~pl.col("empty") & (pl.col("_norm") != "") & first_norm & ~first_exact,
     )
-    recs = recs.with_columns(_decode_flags(recs, tokenizer))
+    recs = recs.with_columns(
+        ids_text_flags(recs, tokenizer),
+        under_reported_flags(recs, tokenizer, th.under_report_ratio),
+    )
     return recs.sort("_row").drop("_row", "_norm")
-
-
-def _decode_flags(recs, tokenizer):
-    """ids_text_mismatch as a Series: null where there are no ids or no tokenizer."""
-    import polars as pl
-
-    values = [None] * recs.height
-    if tokenizer is not None:
-        pairs = zip(recs["output_ids"].to_list(), recs["completion"].to_list(), strict=True)
-        for i, (ids, text) in enumerate(pairs):
-            if ids is not None:
-                values[i] = not ids_match_text(tokenizer, ids, text)
-    return pl.Series("ids_text_mismatch", values, dtype=pl.Boolean)
 
 
 def _prompt_totals(run_dir: Path, n: int) -> dict[str, int]:
@@ -218,7 +206,20 @@ def _prompt_totals(run_dir: Path, n: int) -> dict[str, int]:
     return {d: c * n for d, c in counts.iter_rows()}
 
 
-def _dataset_table(flags, config, errors, totals: dict[str, int]):
+def _corrupt_table(corrupt: list[dict], names) -> object:
+    """dataset -> corrupt_lines, bad_count_lines (the skipped lines whose count is no count)."""
+    import polars as pl
+
+    by_file = {f"records/{safe_name(n)}.jsonl": n for n in names}
+    rows = [(by_file.get(c["file"], Path(c["file"]).stem), c["problem"]) for c in corrupt]
+    frame = pl.DataFrame(rows, schema={"dataset": pl.String, "problem": pl.String}, orient="row")
+    return frame.group_by("dataset").agg(
+        corrupt_lines=pl.len(),
+        bad_count_lines=pl.col("problem").str.starts_with("completion_tokens").sum(),
+    )
+
+
+def _dataset_table(flags, config, errors, totals: dict[str, int], corrupt: list[dict]):
     """One row per dataset: counts, shares, budget and the length distribution."""
     import polars as pl
 
@@ -244,10 +245,15 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
         ids_len_mismatch=c("ids_len_mismatch").sum(),
         ids_text_mismatch=c("ids_text_mismatch").sum(),
         ids_text_checked=c("ids_text_mismatch").is_not_null().sum(),
+        count_over_max=c("count_over_max").sum(),
+        under_reported=c("under_reported").sum(),
+        count_checked=c("under_reported").is_not_null().sum(),
     )
     err = errors.filter(~c("resolved")).unique(["dataset", "prompt_id", "sample"])
     err = err.group_by("dataset").agg(errors=pl.len())
-    names = list(dict.fromkeys([*config.budgets, *totals, *agg["dataset"], *err["dataset"]]))
+    bad = _corrupt_table(corrupt, [*config.budgets, *totals, *agg["dataset"]])
+    names = [*config.budgets, *totals, *agg["dataset"], *err["dataset"], *bad["dataset"]]
+    names = list(dict.fromkeys(names))
     base = pl.DataFrame(
         {
             "dataset": names,
@@ -257,6 +263,7 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
         schema={"dataset": pl.String, "budget": pl.Int64, "prompts_total": pl.Int64},
     )
     table = base.join(agg, on="dataset", how="left").join(err, on="dataset", how="left")
+    table = table.join(bad, on="dataset", how="left")
     counts = [col for col in table.columns if col not in ("dataset", "budget", "prompts_total")]
     table = table.with_columns(
         [c(x).fill_null(0) for x in counts if x not in ("mean", "p50", "p90", "p99", "max")]
@@ -277,14 +284,19 @@ def _share(name: str):
     return pl.col(name) / pl.max_horizontal(pl.col("records"), 1)
 
 
-def _findings(table, th: AuditThresholds, max_tokens: int):
+def _findings(table, th: AuditThresholds, max_tokens: int, corrupt: list[dict]):
     """The findings frame: one row per check a dataset fails."""
     import polars as pl
 
     rows = []
     for r in table.iter_rows(named=True):
-        rows += _budget_findings(r, th, max_tokens)
+        if r["records"]:
+            rows += _budget_findings(r, th, max_tokens)
+        else:
+            msg = "no records: nothing was generated for this dataset (or none could be read)"
+            rows.append((r["dataset"], "no_records", 0.0, 0.0, "warn", msg))
         rows += _share_findings(r, th)
+        rows += _count_findings(r, th, max_tokens, corrupt)
         for check in ("ids_len_mismatch", "ids_text_mismatch"):
             if r[check]:
                 what = "completion_tokens != len(output_ids)" if "len" in check else (
@@ -313,6 +325,35 @@ def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tupl
         msg = f"{tokens:,} of {budget:,} tokens ({tokens / budget:.0%}) with {left} prompts left"
         return [(name, "under_budget", float(tokens), float(budget), "warn", msg)]
     return []
+
+
+def _count_findings(r: dict, th: AuditThresholds, max_tokens: int, corrupt) -> list[tuple]:
+    """Lines that are not records; counts that are no counts; a server that under-reports."""
+    from kit.run.lines import describe_corrupt
+
+    name, out = r["dataset"], []
+    if r["corrupt_lines"]:
+        mine = [c for c in corrupt if c["file"] == f"records/{safe_name(name)}.jsonl"]
+        msg = describe_corrupt(mine or corrupt)
+        out.append((name, "corrupt_lines", float(r["corrupt_lines"]), 0.0, "error", msg))
+    over, skipped = r["count_over_max"], r["bad_count_lines"]
+    if over or skipped:
+        parts = [f"{over} above max_tokens + 1"] if over else []
+        parts += [f"{skipped} not an int >= 0 (lines skipped)"] if skipped else []
+        msg = (
+            f"completion_tokens is not a count in 0..{max_tokens + 1} in {over + skipped} "
+            f"records ({', '.join(parts)}): the server mis-reports counts"
+        )
+        out.append((name, "bad_count", float(over + skipped), max_tokens + 1.0, "error", msg))
+    if r["under_reported"]:
+        msg = (
+            f"{r['under_reported']} of {r['count_checked']} records report fewer than "
+            f"{th.under_report_ratio:.0%} of their text's own token count (re-tokenized): "
+            "the server under-reports completion_tokens, so budgets overshoot"
+        )
+        value = float(r["under_reported"])
+        out.append((name, "count_under_reported", value, th.under_report_ratio, "error", msg))
+    return out
 
 
 _SHARE_CHECKS = [  # check, count column, threshold field, severity, what
@@ -364,30 +405,34 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
         report.findings.select("dataset", "check", "severity")
         # -> e.g. ("alpaca", "truncation", "warn"), ("sharegpt", "over_budget", "error")
     """
-    from kit.run.store import read_config, read_errors, records_frame
+    from kit.run.store import read_config, read_errors, read_records
 
     run_dir = Path(run_dir)
     th = thresholds or AuditThresholds()
     if not isinstance(th, AuditThresholds):
         raise ValueError(f"thresholds must be an AuditThresholds, got {type(th).__name__}")
     config = read_config(run_dir)
-    records = records_frame(run_dir)
-    notes = []
+    records, corrupt = read_records(run_dir)
+    notes = [] if records.height else [f"no records in {run_dir}"]
     tok = load_tokenizer_for(tokenizer, config)
     if tok is None and records["output_ids"].is_not_null().any():
         notes.append("output_ids not decoded: no tokenizer given and none in config.tokenizer")
-    flags = flag_records(records, tokenizer=tok, thresholds=th)
+    max_tokens = config.sampling.max_tokens
+    flags = flag_records(records, tokenizer=tok, thresholds=th, max_tokens=max_tokens)
     totals = _prompt_totals(run_dir, config.sampling.n)
     if not totals:
         notes.append("no prompts.parquet: prompts left unknown, under-budget not checked")
-    table = _dataset_table(flags, config, read_errors(run_dir), totals)
+    if tok is None and records.height:
+        notes.append("counts not checked against the text: no tokenizer given or in config")
+    table = _dataset_table(flags, config, read_errors(run_dir), totals, corrupt)
     return AuditReport(
         run_dir=str(run_dir),
         datasets=table,
         lengths=table.select("dataset", "records", "mean", "p50", "p90", "p99", "max"),
         finish=_finish_table(flags),
         records=flags,
-        findings=_findings(table, th, config.sampling.max_tokens),
+        findings=_findings(table, th, max_tokens, corrupt),
         thresholds=th,
         notes=notes,
+        corrupt=corrupt,
     )

@@ -13,6 +13,10 @@ Layout of an export (every file listed in manifest.json with its sha256 and row 
     linehashes/<file>.txt                one short sha256 per JSONL line (validate names the line)
     manifest.json                        how the export was made (written last)
 
+kit deletes only files it wrote: out_dir must be new, empty, or a kit export; overwrite=True
+replaces only the files the old manifest.json lists (each checked against its sha256), then
+removes the folders they leave empty. Files of anyone else are never touched.
+
 SpecForge format, field by field, as SpecForge reads it (sgl-project/SpecForge,
 docs/basic_usage/data_preparation.md "Option 1: Conversation Format" and
 specforge/data/parse.py GeneralParser.parse): `id` a non-empty string; `conversations` a
@@ -32,18 +36,22 @@ import dataclasses
 import hashlib
 import json
 import random
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from kit.report.tokenrows import conversation, end_of_turn, row_id, token_rows
-from kit.report.validate import ValidationResult, file_entry, validate  # noqa: F401
+from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re-exported
+    ValidationResult,
+    clear_export,
+    file_entry,
+    owned_files,
+    validate,
+)
 
 FORMATS = ("specforge", "token_ids", "parquet", "hf")
 SPLITS = ("train", "validation")
-_OWNED = ("specforge", "token_ids", "parquet", "hf", "linehashes", "manifest.json")
 
 
 @dataclass
@@ -86,14 +94,22 @@ class ExportResult:
     counts: dict[str, dict]  # dataset -> {"records", "tokens", "train", "validation"}
     dropped: dict[str, int]  # reason -> records left out
     manifest: dict = field(repr=False)
+    corrupt: int = 0  # record lines skipped as not records (manifest "corrupt_lines" lists them)
+    notes: list[str] = field(default_factory=list)  # e.g. "no records in <run_dir>"
 
     def summary(self) -> str:
-        """Plain text: counts per dataset, what was dropped, files written."""
+        """Plain text: counts per dataset, what was dropped or skipped, files written."""
+        from kit.run.lines import describe_corrupt
+
         lines = [f"export -> {self.out_dir}"]
         for name, c in self.counts.items():
             lines.append(f"  {name}: {c['records']} records, {c['tokens']:,} tokens "
                          f"(train {c['train']}, validation {c['validation']})")  # fmt: skip
         lines += [f"  dropped {n} ({why})" for why, n in self.dropped.items() if n]
+        if self.corrupt:
+            listed = self.manifest.get("corrupt_lines", {}).get("lines", [])
+            lines.append("  " + describe_corrupt(listed, total=self.corrupt))
+        lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  wrote {p}" for p in self.files]
         return "\n".join(lines)
 
@@ -203,7 +219,10 @@ def _write_split(out_dir, split, part, tok_rows, opts, files) -> None:
         _write_jsonl(out_dir, f"specforge/{split}.jsonl", sf, files)
     if "token_ids" in opts.formats:
         _write_jsonl(out_dir, f"token_ids/{split}.jsonl", [tok_rows[i] for i in ids], files)
-    table = pl.DataFrame({"id": ids, "conversations": convs}).with_columns(
+    msg = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
+    table = pl.DataFrame(
+        {"id": ids, "conversations": convs}, schema={"id": pl.String, "conversations": msg}
+    ).with_columns(
         part.select(
             "dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source"
         )
@@ -241,18 +260,16 @@ def _public_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def _prepare_dir(out_dir: Path, overwrite: bool) -> None:
-    if (out_dir / "manifest.json").exists() and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} already holds an export; pass overwrite=True to replace it"
-        )
-    for name in _OWNED:
-        p = out_dir / name
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _targets(formats) -> list[str]:
+    """The paths (relative to out_dir) an export in these formats writes, manifest aside."""
+    out = []
+    for split in SPLITS:
+        for fmt in ("specforge", "token_ids"):
+            if fmt in formats:
+                out += [f"{fmt}/{split}.jsonl", f"linehashes/{fmt}/{split}.jsonl.txt"]
+        out += [f"parquet/{split}.parquet"] if "parquet" in formats else []
+        out += [f"hf/{split}"] if "hf" in formats else []
+    return out
 
 
 def export(
@@ -274,7 +291,8 @@ def export(
 
     Args:
         run_dir: the run directory.
-        out_dir: where to write (refused if it already holds an export, unless overwrite).
+        out_dir: where to write: new, empty, or a kit export (replaced only with overwrite;
+            a non-empty folder that is not a kit export is refused, nothing deleted).
         formats: any of "specforge", "token_ids", "parquet", "hf" (needs `datasets`).
         tokenizer: tokenizer or local path for token_ids (default the run's config.tokenizer).
         drop_truncated / drop_errors / drop_duplicates: leave those records out.
@@ -289,13 +307,15 @@ def export(
         r = export("data/runs/demo", "data/exports/demo", val_fraction=0.1, trim_to_budget=True)
         r.counts["alpaca"]  # -> e.g. {"records": 41, "tokens": 3998, "train": 37, "validation": 4}
     """
-    from kit.run.store import read_config, records_frame
+    from kit.run.store import read_config, read_records
 
     opts = ExportOptions(formats, drop_truncated, drop_errors, drop_duplicates, trim_to_budget, mix, val_fraction, seed)  # fmt: skip
     run_dir, out_dir = Path(run_dir), Path(out_dir)
+    owned = owned_files(out_dir, overwrite, _targets(opts.formats))  # refuse before any work
     config = read_config(run_dir)
     tok = _tokenizer(tokenizer, config, opts)
-    frame, dropped = _select(records_frame(run_dir), config.budgets, opts)
+    records, corrupt = read_records(run_dir)
+    frame, dropped = _select(records, config.budgets, opts)
     frame = _split(frame, opts.val_fraction, opts.seed)
     stats: dict[str, int] = {}
     tok_rows = {}
@@ -305,13 +325,15 @@ def export(
         dropped["template_mismatch"] = keep.count(False)
         frame = frame.filter(keep)
         tok_rows = {r["id"]: r for r in made if r is not None}
-    _prepare_dir(out_dir, overwrite)
+    clear_export(out_dir, owned)
     files: dict[str, dict] = {}
     for split in SPLITS:
         part = frame.filter(frame["split"] == split)
         if part.height or split == "train":
             _write_split(out_dir, split, part, tok_rows, opts, files)
+    notes = [] if frame.height else [_empty_note(run_dir, records.height)]
     manifest = _manifest(run_dir, config, tok, frame, dropped, stats, opts, files)
+    manifest |= {"corrupt_lines": {"count": len(corrupt), "lines": corrupt[:100]}, "notes": notes}
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return ExportResult(
         out_dir=out_dir,
@@ -319,11 +341,19 @@ def export(
         counts=manifest["counts"],
         dropped=dropped,
         manifest=manifest,
+        corrupt=len(corrupt),
+        notes=notes,
     )
 
 
+def _empty_note(run_dir: Path, n_records: int) -> str:
+    if n_records:
+        return f"every one of the {n_records} records was dropped: the export is empty"
+    return f"no records in {run_dir}: the export is empty"
+
+
 def _tokenizer(tokenizer, config, opts: ExportOptions):
-    from kit.report.audit import load_tokenizer_for
+    from kit.report.tokenrows import load_tokenizer_for
 
     tok = load_tokenizer_for(tokenizer, config)
     if tok is None and "token_ids" in opts.formats:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import html
 import os
 import sys
 import time
@@ -100,7 +101,9 @@ _LEFT = {0, 1, 10}  # left-aligned columns; numbers align right
 
 
 def text(progress: Sequence[DatasetProgress], width: int = 20) -> str:
-    """Plain-text table: one line per dataset plus a total line when there are several.
+    """Plain-text table: one line per dataset plus a total line when there are several,
+    then one "note:" line per distinct DatasetProgress.note (why the run stopped, a server
+    asking for a Retry-After over the cap), naming its datasets.
 
     Args:
         progress: the list a progress callback receives.
@@ -129,7 +132,16 @@ def text(progress: Sequence[DatasetProgress], width: int = 20) -> str:
             for i, (c, w) in enumerate(zip(r, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+    return "\n".join(lines + _note_lines(progress))
+
+
+def _note_lines(progress: Sequence[DatasetProgress]) -> list[str]:
+    """'note (a, b): <note>' once per distinct note."""
+    by_note: dict[str, list[str]] = {}
+    for p in progress:
+        if p.note:
+            by_note.setdefault(p.note, []).append(p.dataset)
+    return [f"note ({', '.join(names)}): {note}" for note, names in by_note.items()]
 
 
 # ----------------------------------------------------------------------------- monitors
@@ -329,6 +341,7 @@ def _html(p: DatasetProgress) -> str:
         f"{p.samples_done:,} samples &middot; mean {p.mean_completion:,.0f} &middot; "
         f"{fmt_count(p.tokens_per_s)} tok/s &middot; ETA {fmt_duration(p.eta_s)} &middot; {err} "
         f"&middot; {100 * p.truncation_share:.1f}% truncated &middot; {p.state}"
+        + (f"<br><span style='color:#a60'>{html.escape(p.note)}</span>" if p.note else "")
     )
 
 

@@ -1,4 +1,6 @@
-"""Token-id rows with loss masks: the chat template applied to prompt + completion.
+"""Token ids of records: rows with loss masks for training, and checks of ids and counts.
+
+Rows: the chat template applied to prompt + completion.
 
 input_ids = the prompt (the server's prompt_ids when they decode to the rendered prompt,
 else the rendered prompt tokenized) + the completion (the target's own output_ids, without
@@ -10,6 +12,9 @@ emitted it (finish_reason "stop"): the target generated it, and SpecForge's Gene
 (sgl-project/SpecForge specforge/data/parse.py) also counts end_of_turn_token inside the
 assistant span. After a "length" finish the model never closed the turn, so the template's
 end-of-turn token stays 0; text after it (the "\\n") is template, never generated: 0.
+
+Checks (kit.report.audit's flag columns): whether output_ids decode to the stored text, and
+whether a server's completion_tokens is far below the text's own (re-tokenized) count.
 """
 
 from __future__ import annotations
@@ -51,7 +56,6 @@ def token_rows(tok, rows: list[dict], stats: dict) -> list[dict | None]:
         >>> row["id"], row["loss_mask"][-4:], stats
         ('d-p1-0', [1, 1, 1, 0], {'prompt_tokenized': 1, 'completion_retokenized': 1})
     """
-    from kit.report.audit import strip_end_ids
     from kit.tokens import render
 
     eot, _ = end_of_turn(tok)
@@ -85,3 +89,55 @@ def _pick(ids, text: str, tok, stats: dict, name: str) -> list[int]:
     key = "completion_retokenized" if name == "output_ids" else "prompt_tokenized"
     stats[key] = stats.get(key, 0) + 1
     return tok.encode(text, add_special_tokens=False)
+
+
+def load_tokenizer_for(tokenizer, config=None):
+    """The tokenizer given (object or local path), else the run's config.tokenizer, else None."""
+    from kit.tokens import load_tokenizer
+
+    return load_tokenizer(
+        tokenizer if tokenizer is not None else getattr(config, "tokenizer", None)
+    )
+
+
+def strip_end_ids(tokenizer, ids: list[int]) -> list[int]:
+    """Drop trailing special ids (the EOS / end-of-turn a server may include in output ids)."""
+    special = set(tokenizer.all_special_ids)
+    end = len(ids)
+    while end and ids[end - 1] in special:
+        end -= 1
+    return list(ids[:end])
+
+
+def ids_match_text(tokenizer, ids: list[int], text: str) -> bool:
+    """True when the ids decode to the text (a trailing EOS / end-of-turn is allowed)."""
+    if tokenizer.decode(strip_end_ids(tokenizer, ids), skip_special_tokens=False) == text:
+        return True
+    return tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+def ids_text_flags(recs, tokenizer):
+    """ids_text_mismatch as a Series: null where there are no ids or no tokenizer."""
+    import polars as pl
+
+    values = [None] * recs.height
+    if tokenizer is not None:
+        pairs = zip(recs["output_ids"].to_list(), recs["completion"].to_list(), strict=True)
+        for i, (ids, text) in enumerate(pairs):
+            if ids is not None:
+                values[i] = not ids_match_text(tokenizer, ids, text)
+    return pl.Series("ids_text_mismatch", values, dtype=pl.Boolean)
+
+
+def under_reported_flags(recs, tokenizer, ratio: float):
+    """under_reported as a Series: the server's count far below the text's own token count."""
+    import polars as pl
+
+    values = [None] * recs.height
+    if tokenizer is not None and recs.height:
+        from kit.tokens import encode_lengths
+
+        lengths = encode_lengths(tokenizer, recs["completion"].to_list())
+        rows = zip(recs["completion_tokens"], recs["count_source"], lengths, strict=True)
+        values = [None if src == "retokenized" else n < ratio * k for n, src, k in rows]
+    return pl.Series("under_reported", values, dtype=pl.Boolean)

@@ -10,12 +10,17 @@ Backends (all implement kit.types.Backend; transport: one aiohttp session each, 
 Every failure is a kit.types.BackendError with `kind`:
     http_429 (retryable, retry_after from Retry-After), http_5xx (retryable),
     http_4xx (not retryable, except 408/409), connect (refused/reset, retryable),
-    timeout (retryable), malformed (bad JSON or missing fields, retryable),
+    timeout (retryable), malformed (retryable: bad JSON, an event stream, a 200 with an
+    error body, missing fields, a token count kit cannot believe: kit.run.answers),
     config (missing API-key variable, no way to count tokens: not retryable),
     no_endpoint (EndpointPool: nothing healthy within its wait).
 
 The API key is read from the environment variable named by api_key_env at each request
 and sent as "Authorization: Bearer ..."; it is never stored, printed or pickled.
+Credentials in a base URL ("http://user:KEY@host/v1") are sent as HTTP Basic to that
+endpoint (they win over api_key_env there); `backend.url`, and so everything kit writes,
+is the URL without them. Every error leaving complete() is redacted (kit.run.answers.redact: the
+key and the URL credentials in any case, base64 or URL-encoded) and cut to 400 characters.
 
 EndpointPool, as the runner uses it:
     pool = EndpointPool([OpenAIChat(u, model) for u in urls], per_endpoint_concurrency=64)
@@ -33,51 +38,37 @@ EndpointPool, as the runner uses it:
 from __future__ import annotations
 
 import asyncio
-import email.utils
+import base64
 import os
-import time
 from typing import Any
 
 import aiohttp
 import orjson
 
+from kit.run.answers import (
+    check_ids,
+    check_usage,
+    ids_ok,
+    normalize_finish,
+    optional_count,
+    parse_body,
+    parse_retry_after,
+    redact,
+    status_error,
+    url_secrets,
+)
 from kit.run.pool import EndpointPool  # re-exported: kit.backends.EndpointPool
-from kit.types import Backend, BackendError, Completion, Message, Sampling
+from kit.types import (
+    Backend,
+    BackendError,
+    Completion,
+    Message,
+    Sampling,
+    strip_userinfo,
+    url_credentials,
+)
 
-_RETRYABLE_4XX = {408, 409}
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: "2" -> 2.0, an HTTP date -> seconds from now."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when - (time.time() if now is None else now))
-
-
-def status_error(status: int, text: str, retry_after: str | None, url: str) -> BackendError:
-    """The BackendError for an HTTP error status."""
-    msg = f"HTTP {status} from {url}: {text[:200]}"
-    if status == 429:
-        return BackendError("http_429", msg, status=429, retry_after=parse_retry_after(retry_after))
-    if status >= 500:
-        return BackendError("http_5xx", msg, status=status)
-    return BackendError("http_4xx", msg, status=status, retryable=status in _RETRYABLE_4XX)
-
-
-def normalize_finish(reason: Any) -> str:
-    """Normalize a finish reason: SGLang's {"type": "length", ...} -> "length"; None -> "unknown"."""
-    if isinstance(reason, dict):
-        reason = reason.get("type")
-    return str(reason) if reason else "unknown"
+MESSAGE_CHARS = 400  # an error message is cut to this, after redaction
 
 
 def _load_tokenizer(tokenizer: Any) -> Any:
@@ -95,12 +86,17 @@ class _HTTPBackend:
     def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None,
                  tokenizer: Any = None) -> None:  # fmt: skip
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+            shown = strip_userinfo(base_url) if isinstance(base_url, str) else base_url
+            raise ValueError(f"base_url must be an http(s) URL, got {shown!r}")
         if api_key_env is not None and not os.environ.get(api_key_env):
             raise ValueError(f"api_key_env: environment variable {api_key_env!r} is not set")
-        self.url = base_url.rstrip("/")
+        self.url = strip_userinfo(base_url).rstrip("/")  # never the credentials
         self.model = model
         self.api_key_env = api_key_env  # the variable's NAME only
+        creds = url_credentials(base_url)
+        basic = creds and base64.b64encode(":".join(creds).encode()).decode()
+        self._basic = f"Basic {basic}" if basic else None
+        self._url_secrets = url_secrets(base_url)
         self._tokenizer_src = tokenizer
         self._tokenizer = None
         self._session: aiohttp.ClientSession | None = None
@@ -121,13 +117,40 @@ class _HTTPBackend:
 
     def _headers(self) -> dict:
         headers = {"Content-Type": "application/json"}
-        if self.api_key_env:
+        if self._basic:  # this endpoint's own URL credentials
+            headers["Authorization"] = self._basic
+        elif self.api_key_env:
             key = os.environ.get(self.api_key_env)
             if not key:
                 msg = f"environment variable {self.api_key_env!r} (api_key_env) is not set"
                 raise BackendError("config", msg, retryable=False)
             headers["Authorization"] = f"Bearer {key}"
         return headers
+
+    def secrets(self) -> list[str]:
+        """What must never appear in a message: the API key, the URL credentials."""
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return [key, *self._url_secrets] if key else list(self._url_secrets)
+
+    def redacted(self, err: BackendError) -> BackendError:
+        """err with its message redacted and cut (what every raised error goes through)."""
+        text = redact(str(err), self.secrets())
+        if len(text) > MESSAGE_CHARS:
+            text = text[: MESSAGE_CHARS - 3] + "..."
+        kind = err.kind
+        clean = BackendError(kind, text.removeprefix(f"{kind}: "), status=err.status,
+                             retryable=err.retryable, retry_after=err.retry_after)  # fmt: skip
+        clean.__dict__.update({k: v for k, v in vars(err).items() if k not in vars(clean)})
+        return clean
+
+    async def complete(
+        self, messages: list[Message], sampling: Sampling, *, timeout: float
+    ) -> Completion:
+        """One request; raises BackendError (see the module docstring), redacted."""
+        try:
+            return await self._complete(messages, sampling, timeout)
+        except BackendError as err:
+            raise self.redacted(err) from None
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -147,22 +170,15 @@ class _HTTPBackend:
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:  # fmt: skip
                 raw = await resp.read()
+                stream = "event-stream" in resp.headers.get("Content-Type", "")
                 if resp.status >= 400:
                     text = raw.decode("utf-8", "replace")
-                    if "Authorization" in headers:  # a server echoing the key must not leak it
-                        text = text.replace(headers["Authorization"][7:], "***")
                     raise status_error(resp.status, text, resp.headers.get("Retry-After"), url)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise BackendError("timeout", f"no answer from {url} within {timeout}s") from e
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
             raise BackendError("connect", f"{type(e).__name__} talking to {url}: {e}") from e
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise BackendError("malformed", f"bad JSON from {url}: {raw[:120]!r}") from e
-        if not isinstance(data, dict):
-            raise BackendError("malformed", f"expected a JSON object from {url}, got {raw[:120]!r}")
-        return data
+        return parse_body(raw, url, stream)
 
     async def _get_ok(self, url: str, timeout: float) -> bool:
         try:
@@ -188,9 +204,16 @@ class _HTTPBackend:
 
     def _retokenize(self, text: str) -> int:
         if self.tokenizer is None:
-            msg = f"{self.url} gave no token counts and no tokenizer was given to re-tokenize"
+            msg = (f"{self.url} gave no token counts and no tokenizer was given to re-tokenize: "
+                   "pass tokenizer= (the target's local path)")  # fmt: skip
             raise BackendError("config", msg, retryable=False)
         return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _usage(self, value: Any, what: str, text: str, sampling: Sampling) -> int:
+        """The server's count, checked (and against the text when there is a tokenizer)."""
+        has_tokenizer = self._tokenizer_src is not None
+        retokenized = (lambda: self._retokenize(text)) if has_tokenizer else (lambda: None)
+        return check_usage(value, what, self.url, sampling, retokenized)
 
 
 class OpenAIChat(_HTTPBackend):
@@ -222,24 +245,27 @@ class OpenAIChat(_HTTPBackend):
         body.update(self.extra_body)
         return body
 
-    async def complete(
-        self, messages: list[Message], sampling: Sampling, *, timeout: float
-    ) -> Completion:
-        """One chat completion; raises BackendError (see the module docstring)."""
+    async def _complete(self, messages: list[Message], sampling: Sampling, timeout: float):
         data = await self._post(self.path, self._body(messages, sampling), timeout)
         try:
             choice = data["choices"][0]
             text = choice["message"]["content"] or ""
         except (KeyError, IndexError, TypeError) as e:
             raise BackendError("malformed", f"no choices[0].message.content from {self.url}") from e
-        return self._completion(data, choice, text)
+        if not isinstance(text, str):
+            raise BackendError(
+                "malformed", f"choices[0].message.content from {self.url} is no text"
+            )
+        return self._completion(data, choice, text, sampling)
 
-    def _completion(self, data: dict, choice: dict, text: str) -> Completion:
-        usage = data.get("usage") or {}
+    def _completion(self, data: dict, choice: dict, text: str, sampling: Sampling) -> Completion:
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         finish = normalize_finish(choice.get("finish_reason"))
-        prompt_tokens = usage.get("prompt_tokens")
-        if isinstance(usage.get("completion_tokens"), int):
-            return Completion(text, finish, usage["completion_tokens"], "usage", prompt_tokens)
+        prompt_tokens = optional_count(usage.get("prompt_tokens"))
+        count = usage.get("completion_tokens")
+        if count is not None:
+            n = self._usage(count, "usage.completion_tokens", text, sampling)
+            return Completion(text, finish, n, "usage", prompt_tokens)
         return Completion(text, finish, self._retokenize(text), "retokenized", prompt_tokens)
 
 
@@ -262,14 +288,18 @@ class VLLMChat(OpenAIChat):
         body.setdefault("return_token_ids", True)  # extra_body may turn it off
         return body
 
-    def _completion(self, data: dict, choice: dict, text: str) -> Completion:
+    def _completion(self, data: dict, choice: dict, text: str, sampling: Sampling) -> Completion:
         ids = choice.get("token_ids")
-        if not isinstance(ids, list):
-            return super()._completion(data, choice, text)
+        if ids is None:
+            return super()._completion(data, choice, text, sampling)
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        count = usage.get("completion_tokens")
+        n = check_ids(ids, count, "choices[0].token_ids", self.url, sampling)
         prompt_ids = data.get("prompt_token_ids")
+        prompt_ids = prompt_ids if ids_ok(prompt_ids) else None
         finish = normalize_finish(choice.get("finish_reason"))
-        n_prompt = len(prompt_ids) if isinstance(prompt_ids, list) else None
-        return Completion(text, finish, len(ids), "server_ids", n_prompt, ids, prompt_ids)
+        n_prompt = len(prompt_ids) if prompt_ids is not None else None
+        return Completion(text, finish, n, "server_ids", n_prompt, ids, prompt_ids)
 
 
 class SGLangGenerate(_HTTPBackend):
@@ -307,33 +337,26 @@ class SGLangGenerate(_HTTPBackend):
         )
         return list(out)
 
-    async def complete(
-        self, messages: list[Message], sampling: Sampling, *, timeout: float
-    ) -> Completion:
-        """One /generate request; raises BackendError (see the module docstring)."""
+    async def _complete(self, messages: list[Message], sampling: Sampling, timeout: float):
         ids = self.render(messages)
         params = {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,
                   "top_p": sampling.top_p}  # fmt: skip
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
         data = await self._post(self.path, {"input_ids": ids, "sampling_params": params}, timeout)
-        meta, out_ids = data.get("meta_info"), data.get("output_ids")
-        if not isinstance(meta, dict) or not isinstance(data.get("text"), str):
-            raise BackendError(
-                "malformed", f"no text/meta_info in /generate answer from {self.url}"
-            )
+        meta, out_ids, text = data.get("meta_info"), data.get("output_ids"), data.get("text")
+        if not isinstance(meta, dict) or not isinstance(text, str):
+            msg = f"no text/meta_info in /generate answer from {self.url}"
+            raise BackendError("malformed", msg)
         finish = normalize_finish(meta.get("finish_reason"))
-        if isinstance(out_ids, list):
-            return Completion(
-                data["text"], finish, len(out_ids), "server_ids", len(ids), out_ids, ids
-            )
-        if isinstance(meta.get("completion_tokens"), int):
-            return Completion(
-                data["text"], finish, meta["completion_tokens"], "usage", len(ids), None, ids
-            )
-        return Completion(
-            data["text"], finish, self._retokenize(data["text"]), "retokenized", len(ids)
-        )
+        count = meta.get("completion_tokens")
+        if out_ids is not None:
+            n = check_ids(out_ids, count, "output_ids", self.url, sampling)
+            return Completion(text, finish, n, "server_ids", len(ids), out_ids, ids)
+        if count is not None:
+            n = self._usage(count, "meta_info.completion_tokens", text, sampling)
+            return Completion(text, finish, n, "usage", len(ids), None, ids)
+        return Completion(text, finish, self._retokenize(text), "retokenized", len(ids))
 
 
 def make_backend(api: str, url: str, model: str, *, api_key_env: str | None = None,
@@ -354,4 +377,4 @@ def make_backend(api: str, url: str, model: str, *, api_key_env: str | None = No
 
 
 __all__ = ["EndpointPool", "OpenAIChat", "SGLangGenerate", "VLLMChat", "make_backend"]
-__all__ += ["normalize_finish", "parse_retry_after", "status_error"]
+__all__ += ["normalize_finish", "parse_retry_after", "status_error"]  # from kit.run.answers

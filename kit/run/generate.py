@@ -16,6 +16,12 @@ max_context) are never sent: counted per dataset (`skipped_context`) and listed 
 run_dir/skipped.jsonl (kit.run.guard). Results go through kit.run.store (crash-safe); a
 stop (run.stop(), a cancelled task, Ctrl-C) cancels in-flight requests and flushes.
 Resume = the same call again, or `resume(run_dir)`.
+
+A run where nothing can succeed stops by itself: once one dataset's last
+`RunConfig.max_consecutive_failures` (20) answers were all malformed or not retryable (a
+4xx, a 200 with an error body, an event stream, no usage and no tokenizer, a token count
+kit cannot believe, see kit.run.answers), `run.stop_reason` names the dataset and the last
+error. Dead endpoints stop it too (no_endpoint_timeout).
 """
 
 from __future__ import annotations
@@ -79,7 +85,10 @@ class Run:
 
     @property
     def stop_reason(self) -> str | None:
-        """Why the run stopped early (None when it ran to the end)."""
+        """Why the run stopped early, one line (None when it ran to the end): a dataset whose
+        last RunConfig.max_consecutive_failures answers all failed (malformed or not
+        retryable) with the last error, dead endpoints, "stopped by user", "interrupted (...)".
+        Also each unfinished dataset's note in status.json ("run stopped: <reason>")."""
         return self._runner.stop_reason
 
     def status(self) -> Status:

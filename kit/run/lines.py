@@ -2,11 +2,15 @@
 
 Record lines start with HEAD_FIELDS in a fixed order, so the resume index reads them with
 one regex instead of parsing every JSON line (lines in any other shape fall back to orjson).
-Nothing after a file's last newline is ever read: a torn tail is not data.
+Nothing after a file's last newline is ever read: a torn tail is not data. A complete line
+that is not a record (garbage, a NUL byte, half of a split line, a JSON non-object, a
+missing field, a count that is not an int >= 0) is skipped and reported as
+(line number, problem), so every reader can say which lines it could not use.
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import mmap
 import os
@@ -36,6 +40,9 @@ _HEAD = re.compile(
 _HEAD_NL = re.compile(b"\n" + _HEAD.pattern[1:])  # the same, for a line after a newline
 _NEWLINE = re.compile(b"\n")
 ERROR_FIELDS = [f.name for f in dataclasses.fields(ErrorRecord)]
+_TEXT_BYTES = bytes(range(0x20, 0x100)) + b"\n"  # what a RunStore line may hold (orjson output)
+_CHECK_CHUNK = 64 << 20
+Problem = tuple  # (line number, what is wrong), e.g. (7, "not JSON: unexpected character")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -80,6 +87,117 @@ def parse_lines(data: bytes) -> tuple[list[dict], int]:
     return rows, bad
 
 
+def _kind(value) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
+
+
+def _count_problem(row: dict, name: str) -> str | None:
+    if name not in row:
+        return f"missing field '{name}'"
+    value = row[name]
+    if type(value) is not int or not 0 <= value < 1 << 63:
+        return f"{name} {value!r:.40} is not a count (an int >= 0)"
+    return None
+
+
+def head_problem(row) -> str | None:
+    """What keeps a parsed line from being a record's head (key, count), or None."""
+    if not isinstance(row, dict):
+        return f"a JSON {_kind(row)}, not an object"
+    for name in ("dataset", "prompt_id"):
+        if name not in row:
+            return f"missing field '{name}'"
+        if not isinstance(row[name], str):
+            return f"{name} {row[name]!r:.40} is not a string"
+    for name in ("sample", "completion_tokens"):
+        problem = _count_problem(row, name)
+        if problem:
+            return problem
+    if not isinstance(row.get("finish_reason"), (str, type(None))):
+        return f"finish_reason {row['finish_reason']!r:.40} is not a string"
+    t = row.get("t_done")
+    if t is not None and (type(t) not in (int, float)):
+        return f"t_done {t!r:.40} is not a number"
+    return None
+
+
+_OPTIONAL_TYPES = {  # field -> accepted types besides None (a record line's other fields)
+    "count_source": (str,), "prompt_tokens": (int,), "output_ids": (list,),
+    "prompt_ids": (list,), "endpoint": (str,), "latency_s": (int, float), "attempts": (int,),
+}  # fmt: skip
+
+
+def record_problem(row) -> str | None:
+    """What keeps a parsed line from being a whole Record, or None (see head_problem)."""
+    problem = head_problem(row)
+    if problem:
+        return problem
+    if "completion" not in row:
+        return "missing field 'completion'"
+    if not isinstance(row["completion"], str):
+        return f"completion {row['completion']!r:.40} is not a string"
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages
+    ):
+        return "messages is not a list of {role, content} strings"
+    for name, types in _OPTIONAL_TYPES.items():
+        value = row.get(name)
+        if value is not None and (type(value) not in types):
+            return f"{name} {value!r:.40} has the wrong type"
+    return None
+
+
+def parse_line(line: bytes, check=head_problem) -> tuple[dict | None, str | None]:
+    """One JSONL line -> (row, None), or (None, the problem) when it is not a record."""
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        return None, "not JSON: a NUL byte" if b"\x00" in line else f"not JSON: {e.msg}"
+    problem = check(row)
+    return (None, problem) if problem else (row, None)
+
+
+def parse_records(data: bytes, first_line: int = 1) -> tuple[list[tuple[int, dict]], list[Problem]]:
+    """Complete JSONL bytes of a records file -> ([(line number, row)], [(line, problem)])."""
+    rows, problems = [], []
+    for n, line in enumerate(data.split(b"\n"), first_line):
+        if line:
+            row, problem = parse_line(line, record_problem)
+            if problem:
+                problems.append((n, problem))
+            else:
+                rows.append((n, row))
+    return rows, problems
+
+
+def corrupt_entries(path: Path, problems: list) -> list[dict]:
+    """(line, problem) pairs of a records file -> [{"file", "line", "problem"}]."""
+    rel = f"{path.parent.name}/{path.name}"
+    return [{"file": rel, "line": n, "problem": p} for n, p in problems]
+
+
+def describe_corrupt(corrupt: list[dict], limit: int = 3, total: int | None = None) -> str:
+    """One line naming the skipped lines, e.g. for the runner to print ("" when none).
+
+    `total` is the count when `corrupt` lists only the first of them.
+
+    Example: describe_corrupt([{"file": "records/a.jsonl", "line": 3, "problem": "not JSON"}])
+    -> "1 corrupt line skipped: records/a.jsonl line 3 (not JSON); its sample is generated
+    again on resume" (one line)
+    """
+    n = len(corrupt) if total is None else total
+    if not n:
+        return ""
+    where = "; ".join(f"{c['file']} line {c['line']} ({c['problem']})" for c in corrupt[:limit])
+    more = f"; and {n - min(limit, len(corrupt))} more" if n > limit else ""
+    lines, its = ("lines", "their samples are") if n > 1 else ("line", "its sample is")
+    return f"{n} corrupt {lines} skipped: {where}{more}; {its} generated again on resume"
+
+
 def record_files(run_dir: Path) -> dict[str, Path]:
     """dataset -> records file."""
     rec = run_dir / "records"
@@ -97,10 +215,12 @@ def text(raw: bytes | None) -> str | None:
     return orjson.loads(b'"' + raw + b'"')
 
 
-def heads(data) -> list[tuple]:
+def heads(data, problems: list | None = None, first_line: int = 1) -> list[tuple]:
     """(dataset, prompt_id, sample, completion_tokens, finish_reason, t_done) per complete line.
 
     `data` (bytes or mmap) may end in a torn line: nothing after the last newline is read.
+    Lines that are not records are skipped; `problems` (when given) gets (line, problem) for
+    each, numbered from `first_line`.
     """
     end = data.rfind(b"\n")
     if end < 0:
@@ -109,23 +229,44 @@ def heads(data) -> list[tuple]:
     first = _HEAD.match(data, 0, end)
     if first:
         found.insert(0, first.groups())
-    if len(found) == len(_NEWLINE.findall(data, 0, end + 1)):
+    if len(found) == len(_NEWLINE.findall(data, 0, end + 1)) and _plain_text(data, end + 1):
         return [(text(a), text(b), int(c), int(d), text(e), float(f)) for a, b, c, d, e, f in found]
     out = []  # some lines were not written by RunStore (or are damaged): parse line by line
-    for r in parse_lines(bytes(data[: end + 1]))[0]:
-        if all(isinstance(r.get(f), (str, int)) for f in HEAD_FIELDS[:4]):
-            out.append(tuple(r.get(f) for f in HEAD_FIELDS[:5]) + (r.get("t_done") or 0.0,))
+    for n, line in enumerate(bytes(data[: end + 1]).split(b"\n")[:-1], first_line):
+        if not line:
+            continue
+        row, problem = parse_line(line)
+        if problem is None:
+            out.append(tuple(row.get(f) for f in HEAD_FIELDS[:5]) + (row.get("t_done") or 0.0,))
+        elif problems is not None:
+            problems.append((n, problem))
     return out
 
 
-def scan_heads(path: Path) -> list[tuple]:
+def _plain_text(data, size: int) -> bool:
+    """No control byte but newlines and valid UTF-8 (what orjson writes): a damaged tail after
+    a well-formed head (a NUL, garbage bytes) sends heads() to the line-by-line parse."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        for start in range(0, size, _CHECK_CHUNK):
+            piece = data[start : min(start + _CHECK_CHUNK, size)]
+            if piece.translate(None, _TEXT_BYTES):
+                return False
+            decoder.decode(piece)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def scan_heads(path: Path, problems: list | None = None) -> list[tuple]:
     """heads of a records file, read through mmap (no copy of a large file)."""
     try:
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
                 return []
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                return heads(m)
+                return heads(m, problems)
     except FileNotFoundError:
         return []
 
@@ -147,3 +288,80 @@ def truncate_quietly(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
     except OSError:
         pass
+
+
+# ---------------------------------------------------------------- the records frame
+
+
+def _record_schema():
+    import polars as pl
+
+    msg = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
+    return {
+        "dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "messages": msg,
+        "completion": pl.String, "finish_reason": pl.String, "completion_tokens": pl.Int64,
+        "count_source": pl.String, "prompt_tokens": pl.Int64, "output_ids": pl.List(pl.Int64),
+        "prompt_ids": pl.List(pl.Int64), "endpoint": pl.String, "latency_s": pl.Float64,
+        "attempts": pl.Int64, "t_done": pl.Float64,
+    }  # fmt: skip
+
+
+def read_records(run_dir, datasets=None) -> tuple[object, list[dict]]:
+    """(records_frame, the lines skipped as not records: [{"file", "line", "problem"}]).
+
+    Example: frame, corrupt = read_records(run_dir); describe_corrupt(corrupt) -> one line
+    """
+    rows, corrupt = [], []
+    wanted = None if datasets is None else {safe_name(d) for d in datasets}
+    for name, path in record_files(Path(run_dir)).items():
+        if wanted is None or name in wanted:
+            got, problems = parse_records(complete_bytes(path))
+            rows += [(path, n, r) for n, r in got]
+            corrupt += corrupt_entries(path, problems)
+    if datasets is not None:
+        rows = [x for x in rows if x[2]["dataset"] in datasets]
+    frame, bad = _frame(rows)
+    corrupt = sorted(corrupt + bad, key=lambda c: (c["file"], c["line"]))
+    return frame.unique(
+        subset=["dataset", "prompt_id", "sample"], keep="first", maintain_order=True
+    ), corrupt
+
+
+def _frame(rows: list[tuple]) -> tuple[object, list[dict]]:
+    """Rows -> frame; rows polars cannot take (e.g. a string among output_ids) are reported."""
+    import polars as pl
+
+    schema = _record_schema()
+
+    def build(part):
+        return pl.DataFrame([{k: r.get(k) for k in schema} for _, _, r in part], schema=schema)
+
+    try:
+        return build(rows), []
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+        pass
+    good, bad = [], []
+    for path, n, row in rows:
+        problem = _ids_problem(row) or _one_row_problem(build, (path, n, row))
+        if problem:
+            bad += corrupt_entries(path, [(n, problem)])
+        else:
+            good.append((path, n, row))
+    return build(good), bad
+
+
+def _one_row_problem(build, item) -> str | None:
+    import polars as pl
+
+    try:
+        build([item])
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError) as e:
+        return f"a value does not fit its column ({str(e).splitlines()[0][:80]})"
+    return None
+
+
+def _ids_problem(row: dict) -> str | None:
+    for name in ("output_ids", "prompt_ids"):
+        if row.get(name) is not None and not all(type(x) is int for x in row[name]):
+            return f"{name} holds a value that is not an int"
+    return None

@@ -8,6 +8,7 @@ shrank (repaired after a crash, cut back after a failed write), was replaced (ne
 or whose first or last line read changed is read again from the start. errors.jsonl
 is followed the same way; config.json, prompts.parquet and skipped.jsonl are re-read only
 when they change; status.json (the live runner's in-flight and retry counts) every poll.
+Lines that are not records are skipped and listed in `ProgressReader.corrupt`.
 """
 
 from __future__ import annotations
@@ -106,9 +107,13 @@ class _Records(_Tail):
         self.tokens = self.samples = self.truncated = 0
         self.recent: deque = deque(maxlen=_RECENT)  # (t_done, tokens)
         self.resolved: set = set()  # failed keys that a later attempt wrote
+        self.lines = 0  # complete lines consumed
+        self.problems: list = []  # (line, problem) of the lines that are not records
 
     def consume(self, data: bytes) -> None:
-        for ds, pid, sample, tokens, finish, t_done in heads(data):
+        found = heads(data, self.problems, self.lines + 1)
+        self.lines += data.count(b"\n")
+        for ds, pid, sample, tokens, finish, t_done in found:
             self.tokens += tokens
             self.samples += 1
             self.truncated += finish == "length"
@@ -198,6 +203,16 @@ class ProgressReader:
         return out
 
     __call__ = read
+
+    @property
+    def corrupt(self) -> list[dict]:
+        """The lines read so far that are not records: [{"file", "line", "problem"}]."""
+        out = []
+        for stem, tail in sorted(self._records.items()):
+            out += [
+                {"file": f"records/{stem}.jsonl", "line": n, "problem": p} for n, p in tail.problems
+            ]
+        return out
 
     def _cached(self, name: str, load):
         """load(path) of a small run-dir file, re-run only when the file changed."""

@@ -4,6 +4,17 @@ Budget rule (see kit.generate): a dataset is fed while tokens_done + in_flight *
 < budget; with policy "drain" also while tokens_done + (in_flight + 1) * max_tokens <=
 budget + max(1% of budget, max_tokens), which bounds the final overshoot whatever the
 completions turn out to be.
+
+Stops (run.stop_reason, one line; each unfinished dataset's DatasetProgress.note, hence
+status.json, says "run stopped: <reason>"):
+- nothing can succeed: RunConfig.max_consecutive_failures answers in a row for one dataset
+  were malformed or not retryable (a 4xx, no usage and no tokenizer, a 200 with an error
+  body, an event stream, a count kit cannot believe), none succeeded in between;
+- the endpoints are dead: no healthy endpoint within no_endpoint_timeout, or max(8,
+  concurrency) requests in a row failed to connect or timed out;
+- run.stop(), a cancelled task, Ctrl-C.
+A Retry-After over `retry_after_cap` (300 s) is waited for only that long, noted on the
+dataset (the monitor shows it) and warned about once per run.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from pathlib import Path
 
 from kit.data.sources import source_hashes
 from kit.run import guard as _guard
+from kit.run.answers import redact
 from kit.run.store import RunStore, read_config
 from kit.tokens import chat_template_hash
 from kit.types import BackendError, DatasetProgress, ErrorRecord, Record, RunConfig
@@ -42,6 +54,8 @@ class _Dataset:
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (t_done, tokens)
     stopped: bool = False
     skipped: int = 0  # samples never sent (prompt too long for the context)
+    streak: int = 0  # answers in a row that were malformed or not retryable
+    note: str = ""  # shown next to the dataset (stop reason, Retry-After over the cap)
 
     @property
     def expected(self) -> float:
@@ -68,7 +82,7 @@ class _Dataset:
             dataset=self.name, budget=self.budget, tokens_done=self.tokens_done,
             samples_done=self.samples_done, in_flight=len(self.tasks), prompts_total=self.total,
             errors=self.errors, retries=self.retries, truncated=self.truncated,
-            skipped=self.skipped, tokens_per_s=rate, state=self.state(),
+            skipped=self.skipped, tokens_per_s=rate, state=self.state(), note=self.note,
         )  # fmt: skip
 
 
@@ -76,6 +90,7 @@ class _Runner:
     """Scheduling, budget accounting, retries and clean stops for one run."""
 
     clock = staticmethod(time.monotonic)  # paces progress reports (a test injects a fake one)
+    retry_after_cap = 300.0  # s: the longest a server's Retry-After is obeyed
 
     @classmethod
     def create(
@@ -89,7 +104,7 @@ class _Runner:
             config,
             budgets=config.budgets_for(names),
             source_hashes=source_hashes(frame),
-            datasets=_dataset_paths(prompts, run_dir),
+            datasets=_dataset_paths(prompts, run_dir) or dict(config.datasets),
             chat_template_hash=chat_template_hash(config.tokenizer) if config.tokenizer else None,
         )
         # one fsync per wave of in-flight results at most (a kill -9 loses in-flight work anyway);
@@ -101,13 +116,18 @@ class _Runner:
         self._sampling = replace(config.sampling, n=1)  # what each request sends (seed aside)
         self.timeout = config.timeout or 120.0 + 0.5 * config.sampling.max_tokens
         self.retry_base, self.no_endpoint_timeout = config.retry_base, config.no_endpoint_timeout
-        done = store.scan()
-        skips = _guard.apply(frame, config, run_dir, done)  # too long for the context: never sent
-        self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips)
+        try:  # a failure here must release the run directory's lock
+            done = store.scan()
+            skips = _guard.apply(frame, config, run_dir, done)  # too long for the context
+            self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips)
+        except BaseException:
+            store.close()
+            raise
         self.callback, self.stop_reason = None, None
         self._stop_requested = False
         self._last_progress = 0.0
         self._failures = 0  # consecutive requests that failed every attempt
+        self._warned_retry_after = False
         return self
 
     # -- public-ish
@@ -117,7 +137,11 @@ class _Runner:
 
     def request_stop(self, reason: str) -> None:
         if not self._stop_requested:
-            self._stop_requested, self.stop_reason = True, reason
+            self._stop_requested = True
+            self.stop_reason = " ".join(reason.split())  # one line
+            for d in self.datasets.values():
+                if d.state() not in ("budget_reached", "exhausted"):
+                    d.note = f"run stopped: {self.stop_reason}"
         if self._wake is not None:
             self._wake.set()
 
@@ -205,26 +229,58 @@ class _Runner:
                 async with self.pool.acquire() as backend:
                     comp = await backend.complete(messages, sampling, timeout=self.timeout)
                 self.pool.report(backend, True)
+                d.streak = 0
                 return _record(d.name, prompt_id, sample, messages, comp, backend, t0, attempt)
             except BackendError as e:
                 if backend is not None:
                     self.pool.report(backend, False, e)
                 e.attempts = attempt
+                self._judge(d, e, backend)
                 if (
                     not e.retryable
                     or attempt == self.config.max_attempts
                     or e.kind == "no_endpoint"
+                    or self._stop_requested
                 ):
                     raise
                 d.retries += 1
                 await asyncio.sleep(self._backoff(attempt, e.retry_after))
         raise AssertionError("unreachable")
 
+    def _judge(self, d: _Dataset, e: BackendError, backend) -> None:
+        """Count answers that cannot succeed; stop the run when a dataset has only those.
+        Note (and warn once about) a Retry-After over the cap."""
+        if e.kind == "malformed" or (not e.retryable and e.kind != "no_endpoint"):
+            d.streak += 1
+            if d.streak >= self.config.max_consecutive_failures:
+                self.request_stop(
+                    f"dataset {d.name!r}: {d.streak} answers in a row failed and none succeeded "
+                    f"(malformed or not retryable), so nothing can; last error: {e}"
+                )
+        if e.retry_after is not None and e.retry_after > self.retry_after_cap:
+            url, cap = getattr(backend, "url", "the server"), self.retry_after_cap
+            d.note = d.note or (
+                f"server asks Retry-After {e.retry_after:g}s, over the {cap:g}s cap: "
+                f"retries wait {cap:g}s"
+            )
+            if not self._warned_retry_after:
+                self._warned_retry_after = True
+                warnings.warn(
+                    f"kit: {url} asks to wait Retry-After {e.retry_after:g}s; kit waits at most "
+                    f"{cap:g}s between retries (said once per run)",
+                    stacklevel=2,
+                )
+
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        """Exponential backoff with jitter; a server's Retry-After wins when given."""
+        """Exponential backoff with jitter; a server's Retry-After wins when given (capped)."""
         if retry_after is not None and retry_after >= 0:
-            return min(retry_after, 300.0)
+            return min(retry_after, self.retry_after_cap)
         return min(self.retry_base * 2 ** (attempt - 1), 60.0) * random.uniform(0.5, 1.5)
+
+    def _secrets(self) -> list[str]:
+        """The key and URL credentials of every endpoint (kept out of every message)."""
+        pool = getattr(self, "pool", None)
+        return [s for b in (pool.backends if pool else []) for s in getattr(b, "secrets", list)()]
 
     def _finish(self, task: asyncio.Task) -> None:
         """Write the record (or error) of a finished request and update the accounting."""
@@ -256,6 +312,7 @@ class _Runner:
             message = str(exc)
         else:
             message = f"internal: {type(exc).__name__}: {exc}"
+        message = redact(message, self._secrets())
         attempts = getattr(exc, "attempts", 1)
         error = ErrorRecord(d.name, prompt_id, sample, message[:500], attempts, time.time())
         self.store.append_error(error)

@@ -5,6 +5,14 @@ errors.jsonl, plus repair.log (torn lines cut after a crash) and status.json (th
 runner's in-flight/retry counts). `progress` and `ProgressReader` (kit/_progress.py) read a
 run's progress back from these files.
 
+One writer: a RunStore that writes holds an exclusive flock on run_dir/.lock (which names
+its pid and host) from init() to close(); a second writer gets RunLocked. The kernel drops
+the lock when the process ends, even by kill -9. Readers take no lock.
+
+Damaged lines: a complete line that is not a record is skipped by every reader and
+reported as {"file", "line", "problem"} (RunStore.scan().corrupt, read_records,
+ProgressReader.corrupt; kit.audit and kit.export report them too).
+
 Crash safety: records are buffered and written as whole lines in group flushes (every
 `flush_every` records or `flush_interval` seconds, and on close), each followed by fsync.
 A kill -9 can only tear the last line of a file; the writer cuts it off on open and logs
@@ -15,19 +23,25 @@ disk) truncates the file back to its last complete line and raises StoreWriteErr
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
 import orjson
 
 from kit.run import progress as _progress
-from kit.run.lines import (
+from kit.run.lines import (  # noqa: F401 - corrupt_entries, describe_corrupt, read_records: re-exported
     ERROR_FIELDS,
     LINE_ORDER,
     complete_bytes,
+    corrupt_entries,
+    describe_corrupt,
     parse_lines,
+    read_records,
     record_files,
     record_key,
     safe_name,
@@ -49,6 +63,19 @@ class FingerprintMismatch(ValueError):
 
 class StoreWriteError(OSError):
     """A write to the run directory failed (e.g. full disk); nothing half-written remains."""
+
+
+class RunLocked(RuntimeError):
+    """Another writer (named by pid and host) holds the run directory's lock."""
+
+
+class ScanResult(dict):
+    """{(dataset, prompt_id, sample): (completion_tokens, finish_reason)}, plus `corrupt`:
+    the lines skipped as not records, [{"file", "line", "problem"}]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.corrupt: list[dict] = []
 
 
 # ---------------------------------------------------------------- fingerprint
@@ -73,6 +100,29 @@ def _diff_parts(old: dict, new: dict) -> list[str]:
         for k in sorted(set(a) | set(b))
         if a.get(k) != b.get(k)
     ]
+
+
+def _locked_message(run_dir: Path, holder: str) -> str:
+    if holder.startswith(f"pid {os.getpid()} on {socket.gethostname()} "):
+        return (
+            f"run dir {run_dir} is in use by an earlier run in this same process ({holder}); "
+            "wait for it to end or stop it (run.stop()), or use another run_dir"
+        )
+    return (
+        f"run dir {run_dir} is in use by another kit run ({holder}); wait for it to end or "
+        "stop it, or use another run_dir"
+    )
+
+
+def _lock_holder(f) -> str:
+    """Who holds the lock, as its holder wrote it ("pid 123 on host since ...")."""
+    for _ in range(50):  # the holder writes its pid just after taking the lock
+        f.seek(0)
+        text = f.read().strip()
+        if text:
+            return text.splitlines()[0]
+        time.sleep(0.01)
+    return "holder unknown"
 
 
 # ---------------------------------------------------------------- config io
@@ -117,16 +167,34 @@ class RunStore:
         self._n_pending = 0
         self._last_flush = time.monotonic()
         self.repaired: list[dict] = []  # torn tails cut on open: {"file", "bytes", "t"}
+        self.corrupt: list[dict] = []  # lines the last scan() skipped: {"file", "line", "problem"}
+        self._lock = None  # the open run_dir/.lock while this store may write
 
     # -- setup
     def init(self, config: RunConfig, prompts_frame=None, *, force: bool = False) -> None:
-        """Create or reopen the run dir; write config.json and prompts.parquet.
+        """Lock the run dir, create or reopen it; write config.json and prompts.parquet.
 
-        Raises FingerprintMismatch (naming each changed part, old -> new) when the run dir
-        holds a different fingerprint, unless force=True. Budgets/endpoints may change.
+        Raises RunLocked when another writer holds the run dir (its pid named); the lock is
+        held until close(). Raises FingerprintMismatch (naming each changed part, old -> new)
+        when the run dir holds a different fingerprint, or records but no config.json, unless
+        force=True. Budgets/endpoints may change.
         """
         (self.run_dir / "records").mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        try:
+            self._init(config, prompts_frame, force)
+        except BaseException:
+            self._release_lock()
+            raise
+
+    def _init(self, config: RunConfig, prompts_frame, force: bool) -> None:
         cfg_path = self.run_dir / "config.json"
+        if not cfg_path.exists() and not force and self._has_records():
+            raise FingerprintMismatch(
+                f"run dir {self.run_dir} holds records but no config.json, so the settings they "
+                "were made with cannot be checked against this run's; restore config.json, use a "
+                "new run_dir, or pass force=True to resume anyway"
+            )
         if cfg_path.exists() and not force:
             old = read_config(self.run_dir)
             changes = _diff_parts(old.fingerprint_parts(), config.fingerprint_parts())
@@ -143,6 +211,34 @@ class RunStore:
             prompts_frame.write_parquet(tmp)
             os.replace(tmp, self.run_dir / "prompts.parquet")
         self.repair()
+
+    def _has_records(self) -> bool:
+        return any(p.stat().st_size for p in record_files(self.run_dir).values())
+
+    def _take_lock(self) -> None:
+        """Hold an exclusive flock on run_dir/.lock until close(); RunLocked when taken."""
+        if self._lock is not None:
+            return
+        f = open(self.run_dir / ".lock", "a+")  # noqa: SIM115 - held open until close()
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _lock_holder(f)
+            f.close()
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise RunLocked(_locked_message(self.run_dir, holder)) from None
+        f.seek(0)
+        f.truncate()
+        since = time.strftime("%Y-%m-%d %H:%M:%S")
+        f.write(f"pid {os.getpid()} on {socket.gethostname()} since {since}\n")
+        f.flush()
+        self._lock = f
+
+    def _release_lock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.close()  # closing the file drops the flock
 
     def repair(self) -> list[dict]:
         """Cut a torn last line off every records/errors file; log it in repair.log."""
@@ -169,20 +265,26 @@ class RunStore:
         """Scan records: {(dataset, prompt_id, sample): completion_tokens}; first copy wins."""
         return {key: tokens for key, (tokens, _) in self.scan().items()}
 
-    def scan(self) -> dict[Key, tuple[int, str | None]]:
-        """Scan records: {key: (completion_tokens, finish_reason)}; first copy wins."""
-        out: dict[Key, tuple] = {}
+    def scan(self) -> ScanResult:
+        """Scan records: {key: (completion_tokens, finish_reason)}; first copy wins.
+
+        Lines that are not records are skipped and listed in `.corrupt` (also kept as
+        self.corrupt): their samples count as not done, so a resume generates them again.
+        """
+        out = ScanResult()
         for path in record_files(self.run_dir).values():
-            for head in scan_heads(path):
+            problems: list = []
+            for head in scan_heads(path, problems):
                 out.setdefault(head[:3], head[3:5])
+            out.corrupt += corrupt_entries(path, problems)
+        self.corrupt = out.corrupt
         return out
 
     def errors(self) -> dict[Key, ErrorRecord]:
         """The effective error set: latest ErrorRecord per key, minus keys now in records."""
         done = self.index()
-        rows, _ = parse_lines(complete_bytes(self.run_dir / "errors.jsonl"))
         out = {}
-        for row in rows:
+        for row in _error_rows(self.run_dir):
             if record_key(row) not in done:
                 out[record_key(row)] = ErrorRecord(**{k: row[k] for k in ERROR_FIELDS})
         return out
@@ -241,7 +343,7 @@ class RunStore:
         return fd
 
     def close(self) -> None:
-        """Flush, fsync and close every file (safe to call twice)."""
+        """Flush, fsync and close every file, then drop the lock (safe to call twice)."""
         try:
             if self._n_pending:
                 self.flush()
@@ -249,6 +351,7 @@ class RunStore:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds = {}
+            self._release_lock()
 
     def write_status(self, progress: list[DatasetProgress], *, finished: bool = False) -> None:
         """Write status.json: the live runner's view (in flight, retries, state)."""
@@ -263,19 +366,6 @@ class RunStore:
 # ---------------------------------------------------------------- readers
 
 
-def _record_schema():
-    import polars as pl
-
-    msg = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
-    return {
-        "dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "messages": msg,
-        "completion": pl.String, "finish_reason": pl.String, "completion_tokens": pl.Int64,
-        "count_source": pl.String, "prompt_tokens": pl.Int64, "output_ids": pl.List(pl.Int64),
-        "prompt_ids": pl.List(pl.Int64), "endpoint": pl.String, "latency_s": pl.Float64,
-        "attempts": pl.Int64, "t_done": pl.Float64,
-    }  # fmt: skip
-
-
 def records_frame(run_dir, datasets=None):
     """Every record of a run as a polars frame (one column per Record field).
 
@@ -284,23 +374,11 @@ def records_frame(run_dir, datasets=None):
         datasets: names to read (default: all).
     Returns:
         DataFrame; output_ids/prompt_ids are list[int] or null; duplicates keep the first.
+        Damaged lines are skipped (read_records also lists them).
 
     Example: records_frame("data/runs/demo").group_by("dataset").agg(pl.col("completion_tokens").sum())
     """
-    import polars as pl
-
-    schema = _record_schema()
-    rows = []
-    wanted = None if datasets is None else {safe_name(d) for d in datasets}
-    for name, path in record_files(Path(run_dir)).items():
-        if wanted is None or name in wanted:
-            rows.extend(parse_lines(complete_bytes(path))[0])
-    if datasets is not None:
-        rows = [r for r in rows if r.get("dataset") in datasets]
-    frame = pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema)
-    return frame.unique(
-        subset=["dataset", "prompt_id", "sample"], keep="first", maintain_order=True
-    )
+    return read_records(run_dir, datasets)[0]
 
 
 def read_errors(run_dir):
@@ -311,10 +389,22 @@ def read_errors(run_dir):
     import polars as pl
 
     run_dir = Path(run_dir)
-    rows, _ = parse_lines(complete_bytes(run_dir / "errors.jsonl"))
+    rows = _error_rows(run_dir)
     done = RunStore(run_dir).index()
     schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "error": pl.String, "attempts": pl.Int64, "t": pl.Float64, "resolved": pl.Boolean}  # fmt: skip
     data = [
         {**{k: r.get(k) for k in ERROR_FIELDS}, "resolved": record_key(r) in done} for r in rows
     ]
     return pl.DataFrame(data, schema=schema)
+
+
+def _error_rows(run_dir: Path) -> list[dict]:
+    """The lines of errors.jsonl that are ErrorRecords (a damaged line is not one)."""
+    rows, _ = parse_lines(complete_bytes(run_dir / "errors.jsonl"))
+    types = {"dataset": str, "prompt_id": str, "sample": int, "error": str, "attempts": int}
+    return [
+        r
+        for r in rows
+        if all(type(r.get(k)) is t for k, t in types.items())
+        and isinstance(r.get("t"), (int, float))
+    ]

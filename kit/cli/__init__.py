@@ -1,0 +1,186 @@
+"""The `kit` command: prepare, serve, plan, generate, watch, audit, export, demo.
+
+Every subcommand is a thin wrapper over the package (kit.cli.commands; the demo in
+kit.cli.demo). `kit plan` builds one kit.RunConfig from its flags, pilots and writes
+plan.json; `kit generate` reads it back, applies only the flags given, and runs or
+resumes; `kit demo` executes the four notebooks against the embedded server.
+
+A user error is one line on stderr (`kit: error: <what and the fix>`, exit 2); a run
+that stops early says why and exits 1; anything unexpected keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from kit.cli.commands import (
+    REPO,
+    SAMPLES,
+    cmd_audit,
+    cmd_export,
+    cmd_generate,
+    cmd_plan,
+    cmd_prepare,
+    cmd_serve,
+    cmd_watch,
+)
+from kit.cli.demo import NotebookFailed, cmd_demo
+
+__all__ = ["main", "parser"]
+
+
+# ---------------------------------------------------------------------------- parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `kit: error: <message>; see `kit CMD --help``, exit 2."""
+
+    def error(self, message: str):
+        print(f"kit: error: {message}; see `{self.prog} --help`", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _server_args(p: argparse.ArgumentParser, many: bool = False) -> None:
+    p.add_argument(
+        "--base-url",
+        action="append" if many else "store",
+        help="server base URL" + (" (repeat for several)" if many else "")
+        + " (default: start the embedded server)",
+    )  # fmt: skip
+    p.add_argument("--model", help="model name the server expects (required with --base-url)")
+    p.add_argument("--tokenizer", help="local path of the target's tokenizer")
+
+
+def _run_args(p: argparse.ArgumentParser, default) -> None:
+    """The RunConfig flags kit plan sets and kit generate may change (default: None there)."""
+    d = default
+    p.add_argument("--concurrency", type=int, default=d(32), help="requests in flight")
+    p.add_argument("--policy", choices=["drain", "cancel"], default=d("drain"))
+    p.add_argument("--api", choices=["openai", "vllm", "sglang"], default=d("openai"))
+    p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key")
+    p.add_argument(
+        "--timeout", type=float, help="read timeout per request in s (default: 120 + 0.5/token)"
+    )
+
+
+BUDGET_HELP = "TOKENS for every dataset, or NAME=TOKENS ... (completion tokens)"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of the `kit` command."""
+    p = _Parser(prog="kit", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("prepare", help="convert the embedded model once").set_defaults(fn=cmd_prepare)
+
+    s = sub.add_parser("serve", help="run the embedded server until interrupted")
+    s.add_argument("--host", default="127.0.0.1", help="listen address")
+    s.add_argument("--port", type=int, help="TCP port (default: a free one)")
+    s.add_argument("--temperature", type=float, default=0.7, help="server-wide sampling")
+    s.add_argument("--top-p", type=float, default=1.0, help="server-wide nucleus sampling")
+    s.add_argument("--timeout", type=float, default=300, help="seconds to wait for start-up")
+    s.set_defaults(fn=cmd_serve)
+
+    d = sub.add_parser(
+        "demo", help="run the four notebooks (plan -> generate -> audit -> export) on the samples"
+    )
+    d.add_argument("--run-dir", default=str(REPO / "data" / "runs" / "demo"))
+    d.add_argument("--resume", action="store_true", help="keep the demo's run directory")
+    _server_args(d)
+    d.set_defaults(fn=cmd_demo)
+
+    pl_ = sub.add_parser("plan", help="pilot and plan per-dataset token budgets -> plan.json")
+    pl_.add_argument("--samples", nargs="+", default=[str(SAMPLES)], help="files or folders")
+    pl_.add_argument("--run-dir", required=True)
+    pl_.add_argument("--budget", nargs="+", required=True, help=BUDGET_HELP)
+    pl_.add_argument("--max-tokens", type=int, default=512)
+    pl_.add_argument("--temperature", type=float, default=0.7)
+    pl_.add_argument("--seed", type=int, default=0, help="prompt order and pilot sample")
+    pl_.add_argument(
+        "--pilot-per-dataset", type=int, default=30, help="pilot prompts per dataset (all if fewer)"
+    )
+    pl_.add_argument("--throughput", type=float, help="tokens/s of the real run (default: pilot's)")
+    pl_.add_argument("--sample-cap", type=int, help="naive samples-per-dataset cap to compare")
+    _server_args(pl_, many=True)
+    _run_args(pl_, lambda v: v)
+    pl_.set_defaults(fn=cmd_plan)
+
+    g = sub.add_parser(
+        "generate", help="run or resume the plan in RUN_DIR (flags given replace the plan's)"
+    )
+    g.add_argument("--run-dir", required=True)
+    g.add_argument("--budget", nargs="+", help=f"{BUDGET_HELP} (default: the plan's)")
+    g.add_argument("--force", action="store_true", help="resume despite a changed fingerprint")
+    _server_args(g, many=True)
+    _run_args(g, lambda v: None)
+    g.set_defaults(fn=cmd_generate)
+
+    w = sub.add_parser("watch", help="follow a run started elsewhere")
+    w.add_argument("run_dir")
+    w.add_argument("--interval", type=float, default=1.0)
+    w.set_defaults(fn=cmd_watch)
+
+    a = sub.add_parser("audit", help="audit a run directory")
+    a.add_argument("run_dir")
+    a.add_argument("--tokenizer")
+    a.set_defaults(fn=cmd_audit)
+
+    e = sub.add_parser("export", help="export a run to trainer formats with a manifest")
+    e.add_argument("run_dir")
+    e.add_argument("out_dir")
+    e.add_argument("--format", nargs="+", default=["specforge", "token_ids", "parquet"])
+    e.add_argument("--tokenizer")
+    e.add_argument("--drop-truncated", action="store_true")
+    e.add_argument("--drop-duplicates", action="store_true")
+    e.add_argument("--trim-to-budget", action="store_true")
+    e.add_argument("--val-fraction", type=float, default=0.0)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--overwrite", action="store_true", help="replace an export in OUT_DIR")
+    e.set_defaults(fn=cmd_export)
+    return p
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM -> KeyboardInterrupt: runs stop cleanly, servers are stopped, records flushed."""
+    raise KeyboardInterrupt
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean "fix your input", shown as one line without a traceback."""
+    from kit.serve import ServerError
+
+    return (ValueError, FileNotFoundError, FileExistsError, ServerError)
+
+
+ADVICE = {"pass force=True": "pass --force", "pass overwrite=True": "pass --overwrite"}
+
+
+def error_line(exc: BaseException) -> str:
+    """`kit: error: <message>`; a multi-line message (a fingerprint diff) keeps its lines."""
+    message = str(exc).strip() or type(exc).__name__
+    for keyword, flag in ADVICE.items():  # the library's advice, in flags
+        message = message.replace(keyword, flag)
+    return f"kit: error: {message}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `kit` console script."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill PID` stops as cleanly as Ctrl-C
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except _user_errors() as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 2
+    except NotebookFailed as exc:  # the demo's notebooks: the cell's error, not nbclient's
+        print(error_line(exc), file=sys.stderr)
+        return 1

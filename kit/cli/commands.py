@@ -1,0 +1,314 @@
+"""The `kit` subcommands over the package: plan, generate, audit, export, watch, prepare, serve.
+
+`kit plan` builds one kit.RunConfig from its flags, pilots and writes plan.json (which
+stores that config); `kit generate` reads it back, applies only the flags given (with
+dataclasses.replace) and runs or resumes. A user error raises ValueError /
+FileNotFoundError with the fix in its message; kit.cli.main prints it as one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "data" / "samples"
+
+
+# ----------------------------------------------------------------------------- flags
+
+
+def parse_budgets(values: list[str]) -> int | dict[str, int]:
+    """["1e7"] -> 10000000 (every dataset); ["a=5000", "b=2000"] -> {"a": 5000, "b": 2000}."""
+    if len(values) == 1 and "=" not in values[0]:
+        return _tokens("--budget", values[0])
+    out = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(
+                f"--budget takes TOKENS (one number for every dataset) or NAME=TOKENS ..., got {item!r}"
+            )
+        out[name] = _tokens(f"--budget {name}", value)
+    return out
+
+
+def _tokens(flag: str, value: str) -> int:
+    """A positive token count from '5000' or '1e7'."""
+    try:
+        tokens = float(value)
+    except ValueError:
+        tokens = math.nan
+    if not (math.isfinite(tokens) and tokens >= 1):
+        raise ValueError(f"{flag}: expected a positive number of tokens, got {value!r}")
+    return int(tokens)
+
+
+def _merged_budgets(planned, given):
+    """The plan's budgets with --budget applied: one number replaces all, NAME=TOKENS one each."""
+    if isinstance(given, int) or not isinstance(planned, dict):
+        return given
+    if unknown := sorted(set(given) - set(planned)):
+        raise ValueError(
+            f"--budget names datasets {unknown} that the plan does not have (it has {sorted(planned)})"
+        )
+    return {**planned, **given}
+
+
+def _run_changes(args) -> dict:
+    """RunConfig fields from the flags the user gave (None: not given, keep the plan's)."""
+    names = ("model", "tokenizer", "api", "api_key_env", "concurrency", "policy", "timeout")
+    changes = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.base_url:
+        changes["endpoints"] = list(args.base_url)
+    return changes
+
+
+# ---------------------------------------------------------------------------- server
+
+
+def _is_embedded(model: str) -> bool:
+    """True when `model` is a model folder under data/models (the embedded server's name)."""
+    from kit.serve import models_root
+
+    try:
+        return Path(model).resolve().is_relative_to(models_root().resolve())
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _embedded(config, *, start: bool):
+    """Yield config, pointed at a freshly started embedded server when `start`."""
+    if not start:
+        yield config
+        return
+    from kit import serve
+
+    model_dir = config.model if _is_embedded(config.model) else None
+    print("starting the embedded server ...", file=sys.stderr, flush=True)
+    s = config.sampling
+    with serve.start(model_dir, temperature=s.temperature, top_p=s.top_p) as server:
+        print(f"embedded server at {server.base_url}", file=sys.stderr, flush=True)
+        yield replace(
+            config,
+            endpoints=[server.base_url],
+            model=server.model,
+            tokenizer=config.tokenizer or server.tokenizer_path,
+        )
+
+
+def _table(frame) -> str:
+    """A polars frame as text: every row and column, no shape line."""
+    import polars as pl
+
+    with pl.Config(tbl_rows=100, tbl_cols=-1, tbl_width_chars=200, tbl_hide_dataframe_shape=True):
+        return str(frame)
+
+
+def _counter(label: str):
+    """A progress callback printing `label: done/total` in place on a terminal's stderr."""
+    last = [-1]
+
+    def show(done: int, total: int) -> None:
+        if done != last[0] and sys.stderr.isatty():
+            print(f"\r{label}: {done}/{total} requests", end="", file=sys.stderr, flush=True)
+        last[0] = done
+
+    return show
+
+
+# ------------------------------------------------------------------------------ plan
+
+
+def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample_cap=None):
+    """Profile prompts, pilot, plan the budgets and write plan.json (storing `config`)."""
+    from kit import plan
+    from kit.report.widgets import summary_text
+
+    frame = loaded.frame
+    names = sorted(frame["dataset"].unique().to_list())
+    budgets = config.budgets_for(names)
+    if config.tokenizer:
+        print(_table(plan.profile_prompts(frame, config.tokenizer)))
+    print(f"pilot: up to {per_dataset} prompts per dataset ...", file=sys.stderr, flush=True)
+    result = plan.pilot_sync(frame, config, per_dataset=per_dataset, progress=_counter("pilot"))
+    print(file=sys.stderr)
+    if result.errors:
+        print(f"pilot: {len(result.errors)} requests failed, first: {result.errors[0]}")
+    if missing := sorted(set(names) - set(result.frame["dataset"].unique().to_list())):
+        raise ValueError(
+            f"the pilot got no completion for datasets {missing} ({len(result.errors)} requests "
+            "failed, see above): check the server (--base-url, --model), or raise --timeout"
+        )
+    print(_table(result.profile()))
+    table = plan.budget(
+        budgets,
+        result,
+        prompts_available=frame,
+        throughput=throughput or result.tokens_per_s,
+        sample_cap=sample_cap,
+    )
+    print(summary_text(table))
+    path = plan.write_plan(run_dir, table, config, pilot=result)
+    print(f"plan written: {path}")
+    return path
+
+
+def cmd_plan(args) -> int:
+    import kit
+
+    if bool(args.base_url) != bool(args.model):
+        raise ValueError(
+            "--base-url and --model go together (the server and the model name it expects); "
+            "give neither to start the embedded server"
+        )
+    budgets = parse_budgets(args.budget)
+    loaded = kit.load([str(Path(p).resolve()) for p in args.samples])
+    print(loaded)
+    # the server flags may be missing (embedded server): placeholders until it has started
+    config = kit.RunConfig(
+        model=args.model or "embedded",
+        endpoints=args.base_url or ["embedded"],
+        budgets=budgets,
+        sampling=kit.Sampling(max_tokens=args.max_tokens, temperature=args.temperature),
+        tokenizer=args.tokenizer,
+        api=args.api,
+        api_key_env=args.api_key_env,
+        concurrency=args.concurrency,
+        policy=args.policy,
+        timeout=args.timeout,
+        seed=args.seed,
+        datasets=loaded.paths,
+    )
+    config.budgets_for(sorted(loaded.frame["dataset"].unique().to_list()))  # before the pilot
+    with _embedded(config, start=not args.base_url) as config:
+        plan_run(
+            loaded, config, args.run_dir, per_dataset=args.pilot_per_dataset,
+            throughput=args.throughput, sample_cap=args.sample_cap,
+        )  # fmt: skip
+    return 0
+
+
+# -------------------------------------------------------------------------- generate
+
+
+def _plan_prompts(config):
+    """The plan's prompt sources, loaded again (config.datasets: dataset -> path)."""
+    import kit
+
+    if not config.datasets or not all(config.datasets.values()):
+        raise ValueError(
+            "plan.json records no source file for some datasets (loaded in memory?): "
+            "make the plan with `kit plan --samples PATH ...`"
+        )
+    return kit.load(dict(config.datasets))
+
+
+def generate_run(run_dir, args):
+    """Run (or resume) the plan in run_dir with a console monitor; return the Run."""
+    import kit
+    from kit import plan
+    from kit.report.monitor import ConsoleMonitor
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(
+            f"--run-dir {run_dir} does not exist: make a plan there first (kit plan --run-dir {run_dir} ...)"
+        )
+    spec = plan.read_plan(run_dir)
+    config = replace(spec["config"], **_run_changes(args))
+    if args.budget:
+        config = replace(
+            config, budgets=_merged_budgets(config.budgets, parse_budgets(args.budget))
+        )
+    resuming = (run_dir / "prompts.parquet").exists()
+    prompts = None if resuming else _plan_prompts(config)
+    start = not args.base_url and _is_embedded(config.model)
+    with _embedded(config, start=start) as config:
+        print(f"{'resuming' if resuming else 'starting'} the run in {run_dir}", file=sys.stderr)
+        return kit.generate_sync(
+            prompts, config, run_dir=run_dir, progress=ConsoleMonitor(),
+            expected_tokens=plan.pilot_means(spec), force=args.force,
+        )  # fmt: skip
+
+
+SUMMARY = ["dataset", "state", "budget", "tokens_done", "overshoot", "shortfall", "errors"]
+
+
+def cmd_generate(args) -> int:
+    run = generate_run(args.run_dir, args)
+    print(_table(run.summary().select(*SUMMARY, "skipped_context")))
+    if run.stop_reason is not None:
+        print(
+            f"kit: the run stopped early: {run.stop_reason}\n"
+            f"records are kept; run `kit generate --run-dir {args.run_dir}` again to resume",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+# ----------------------------------------------------------------- audit, export, ...
+
+
+def audit_run(run_dir, tokenizer=None):
+    """Audit a run directory and print its summary."""
+    import kit
+
+    report = kit.audit(run_dir, tokenizer=tokenizer)
+    print(report.summary())
+    return report
+
+
+def export_run(run_dir, out_dir, tokenizer=None, **options):
+    """Export a run, validate the export against its manifest, print both."""
+    import kit
+
+    result = kit.export(run_dir, out_dir, tokenizer=tokenizer, **options)
+    check = kit.validate(out_dir)
+    print(result.summary())
+    print(check)
+    return result
+
+
+def cmd_watch(args) -> int:
+    import kit
+
+    kit.watch(args.run_dir, interval=args.interval)
+    return 0
+
+
+def cmd_audit(args) -> int:
+    audit_run(args.run_dir, args.tokenizer)
+    return 0
+
+
+def cmd_export(args) -> int:
+    export_run(
+        args.run_dir, args.out_dir, args.tokenizer, formats=tuple(args.format),
+        drop_truncated=args.drop_truncated, drop_duplicates=args.drop_duplicates,
+        trim_to_budget=args.trim_to_budget, val_fraction=args.val_fraction, seed=args.seed,
+        overwrite=args.overwrite,
+    )  # fmt: skip
+    return 0
+
+
+def cmd_prepare(args) -> int:
+    from kit import serve
+
+    print(serve.prepare_model())
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from kit.serve.server import main
+
+    argv = ["--host", args.host, "--temperature", str(args.temperature)]
+    argv += ["--top-p", str(args.top_p), "--timeout", str(args.timeout)]
+    if args.port is not None:
+        argv += ["--port", str(args.port)]
+    return main(argv)

@@ -1,0 +1,172 @@
+"""`kit demo`: the four notebooks (plan -> generate -> audit -> export) on data/samples
+against one embedded server, their parameters injected the way papermill does (a code
+cell tagged `injected-parameters` right after the cell tagged `parameters`).
+
+The demo clears its run directory, so it refuses one it did not make (no DEMO_MARK).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import shutil
+import sys
+from pathlib import Path
+
+from kit.cli.commands import REPO, SAMPLES, audit_run
+
+NOTEBOOKS = ("01_plan", "02_generate", "03_audit", "04_export")
+
+# `kit demo`'s own parameters (injected into the notebooks): a few minutes on 2 cores
+DEMO_BUDGETS = {  # dataset -> completion tokens: long-form sets get more
+    "alpaca_tasks": 800,
+    "chat_general": 500,
+    "code_instruct": 1200,
+    "code_problems": 1500,
+    "essays": 1500,
+    "math_word": 800,
+    "multi_turn": 800,
+    "sharegpt_chat": 800,
+}
+# a pilot of 8 a dataset, not the default 30: 30 (240 requests) costs 2.4x the run's own tokens
+DEMO_PARAMETERS = {"budgets": DEMO_BUDGETS, "max_tokens": 128, "pilot_per_dataset": 8}
+DEMO_MARK = ".kit-demo"  # in a run directory `kit demo` made, and may therefore clear
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook raised: which one, the error, and where its executed copy is."""
+
+
+def save_charts(run_dir: Path) -> list[Path]:
+    """The audit charts of a run as PNG files in run_dir/charts."""
+    import kit
+    from kit.report import charts
+
+    out = run_dir / "charts"
+    out.mkdir(parents=True, exist_ok=True)
+    report = kit.audit(run_dir)
+    built = {
+        "budget_vs_actual": charts.budget_vs_actual(report),
+        "token_distributions": charts.token_distributions(report),
+        "finish_reasons": charts.finish_reasons(report),
+        "throughput": charts.throughput(report),
+    }
+    paths = []
+    for name, chart in built.items():
+        chart.save(out / f"{name}.png", scale_factor=1.5)
+        paths.append(out / f"{name}.png")
+    return paths
+
+
+def notebook_parameters(nb) -> list[str]:
+    """Names assigned in the cell tagged `parameters` ([] when there is none)."""
+    for cell in nb.cells:
+        if "parameters" in cell.metadata.get("tags", []):
+            tree = ast.parse(cell.source)
+            return [t.id for node in tree.body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)]  # fmt: skip
+    return []
+
+
+def inject_parameters(nb, parameters: dict):
+    """Papermill's way: a code cell tagged `injected-parameters` assigning `parameters`, right
+    after the cell tagged `parameters` (first when there is none), replacing an earlier one.
+
+    Example: inject_parameters(nb, {"run_dir": "/tmp/r"}) adds "run_dir = '/tmp/r'".
+    """
+    import nbformat
+
+    lines = [f"{k} = {str(v) if isinstance(v, Path) else v!r}\n" for k, v in parameters.items()]
+    cell = nbformat.v4.new_code_cell("# Parameters\n" + "".join(lines).rstrip("\n"))
+    cell.id = "injected-parameters"
+    cell.metadata["tags"] = ["injected-parameters"]
+    cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
+    tags = [c.metadata.get("tags", []) for c in cells]
+    at = next((i + 1 for i, t in enumerate(tags) if "parameters" in t), 0)
+    nb.cells = cells[:at] + [cell] + cells[at:]
+    return nb
+
+
+def parameterized(name: str, parameters: dict):
+    """notebooks/<name>.ipynb with those of `parameters` its parameters cell names injected."""
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
+    names = notebook_parameters(nb)
+    return inject_parameters(nb, {k: v for k, v in parameters.items() if k in names})
+
+
+def run_notebooks(run_dir: Path, parameters: dict) -> Path:
+    """Execute the four notebooks in order, each given the `parameters` its parameters cell
+    names (injected after it); executed copies go to run_dir/notebooks."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    out = run_dir / "notebooks"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in NOTEBOOKS:
+        print(f"running notebooks/{name}.ipynb ...", file=sys.stderr, flush=True)
+        nb = parameterized(name, parameters)
+        client = NotebookClient(
+            nb, timeout=3600, kernel_name="python3",
+            resources={"metadata": {"path": str(REPO / "notebooks")}},
+        )  # fmt: skip
+        try:
+            client.execute()
+        except CellExecutionError as exc:
+            raise NotebookFailed(
+                f"notebooks/{name}.ipynb failed: {exc.ename}: {exc.evalue}\n"
+                f"(its executed copy, traceback included: {out / f'{name}.ipynb'})"
+            ) from None
+        finally:
+            nbformat.write(nb, out / f"{name}.ipynb")  # a failed run is kept for reading
+    return out
+
+
+def _claim_demo_dir(run_dir: Path, keep: bool) -> None:
+    """Clear run_dir for the demo (unless `keep`); refuse one that `kit demo` did not make."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--run-dir {run_dir} is a file: give the demo a directory")
+    made_by_demo = (run_dir / DEMO_MARK).is_file()
+    if run_dir.exists() and any(run_dir.iterdir()) and not made_by_demo:
+        raise ValueError(
+            f"--run-dir {run_dir} is not empty and was not made by `kit demo` (no {DEMO_MARK} "
+            "in it); the demo clears its run directory, so give it a new or empty one"
+        )
+    if run_dir.exists() and not keep:
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / DEMO_MARK).write_text("made by `kit demo`, which may clear this directory\n")
+
+
+def cmd_demo(args) -> int:
+    """`kit demo`: the notebooks, then the audit summary, PNG charts and the export check."""
+    import kit
+
+    run_dir = Path(args.run_dir).resolve()
+    if args.base_url and not args.model:
+        raise ValueError("--model is required with --base-url (the model name the server expects)")
+    _claim_demo_dir(run_dir, keep=args.resume)
+    parameters = {
+        **DEMO_PARAMETERS, "run_dir": run_dir, "data": SAMPLES, "out_dir": run_dir / "export",
+        "overwrite": True,  # the export inside the demo's own run directory
+    }  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        if args.base_url:
+            url, model, tok = args.base_url, args.model, args.tokenizer
+        else:
+            print("starting the embedded server ...", file=sys.stderr, flush=True)
+            server = stack.enter_context(kit.serve.start())
+            url, model, tok = server.base_url, server.model, server.tokenizer_path
+        parameters.update(base_url=url, model=model, tokenizer=args.tokenizer or tok)
+        executed = run_notebooks(run_dir, parameters)
+    report = audit_run(run_dir, args.tokenizer)
+    pngs = save_charts(run_dir)
+    print(kit.validate(run_dir / "export"))
+    print("\nwritten:")
+    print(f"  run directory       {run_dir}")
+    print(f"  executed notebooks  {executed}/ ({', '.join(n + '.ipynb' for n in NOTEBOOKS)})")
+    print(f"  charts              {run_dir / 'charts'}/ ({', '.join(p.name for p in pngs)})")
+    print(f"  export              {run_dir / 'export'}/ (manifest.json inside)")
+    return 0 if report.ok else 1

@@ -1,0 +1,132 @@
+"""The arguments of kit.load, checked and normalized: format/mapping, dataset names, and
+paths (a directory becomes its data files, plus the entries it ignores, each with why).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kit.data.formats import FORMATS, columns
+from kit.data.readers import list_dir
+
+_NAME_OK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def check_format(format, mapping) -> str | None:
+    """Validate format/mapping arguments; return the forced format or None."""
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if mapping is None:
+        if format == "mapping":
+            raise ValueError("format='mapping' needs mapping={'prompt': column}")
+        return format
+    if not isinstance(mapping, dict) or not mapping:
+        raise ValueError(f"mapping must be a non-empty dict, got {mapping!r}")
+    unknown = set(mapping) - {"prompt", "system", "messages"}
+    if unknown or ("prompt" in mapping) == ("messages" in mapping):
+        raise ValueError(
+            f"mapping needs exactly one of 'prompt' or 'messages' (plus optional 'system'), got {mapping!r}"
+        )
+    if not all(isinstance(v, str) and v for v in mapping.values()):
+        raise ValueError(f"mapping values must be column names, got {mapping!r}")
+    if format not in (None, "mapping"):
+        raise ValueError(f"format={format!r} conflicts with mapping={mapping!r}")
+    return "mapping"
+
+
+def sources(spec, name) -> tuple[list[tuple[str, object]], list[dict]]:
+    """The first argument of load() -> [(dataset_name, Path or rows object)] and the
+    directory entries ignored ([{"path", "reason"}])."""
+    ignored: list[dict] = []
+    if isinstance(spec, dict):
+        if name is not None:
+            raise ValueError("name= is for a single source; a dict already names its datasets")
+        pairs = [(check_name(k), _as_source(v)) for k, v in spec.items()]
+    elif isinstance(spec, (str, Path)) and not Path(spec).is_dir():
+        pairs = [(check_name(name) if name else _stem_name(Path(spec)), Path(spec))]
+    elif isinstance(spec, (str, Path, list, tuple)) and _all_paths(spec):
+        if name is not None:
+            raise ValueError("name= is for a single file; pass {name: path} for several")
+        paths, ignored = _expand(spec)
+        pairs = [(_stem_name(p), p) for p in paths]
+    elif name is not None:
+        pairs = [(check_name(name), spec)]
+    else:
+        raise ValueError(
+            f"load() takes a path, a list of paths or {{name: path_or_rows}}, got {type(spec).__name__}; "
+            "in-memory data needs a name: load({'name': data})"
+        )
+    if not pairs:
+        raise ValueError("load() got no sources")
+    _check_unique(pairs)
+    return pairs, ignored
+
+
+def _all_paths(spec) -> bool:
+    """True for a path or a list/tuple of paths."""
+    items = spec if isinstance(spec, (list, tuple)) else [spec]
+    return all(isinstance(p, (str, Path)) for p in items)
+
+
+def _expand(spec) -> tuple[list[Path], list[dict]]:
+    """Paths, with each directory replaced by its data files (sorted); the entries ignored."""
+    out, ignored = [], []
+    for item in spec if isinstance(spec, (list, tuple)) else [spec]:
+        path = Path(item)
+        if not path.is_dir():
+            out.append(path)
+            continue
+        found, skipped = list_dir(path)
+        if not found:
+            why = "; ".join(f"{Path(f['path']).name}: {f['reason']}" for f in skipped)
+            raise ValueError(
+                f"{path}: no .jsonl, .ndjson, .json or .parquet files in this directory"
+                + (f" (found {why})" if why else "")
+            )
+        out.extend(found)
+        ignored.extend(skipped)
+    return out, ignored
+
+
+def _as_source(value):
+    """A dict value: a path becomes a Path, anything else is in-memory rows."""
+    return Path(value) if isinstance(value, (str, Path)) else value
+
+
+def _check_unique(pairs) -> None:
+    """Raise when two sources share a dataset name."""
+    seen: dict[str, object] = {}
+    for ds, src in pairs:
+        if ds in seen:
+            raise ValueError(
+                f"dataset name {ds!r} used twice ({seen[ds]} and {src}); pass {{name: path}} to rename"
+            )
+        seen[ds] = src
+
+
+def check_name(name) -> str:
+    """Dataset names become file names in the run directory: [A-Za-z0-9_.-], no leading dot."""
+    if not isinstance(name, str) or not _NAME_OK.fullmatch(name):
+        raise ValueError(
+            f"dataset name {name!r} must match [A-Za-z0-9_.-]+ and not start with '.' or '-' "
+            "(it names files in the run directory)"
+        )
+    return name
+
+
+def _stem_name(path: Path) -> str:
+    """'my data (v2).jsonl' -> 'my_data_v2'."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.name[: -len(path.suffix) or None])
+    stem = stem.strip("_.-")
+    if not stem:
+        raise ValueError(f"cannot make a dataset name from {str(path)!r}; pass name= or a dict")
+    return stem
+
+
+def check_mapping_columns(mapping: dict, rows: list, label: str) -> None:
+    """A mapped column missing from every row is a typo, not a bad row: raise."""
+    cols = columns(rows)
+    missing = [c for c in mapping.values() if c not in cols]
+    if missing and cols:
+        raise ValueError(f"mapping columns {missing} not found in {label}; columns found {cols}")

@@ -1,0 +1,218 @@
+"""File and in-memory readers behind kit.data.sources: rows in order, never a crash on a row.
+
+read(source) gives the rows of a file or in-memory object; a row that cannot be parsed
+becomes a Skip in its place (a JSONL line that is not JSON, a row nested too deep for the
+JSON parser). list_dir(path) splits a directory into the files kit reads and the ones it
+ignores, each with the reason (unsupported type, a directory, a symlink loop, a broken
+symlink), so nothing is passed over without a word.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+import polars as pl
+
+SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
+BLANK = object()  # a blank JSONL line: keeps row == line index, not counted as a row
+_TOO_DEEP = "nested too deep for the JSON parser"
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)  # strings and brackets
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+class Skip(Exception):
+    """A row that cannot give a prompt; `reason` is one of kit.data.sources.REASONS."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def read(source) -> list | pl.DataFrame:
+    """All rows of a source, in order; a row that fails to parse becomes a Skip."""
+    if not isinstance(source, Path):
+        return _read_memory(source)
+    if problem := file_problem(source):
+        if problem == "no such file" and source.suffix.lower() not in SUFFIXES:
+            problem = _unsupported(source)  # the first thing to fix
+        elif problem == "no such file":
+            raise FileNotFoundError(f"no such file: {source}")
+        raise ValueError(f"{source}: {problem}")
+    kind = SUFFIXES[source.suffix.lower()]
+    return {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[kind](source)
+
+
+def file_problem(path: Path) -> str | None:
+    """Why kit cannot read `path` as a data file, or None when it can (one line, no raise)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symlink loop (too many levels of symbolic links): point it at a real file"
+        if path.is_symlink():
+            return f"broken symlink to {os.readlink(path)} (no such file)"
+        if exc.errno == errno.ENOENT:
+            return "no such file"
+        return f"cannot read it ({exc.strerror})"
+    if stat.S_ISDIR(mode):
+        return "a directory (directories are not searched inside; pass it on its own)"
+    if path.suffix.lower() not in SUFFIXES:
+        return _unsupported(path)
+    if not stat.S_ISREG(mode):
+        return "not a regular file"
+    return None
+
+
+def _unsupported(path: Path) -> str:
+    return f"unsupported file type {path.suffix!r}; expected .jsonl, .ndjson, .json or .parquet"
+
+
+def list_dir(path: Path) -> tuple[list[Path], list[dict]]:
+    """A directory's data files (sorted) and the entries it ignores: [{"path", "reason"}]."""
+    found, ignored = [], []
+    for entry in sorted(path.iterdir()):
+        if problem := file_problem(entry):
+            ignored.append({"path": str(entry), "reason": problem})
+        else:
+            found.append(entry)
+    return found, ignored
+
+
+def _read_jsonl(path: Path) -> list:
+    """Rows of a JSONL file; blank lines are ignored, row = 0-based line number."""
+    rows: list = []
+    with open(path, "rb") as f:
+        for i, line in enumerate(f):
+            if i == 0:
+                line = line.removeprefix(b"\xef\xbb\xbf")  # UTF-8 byte-order mark
+            if not line.strip():
+                rows.append(BLANK)  # keeps row == line index; not counted as a row
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError as exc:
+                rows.append(Skip("bad_json", f"line {i + 1}: {exc}"))
+            except RecursionError:
+                rows.append(Skip("too_deep", f"line {i + 1}: {_TOO_DEEP}"))
+    return rows
+
+
+def _read_json(path: Path) -> list:
+    """Rows of a JSON file: a list of objects or {"data": [...]}; JSONL misnamed .json also works."""
+    data = path.read_bytes()
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        return _read_json_deep(path, data.decode(json.detect_encoding(data), "surrogatepass"))
+    except ValueError as exc:
+        if "Extra data" in str(exc):
+            return _read_jsonl(path)
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if isinstance(doc, dict) and isinstance(doc.get("data"), list):
+        doc = doc["data"]
+    if not isinstance(doc, list):
+        found = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(
+            f'{path}: expected a JSON list of rows or {{"data": [...]}}, found {found}'
+        )
+    return doc
+
+
+def _read_json_deep(path: Path, text: str) -> list:
+    """A JSON file one of whose rows is too deep to parse: read it row by row instead."""
+    pos = _ws(text, 0)
+    if text.startswith("{", pos):
+        end = _value_end(text, pos)
+        if text[end:].strip():
+            return _read_jsonl(path)  # JSONL named .json
+        pos = _data_array(text, pos, path)
+    if not text.startswith("[", pos):
+        raise ValueError(f'{path}: expected a JSON list of rows or {{"data": [...]}}')
+    rows: list = []
+    decoder = json.JSONDecoder()
+    pos = _ws(text, pos + 1)
+    while not text.startswith("]", pos):
+        try:
+            row, pos = decoder.raw_decode(text, pos)
+        except RecursionError:
+            row, pos = Skip("too_deep", f"row {len(rows)}: {_TOO_DEEP}"), _value_end(text, pos)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        rows.append(row)
+        pos = _ws(text, pos)
+        if text.startswith(",", pos):
+            pos = _ws(text, pos + 1)
+        elif not text.startswith("]", pos):
+            raise ValueError(f"{path}: not valid JSON (expected ',' or ']' at char {pos})")
+    return rows
+
+
+def _data_array(text: str, pos: int, path: Path) -> int:
+    """Position of the list under the top-level object's "data" key (the object starts at pos)."""
+    decoder = json.JSONDecoder()
+    keys = []
+    pos = _ws(text, pos + 1)
+    while text.startswith('"', pos):
+        key, pos = decoder.raw_decode(text, pos)
+        pos = _ws(text, pos)
+        if not text.startswith(":", pos):
+            raise ValueError(f"{path}: not valid JSON (expected ':' at char {pos})")
+        pos = _ws(text, pos + 1)
+        if key == "data" and text.startswith("[", pos):
+            return pos
+        keys.append(key)
+        pos = _ws(text, _value_end(text, pos))
+        pos = _ws(text, pos + 1) if text.startswith(",", pos) else pos
+    raise ValueError(
+        f'{path}: expected a JSON list of rows or {{"data": [...]}}, found {sorted(keys)}'
+    )
+
+
+def _value_end(text: str, pos: int) -> int:
+    """Index just past the JSON value at pos, found without recursion (strings are skipped)."""
+    if text[pos] not in "[{":
+        return json.JSONDecoder().raw_decode(text, pos)[1]
+    depth = 0
+    for match in _TOKEN.finditer(text, pos):
+        token = match.group()
+        if token[0] in "[{":
+            depth += 1
+        elif token[0] in "]}":
+            depth -= 1
+            if depth == 0:
+                return match.end()
+    raise ValueError(f"not valid JSON: the value at char {pos} is never closed")
+
+
+def _ws(text: str, pos: int) -> int:
+    return _WS.match(text, pos).end()
+
+
+def _read_parquet(path: Path) -> pl.DataFrame:
+    """A Parquet file as a frame (rows become dicts after the format is known)."""
+    try:
+        return pl.read_parquet(path)
+    except Exception as exc:  # polars raises several error types for a bad file
+        raise ValueError(f"{path}: cannot read Parquet ({type(exc).__name__}: {exc})") from None
+
+
+def _read_memory(obj) -> list | pl.DataFrame:
+    """Rows of an in-memory source: list of dicts, polars frame, datasets.Dataset, iterable."""
+    if isinstance(obj, pl.DataFrame):
+        return obj
+    if hasattr(obj, "to_list") and hasattr(obj, "column_names"):  # datasets.Dataset
+        return list(obj.to_list())
+    if hasattr(obj, "to_dicts"):
+        return list(obj.to_dicts())
+    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):  # pandas.DataFrame
+        return obj.to_dict("records")
+    try:
+        return list(obj)
+    except TypeError:
+        raise ValueError(f"cannot read rows from a {type(obj).__name__}") from None

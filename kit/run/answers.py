@@ -1,0 +1,192 @@
+"""What kit believes of a server's answer: its status, its body, its token counts.
+
+Used by kit.run.backends; each check raises kit.types.BackendError (the backend redacts
+and cuts the message before it leaves, see _HTTPBackend.complete). `redact` is the one
+helper every error text of kit.run goes through (backends, the runner's errors.jsonl).
+
+Counts are checked, never trusted: a completion-token count (usage, meta_info, the length
+of the ids) must be a plain int in 0..max_tokens + 1 (+1: a server may count the end
+token); a bool, float, string or anything out of range is `malformed`. When the server
+gives token ids and a count, they must agree; the ids are kept (they are what a record
+stores and export trains on; count_source "server_ids"). With a tokenizer and only a
+usage count, the text is re-tokenized and a count below it by more than max(4, 25%) is
+`malformed`: the server under-reports, or tokenizer= is not the target's.
+"""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import functools
+import json
+import re
+import time
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import quote, quote_plus, urlsplit
+
+import orjson
+
+from kit.types import BackendError, Sampling, url_credentials
+
+_RETRYABLE_4XX = {408, 409}
+BODY_CHARS = 2000  # of a server's body kept in a message before redaction (then cut shorter)
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: "2" -> 2.0, an HTTP date -> seconds from now."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def status_error(status: int, text: str, retry_after: str | None, url: str) -> BackendError:
+    """The BackendError for an HTTP error status."""
+    msg = f"HTTP {status} from {url}: {text[:BODY_CHARS]}"
+    if status == 429:
+        return BackendError("http_429", msg, status=429, retry_after=parse_retry_after(retry_after))
+    if status >= 500:
+        return BackendError("http_5xx", msg, status=status)
+    return BackendError("http_4xx", msg, status=status, retryable=status in _RETRYABLE_4XX)
+
+
+def normalize_finish(reason: Any) -> str:
+    """Normalize a finish reason: SGLang's {"type": "length", ...} -> "length"; None -> "unknown"."""
+    if isinstance(reason, dict):
+        reason = reason.get("type")
+    return str(reason)[:64] if reason else "unknown"
+
+
+def parse_body(raw: bytes, url: str, stream: bool) -> dict:
+    """The JSON object of a 200 answer; `malformed` for an event stream, bad JSON, a non-object
+    or an error body without an answer."""
+    if stream or raw.lstrip().startswith(b"data:"):
+        msg = f"an event stream (SSE) from {url}, not one JSON answer: kit needs a "
+        raise BackendError("malformed", msg + "non-streaming endpoint (stream=false)")
+    text = raw[:BODY_CHARS].decode("utf-8", "replace")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BackendError("malformed", f"bad JSON from {url}: {text}") from None
+    if not isinstance(data, dict):
+        raise BackendError("malformed", f"expected a JSON object from {url}, got {text}")
+    if "error" in data and not any(k in data for k in ("choices", "text", "meta_info")):
+        error = orjson.dumps(data["error"])[:BODY_CHARS].decode("utf-8", "replace")
+        raise BackendError("malformed", f"HTTP 200 with an error from {url}: {error}")
+    return data
+
+
+def plain_int(value: Any) -> bool:
+    """True for an int that is not a bool (what a JSON count must be)."""
+    return type(value) is int
+
+
+def ids_ok(ids: Any) -> bool:
+    """True for a list of plain ints >= 0."""
+    return isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
+
+
+def optional_count(value: Any) -> int | None:
+    """A prompt-token count when it is a plain int >= 0 (informational: else None)."""
+    return value if plain_int(value) and value >= 0 else None
+
+
+def check_count(value: Any, what: str, url: str, sampling: Sampling) -> int:
+    """value when it is a plain int in 0..max_tokens + 1; else `malformed`.
+
+    Example:
+        >>> check_count(12, "usage.completion_tokens", "http://h/v1", Sampling(max_tokens=40))
+        12
+        >>> check_count(True, "usage.completion_tokens", "http://h/v1", Sampling(max_tokens=40))
+        Traceback (most recent call last):
+        ...
+        kit.types.BackendError: malformed: usage.completion_tokens=True from http://h/v1 is not an int in 0..41 (max_tokens + 1)
+    """
+    limit = sampling.max_tokens + 1
+    if plain_int(value) and 0 <= value <= limit:
+        return value
+    msg = f"{what}={repr(value)[:40]} from {url} is not an int in 0..{limit} (max_tokens + 1)"
+    raise BackendError("malformed", msg)
+
+
+def check_ids(ids: Any, count: Any, what: str, url: str, sampling: Sampling) -> int:
+    """len(ids) when ids is a list of token ids of a valid length agreeing with the server's
+    count (None: no count given); else `malformed`."""
+    if not ids_ok(ids):
+        raise BackendError("malformed", f"{what} from {url} is not a list of token ids")
+    n = check_count(len(ids), f"len({what})", url, sampling)
+    if count is not None:
+        check_count(count, "completion_tokens", url, sampling)
+        if count != n:
+            msg = f"completion_tokens={count} from {url} disagrees with len({what})={n}"
+            raise BackendError("malformed", msg)
+    return n
+
+
+def check_usage(value: Any, what: str, url: str, sampling: Sampling, retokenized) -> int:
+    """A server's count that is valid and, when retokenized() gives the text's length with
+    the tokenizer (None without one), not below it by more than max(4, 25%)."""
+    n = check_count(value, what, url, sampling)
+    actual = retokenized()
+    if actual is not None and n + max(4, actual // 4) < actual:
+        msg = (f"{what}={n} from {url} under-reports: the text is {actual} tokens with the "
+               "tokenizer (or tokenizer= is not the target's)")  # fmt: skip
+        raise BackendError("malformed", msg)
+    return n
+
+
+# ------------------------------------------------------------------ secrets
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secrets a URL carries: its password and user:password (decoded and as written)."""
+    creds = url_credentials(url)
+    if creds is None:
+        return []
+    user, password = creds
+    return [password, f"{user}:{password}", urlsplit(url).netloc.rpartition("@")[0]]
+
+
+def secret_forms(secret: str) -> set[str]:
+    """How a secret can show up in a server's text: as is (matched in any case), URL-encoded,
+    JSON-escaped, base64 (standard and URL-safe; whole, and the characters the secret alone
+    fixes at each of the 3 alignments it can have inside a longer encoded string, such as
+    base64 of "Bearer KEY")."""
+    forms = {secret, quote(secret, safe=""), quote_plus(secret), json.dumps(secret)[1:-1]}
+    data = secret.encode()
+    forms.add(base64.b64encode(data).decode())
+    for pad in range(3):
+        enc = base64.b64encode(b"\0" * pad + data).decode()
+        core = enc[-(-8 * pad // 6) : 8 * (pad + len(data)) // 6]
+        if len(core) >= 6:
+            forms |= {core, core.replace("+", "-").replace("/", "_")}
+    return {f for f in forms if f}
+
+
+@functools.lru_cache(maxsize=64)
+def _secrets_pattern(secrets: tuple[str, ...]) -> re.Pattern | None:
+    forms = set().union(*(secret_forms(s) for s in secrets))
+    if not forms:
+        return None
+    alternatives = "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))
+    return re.compile(alternatives, re.IGNORECASE)
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """text with every form of every secret (see secret_forms) replaced by "***".
+
+    Example:
+        >>> redact("denied for Bearer SK-ABC123xyz (c2stYWJjMTIzeHl6)", ["sk-abc123xyz"])
+        'denied for Bearer *** (***)'
+    """
+    pattern = _secrets_pattern(tuple(sorted({s for s in secrets if s})))
+    return text if pattern is None else pattern.sub("***", text)
