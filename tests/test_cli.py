@@ -323,3 +323,23 @@ def test_a_failing_notebook_is_named_with_its_error(tmp_path, monkeypatch, capsy
     assert code == 1
     assert "\nkit: error: notebooks/01_plan.ipynb failed: ValueError: no pilot" in err
     assert (tmp_path / "d" / "notebooks" / "01_plan.ipynb").is_file()
+
+
+def test_validate_command_checks_an_export_and_fails_on_a_broken_one(tmp_path, capsys):
+    """`kit validate EXPORT_DIR`: 0 for a good export, 1 once a listed file changes."""
+    import kit
+    from kit.cli import main
+    from kit.run.store import RunStore
+    from kit.types import RunConfig
+
+    run = tmp_path / "run"
+    store = RunStore(run)
+    store.init(RunConfig(model="m", endpoints="http://127.0.0.1:9/v1", budgets={"a": 10}))
+    store.close()
+    kit.export(run, tmp_path / "out", formats=("specforge",))
+    assert main(["validate", str(tmp_path / "out")]) == 0
+    listed = next((tmp_path / "out").rglob("*.jsonl"))
+    listed.write_text('{"id": "x"}\n')
+    assert main(["validate", str(tmp_path / "out")]) == 1
+    assert main(["validate", str(tmp_path / "nowhere")]) == 1
+    assert "manifest.json: missing" in capsys.readouterr().out

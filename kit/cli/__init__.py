@@ -25,6 +25,7 @@ from kit.cli.commands import (
     cmd_plan,
     cmd_prepare,
     cmd_serve,
+    cmd_validate,
     cmd_watch,
 )
 from kit.cli.demo import NotebookFailed, cmd_demo
@@ -139,6 +140,10 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--overwrite", action="store_true", help="replace an export in OUT_DIR")
     e.set_defaults(fn=cmd_export)
+
+    v = sub.add_parser("validate", help="check an export against its manifest and format")
+    v.add_argument("export_dir")
+    v.set_defaults(fn=cmd_validate)
     return p
 
 

@@ -297,6 +297,15 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    """Check an export against its manifest and format; exit 1 when it fails."""
+    import kit
+
+    check = kit.validate(args.export_dir)
+    print(check.summary())
+    return 0 if check.ok else 1
+
+
 def cmd_prepare(args) -> int:
     from kit import serve
 
