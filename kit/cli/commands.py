@@ -196,18 +196,6 @@ def cmd_plan(args) -> int:
 # -------------------------------------------------------------------------- generate
 
 
-def _plan_prompts(config):
-    """The plan's prompt sources, loaded again (config.datasets: dataset -> path)."""
-    import kit
-
-    if not config.datasets or not all(config.datasets.values()):
-        raise ValueError(
-            "plan.json records no source file for some datasets (loaded in memory?): "
-            "make the plan with `kit plan --samples PATH ...`"
-        )
-    return kit.load(dict(config.datasets))
-
-
 def generate_run(run_dir, args):
     """Run (or resume) the plan in run_dir with a console monitor; return the Run."""
     import kit
@@ -225,8 +213,8 @@ def generate_run(run_dir, args):
         config = replace(
             config, budgets=_merged_budgets(config.budgets, parse_budgets(args.budget))
         )
-    resuming = (run_dir / "prompts.parquet").exists()
-    prompts = None if resuming else _plan_prompts(config)
+    resuming = (run_dir / "config.json").exists()
+    prompts = plan.plan_prompts(run_dir, spec)
     start = not args.base_url and _is_embedded(config.model)
     with _embedded(config, start=start) as config:
         print(f"{'resuming' if resuming else 'starting'} the run in {run_dir}", file=sys.stderr)
