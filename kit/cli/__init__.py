@@ -151,7 +151,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _interrupt(signum, frame) -> None:
-    """SIGTERM -> KeyboardInterrupt: runs stop cleanly, servers are stopped, records flushed."""
+    """SIGTERM outside a run (a run takes it as a clean stop itself) -> KeyboardInterrupt."""
     raise KeyboardInterrupt
 
 

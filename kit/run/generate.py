@@ -15,7 +15,8 @@ With a tokenizer, prompts too long for the context (prompt tokens + max_tokens >
 max_context) are never sent: counted per dataset (`skipped_context`) and listed in
 run_dir/skipped.jsonl (kit.run.guard). Results go through kit.run.store (crash-safe); a
 stop (run.stop(), a cancelled task, Ctrl-C) cancels in-flight requests and flushes.
-Resume = the same call again, or `resume(run_dir)`.
+Resume = the same call again, or `resume(run_dir)`. A foreground run on the main thread
+takes SIGTERM as that same clean stop (stop_reason "stopped by SIGTERM").
 
 A run where nothing can succeed stops by itself: once one dataset's last
 `RunConfig.max_consecutive_failures` (20) answers were all malformed or not retryable (a
@@ -27,6 +28,8 @@ error. Dead endpoints stop it too (no_endpoint_timeout).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -159,8 +162,33 @@ async def generate(
     runner.callback = progress
     if background:
         return Run(runner, asyncio.get_running_loop().create_task(runner.run()))
-    await runner.run()
+    with _stop_on_sigterm(runner):
+        await runner.run()
     return Run(runner)
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm(runner: _Runner):
+    """While a foreground run lasts, SIGTERM (`kill PID`) asks for the clean stop Ctrl-C gets.
+
+    The handler runs on the event loop, between awaits: never inside a write or an fsync.
+    Only on the main thread (signals go nowhere else); the previous handler comes back after.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        loop.add_signal_handler(signal.SIGTERM, runner.request_stop, "stopped by SIGTERM")
+    except (NotImplementedError, RuntimeError, ValueError):  # no signals on this loop
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 async def resume(run_dir: str | Path, *, progress=None, force: bool = False, **changes) -> Run:

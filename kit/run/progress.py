@@ -287,6 +287,8 @@ def _apply_live(p: DatasetProgress, live: dict | None) -> None:
     """Merge the runner's live counts; derive the state from the files otherwise."""
     if live:
         p.in_flight, p.retries = live.get("in_flight", 0), live.get("retries", 0)
+        if isinstance(live.get("note"), str):
+            p.note = live["note"]  # e.g. "run stopped: stopped by SIGTERM", or a Retry-After cap
     if p.budget and p.tokens_done >= p.budget:
         p.state = "budget_reached"
     elif p.prompts_total and p.samples_done + p.errors + p.skipped >= p.prompts_total:

@@ -330,7 +330,7 @@ class _Runner:
             return
         self._last_progress = now
         progress = self.progress()
-        self.store.write_status(progress, finished=final)
+        self.store.write_status(progress, finished=final, stop_reason=self.stop_reason)
         if self.callback is not None:
             try:
                 self.callback(progress)

@@ -353,9 +353,12 @@ class RunStore:
             self._fds = {}
             self._release_lock()
 
-    def write_status(self, progress: list[DatasetProgress], *, finished: bool = False) -> None:
-        """Write status.json: the live runner's view (in flight, retries, state)."""
-        doc = {"t": time.time(), "finished": finished, "pid": os.getpid()}
+    def write_status(
+        self, progress: list[DatasetProgress], *, finished: bool = False, stop_reason=None
+    ) -> None:
+        """Write status.json: the live runner's view (in flight, retries, state, and why the
+        run stopped early: `stop_reason`, null while running or when it ran to the end)."""
+        doc = {"t": time.time(), "finished": finished, "pid": os.getpid(), "stop_reason": stop_reason}
         doc["datasets"] = [dataclasses.asdict(p) for p in progress]
         try:
             write_atomic(self.run_dir / "status.json", orjson.dumps(doc))
