@@ -216,14 +216,61 @@ def test_generate_applies_only_the_flags_given(planned, monkeypatch, capsys):
     assert config.endpoints == ["http://a/v1", "http://b/v1"]
     assert (config.concurrency, config.budgets) == (4, {"chat_general": 500})
     assert (config.model, config.timeout, config.sampling.max_tokens) == ("m", 30.0, 64)
-    assert prompts.paths == {"chat_general": str(CHAT)}  # the plan's sources, loaded again
+    assert prompts is None  # the plan's own prompt frame, run_dir/prompts.parquet
     assert kw["run_dir"] == planned and kw["force"] is False
     assert set(kw["expected_tokens"]) == {"chat_general"}
 
-    (planned / "prompts.parquet").write_bytes(b"")  # a run started: resume from its own
+    (planned / "prompts.parquet").unlink()  # an old plan without one: its sources, reloaded
     run_main(["generate", "--run-dir", str(planned)], capsys)
     prompts, config, _ = calls[1]
-    assert prompts is None and config.endpoints == ["http://127.0.0.1:9/v1"]
+    assert prompts.paths == {"chat_general": str(CHAT)}
+    assert config.endpoints == ["http://127.0.0.1:9/v1"]
+
+
+def test_plan_with_a_mapping_runs_from_the_run_dir(tmp_path, monkeypatch, capsys):
+    """Item 9: data needing mapping= could not go through the CLI (no --mapping), and a plan
+    recorded only paths, so `kit generate` failed to reload it. Now the plan stores the
+    load spec and the prompt frame; generate runs the run directory's own prompts."""
+    fake_pilot.calls = []
+    monkeypatch.setattr(kit.plan, "pilot_sync", fake_pilot)
+    data = tmp_path / "quiz.jsonl"
+    rows = [{"question": f"What is {i} + {i}?", "sys": "Be brief."} for i in range(20)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    argv = ["plan", "--samples", str(data), "--run-dir", str(run_dir), "--budget", "500",
+            "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+            "--mapping", '{"prompt": "question", "system": "sys"}']  # fmt: skip
+    code, _, err = run_main(argv, capsys)
+    assert code == 0, err
+    plan = kit.plan.read_plan(run_dir)
+    assert plan["sources"]["quiz"]["mapping"] == {"prompt": "question", "system": "sys"}
+    frame = pl.read_parquet(run_dir / "prompts.parquet")
+    assert frame.height == 20
+    assert frame["messages"][0].to_list() == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 0 + 0?"}
+    ]  # fmt: skip
+    calls = []
+    monkeypatch.setattr(kit, "generate_sync", lambda p, c, **kw: calls.append(p) or FakeRun())
+    (run_dir / "prompts.parquet").rename(tmp_path / "kept.parquet")
+    data.unlink()  # without its frame and its file, the plan cannot run: said in one line
+    code, _, err = run_main(["generate", "--run-dir", str(run_dir)], capsys)
+    assert code == 2 and "quiz.jsonl" in err, err
+    (tmp_path / "kept.parquet").rename(run_dir / "prompts.parquet")
+    code, _, err = run_main(["generate", "--run-dir", str(run_dir)], capsys)
+    assert code == 0 and calls == [None], err
+
+
+@pytest.mark.parametrize(
+    "mapping, needle",
+    [("{prompt: question}", "must be a JSON object"), ('["question"]', "must map field names"),
+     ('{"prompt": "nope"}', "nope")],
+)  # fmt: skip
+def test_a_bad_mapping_is_one_line(mapping, needle, tmp_path, capsys):
+    argv = ["plan", "--samples", str(CHAT), "--run-dir", str(tmp_path / "r"), "--budget", "5",
+            "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--mapping", mapping]  # fmt: skip
+    code, _, err = run_main(argv, capsys)
+    assert code == 2
+    assert_one_line_error(err, needle)
 
 
 def test_generate_refuses_a_budget_for_a_dataset_the_plan_lacks(planned, capsys):
@@ -343,3 +390,31 @@ def test_validate_command_checks_an_export_and_fails_on_a_broken_one(tmp_path, c
     assert main(["validate", str(tmp_path / "out")]) == 1
     assert main(["validate", str(tmp_path / "nowhere")]) == 1
     assert "manifest.json: missing" in capsys.readouterr().out
+
+
+def test_logs_show_every_plan_row_and_the_export_as_text(tmp_path, capsys):
+    """Item 10: output meant for logs. The plan table hid rows and columns behind "..." and
+    `kit export` printed an object dump of its validation; now every row and column of the
+    plan, and the export's and the validation's plain summaries."""
+    from kit.report.widgets import SUMMARY_COLUMNS, summary_text
+    from kit.run.store import RunStore
+    from kit.types import RunConfig
+
+    names = [f"dataset_{i:02d}" for i in range(40)]
+    table = kit.plan.budget(
+        dict.fromkeys(names, 10_000), {n: [40, 64, 30, 64, 52] for n in names},
+        prompts_available=dict.fromkeys(names, 500),
+    )  # fmt: skip
+    text = summary_text(table)
+    assert "…" not in text and "..." not in text and "shape:" not in text
+    assert all(n in text for n in names) and all(c in text for c in SUMMARY_COLUMNS)
+    assert "samples_needed" in SUMMARY_COLUMNS
+
+    run = tmp_path / "run"
+    store = RunStore(run)
+    store.init(RunConfig(model="m", endpoints="http://127.0.0.1:9/v1", budgets={"a": 10}))
+    store.close()
+    code, out, err = run_main(["export", str(run), str(tmp_path / "out"), "--format", "specforge"], capsys)
+    assert code == 0, err
+    assert f"export -> {tmp_path / 'out'}" in out and ": OK" in out
+    assert "Result(" not in out and "object at" not in out

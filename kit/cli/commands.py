@@ -9,6 +9,7 @@ FileNotFoundError with the fix in its message; kit.cli.main prints it as one lin
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sys
 from dataclasses import replace
@@ -34,6 +35,23 @@ def parse_budgets(values: list[str]) -> int | dict[str, int]:
             )
         out[name] = _tokens(f"--budget {name}", value)
     return out
+
+
+def parse_mapping(text: str | None) -> dict | None:
+    """--mapping JSON -> the `mapping=` of kit.load (None when not given)."""
+    if text is None:
+        return None
+    try:
+        mapping = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--mapping must be a JSON object, got {text!r} ({e.msg})") from None
+    if not isinstance(mapping, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()
+    ):
+        raise ValueError(
+            f'--mapping must map field names to column names, e.g. {{"prompt": "question"}}; got {text!r}'
+        )
+    return mapping
 
 
 def _tokens(flag: str, value: str) -> int:
@@ -153,7 +171,7 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
         sample_cap=sample_cap,
     )
     print(summary_text(table))
-    path = plan.write_plan(run_dir, table, config, pilot=result)
+    path = plan.write_plan(run_dir, table, config, pilot=result, prompts=loaded)
     print(f"plan written: {path}")
     return path
 
@@ -167,7 +185,11 @@ def cmd_plan(args) -> int:
             "give neither to start the embedded server"
         )
     budgets = parse_budgets(args.budget)
-    loaded = kit.load([str(Path(p).resolve()) for p in args.samples])
+    loaded = kit.load(
+        [str(Path(p).resolve()) for p in args.samples],
+        format=args.format,
+        mapping=parse_mapping(args.mapping),
+    )
     print(loaded)
     # the server flags may be missing (embedded server): placeholders until it has started
     config = kit.RunConfig(
@@ -259,8 +281,8 @@ def export_run(run_dir, out_dir, tokenizer=None, **options):
     result = kit.export(run_dir, out_dir, tokenizer=tokenizer, **options)
     check = kit.validate(out_dir)
     print(result.summary())
-    print(check)
-    return result
+    print(check.summary())
+    return result, check
 
 
 def cmd_watch(args) -> int:
@@ -276,13 +298,13 @@ def cmd_audit(args) -> int:
 
 
 def cmd_export(args) -> int:
-    export_run(
+    _, check = export_run(
         args.run_dir, args.out_dir, args.tokenizer, formats=tuple(args.format),
         drop_truncated=args.drop_truncated, drop_duplicates=args.drop_duplicates,
         trim_to_budget=args.trim_to_budget, val_fraction=args.val_fraction, seed=args.seed,
         overwrite=args.overwrite,
     )  # fmt: skip
-    return 0
+    return 0 if check.ok else 1
 
 
 def cmd_validate(args) -> int:

@@ -131,5 +131,11 @@ def summary_text(table) -> str:
     """A plan table as a plain-text block."""
     import polars as pl
 
-    with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=160, fmt_str_lengths=60):
-        return str(table.select(SUMMARY_COLUMNS))
+    frame = table.select(SUMMARY_COLUMNS).with_columns(
+        pl.col(pl.Float64).round(3)
+    )  # every row and column, for logs: nothing hidden behind "..."
+    with pl.Config(
+        tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, fmt_str_lengths=80,
+        tbl_hide_dataframe_shape=True,
+    ):  # fmt: skip
+        return str(frame)
