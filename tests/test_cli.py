@@ -414,7 +414,9 @@ def test_logs_show_every_plan_row_and_the_export_as_text(tmp_path, capsys):
     store = RunStore(run)
     store.init(RunConfig(model="m", endpoints="http://127.0.0.1:9/v1", budgets={"a": 10}))
     store.close()
-    code, out, err = run_main(["export", str(run), str(tmp_path / "out"), "--format", "specforge"], capsys)
+    code, out, err = run_main(
+        ["export", str(run), str(tmp_path / "out"), "--format", "specforge"], capsys
+    )
     assert code == 0, err
     assert f"export -> {tmp_path / 'out'}" in out and ": OK" in out
     assert "Result(" not in out and "object at" not in out

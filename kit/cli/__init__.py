@@ -96,12 +96,14 @@ def parser() -> argparse.ArgumentParser:
     pl_ = sub.add_parser("plan", help="pilot and plan per-dataset token budgets -> plan.json")
     pl_.add_argument("--samples", nargs="+", default=[str(SAMPLES)], help="files or folders")
     pl_.add_argument(
-        "--format", choices=FORMATS, help="force one prompt format for every source (default: detect)"
+        "--format",
+        choices=FORMATS,
+        help="force one prompt format for every source (default: detect)",
     )
     pl_.add_argument(
         "--mapping",
         help='JSON column mapping for the sources, e.g. \'{"prompt": "question", "system": "sys"}\' '
-        "or '{\"messages\": \"dialog\"}'",
+        'or \'{"messages": "dialog"}\'',
     )
     pl_.add_argument("--run-dir", required=True)
     pl_.add_argument("--budget", nargs="+", required=True, help=BUDGET_HELP)

@@ -358,7 +358,12 @@ class RunStore:
     ) -> None:
         """Write status.json: the live runner's view (in flight, retries, state, and why the
         run stopped early: `stop_reason`, null while running or when it ran to the end)."""
-        doc = {"t": time.time(), "finished": finished, "pid": os.getpid(), "stop_reason": stop_reason}
+        doc = {
+            "t": time.time(),
+            "finished": finished,
+            "pid": os.getpid(),
+            "stop_reason": stop_reason,
+        }
         doc["datasets"] = [dataclasses.asdict(p) for p in progress]
         try:
             write_atomic(self.run_dir / "status.json", orjson.dumps(doc))
