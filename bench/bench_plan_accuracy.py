@@ -14,7 +14,7 @@ sample dataset:
   3. run: kit.generate(prompts, config, run_dir=...) with the budgets (n samples per
      prompt so the prompts suffice, drain policy, the pilot means as admission priors);
   4. actual: the smallest k such that the first k samples in the run's own order
-     (kit.run.runner.seeded_order) reach the budget.
+     (kit.run.queues.seeded_order) reach the budget.
 One kit.RunConfig carries the url, model, sampling, concurrency and timeout of both the
 pilot and the run.
 Prints predicted vs actual per dataset and the error; goal: within 15% for every dataset.
@@ -178,7 +178,7 @@ def report(table, records, prompts, budgets, n, args, summary) -> None:
     """The comparison table and the verdict."""
     import polars as pl
 
-    from kit.run.runner import seeded_order
+    from kit.run.queues import seeded_order
 
     head = (f"{'dataset':<15}{'pilot':>6}{'share':>7}{'mean':>7}{'cv':>6}{'trunc':>7}"
             f"{'se':>6}{'predicted':>10}{'upper':>7}{'actual':>8}{'error':>8}{'tokens/budget':>15}")  # fmt: skip

@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal, Protocol
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -50,6 +50,9 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     n: int = 1  # samples per prompt
+    # sent as the request's chat_template_kwargs and used by kit's own renderings of the
+    # template, e.g. {"enable_thinking": False}; RunConfig.template_kwargs adds per dataset
+    chat_template_kwargs: dict | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
@@ -60,6 +63,9 @@ class Sampling:
             raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"Sampling.n must be an int >= 1, got {self.n!r}")
+        kw = self.chat_template_kwargs
+        if kw is not None and not (isinstance(kw, dict) and all(isinstance(k, str) for k in kw)):
+            raise ValueError(f"Sampling.chat_template_kwargs must be None or a dict, got {kw!r}")
 
 
 @dataclass(slots=True)
@@ -73,6 +79,9 @@ class Completion:
     prompt_tokens: int | None = None
     output_ids: list[int] | None = None  # exact ids from the server, when it gives them
     prompt_ids: list[int] | None = None
+    # the thinking a reasoning parser split off (`reasoning_content` or `reasoning`); `text`
+    # is then the answer only. completion_tokens and output_ids cover both.
+    reasoning: str | None = None
 
 
 @dataclass(slots=True)
@@ -94,6 +103,13 @@ class Record:
     latency_s: float = 0.0
     attempts: int = 1
     t_done: float = 0.0  # unix time the response arrived
+    reasoning: str | None = None  # the target's thinking (Completion.reasoning), kept apart
+    tools: list[dict] | None = None  # the tool definitions sent with the prompt
+    # RunConfig.turns == "all_turns": the assistant turns the target wrote before the last
+    # one, in order, each {"content", "reasoning", "finish_reason", "completion_tokens",
+    # "count_source", "output_ids", "prompt_ids"}; `messages` holds them as the assistant
+    # turns (the dataset's own are gone) and completion_tokens counts every generated turn.
+    turns: list[dict] | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -138,9 +154,10 @@ class Backend(Protocol):
     url: str
 
     async def complete(
-        self, messages: list[Message], sampling: Sampling, *, timeout: float
-    ) -> Completion:
-        """Send one request; raise BackendError on failure."""
+        self, messages: list[Message], sampling: Sampling, *, timeout: float,
+        tools: list[dict] | None = None,
+    ) -> Completion:  # fmt: skip
+        """Send one request (with these tool definitions); raise BackendError on failure."""
         ...
 
     async def health(self) -> bool:
@@ -167,6 +184,7 @@ class Budget:
 
 APIS = ("openai", "vllm", "sglang")
 POLICIES = ("drain", "cancel")
+TURNS = ("last_turn", "all_turns")
 
 
 @dataclass(slots=True)
@@ -212,6 +230,12 @@ class RunConfig:
     no_endpoint_timeout: float = 120.0  # s with no healthy endpoint before the run stops
     # a dataset's answers failing in a row (non-retryable or malformed) before the run stops
     max_consecutive_failures: int = 20
+    # multi-turn prompts: "last_turn" generates the last assistant turn only (earlier ones are
+    # the dataset's and are never trained on); "all_turns" regenerates every assistant turn in
+    # order, each conditioned on the target's own earlier answers
+    turns: Literal["last_turn", "all_turns"] = "last_turn"
+    # dataset -> chat_template_kwargs merged over sampling.chat_template_kwargs for it
+    template_kwargs: dict[str, dict] = field(default_factory=dict)
     # filled in by kit.generate from the prompts and the tokenizer; part of the fingerprint
     source_hashes: dict[str, str] = field(default_factory=dict)  # dataset -> hash of prompt ids
     datasets: dict[str, str] = field(default_factory=dict)  # dataset -> source path ("" in memory)
@@ -254,13 +278,38 @@ class RunConfig:
         return dict(self.budgets)
 
     def fingerprint_parts(self) -> dict:
-        """The parts that change outputs: model, sampling, chat template, sources."""
-        return {
+        """The parts that change outputs: model, sampling, chat template, sources, and the
+        turns mode and per-dataset template kwargs when not the defaults."""
+        sampling = asdict(self.sampling)
+        if sampling["chat_template_kwargs"] is None:
+            del sampling["chat_template_kwargs"]  # the fingerprints of runs made before it
+        parts = {
             "model": self.model,
-            "sampling": asdict(self.sampling),
+            "sampling": sampling,
             "chat_template_hash": self.chat_template_hash,
             "source_hashes": dict(sorted(self.source_hashes.items())),
         }
+        if self.turns != "last_turn":
+            parts["turns"] = self.turns
+        if self.template_kwargs:
+            parts["template_kwargs"] = dict(sorted(self.template_kwargs.items()))
+        return parts
+
+    def sampling_for(self, dataset: str) -> Sampling:
+        """The sampling of one dataset: template_kwargs[dataset] merged over the run's.
+
+        Example:
+            >>> c = RunConfig(model="m", endpoints="http://h/v1", budgets=1,
+            ...               sampling={"chat_template_kwargs": {"enable_thinking": True}},
+            ...               template_kwargs={"math": {"enable_thinking": False}})
+            >>> c.sampling_for("math").chat_template_kwargs, c.sampling_for("chat").chat_template_kwargs
+            ({'enable_thinking': False}, {'enable_thinking': True})
+        """
+        extra = self.template_kwargs.get(dataset)
+        if not extra:
+            return self.sampling
+        merged = {**(self.sampling.chat_template_kwargs or {}), **extra}
+        return replace(self.sampling, chat_template_kwargs=merged)
 
     def fingerprint(self) -> str:
         """A short stable hash of fingerprint_parts() (the run's identity)."""
@@ -317,6 +366,10 @@ def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
         "retry_base": (_is_pos(c.retry_base), "seconds > 0"),
         "no_endpoint_timeout": (_is_pos(c.no_endpoint_timeout), "seconds > 0"),
         "max_consecutive_failures": (_is_int(c.max_consecutive_failures, 1), "an int >= 1"),
+        "turns": (c.turns in TURNS, f"one of {TURNS}"),
+        "template_kwargs": (isinstance(c.template_kwargs, dict) and all(
+            isinstance(k, str) and isinstance(v, dict) for k, v in c.template_kwargs.items()),
+            "a dict dataset -> chat_template_kwargs dict"),
         "tokenizer": (c.tokenizer is None or isinstance(c.tokenizer, str), "None or a local path"),
     }  # fmt: skip
 

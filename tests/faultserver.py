@@ -23,9 +23,17 @@ falls under `fraction`, so a retry of the same body draws again, reproducibly.
 With `hang_after` N, every request after the first N (counted since start) hangs: a run
 against it cannot finish, so a test can act on it mid-run whatever the machine's speed.
 
+A thinking model (`reasoning` = "reasoning" (vLLM 0.3x) or "reasoning_content" (SGLang,
+older vLLM)): the first half of the words (at least one) go into message.<that field>, the
+rest into content; counts and token ids cover both. A max_tokens cut inside the first half,
+or `truncate_in_reasoning` (a cut at a quarter of the words), gives content null and finish
+"length". /generate has no parser: its text is "<think>thinking</think>answer", raw.
+
 Hostile modes (a broken or malicious server; tests/test_hostile_server.py):
-    usage_negative / usage_huge / usage_bool / usage_string / usage_float / usage_low
-        usage.completion_tokens is -n / 10**9 / true / "n" / n.0 / 1 (text and ids stay true)
+    usage_negative / usage_huge / usage_bool / usage_string / usage_float / usage_low /
+    usage_half  usage.completion_tokens is -n / 10**9 / true / "n" / n.0 / 1 / n // 2
+                (text and ids stay true)
+    reasoning_number  message.reasoning is a number (a thinking field that is no text)
     ids_mismatch   vLLM fields present but usage.completion_tokens = len(token_ids) // 2
                    (/generate: meta_info.completion_tokens likewise)
     error_200      200 with an OpenAI error body and no choices
@@ -65,8 +73,10 @@ MODES = ("ok", "429", "500", "400", "reset", "hang", "malformed", "nousage", "do
 BAD_USAGE = {
     "usage_negative": lambda n: -n, "usage_huge": lambda n: 10**9, "usage_bool": lambda n: True,
     "usage_string": lambda n: str(n), "usage_float": lambda n: float(n), "usage_low": lambda n: 1,
+    "usage_half": lambda n: n // 2,
 }  # fmt: skip
-MODES += (*BAD_USAGE, "ids_mismatch", "error_200", "sse", "echo")
+MODES += (*BAD_USAGE, "ids_mismatch", "error_200", "sse", "echo", "reasoning_number")
+REASONING_FIELDS = (None, "reasoning", "reasoning_content")
 ECHO_KINDS = ("error_200", "text_200", "400", "401", "500")
 VOCAB = [
     "the", "model", "answers", "with", "a", "short", "plain", "sentence", "about", "data",
@@ -90,6 +100,8 @@ class FaultConfig:
     min_words: int = 5
     max_words: int = 60
     seed: int = 0
+    reasoning: str | None = None  # one of REASONING_FIELDS: answer as a thinking model
+    truncate_in_reasoning: bool = False  # with reasoning: cut inside the thinking ("length")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -98,6 +110,8 @@ class FaultConfig:
             raise ValueError(f"FaultConfig.fraction must be in [0, 1], got {self.fraction!r}")
         if not 1 <= self.min_words <= self.max_words:
             raise ValueError(f"FaultConfig words range is bad: {self.min_words}..{self.max_words}")
+        if self.reasoning not in REASONING_FIELDS:
+            raise ValueError(f"FaultConfig.reasoning must be one of {REASONING_FIELDS}")
 
 
 def _digest(*parts: object) -> int:
@@ -120,20 +134,36 @@ def _finish(words: list[int], limit: int | None) -> tuple[list[int], str]:
     return words, "stop"
 
 
+def _text(words: list[int]) -> str:
+    return " ".join(VOCAB[w] for w in words)
+
+
+def _think(words: list[int], limit: int | None, cfg: FaultConfig):
+    """(words kept, finish, thinking words, answer words or None: cut inside the thinking)."""
+    half = max(1, len(words) // 2)
+    if cfg.truncate_in_reasoning:
+        cut = max(1, half // 2)
+        limit = cut if limit is None else min(limit, cut)
+    kept, finish = _finish(words, limit)
+    inside = finish == "length" and len(kept) <= half
+    return kept, finish, kept[:half], None if inside else kept[half:]
+
+
 def chat_response(body: dict, cfg: FaultConfig, *, usage: bool = True) -> dict:
     """OpenAI chat.completion for a request body (vLLM token-id fields when asked)."""
     messages = body.get("messages") or []
     prompt_text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-    words, finish = _finish(
-        completion_words(prompt_text, body.get("seed"), cfg), body.get("max_tokens")
-    )
-    text = " ".join(VOCAB[w] for w in words)
+    words = completion_words(prompt_text, body.get("seed"), cfg)
+    message = {"role": "assistant"}
+    if cfg.reasoning:
+        words, finish, thinking, answer = _think(words, body.get("max_tokens"), cfg)
+        message |= {"content": None if answer is None else _text(answer)}
+        message[cfg.reasoning] = _text(thinking)
+    else:
+        words, finish = _finish(words, body.get("max_tokens"))
+        message["content"] = _text(words)
     n_prompt = len(prompt_text.split())
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "finish_reason": finish,
-    }
+    choice = {"index": 0, "message": message, "finish_reason": finish}
     out = {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time())}
     out |= {"model": body.get("model", ""), "choices": [choice]}
     if usage:
@@ -152,10 +182,14 @@ def generate_response(body: dict, cfg: FaultConfig, *, mismatch: bool = False) -
     """SGLang /generate answer for a request body with input_ids."""
     ids = body.get("input_ids") or []
     params = body.get("sampling_params") or {}
-    words, finish = _finish(
-        completion_words(tuple(ids), params.get("sampling_seed"), cfg),
-        params.get("max_new_tokens"),
-    )
+    words = completion_words(tuple(ids), params.get("sampling_seed"), cfg)
+    limit = params.get("max_new_tokens")
+    if cfg.reasoning:  # raw text, thinking inline: /generate has no reasoning parser
+        words, finish, thinking, answer = _think(words, limit, cfg)
+        text = "<think>" + _text(thinking) + ("" if answer is None else "</think>" + _text(answer))
+    else:
+        words, finish = _finish(words, limit)
+        text = _text(words)
     reason = (
         {"type": "length", "length": len(words)}
         if finish == "length"
@@ -163,11 +197,7 @@ def generate_response(body: dict, cfg: FaultConfig, *, mismatch: bool = False) -
     )
     meta = {"id": "fault", "finish_reason": reason, "prompt_tokens": len(ids)}
     meta["completion_tokens"] = len(words) // 2 if mismatch else len(words)
-    return {
-        "text": " ".join(VOCAB[w] for w in words),
-        "output_ids": [100 + w for w in words],
-        "meta_info": meta,
-    }
+    return {"text": text, "output_ids": [100 + w for w in words], "meta_info": meta}
 
 
 def echo_body(headers: dict) -> dict:
@@ -188,7 +218,7 @@ def sse_body(body: dict, cfg: FaultConfig) -> bytes:
     """The answer as an event stream (what a streaming-only server sends)."""
     out = chat_response(body, cfg)
     chunk = {"id": out["id"], "object": "chat.completion.chunk", "choices": [
-        {"index": 0, "delta": {"content": out["choices"][0]["message"]["content"]}}]}  # fmt: skip
+        {"index": 0, "delta": {"content": out["choices"][0]["message"]["content"] or ""}}]}  # fmt: skip
     return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
 
 
@@ -312,7 +342,7 @@ class _Conn(asyncio.Protocol):
 
     def respond(self, mode: str, path: str) -> None:
         st, body = self.state, self.state.last_body
-        if mode in ("echo", "error_200", "sse") or mode in BAD_USAGE:
+        if mode in ("echo", "error_200", "sse", "reasoning_number") or mode in BAD_USAGE:
             return self.hostile(mode, path)
         if mode == "hang":
             return self.answer("hang", None)
@@ -348,6 +378,10 @@ class _Conn(asyncio.Protocol):
             return self.answer(mode, _http(200, orjson.dumps(out)))
         if mode == "sse":
             return self.answer(mode, _http(200, sse_body(body, st.cfg), ctype="text/event-stream"))
+        if mode == "reasoning_number":
+            out = chat_response(body, st.cfg)
+            out["choices"][0]["message"]["reasoning"] = 12345
+            return self.answer(mode, _http(200, orjson.dumps(out)))
         if mode == "error_200":
             err = {"error": {"message": "The model does not exist", "type": "invalid_request"}}
             return self.answer(mode, _http(200, orjson.dumps(err)))
@@ -492,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True)
     for f in fields(FaultConfig):
         kind = {"int | None": int, "float": float, "int": int}.get(str(f.type), str)
+        kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type == "bool" else kind
         p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
     args = vars(p.parse_args(argv))
     host, port = args.pop("host"), args.pop("port")

@@ -313,7 +313,7 @@ def test_cancelled_task_stops_cleanly(server, tmp_path):
 
 
 def test_samples_are_sent_sample_major_in_a_seeded_prompt_order():
-    from kit.run.runner import seeded_order
+    from kit.run.queues import seeded_order
 
     ids = [f"p{i:03d}" for i in range(50)]
     order = seeded_order(ids, "d", seed=3, n=4)
@@ -334,7 +334,7 @@ def test_a_budget_cut_short_spreads_over_distinct_prompts(server, tmp_path):
     f = records_frame(tmp_path / "run")
     assert 10 <= f.height < 40 and set(f["sample"]) == {0}
     assert f["prompt_id"].n_unique() == f.height
-    from kit.run.runner import seeded_order
+    from kit.run.queues import seeded_order
 
     order = [p for p, _ in seeded_order([f"a-{i:04d}" for i in range(40)], "a", 0)]
     assert set(f["prompt_id"]) == set(order[: f.height])  # the run's first prompts, in order

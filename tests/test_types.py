@@ -97,6 +97,14 @@ def test_fingerprint_follows_what_changes_outputs():
     assert parts["sampling"]["max_tokens"] == 128 and set(parts) == {
         "model", "sampling", "chat_template_hash", "source_hashes",
     }  # fmt: skip
+    # what issue 12 added changes the fingerprint when set, and leaves older runs' alone
+    assert config(turns="all_turns").fingerprint() != base.fingerprint()
+    assert config(template_kwargs={"a": {"enable_thinking": False}}).fingerprint() != base.fingerprint()
+    thinking = Sampling(chat_template_kwargs={"enable_thinking": True})
+    assert config(sampling=thinking).fingerprint() != base.fingerprint()
+    assert base.fingerprint_parts()["sampling"] == {
+        "max_tokens": 512, "temperature": 0.7, "top_p": 1.0, "seed": None, "n": 1,
+    }  # fmt: skip
 
 
 def test_public_names():

@@ -11,6 +11,10 @@ gives token ids and a count, they must agree; the ids are kept (they are what a 
 stores and export trains on; count_source "server_ids"). With a tokenizer and only a
 usage count, the text is re-tokenized and a count below it by more than max(4, 25%) is
 `malformed`: the server under-reports, or tokenizer= is not the target's.
+
+A chat answer's message is read by `message_parts`: `content` is the answer and the thinking
+a server's reasoning parser split off is `reasoning` (vLLM 0.3x, ChatMessage.reasoning) or
+`reasoning_content` (SGLang, DeepSeek's API, older vLLM); counts cover both parts.
 """
 
 from __future__ import annotations
@@ -98,6 +102,43 @@ def ids_ok(ids: Any) -> bool:
 def optional_count(value: Any) -> int | None:
     """A prompt-token count when it is a plain int >= 0 (informational: else None)."""
     return value if plain_int(value) and value >= 0 else None
+
+
+def message_parts(data: Any, url: str) -> tuple[dict, str, str | None]:
+    """(choices[0], its answer text, its thinking) of a chat answer; else `malformed`.
+
+    The thinking is `message.reasoning`, else `message.reasoning_content` (the first that is
+    not null; a value that is neither null nor text is `malformed`). A null content is ""
+    (a length stop inside the thinking leaves no answer); a missing content is `malformed`
+    unless there is thinking.
+
+    Example:
+        >>> msg = {"content": None, "reasoning": "Let me think"}
+        >>> message_parts({"choices": [{"message": msg}]}, "http://h/v1")[1:]
+        ('', 'Let me think')
+    """
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+    except (KeyError, IndexError, TypeError):
+        raise BackendError("malformed", f"no choices[0].message from {url}") from None
+    if not isinstance(choice, dict) or not isinstance(message, dict):
+        raise BackendError("malformed", f"choices[0].message from {url} is not an object")
+    for name in ("reasoning", "reasoning_content"):
+        value = message.get(name)
+        if value is not None and not isinstance(value, str):
+            shown = repr(value)[:40]
+            raise BackendError(
+                "malformed", f"choices[0].message.{name}={shown} from {url} is no text"
+            )
+    reasoning = message.get("reasoning")
+    reasoning = message.get("reasoning_content") if reasoning is None else reasoning
+    if "content" not in message and reasoning is None:
+        raise BackendError("malformed", f"no choices[0].message.content from {url}")
+    text = message.get("content")
+    if text is not None and not isinstance(text, str):
+        raise BackendError("malformed", f"choices[0].message.content from {url} is no text")
+    return choice, text or "", reasoning
 
 
 def check_count(value: Any, what: str, url: str, sampling: Sampling) -> int:

@@ -7,6 +7,15 @@ Backends (all implement kit.types.Backend; transport: one aiohttp session each, 
                                      POSTs input_ids to {base_url}/generate
     make_backend(api, url, model, ...) picks one by RunConfig.api.
 
+Every backend: `await b.complete(messages, sampling, *, timeout, tools=None) -> Completion`.
+    sampling.chat_template_kwargs (when not None) goes into the chat body as the top-level
+    "chat_template_kwargs" (vLLM and SGLang apply it to the template), and SGLangGenerate
+    passes it to its own apply_chat_template; tools (a list of OpenAI tool dicts) goes into
+    the body as "tools", or to apply_chat_template(tools=...).
+    Thinking split off by the server's reasoning parser (message.reasoning or
+    message.reasoning_content, see kit.run.answers.message_parts) is Completion.reasoning and
+    Completion.text is the answer alone; completion_tokens covers both.
+
 Every failure is a kit.types.BackendError with `kind`:
     http_429 (retryable, retry_after from Retry-After), http_5xx (retryable),
     http_4xx (not retryable, except 408/409), connect (refused/reset, retryable),
@@ -49,6 +58,7 @@ from kit.run.answers import (
     check_ids,
     check_usage,
     ids_ok,
+    message_parts,
     normalize_finish,
     optional_count,
     parse_body,
@@ -144,11 +154,24 @@ class _HTTPBackend:
         return clean
 
     async def complete(
-        self, messages: list[Message], sampling: Sampling, *, timeout: float
-    ) -> Completion:
-        """One request; raises BackendError (see the module docstring), redacted."""
+        self, messages: list[Message], sampling: Sampling, *, timeout: float,
+        tools: list[dict] | None = None,
+    ) -> Completion:  # fmt: skip
+        """One request; raises BackendError (see the module docstring), redacted.
+
+        Args:
+            messages: the chat so far, ending with the turn to answer.
+            sampling: sampling parameters, with the dataset's chat_template_kwargs.
+            timeout: seconds for the whole request.
+            tools: OpenAI tool definitions sent with the prompt (None: no "tools").
+        """
         try:
-            return await self._complete(messages, sampling, timeout)
+            if tools is not None and not (
+                isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+            ):
+                msg = f"tools must be a list of tool dicts, got {repr(tools)[:80]}"
+                raise BackendError("config", msg, retryable=False)
+            return await self._complete(messages, sampling, timeout, tools)
         except BackendError as err:
             raise self.redacted(err) from None
 
@@ -202,17 +225,23 @@ class _HTTPBackend:
             await self._session.close()
             self._session = None
 
-    def _retokenize(self, text: str) -> int:
+    def _retokenize(self, *parts: str | None) -> int:
+        """Tokens of the text parts (thinking, answer), each encoded alone and summed.
+
+        Approximate for a split answer: the markers the reasoning parser took out (such as
+        "<think>" and "</think>") are not in either part, so this is what count_source
+        "retokenized" means: a count kit made, not the server's.
+        """
         if self.tokenizer is None:
             msg = (f"{self.url} gave no token counts and no tokenizer was given to re-tokenize: "
                    "pass tokenizer= (the target's local path)")  # fmt: skip
             raise BackendError("config", msg, retryable=False)
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        return sum(len(self.tokenizer.encode(p, add_special_tokens=False)) for p in parts if p)
 
-    def _usage(self, value: Any, what: str, text: str, sampling: Sampling) -> int:
-        """The server's count, checked (and against the text when there is a tokenizer)."""
+    def _usage(self, value: Any, what: str, parts: tuple, sampling: Sampling) -> int:
+        """The server's count, checked (and against the text parts when there is a tokenizer)."""
         has_tokenizer = self._tokenizer_src is not None
-        retokenized = (lambda: self._retokenize(text)) if has_tokenizer else (lambda: None)
+        retokenized = (lambda: self._retokenize(*parts)) if has_tokenizer else (lambda: None)
         return check_usage(value, what, self.url, sampling, retokenized)
 
 
@@ -237,36 +266,40 @@ class OpenAIChat(_HTTPBackend):
         super().__init__(base_url, model, api_key_env=api_key_env, tokenizer=tokenizer)
         self.extra_body = dict(extra_body or {})
 
-    def _body(self, messages: list[Message], sampling: Sampling) -> dict:
+    def _body(self, messages: list[Message], sampling: Sampling,
+              tools: list[dict] | None = None) -> dict:  # fmt: skip
+        """The request body; extra_body wins, except that sampling's chat_template_kwargs
+        are merged over extra_body's (the run's settings are what its records claim)."""
         body = {"model": self.model, "messages": messages, "max_tokens": sampling.max_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p}  # fmt: skip
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        if tools is not None:
+            body["tools"] = tools
         body.update(self.extra_body)
+        kwargs = sampling.chat_template_kwargs
+        if kwargs is not None:
+            extra = body.get("chat_template_kwargs")
+            body["chat_template_kwargs"] = {**(extra if isinstance(extra, dict) else {}), **kwargs}
         return body
 
-    async def _complete(self, messages: list[Message], sampling: Sampling, timeout: float):
-        data = await self._post(self.path, self._body(messages, sampling), timeout)
-        try:
-            choice = data["choices"][0]
-            text = choice["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError) as e:
-            raise BackendError("malformed", f"no choices[0].message.content from {self.url}") from e
-        if not isinstance(text, str):
-            raise BackendError(
-                "malformed", f"choices[0].message.content from {self.url} is no text"
-            )
-        return self._completion(data, choice, text, sampling)
+    async def _complete(self, messages: list[Message], sampling: Sampling, timeout: float,
+                        tools: list[dict] | None = None) -> Completion:  # fmt: skip
+        data = await self._post(self.path, self._body(messages, sampling, tools), timeout)
+        choice, text, reasoning = message_parts(data, self.url)
+        return self._completion(data, choice, text, reasoning, sampling)
 
-    def _completion(self, data: dict, choice: dict, text: str, sampling: Sampling) -> Completion:
+    def _completion(self, data: dict, choice: dict, text: str, reasoning: str | None,
+                    sampling: Sampling) -> Completion:  # fmt: skip
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         finish = normalize_finish(choice.get("finish_reason"))
         prompt_tokens = optional_count(usage.get("prompt_tokens"))
         count = usage.get("completion_tokens")
         if count is not None:
-            n = self._usage(count, "usage.completion_tokens", text, sampling)
-            return Completion(text, finish, n, "usage", prompt_tokens)
-        return Completion(text, finish, self._retokenize(text), "retokenized", prompt_tokens)
+            n = self._usage(count, "usage.completion_tokens", (reasoning, text), sampling)
+            return Completion(text, finish, n, "usage", prompt_tokens, reasoning=reasoning)
+        n = self._retokenize(reasoning, text)
+        return Completion(text, finish, n, "retokenized", prompt_tokens, reasoning=reasoning)
 
 
 class VLLMChat(OpenAIChat):
@@ -276,22 +309,26 @@ class VLLMChat(OpenAIChat):
     ChatCompletionRequest.return_token_ids); reads the top-level "prompt_token_ids"
     (ChatCompletionResponse.prompt_token_ids) and "choices[0].token_ids"
     (ChatCompletionResponseChoice.token_ids). Counts are len(token_ids), count_source
-    "server_ids"; an older vLLM without the ids falls back to usage.
+    "server_ids"; an older vLLM without the ids falls back to usage. With a reasoning
+    parser (vllm serve --reasoning-parser ...) the thinking is ChatMessage.reasoning
+    (0.3x; older: reasoning_content): Completion.reasoning, and token_ids cover it too.
 
     Example (a vLLM server):
         c = await VLLMChat("http://gpu:8000/v1", "Qwen/Qwen3-8B").complete(msgs, Sampling(), timeout=600)
         (c.count_source, len(c.output_ids) == c.completion_tokens)   # ('server_ids', True)
     """
 
-    def _body(self, messages: list[Message], sampling: Sampling) -> dict:
-        body = super()._body(messages, sampling)
+    def _body(self, messages: list[Message], sampling: Sampling,
+              tools: list[dict] | None = None) -> dict:  # fmt: skip
+        body = super()._body(messages, sampling, tools)
         body.setdefault("return_token_ids", True)  # extra_body may turn it off
         return body
 
-    def _completion(self, data: dict, choice: dict, text: str, sampling: Sampling) -> Completion:
+    def _completion(self, data: dict, choice: dict, text: str, reasoning: str | None,
+                    sampling: Sampling) -> Completion:  # fmt: skip
         ids = choice.get("token_ids")
         if ids is None:
-            return super()._completion(data, choice, text, sampling)
+            return super()._completion(data, choice, text, reasoning, sampling)
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         count = usage.get("completion_tokens")
         n = check_ids(ids, count, "choices[0].token_ids", self.url, sampling)
@@ -299,7 +336,10 @@ class VLLMChat(OpenAIChat):
         prompt_ids = prompt_ids if ids_ok(prompt_ids) else None
         finish = normalize_finish(choice.get("finish_reason"))
         n_prompt = len(prompt_ids) if prompt_ids is not None else None
-        return Completion(text, finish, n, "server_ids", n_prompt, ids, prompt_ids)
+        return Completion(text, finish, n, "server_ids", n_prompt, ids, prompt_ids, reasoning)
+
+
+_RENDER_OWN = {"conversation", "tools", "add_generation_prompt", "tokenize", "return_dict"}
 
 
 class SGLangGenerate(_HTTPBackend):
@@ -310,6 +350,16 @@ class SGLangGenerate(_HTTPBackend):
     reads "text", "output_ids" and meta_info {"prompt_tokens", "completion_tokens",
     "finish_reason": {"type": "length", "length": N} | {"type": "stop", "matched": ...}
     | {"type": "abort", ...}} (sglang schedule_batch.py FINISH_*.to_json).
+
+    Thinking is NOT split off: /generate has no reasoning parser, its "text" is the raw
+    decode with the thinking inline (SGLang docs, advanced_features/separate_reasoning.md,
+    "SGLang Native API": /generate answers "...</think>..." and a separate POST
+    /separate_reasoning returns {"reasoning_text", "text"}; the split fields
+    `reasoning_content` / `content` exist only on /v1/chat/completions with
+    --reasoning-parser, docs/references/reasoning_parser.md). So Completion.reasoning is
+    None and Completion.text is the whole raw text; output_ids are the exact generated ids
+    (thinking and answer), which is what the token-id export trains on. Use
+    api="openai" against SGLang's /v1 to get the split.
 
     Args:
         base_url: server root, e.g. "http://127.0.0.1:30000" (no /v1).
@@ -330,15 +380,38 @@ class SGLangGenerate(_HTTPBackend):
             raise ValueError("SGLangGenerate needs tokenizer= (it renders the chat template)")
         super().__init__(base_url, model, api_key_env=api_key_env, tokenizer=tokenizer)
 
-    def render(self, messages: list[Message]) -> list[int]:
-        """Prompt token ids: the chat template with the generation prompt."""
-        out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
+    def render(self, messages: list[Message], *, tools: list[dict] | None = None,
+               chat_template_kwargs: dict | None = None) -> list[int]:  # fmt: skip
+        """Prompt token ids: the chat template with the generation prompt.
+
+        Args:
+            messages: the chat to render.
+            tools: tool definitions, passed as apply_chat_template(tools=...).
+            chat_template_kwargs: extra template variables, e.g. {"enable_thinking": False},
+                passed as **kwargs (the names render sets itself are a `config` error).
+
+        Example:
+            b.render([{"role": "user", "content": "Hi"}], chat_template_kwargs={"enable_thinking": False})
+        """
+        kwargs = dict(chat_template_kwargs or {})
+        clash = sorted(kwargs.keys() & _RENDER_OWN)
+        if clash:
+            msg = f"chat_template_kwargs may not set {clash}: SGLangGenerate.render sets them"
+            raise BackendError("config", msg, retryable=False)
+        tokenizer = self.tokenizer  # loaded here: a load error is not a template error
+        try:
+            out = tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                return_dict=False, **kwargs,
+            )  # fmt: skip
+        except Exception as e:  # a template that rejects these messages/tools/kwargs
+            msg = f"the chat template failed for {self.url}: {type(e).__name__}: {e}"
+            raise BackendError("config", msg, retryable=False) from e
         return list(out)
 
-    async def _complete(self, messages: list[Message], sampling: Sampling, timeout: float):
-        ids = self.render(messages)
+    async def _complete(self, messages: list[Message], sampling: Sampling, timeout: float,
+                        tools: list[dict] | None = None) -> Completion:  # fmt: skip
+        ids = self.render(messages, tools=tools, chat_template_kwargs=sampling.chat_template_kwargs)
         params = {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,
                   "top_p": sampling.top_p}  # fmt: skip
         if sampling.seed is not None:
@@ -354,7 +427,7 @@ class SGLangGenerate(_HTTPBackend):
             n = check_ids(out_ids, count, "output_ids", self.url, sampling)
             return Completion(text, finish, n, "server_ids", len(ids), out_ids, ids)
         if count is not None:
-            n = self._usage(count, "meta_info.completion_tokens", text, sampling)
+            n = self._usage(count, "meta_info.completion_tokens", (text,), sampling)
             return Completion(text, finish, n, "usage", len(ids), None, ids)
         return Completion(text, finish, self._retokenize(text), "retokenized", len(ids))
 

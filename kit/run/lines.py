@@ -126,6 +126,7 @@ def head_problem(row) -> str | None:
 _OPTIONAL_TYPES = {  # field -> accepted types besides None (a record line's other fields)
     "count_source": (str,), "prompt_tokens": (int,), "output_ids": (list,),
     "prompt_ids": (list,), "endpoint": (str,), "latency_s": (int, float), "attempts": (int,),
+    "reasoning": (str,), "tools": (list,), "turns": (list,),
 }  # fmt: skip
 
 
@@ -302,8 +303,20 @@ def _record_schema():
         "completion": pl.String, "finish_reason": pl.String, "completion_tokens": pl.Int64,
         "count_source": pl.String, "prompt_tokens": pl.Int64, "output_ids": pl.List(pl.Int64),
         "prompt_ids": pl.List(pl.Int64), "endpoint": pl.String, "latency_s": pl.Float64,
-        "attempts": pl.Int64, "t_done": pl.Float64,
+        "attempts": pl.Int64, "t_done": pl.Float64, "reasoning": pl.String,
+        "tools": pl.String, "turns": pl.String,  # JSON text (free-form nested lists), or null
     }  # fmt: skip
+
+
+_JSON_COLUMNS = ("tools", "turns")
+
+
+def _cell(row: dict, key: str):
+    """A row's value for its frame column (tools and turns as JSON text)."""
+    value = row.get(key)
+    if key in _JSON_COLUMNS and value is not None:
+        return orjson.dumps(value).decode()
+    return value
 
 
 def read_records(run_dir, datasets=None) -> tuple[object, list[dict]]:
@@ -334,7 +347,7 @@ def _frame(rows: list[tuple]) -> tuple[object, list[dict]]:
     schema = _record_schema()
 
     def build(part):
-        return pl.DataFrame([{k: r.get(k) for k in schema} for _, _, r in part], schema=schema)
+        return pl.DataFrame([{k: _cell(r, k) for k in schema} for _, _, r in part], schema=schema)
 
     try:
         return build(rows), []

