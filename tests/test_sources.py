@@ -266,7 +266,7 @@ def test_malformed_rows_are_counted_by_reason(tmp_path):
         {"messages": "hello"},  # bad_type
         {"messages": [user("ok"), 7, user("again")]},  # bad_type (turn)
         {"other": 1},  # missing_field
-        {"messages": [{"role": "tool", "content": "x"}, user("q")]},  # bad_role
+        {"messages": [{"role": "narrator", "content": "x"}, user("q")]},  # bad_role
         {"messages": [user(12)]},  # non_string_content
         {"messages": [user("   ")]},  # empty_content
         {"messages": [{"role": "assistant", "content": "x"}]},  # no_user_turn
@@ -365,6 +365,7 @@ def test_summary_and_reprs(tmp_path):
         "format",
         "rows",
         "prompts",
+        "with_tools",
         "duplicates",
         "skipped",
         "skip_reasons",

@@ -2,6 +2,7 @@
 
 `sources` (kit.load, reload, prompt ids, skip counting), `inputs` (load's arguments:
 names, format/mapping, directories), `readers` (file and in-memory readers, the entries a
-directory load ignores) and `formats` (detection, per-format row parsers). Imports only
-kit.types.
+directory load ignores), `formats` (detection, per-format row parsers) and `tools`
+(tool definitions carried in the frame's `tools` column, tool turns counted as skips).
+Imports only kit.types.
 """

@@ -2,10 +2,11 @@
 
 detect() names the format from the columns (kit.data.readers reads the rows);
 raw_prompts(row, fmt, mapping) gives the raw turn lists of one row's prompts, each
-[(role, content), ...] (a Skip in either slot marks a broken turn), before
-kit.data.sources cuts each prompt at its last user turn and checks it. A single-prompt
-row whose other prompt fields (instruction, input, instances, problem) hold a value the
-format does not read is a conflicting_fields skip: no prompt text is dropped unsaid.
+[(role, content), ...] (a Skip in either slot marks a broken turn); prompt(turns) cuts one
+at its last user turn and checks it. A single-prompt row whose other prompt fields
+(instruction, input, instances, problem) hold a value the format does not read is a
+conflicting_fields skip: no prompt text is dropped unsaid.
+Tool definitions and tool turns are read by kit.data.tools.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import polars as pl
 
 from kit.data.readers import Skip
+from kit.data.tools import tool_turn
 
 FORMATS = ("sharegpt", "openai", "ultrachat", "alpaca", "magicoder", "opencodeinstruct", "mapping")
 _DETECT_ROWS = 200  # rows whose keys decide the format
@@ -96,7 +98,7 @@ def frame_rows(df: pl.DataFrame, fmt: str, mapping: dict | None) -> list[dict]:
     """Rows of a columnar source: only the needed columns, turn lists cut after the last user turn."""
     if fmt is None:
         return df.to_dicts()
-    wanted = list(mapping.values()) if fmt == "mapping" else _FIELDS[fmt]
+    wanted = [*(mapping.values() if fmt == "mapping" else _FIELDS[fmt]), "tools", "functions"]
     df = df.select([c for c in df.columns if c in wanted])
     trims = [_trim_turns(c, df.schema[c]) for c in df.columns]
     return df.with_columns([t for t in trims if t is not None]).to_dicts()
@@ -128,7 +130,8 @@ def _turn(obj) -> tuple:
     """One turn object (role/content or from/value) -> (role, content); a problem is a Skip in its slot.
 
     The role stays readable when only the content is broken, so the last user turn is found
-    by role alone: a broken last user turn skips the row instead of cutting before it.
+    by role alone: a broken last user turn skips the row instead of cutting before it. A tool
+    call or tool result turn has a tool_turns Skip as its role.
     """
     if not isinstance(obj, dict):
         return (Skip("bad_type", f"turn is a {type(obj).__name__}, not an object"), None)
@@ -137,7 +140,9 @@ def _turn(obj) -> tuple:
     )
     raw, content = obj.get(role_key), obj.get(content_key)
     role = _ROLES.get(raw.lower()) if isinstance(raw, str) else None
-    if role is None:
+    if (role is None or len(obj) > 2) and (skip := tool_turn(obj, raw)) is not None:
+        role = skip  # a tool call or result: kit.data.tools says why it is a skip
+    elif role is None:
         role = (
             Skip("missing_field", "turn without a role")
             if raw is None
@@ -268,3 +273,40 @@ def raw_turns(row: dict, fmt: str, mapping: dict | None) -> list:
     if "messages" in mapping:
         return _system(row, mapping.get("system")) + _turn_list(row, mapping["messages"])
     return _single(row, mapping["prompt"], mapping.get("system"))
+
+
+def prompt(turns: list) -> list[dict]:
+    """Raw turns -> the prompt: cut at the last user turn, check what is kept (a Skip says
+    why not), return the stripped messages.
+
+    Example:
+        >>> prompt([("user", " Hi "), ("assistant", "Hello!")])
+        [{'role': 'user', 'content': 'Hi'}]
+    """
+    last = next((i for i in range(len(turns) - 1, -1, -1) if turns[i][0] == "user"), -1)
+    if last < 0:
+        raise next((t[0] for t in turns if isinstance(t[0], Skip)), Skip("no_user_turn"))
+    messages = []
+    for i, (role, content) in enumerate(turns[: last + 1]):
+        for part in (role, content):
+            if isinstance(part, Skip):
+                raise Skip(part.reason, f"turn {i}: {part.detail}")
+        if not isinstance(content, str):
+            raise Skip("non_string_content", f"turn {i} content is a {type(content).__name__}")
+        if not content.strip():
+            raise Skip("empty_content", f"turn {i} ({role}) is empty")
+        messages.append({"role": role, "content": content.strip()})
+    _check_order([m["role"] for m in messages])
+    return messages
+
+
+def _check_order(roles: list[str]) -> None:
+    """One optional system turn first, then user/assistant alternating from user."""
+    body = roles[1:] if roles[0] == "system" else roles
+    expected = "user"
+    for i, role in enumerate(body):
+        if role != expected:
+            raise Skip(
+                "bad_order", f"{role} at turn {i + len(roles) - len(body)}, {expected} expected"
+            )
+        expected = "assistant" if role == "user" else "user"

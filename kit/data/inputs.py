@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import polars as pl
+
 from kit.data.formats import FORMATS, columns
 from kit.data.readers import list_dir
 
@@ -23,10 +25,11 @@ def check_format(format, mapping) -> str | None:
         return format
     if not isinstance(mapping, dict) or not mapping:
         raise ValueError(f"mapping must be a non-empty dict, got {mapping!r}")
-    unknown = set(mapping) - {"prompt", "system", "messages"}
+    unknown = set(mapping) - {"prompt", "system", "messages", "tools"}
     if unknown or ("prompt" in mapping) == ("messages" in mapping):
         raise ValueError(
-            f"mapping needs exactly one of 'prompt' or 'messages' (plus optional 'system'), got {mapping!r}"
+            "mapping needs exactly one of 'prompt' or 'messages' (plus optional 'system' "
+            f"and 'tools'), got {mapping!r}"
         )
     if not all(isinstance(v, str) and v for v in mapping.values()):
         raise ValueError(f"mapping values must be column names, got {mapping!r}")
@@ -124,9 +127,19 @@ def _stem_name(path: Path) -> str:
     return stem
 
 
-def check_mapping_columns(mapping: dict, rows: list, label: str) -> None:
-    """A mapped column missing from every row is a typo, not a bad row: raise."""
+def check_mapping_columns(mapping: dict, rows, label: str) -> None:
+    """A mapped column missing from every row is a typo, not a bad row: raise. (A tools
+    column only has to exist: most rows of a tool dataset may hold no tools.)"""
     cols = columns(rows)
-    missing = [c for c in mapping.values() if c not in cols]
+    missing = [c for key, c in mapping.items() if key != "tools" and c not in cols]
+    if "tools" in mapping and not _has_key(rows, mapping["tools"]):
+        missing.append(mapping["tools"])
     if missing and cols:
         raise ValueError(f"mapping columns {missing} not found in {label}; columns found {cols}")
+
+
+def _has_key(rows, key: str) -> bool:
+    """True when a frame has the column, or any object row has the key."""
+    if isinstance(rows, pl.DataFrame):
+        return key in rows.columns
+    return any(isinstance(r, dict) and key in r for r in rows)

