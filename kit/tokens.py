@@ -82,6 +82,8 @@ def render(
     add_generation_prompt: bool = True,
     *,
     on_error: str = "raise",
+    tools: list | None = None,
+    template_kwargs: dict | None = None,
 ) -> list[str | None]:
     """Render conversations with the tokenizer's chat template, one string each.
 
@@ -93,6 +95,9 @@ def render(
         messages_list: conversations, each a non-empty list of {"role", "content"} dicts.
         add_generation_prompt: append the assistant header (what a server does).
         on_error: "raise" (ValueError naming the row) or "skip" (None for that row).
+        tools: per conversation, its tool definitions (a list, JSON text, or None); the
+            template puts them into the prompt as a server would.
+        template_kwargs: chat_template_kwargs for every conversation (e.g. enable_thinking).
 
     Returns:
         One rendered string per conversation (None for skipped rows).
@@ -105,7 +110,9 @@ def render(
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     tokenizer = load_tokenizer(tokenizer)
     tokenizer.get_chat_template()  # no template at all: ValueError now, not a null per row
-    gen = {"add_generation_prompt": add_generation_prompt}
+    gen = {**(template_kwargs or {}), "add_generation_prompt": add_generation_prompt}
+    if tools is not None and any(tools):  # one tools list per call: those rows one by one
+        return _render_with_tools(tokenizer, messages_list, tools, gen, on_error)
     out: list[str | None] = []
     for start in range(0, len(messages_list), _CHUNK):
         chunk = list(messages_list[start : start + _CHUNK])
@@ -117,6 +124,19 @@ def render(
                 pass
         for i, messages in enumerate(chunk, start):
             out.append(_render_one(tokenizer, messages, gen, i, on_error))
+    return out
+
+
+def _render_with_tools(tokenizer, messages_list, tools, gen, on_error) -> list[str | None]:
+    """render() for conversations of which some carry tool definitions."""
+    import json
+
+    out: list[str | None] = []
+    for i, (messages, row_tools) in enumerate(zip(messages_list, tools, strict=True)):
+        if isinstance(row_tools, str):
+            row_tools = json.loads(row_tools) if row_tools else None
+        extra = {**gen, "tools": row_tools} if row_tools else gen
+        out.append(_render_one(tokenizer, messages, extra, i, on_error))
     return out
 
 
@@ -197,7 +217,10 @@ def count_prompt_tokens(
     tokenizer = load_tokenizer(tokenizer)
     counts: list[int | None] = []
     for start in range(0, frame.height, _CHUNK):  # a chunk at a time: memory stays flat
-        texts = render(tokenizer, frame[column].slice(start, _CHUNK).to_list(), on_error="skip")
+        tools = frame["tools"].slice(start, _CHUNK).to_list() if "tools" in frame.columns else None
+        texts = render(
+            tokenizer, frame[column].slice(start, _CHUNK).to_list(), on_error="skip", tools=tools
+        )
         lengths = iter(encode_lengths(tokenizer, [t for t in texts if t is not None]))
         counts.extend(None if t is None else next(lengths) for t in texts)
     bad = [i for i, n in enumerate(counts) if n is None]

@@ -240,3 +240,31 @@ def test_gguf_tokenizer_renders_like_the_prepared_folder(tok):
     assert tokens.render(from_gguf, CONVERSATIONS) == tokens.render(tok, CONVERSATIONS)
     a = tokens.count_prompt_tokens(from_gguf, frame)["prompt_tokens"].to_list()
     assert a == tokens.count_prompt_tokens(tok, frame)["prompt_tokens"].to_list()
+
+
+def test_render_puts_tools_and_template_kwargs_into_the_prompt(model_dir, tmp_path):
+    """A tools row is rendered with its tools, as a server renders it; kwargs reach the
+    template (the thinking variant opens its think block unless enable_thinking is false)."""
+    import json
+    import shutil
+
+    from kit.serve.prepare import prepare_thinking_model
+    from kit.tokens import load_tokenizer, render
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% if tools %}TOOLS {{ tools | tojson }}\n{% endif %}" + config["chat_template"]
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip
+    tok = load_tokenizer(str(tmp_path))
+    msgs = [[{"role": "user", "content": "What time is it?"}]] * 3
+    got = render(tok, msgs, tools=[json.dumps(tools), None, tools])
+    assert got[0].startswith("TOOLS [{") and "get_time" in got[0] and got[0] == got[2]
+    assert got[1] == render(tok, msgs[:1])[0] and "TOOLS" not in got[1]
+    think = str(prepare_thinking_model(model_dir))
+    assert render(think, msgs[:1])[0].endswith("<think>\n")
+    off = render(think, msgs[:1], template_kwargs={"enable_thinking": False})[0]
+    assert off.endswith("<|im_start|>assistant\n")

@@ -69,14 +69,17 @@ def model_context(tokenizer: str) -> int | None:
     return int(value) if isinstance(value, int) and 0 < value <= _SANE_MAX else None
 
 
-def too_long(frame, tokenizer, max_context: int, max_tokens: int) -> dict[tuple, int]:
+def too_long(
+    frame, tokenizer, max_context: int, max_tokens: int, template_kwargs: dict | None = None
+) -> dict[tuple, int]:
     """(dataset, prompt_id) -> prompt_tokens for prompts with prompt_tokens + max_tokens > max_context.
 
     Prompts are rendered with the chat template (kit.tokens.render); only those whose
     rendered text has more UTF-8 bytes than half the room are tokenized (a token covers
     at least one byte of text; the factor 2 allows for normalizers that expand text), so
     a million short prompts cost a render, not a tokenization. Prompts the template
-    refuses are left to the server.
+    refuses are left to the server. A `tools` column's definitions are rendered with their
+    prompt, and template_kwargs (e.g. enable_thinking) passed to the template.
 
     Example: too_long(frame, "data/models/SmolLM2-135M-Instruct", 8192, 512)
              -> {("sharegpt", "9f2c..."): 8301}
@@ -84,7 +87,11 @@ def too_long(frame, tokenizer, max_context: int, max_tokens: int) -> dict[tuple,
     from kit.tokens import encode_lengths, render
 
     room = max_context - max_tokens
-    texts = render(tokenizer, frame["messages"].to_list(), on_error="skip")
+    tools = frame["tools"].to_list() if "tools" in frame.columns else None
+    texts = render(
+        tokenizer, frame["messages"].to_list(), on_error="skip", tools=tools,
+        template_kwargs=template_kwargs,
+    )  # fmt: skip
     candidates = [i for i, t in enumerate(texts) if t is not None and 2 * len(t.encode()) > room]
     lengths = encode_lengths(tokenizer, [texts[i] for i in candidates])
     datasets, ids = frame["dataset"].to_list(), frame["prompt_id"].to_list()
@@ -111,8 +118,12 @@ def apply(frame, config, run_dir, done) -> Skips:
     max_tokens, n = config.sampling.max_tokens, config.sampling.n
     check(limit, config.tokenizer, max_tokens)
     unique = frame.unique(subset=["dataset", "prompt_id"], keep="first", maintain_order=True)
+    found: dict[tuple, int] = {}
+    for (name,), part in unique.group_by("dataset", maintain_order=True):
+        kwargs = config.sampling_for(name).chat_template_kwargs
+        found |= too_long(part, config.tokenizer, limit, max_tokens, kwargs)
     skips: Skips = {}
-    for (ds, pid), tokens in too_long(unique, config.tokenizer, limit, max_tokens).items():
+    for (ds, pid), tokens in found.items():
         todo = sum((ds, pid, s) not in done for s in range(n))
         if todo:
             skips[(ds, pid)] = (tokens, todo)
