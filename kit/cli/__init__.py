@@ -54,6 +54,11 @@ def _server_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     )  # fmt: skip
     p.add_argument("--model", help="model name the server expects (required with --base-url)")
     p.add_argument("--tokenizer", help="local path of the target's tokenizer")
+    p.add_argument(
+        "--engine", choices=["transformers", "vllm"],
+        help="the embedded server's engine when no --base-url (vllm: `make vllm` first; "
+        "returns the token ids)",
+    )  # fmt: skip
 
 
 def _run_args(p: argparse.ArgumentParser, default) -> None:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+DEFAULT_ENGINE = "transformers"  # the embedded server's engine (bench/bench_serve.py, README)
 SAMPLES = REPO / "data" / "samples"
 
 
@@ -99,22 +100,32 @@ def _is_embedded(model: str) -> bool:
 
 
 @contextlib.contextmanager
-def _embedded(config, *, start: bool):
-    """Yield config, pointed at a freshly started embedded server when `start`."""
+def _embedded(config, *, start: bool, engine: str | None = None):
+    """Yield config, pointed at a freshly started embedded server when `start`.
+
+    engine: "transformers" or "vllm"; None: the one the config's api implies (a plan made
+    on the vLLM engine has api "vllm"), else kit.serve.DEFAULT_ENGINE.
+    """
     if not start:
         yield config
         return
     from kit import serve
 
+    if engine is None:
+        engine = "vllm" if config.api == "vllm" else "transformers"
     model_dir = config.model if _is_embedded(config.model) else None
-    print("starting the embedded server ...", file=sys.stderr, flush=True)
+    print(f"starting the embedded server ({engine}) ...", file=sys.stderr, flush=True)
     s = config.sampling
-    with serve.start(model_dir, temperature=s.temperature, top_p=s.top_p) as server:
+    timeout = 1200 if engine == "vllm" else 300  # vLLM compiles the model first
+    with serve.start(
+        model_dir, temperature=s.temperature, top_p=s.top_p, engine=engine, timeout=timeout
+    ) as server:
         print(f"embedded server at {server.base_url}", file=sys.stderr, flush=True)
         yield replace(
             config,
             endpoints=[server.base_url],
             model=server.model,
+            api=server.api,
             tokenizer=config.tokenizer or server.tokenizer_path,
         )
 
@@ -207,7 +218,8 @@ def cmd_plan(args) -> int:
         datasets=loaded.paths,
     )
     config.budgets_for(sorted(loaded.frame["dataset"].unique().to_list()))  # before the pilot
-    with _embedded(config, start=not args.base_url) as config:
+    engine = args.engine or DEFAULT_ENGINE
+    with _embedded(config, start=not args.base_url, engine=engine) as config:
         plan_run(
             loaded, config, args.run_dir, per_dataset=args.pilot_per_dataset,
             throughput=args.throughput, sample_cap=args.sample_cap,
@@ -238,7 +250,7 @@ def generate_run(run_dir, args):
     resuming = (run_dir / "config.json").exists()
     prompts = plan.plan_prompts(run_dir, spec)
     start = not args.base_url and _is_embedded(config.model)
-    with _embedded(config, start=start) as config:
+    with _embedded(config, start=start, engine=args.engine) as config:
         print(f"{'resuming' if resuming else 'starting'} the run in {run_dir}", file=sys.stderr)
         return kit.generate_sync(
             prompts, config, run_dir=run_dir, progress=ConsoleMonitor(),

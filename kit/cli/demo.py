@@ -156,9 +156,11 @@ def cmd_demo(args) -> int:
         if args.base_url:
             url, model, tok = args.base_url, args.model, args.tokenizer
         else:
-            print("starting the embedded server ...", file=sys.stderr, flush=True)
-            server = stack.enter_context(kit.serve.start())
+            engine = args.engine or "transformers"
+            print(f"starting the embedded server ({engine}) ...", file=sys.stderr, flush=True)
+            server = stack.enter_context(kit.serve.start(engine=engine, timeout=1200))
             url, model, tok = server.base_url, server.model, server.tokenizer_path
+            parameters["api"] = server.api
         parameters.update(base_url=url, model=model, tokenizer=args.tokenizer or tok)
         executed = run_notebooks(run_dir, parameters)
     report = audit_run(run_dir, args.tokenizer)
