@@ -19,6 +19,10 @@ from kit.plan.pilots import PilotResult
 from kit.report import charts
 from kit.types import RunConfig, Sampling
 
+# the pilots here are small on purpose (fast); the warning they raise is tested in
+# tests/test_plan_censored.py
+pytestmark = pytest.mark.filterwarnings("ignore:weak pilot:UserWarning")
+
 
 def spread(mean: int, n: int = 100) -> list[int]:
     """n lengths (n a multiple of 5) with exactly this mean and a realistic spread (+-40%)."""
@@ -180,7 +184,7 @@ def test_one_number_budgets_every_dataset_and_total_sums():
 
 
 def test_censored_pilot_gets_a_note_and_a_max_tokens_recommendation():
-    lengths = [40, 60, 80, 100] * 5 + [128] * 5  # 20% hit max_tokens=128
+    lengths = [40, 60, 80, 100] * 6 + [128] * 6  # 20% hit max_tokens=128
     table = plan.budget(
         {"a": 10_000}, {"a": lengths}, prompts_available={"a": 1000}, max_tokens=128
     )
@@ -188,10 +192,12 @@ def test_censored_pilot_gets_a_note_and_a_max_tokens_recommendation():
     assert r["truncated_share"] == pytest.approx(0.2)
     assert "censored" in r["note"] and "max_tokens=256" in r["note"]
     assert r["recommended_max_tokens"] == 256
+    assert r["samples_needed_upper"] is None and r["mean_lower"] is None  # no bound claimed
     ok = plan.budget(
-        {"a": 10_000}, {"a": [40, 60, 80, 100] * 5}, prompts_available={"a": 1000}, max_tokens=128
+        {"a": 10_000}, {"a": [40, 60, 80, 100] * 8}, prompts_available={"a": 1000}, max_tokens=128
     )
     assert row(ok, "a")["recommended_max_tokens"] is None and row(ok, "a")["note"] is None
+    assert row(ok, "a")["samples_needed_upper"] > row(ok, "a")["samples_needed"]
 
 
 def test_finish_reason_marks_truncation_without_max_tokens():
@@ -414,7 +420,11 @@ def test_pilot_sample_is_seeded_and_independent_of_row_order():
 
 
 def test_pilot_default_is_at_least_30_per_dataset():
-    assert inspect.signature(plan.pilot).parameters["per_dataset"].default >= 30
+    for fn in (plan.pilot, plan.pilot_sample):
+        assert inspect.signature(fn).parameters["per_dataset"].default == plan.PILOT_PER_DATASET
+    assert plan.PILOT_PER_DATASET >= 30
+    counts = plan.pilot_sample(_prompts({"a": 50, "b": 12})).group_by("dataset").len()
+    assert dict(counts.iter_rows()) == {"a": 30, "b": 12}  # 30, or all when fewer
 
 
 def test_pilot_to_a_dead_server_counts_errors_and_the_plan_refuses_it(free_port):

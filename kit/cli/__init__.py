@@ -30,6 +30,7 @@ from kit.cli.commands import (
 )
 from kit.cli.demo import NotebookFailed, cmd_demo
 from kit.data.formats import FORMATS
+from kit.plan.pilots import PILOT_PER_DATASET
 
 __all__ = ["main", "parser"]
 
@@ -116,7 +117,10 @@ def parser() -> argparse.ArgumentParser:
     pl_.add_argument("--temperature", type=float, default=0.7)
     pl_.add_argument("--seed", type=int, default=0, help="prompt order and pilot sample")
     pl_.add_argument(
-        "--pilot-per-dataset", type=int, default=30, help="pilot prompts per dataset (all if fewer)"
+        "--pilot-per-dataset",
+        type=int,
+        default=PILOT_PER_DATASET,
+        help=f"pilot prompts per dataset (all if fewer; default {PILOT_PER_DATASET})",
     )
     pl_.add_argument("--throughput", type=float, help="tokens/s of the real run (default: pilot's)")
     pl_.add_argument("--sample-cap", type=int, help="naive samples-per-dataset cap to compare")

@@ -178,7 +178,8 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
         budgets,
         result,
         prompts_available=frame,
-        throughput=throughput or result.tokens_per_s,
+        throughput=throughput or result.throughput,
+        concurrency=config.concurrency,
         sample_cap=sample_cap,
     )
     print(summary_text(table))

@@ -1,24 +1,38 @@
 """Stage 2, plan: length profiles, the pilot, samples needed per budget, plan.json.
 
-Modules: `lengths` (profiles), `pilots` (a seeded sample run through kit.run.generate),
-`estimate` (budget(): samples needed, bounds, hours, cap overshoot), `allocation`
-(allocate(): tokens per dataset from hours), `planfile` (plan.json, the hand-over to the
-run stage). The pilot is a small run, so this package sits above kit.run.
+Modules: `lengths` (profiles), `pilots` (a seeded sample run through kit.run.generate, its
+throughput at the run's concurrency), `estimate` (budget(): samples needed, bounds, hours,
+cap overshoot), `inputs` (budget()/allocate() input checks), `allocation` (allocate():
+tokens per dataset from hours), `planfile` (plan.json, the hand-over to the run stage).
+The pilot is a small run, so this package sits above kit.run.
 
-    table = kit.plan.budget({"chat": 10_000_000}, pilot_result, prompts_available=prompts)
+    res = kit.plan.pilot_sync(prompts, config)   # 30 per dataset
+    table = kit.plan.budget({"chat": 10_000_000}, res, prompts_available=prompts,
+                            throughput=res.throughput)
 """
 
 from kit.plan.allocation import allocate
 from kit.plan.estimate import TOTAL, budget
 from kit.plan.lengths import profile, profile_completions, profile_prompts
-from kit.plan.pilots import PilotResult, pilot, pilot_sample, pilot_sync
+from kit.plan.pilots import (
+    PILOT_PER_DATASET,
+    PilotResult,
+    Throughput,
+    measure_throughput,
+    pilot,
+    pilot_sample,
+    pilot_sync,
+)
 from kit.plan.planfile import pilot_means, plan_prompts, read_plan, write_plan
 
 __all__ = [
+    "PILOT_PER_DATASET",
     "TOTAL",
     "PilotResult",
+    "Throughput",
     "allocate",
     "budget",
+    "measure_throughput",
     "pilot",
     "pilot_means",
     "pilot_sample",

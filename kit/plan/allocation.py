@@ -1,6 +1,6 @@
 """allocate(): budgets the other way round, from hours and throughput to tokens per dataset.
 
-Re-exported as kit.plan.allocate; shares kit.plan.estimate's input checks.
+Re-exported as kit.plan.allocate; shares budget()'s input checks (kit/plan/inputs.py).
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
-from kit.plan.estimate import TOTAL, _check_known, _counts, _positive, _samples_frame
+from kit.plan.estimate import TOTAL
+from kit.plan.inputs import _check_known, _counts, _positive, _samples_frame
 from kit.plan.lengths import profile
 
 if TYPE_CHECKING:

@@ -6,9 +6,14 @@ dataset's completion-token budget needs (with an upper confidence bound), whethe
 prompts suffice, how long the run takes, and what a naive per-dataset sample cap would
 produce instead. Re-exported as kit.plan.budget, kit.plan.TOTAL.
 
-    res = await kit.plan.pilot(prompts, config, per_dataset=32)   # config: a kit.RunConfig
+A plan does not claim what its pilot cannot show: a censored pilot (more than
+CENSORED_SHARE of it hit max_tokens) or one with no spread gives no upper bound, a pilot
+of fewer than 30 says it is weak, and a time estimate from a throughput measured at
+another concurrency than the run's says so.
+
+    res = await kit.plan.pilot(prompts, config)   # config: a kit.RunConfig
     table = kit.plan.budget({"sharegpt": 10_000_000}, res, prompts_available=prompts,
-                            throughput=1500, sample_cap=7000)
+                            throughput=res.throughput, sample_cap=7000)
     kit.plan.write_plan(run_dir, table, config, pilot=res)
 """
 
@@ -18,123 +23,22 @@ import math
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
+from kit.plan.inputs import _budgets, _check_known, _counts, _positive, _progress, _samples_frame
 from kit.plan.lengths import _truncated_expr, profile
-from kit.plan.pilots import PilotResult
-from kit.types import Budget
+from kit.plan.pilots import PILOT_PER_DATASET, PilotResult, Throughput
 
 if TYPE_CHECKING:
     import polars as pl
 
 TOTAL = "TOTAL"  # the dataset name of the summary row
-CENSORED_SHARE = 0.05  # above this share of completions hitting max_tokens, the mean is censored
-
-
-# ---------------------------------------------------------------- inputs
-
-
-def _samples_frame(samples: Any) -> pl.DataFrame:
-    """Completion-length samples as a frame with dataset, completion_tokens[, finish_reason]."""
-    import polars as pl
-
-    if isinstance(samples, PilotResult):
-        samples = samples.frame
-    if isinstance(samples, dict):
-        rows = [(d, int(v)) for d, values in samples.items() for v in values]
-        samples = pl.DataFrame(
-            rows, schema={"dataset": pl.String, "completion_tokens": pl.Int64}, orient="row"
-        )
-    if not isinstance(samples, pl.DataFrame):
-        raise ValueError(
-            f"samples must be a frame, a dict or a PilotResult, got {type(samples).__name__}"
-        )
-    for name in ("dataset", "completion_tokens"):
-        if name not in samples.columns:
-            raise ValueError(f"samples has no {name!r} column (columns: {samples.columns})")
-    samples = samples.filter(pl.col("completion_tokens").is_not_null())
-    if samples.height == 0:
-        raise ValueError("samples is empty: the pilot produced no completions to plan from")
-    return samples
-
-
-def _counts(value: Any, field: str) -> dict[str, int]:
-    """A dataset -> int mapping from a dict or a frame with a dataset column (rows counted)."""
-    import polars as pl
-
-    if isinstance(value, pl.DataFrame):
-        if "dataset" not in value.columns:
-            raise ValueError(f"{field} frame has no 'dataset' column (columns: {value.columns})")
-        return dict(value.group_by("dataset").len().iter_rows())
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"{field} must be a dict dataset -> count or a prompt frame, got {type(value).__name__}"
-        )
-    for name, count in value.items():
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise ValueError(f"{field}[{name!r}] must be an int >= 0, got {count!r}")
-    return dict(value)
-
-
-def _budgets(budgets: Any, names: list[str]) -> dict[str, float]:
-    """Validated budgets: a dict, or one number for every dataset in names."""
-    if not isinstance(budgets, dict):
-        budgets = {name: budgets for name in names}
-    Budget(tokens=budgets)  # raises ValueError naming the dataset and the value
-    if not budgets:
-        raise ValueError("budgets is empty: give at least one dataset's token budget")
-    return budgets
-
-
-def _progress(done: Any) -> dict[str, tuple[int, int]]:
-    """Progress so far: dataset -> (samples, tokens), from a dict or a frame."""
-    import polars as pl
-
-    if done is None:
-        return {}
-    if isinstance(done, pl.DataFrame):
-        if {"samples_done", "tokens_done"} <= set(done.columns):
-            return {
-                r[0]: (int(r[1]), int(r[2]))
-                for r in done.select("dataset", "samples_done", "tokens_done").rows()
-            }
-        if "completion_tokens" in done.columns:  # raw records
-            agg = done.group_by("dataset").agg(pl.len(), pl.col("completion_tokens").sum())
-            return {r[0]: (int(r[1]), int(r[2])) for r in agg.rows()}
-        raise ValueError(
-            f"done frame needs samples_done/tokens_done or completion_tokens (columns: {done.columns})"
-        )
-    out = {}
-    for name, pair in done.items():
-        if len(pair) != 2 or min(pair) < 0:
-            raise ValueError(f"done[{name!r}] must be (samples, tokens) >= 0, got {pair!r}")
-        out[name] = (int(pair[0]), int(pair[1]))
-    return out
-
-
-def _positive(value: Any, field: str, allow_none: bool = True) -> None:
-    """Raise ValueError unless value is a positive finite number (or None when allowed)."""
-    if value is None and allow_none:
-        return
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
-    if not ok:
-        raise ValueError(f"{field} must be a positive number, got {value!r}")
-
-
-def _check_known(budgets: dict, stats: dict, available: dict) -> None:
-    """Every budgeted dataset must have samples and a prompt count."""
-    for name in budgets:
-        if name not in stats:
-            raise ValueError(
-                f"budgets[{name!r}]: dataset has no completion samples (samples has: {sorted(stats)})"
-            )
-        if name not in available:
-            raise ValueError(
-                f"budgets[{name!r}]: dataset not in prompts_available (has: {sorted(available)})"
-            )
+# Above this share of pilot completions cut at max_tokens, the pilot's mean is censored
+# (the target's own lengths are longer, by an amount the pilot cannot show), so the plan
+# gives no upper bound. Why 10%: with an exponential tail the cut mean is low by about the
+# cut share itself (E[min(L, M)] = mu * (1 - share)), so up to 10% that bias stays well
+# inside the bound's own half-width at the default pilot of 30 (~30% for lengths with
+# CV ~1); and above 10% of 30 means 4 or more cut, while a 5% threshold would fire on 2 of
+# 30, a share too noisy to act on (its 95% interval runs from 1% to 22%).
+CENSORED_SHARE = 0.10
 
 
 def t_quantile(confidence: float, dof: int) -> float:
@@ -165,7 +69,8 @@ def budget(
     *,
     prompts_available: dict[str, int] | pl.DataFrame,
     done: dict[str, tuple[int, int]] | pl.DataFrame | None = None,
-    throughput: float | None = None,
+    throughput: float | Throughput | None = None,
+    concurrency: int | None = None,
     max_tokens: int | None = None,
     confidence: float = 0.95,
     sample_cap: int | None = None,
@@ -179,7 +84,13 @@ def budget(
         prompts_available: dataset -> samples the prompts can give, or a prompt frame.
         done: progress so far, dataset -> (samples, tokens), or a frame (records, or
             samples_done/tokens_done columns). The remainder is planned at the sample mean.
-        throughput: completion tokens/s of the whole run (for hours_to_go, cap_hours).
+        throughput: completion tokens/s of the whole run (for hours_to_go, cap_hours): a
+            number (taken as the rate at the run's concurrency), or a Throughput
+            (PilotResult.throughput), whose concurrency is checked against the run's.
+        concurrency: the run's requests in flight (default: a PilotResult's, i.e. the
+            RunConfig.concurrency it ran with). When a Throughput was measured at another
+            concurrency (or the run's is unknown) every row's note says the time is
+            extrapolated.
         max_tokens: the pilot's max_tokens (lengths >= it count as truncated; default: a
             PilotResult's own).
         confidence: one-sided level of samples_needed_upper (Student-t on the mean).
@@ -192,6 +103,10 @@ def budget(
         samples_needed (ceil(remaining / mean)), samples_needed_upper (ceil(remaining /
         mean_lower)), prompts_available, shortfall, max_tokens_available, hours_to_go, cap,
         cap_tokens, overshoot (cap_tokens / budget), cap_hours, recommended_max_tokens, note.
+        mean_lower and samples_needed_upper are null when the pilot cannot bound the mean:
+        fewer than 2 samples, no spread, or censored (truncated_share > CENSORED_SHARE:
+        the lengths were cut at max_tokens, the note says by how much and what to re-pilot
+        with; cap_tokens, max_tokens_available and cap_hours are then lower bounds).
 
     Example:
         >>> t = budget({"sharegpt": 10_000_000}, {"sharegpt": [3793] * 50},
@@ -203,6 +118,10 @@ def budget(
 
     if max_tokens is None and isinstance(samples, PilotResult):
         max_tokens = samples.sampling.max_tokens
+    if concurrency is None and isinstance(samples, PilotResult):
+        concurrency = samples.concurrency
+    _positive(concurrency, "concurrency")
+    rate, time_note = _rate(throughput, concurrency)
     frame = _samples_frame(samples)
     stats = {
         row["dataset"]: row for row in profile(frame, max_tokens=max_tokens).iter_rows(named=True)
@@ -210,7 +129,6 @@ def budget(
     available = _counts(prompts_available, "prompts_available")
     wanted = _budgets(budgets, sorted(stats))
     _check_known(wanted, stats, available)
-    _positive(throughput, "throughput")
     _positive(sample_cap, "sample_cap")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
@@ -223,7 +141,7 @@ def budget(
             stats[name],
             available[name],
             progress.get(name, (0, 0)),
-            throughput=throughput,
+            throughput=rate,
             confidence=confidence,
             sample_cap=sample_cap,
             max_tokens=max_tokens,
@@ -232,7 +150,35 @@ def budget(
         for name in sorted(wanted)
     ]
     table = pl.DataFrame(rows, schema=plan_schema(), orient="row")
-    return pl.concat([table, _total_row(table, throughput)])
+    table = pl.concat([table, _total_row(table, rate)])
+    if time_note:
+        joined = pl.concat_str([pl.col("note"), pl.lit(time_note)], separator="; ")
+        table = table.with_columns(note=pl.coalesce(joined, pl.lit(time_note)))
+    return table
+
+
+def _rate(throughput: Any, concurrency: int | None) -> tuple[float | None, str | None]:
+    """(tokens/s, note) from a number or a Throughput; the note when its concurrency is
+    not the run's."""
+    if not isinstance(throughput, Throughput):
+        _positive(throughput, "throughput")
+        return throughput, None
+    rate, measured = throughput.tokens_per_s, throughput.concurrency
+    _positive(rate, f"throughput (measured with {measured} in flight)")
+    if measured == concurrency:
+        return rate, None
+    said = f"time from {rate:,.1f} tok/s measured with {measured} requests in flight"
+    if concurrency is None:
+        return rate, f"{said}; the run's concurrency is unknown (pass concurrency=)"
+    if measured > concurrency:
+        return rate, (
+            f"{said}, the run allows {concurrency}: hours are extrapolated (likely low: "
+            "throughput usually grows with concurrency)"
+        )
+    return rate, (
+        f"{said}, the run allows {concurrency}: hours are extrapolated (likely high: throughput "
+        f"usually grows with concurrency); pilot at least {concurrency} requests to measure it"
+    )
 
 
 _PLAN_COLUMNS = """dataset:String budget:Float64 n_pilot:Int64 mean:Float64 std:Float64 p50:Float64
@@ -270,8 +216,9 @@ def _plan_row(
 ):
     """One dataset's plan row (values in plan_schema() order)."""
     mean, std, n = st["mean"], st["std"], st["n"]
-    half = t_quantile(confidence, n - 1) * std / math.sqrt(n) if std is not None and n > 1 else None
-    lower = mean - half if half is not None else None
+    censored = st["truncated_share"] is not None and st["truncated_share"] > CENSORED_SHARE
+    bounded = n > 1 and std is not None and std > 0 and not censored
+    lower = mean - t_quantile(confidence, n - 1) * std / math.sqrt(n) if bounded else None
     s_done, t_done = progress
     remaining = max(target - t_done, 0.0)
     needed = math.ceil(remaining / mean) if mean > 0 else None
@@ -281,7 +228,6 @@ def _plan_row(
     expected = min(remaining, left * mean)
     cap = min(sample_cap or available, available)
     cap_tokens = cap * mean
-    censored = st["truncated_share"] is not None and st["truncated_share"] > CENSORED_SHARE
     recommend = _recommend_max_tokens(max_tokens, st["max"], p99_uncensored) if censored else None
     note = _note(st, needed, upper, left, t_done + left * mean, remaining, recommend, max_tokens)
     return (
@@ -319,11 +265,11 @@ def _note(st, needed, upper, left, most, remaining, recommend, max_tokens) -> st
     """Plain-text warnings for one plan row."""
     parts = []
     if recommend is not None:
-        cap = max_tokens if max_tokens is not None else st["max"]
+        cap = f"={max_tokens}" if max_tokens is not None else f" (longest: {st['max']})"
         parts.append(
-            f"{st['truncated_share']:.0%} of pilot completions hit max_tokens={cap}: the mean is "
-            f"censored (true lengths are longer) and as many samples will be cut short; to keep "
-            f"them whole, re-pilot with max_tokens={recommend}"
+            f"censored: {st['truncated_share']:.0%} of the pilot hit max_tokens{cap}; re-pilot "
+            f"with a larger max_tokens for an upper bound (try max_tokens={recommend}); as "
+            f"many samples of the run would be cut short"
         )
     if remaining == 0:
         parts.append("budget reached")
@@ -337,6 +283,12 @@ def _note(st, needed, upper, left, most, remaining, recommend, max_tokens) -> st
         parts.append(f"may run short: upper bound {upper:,} samples > {left:,} prompts left")
     if st["n"] < 2:
         parts.append("one pilot sample: no confidence bound")
+    elif st["std"] == 0 and recommend is None:
+        parts.append(f"no spread: all {st['n']} pilot lengths are {st['mean']:.0f}, no upper bound")
+    if 1 < st["n"] < PILOT_PER_DATASET:
+        parts.append(
+            f"weak: a pilot of {st['n']} (fewer than {PILOT_PER_DATASET}) may be far off the mean"
+        )
     return "; ".join(parts) or None
 
 

@@ -28,10 +28,17 @@ class Planner:
     """
 
     def __init__(
-        self, budgets, samples, *, prompts_available, throughput, max_tokens=None, sample_cap=None
-    ):
+        self, budgets, samples, *, prompts_available, throughput, max_tokens=None,
+        sample_cap=None, concurrency=None,
+    ):  # fmt: skip
         import ipywidgets as w
 
+        # a kit.plan.Throughput (the pilot's, with the concurrency it was measured at) is kept
+        # while the box shows its rate, so the plan notes an extrapolation to the run's
+        # concurrency; a number typed in is the rate at the run's concurrency
+        self._measured = throughput if hasattr(throughput, "tokens_per_s") else None
+        rate = throughput.tokens_per_s if self._measured else throughput
+        self._concurrency = concurrency
         self._samples = samples
         self._available = prompts_available
         self._max_tokens = max_tokens
@@ -45,7 +52,7 @@ class Planner:
             for name, v in sorted(budgets.items())
         }
         self.throughput = w.FloatText(
-            value=round(float(throughput), 2),
+            value=round(float(rate), 2),
             description="throughput tok/s",
             style=style,
             layout=layout,
@@ -79,14 +86,18 @@ class Planner:
         """kit.plan.budget over the current widget values."""
         from kit import plan
 
+        throughput = self.throughput.value
+        if self._measured is not None and throughput == round(self._measured.tokens_per_s, 2):
+            throughput = self._measured
         return plan.budget(
             self.budgets,
             self._samples,
             prompts_available=self._available,
-            throughput=self.throughput.value,
+            throughput=throughput,
             max_tokens=self._max_tokens,
             confidence=self.confidence.value,
             sample_cap=self._cap,
+            concurrency=self._concurrency,
         )
 
     def _changed(self, _change: Any) -> None:
@@ -135,7 +146,7 @@ def summary_text(table) -> str:
         pl.col(pl.Float64).round(3)
     )  # every row and column, for logs: nothing hidden behind "..."
     with pl.Config(
-        tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, fmt_str_lengths=80,
+        tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, fmt_str_lengths=400,
         tbl_hide_dataframe_shape=True,
     ):  # fmt: skip
         return str(frame)

@@ -1,0 +1,121 @@
+"""budget() and allocate()'s input checks: samples, counts, budgets, progress, numbers.
+
+Each turns what a caller may pass (a frame, a dict, a PilotResult, one number) into one
+shape, or raises a ValueError that names the field and the value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from kit.plan.pilots import PilotResult
+from kit.types import Budget
+
+if TYPE_CHECKING:
+    import polars as pl
+
+
+def _samples_frame(samples: Any) -> pl.DataFrame:
+    """Completion-length samples as a frame with dataset, completion_tokens[, finish_reason]."""
+    import polars as pl
+
+    if isinstance(samples, PilotResult):
+        samples = samples.frame
+    if isinstance(samples, dict):
+        rows = [(d, int(v)) for d, values in samples.items() for v in values]
+        samples = pl.DataFrame(
+            rows, schema={"dataset": pl.String, "completion_tokens": pl.Int64}, orient="row"
+        )
+    if not isinstance(samples, pl.DataFrame):
+        raise ValueError(
+            f"samples must be a frame, a dict or a PilotResult, got {type(samples).__name__}"
+        )
+    for name in ("dataset", "completion_tokens"):
+        if name not in samples.columns:
+            raise ValueError(f"samples has no {name!r} column (columns: {samples.columns})")
+    samples = samples.filter(pl.col("completion_tokens").is_not_null())
+    if samples.height == 0:
+        raise ValueError("samples is empty: the pilot produced no completions to plan from")
+    return samples
+
+
+def _counts(value: Any, field: str) -> dict[str, int]:
+    """A dataset -> int mapping from a dict or a frame with a dataset column (rows counted)."""
+    import polars as pl
+
+    if isinstance(value, pl.DataFrame):
+        if "dataset" not in value.columns:
+            raise ValueError(f"{field} frame has no 'dataset' column (columns: {value.columns})")
+        return dict(value.group_by("dataset").len().iter_rows())
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{field} must be a dict dataset -> count or a prompt frame, got {type(value).__name__}"
+        )
+    for name, count in value.items():
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"{field}[{name!r}] must be an int >= 0, got {count!r}")
+    return dict(value)
+
+
+def _budgets(budgets: Any, names: list[str]) -> dict[str, float]:
+    """Validated budgets: a dict, or one number for every dataset in names."""
+    if not isinstance(budgets, dict):
+        budgets = {name: budgets for name in names}
+    Budget(tokens=budgets)  # raises ValueError naming the dataset and the value
+    if not budgets:
+        raise ValueError("budgets is empty: give at least one dataset's token budget")
+    return budgets
+
+
+def _progress(done: Any) -> dict[str, tuple[int, int]]:
+    """Progress so far: dataset -> (samples, tokens), from a dict or a frame."""
+    import polars as pl
+
+    if done is None:
+        return {}
+    if isinstance(done, pl.DataFrame):
+        if {"samples_done", "tokens_done"} <= set(done.columns):
+            return {
+                r[0]: (int(r[1]), int(r[2]))
+                for r in done.select("dataset", "samples_done", "tokens_done").rows()
+            }
+        if "completion_tokens" in done.columns:  # raw records
+            agg = done.group_by("dataset").agg(pl.len(), pl.col("completion_tokens").sum())
+            return {r[0]: (int(r[1]), int(r[2])) for r in agg.rows()}
+        raise ValueError(
+            f"done frame needs samples_done/tokens_done or completion_tokens (columns: {done.columns})"
+        )
+    out = {}
+    for name, pair in done.items():
+        if len(pair) != 2 or min(pair) < 0:
+            raise ValueError(f"done[{name!r}] must be (samples, tokens) >= 0, got {pair!r}")
+        out[name] = (int(pair[0]), int(pair[1]))
+    return out
+
+
+def _positive(value: Any, field: str, allow_none: bool = True) -> None:
+    """Raise ValueError unless value is a positive finite number (or None when allowed)."""
+    if value is None and allow_none:
+        return
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+    if not ok:
+        raise ValueError(f"{field} must be a positive number, got {value!r}")
+
+
+def _check_known(budgets: dict, stats: dict, available: dict) -> None:
+    """Every budgeted dataset must have samples and a prompt count."""
+    for name in budgets:
+        if name not in stats:
+            raise ValueError(
+                f"budgets[{name!r}]: dataset has no completion samples (samples has: {sorted(stats)})"
+            )
+        if name not in available:
+            raise ValueError(
+                f"budgets[{name!r}]: dataset not in prompts_available (has: {sorted(available)})"
+            )
