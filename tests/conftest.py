@@ -47,7 +47,7 @@ def embedded_server(model_dir):
     """One `transformers serve` for the whole session, stopped at the end."""
     from kit.serve import start
 
-    server = start(model_dir, timeout=SERVER_TIMEOUT)
+    server = start(model_dir, timeout=SERVER_TIMEOUT, engine="transformers")
     yield server
     server.stop()
 

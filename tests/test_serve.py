@@ -135,7 +135,7 @@ def test_max_tokens_gives_finish_reason_length(embedded_server):
 
 @pytest.mark.server
 def test_start_and_stop_leave_no_process(model_dir):
-    with serve.start(model_dir, timeout=300) as server:
+    with serve.start(model_dir, timeout=300, engine="transformers") as server:
         assert server.alive() and server.pid in group_pids(server.pid)
         assert serve_pids(server.port) == [server.pid]
         assert chat(server, "Hi", max_tokens=3)["usage"]["completion_tokens"] == 3
@@ -148,7 +148,7 @@ def test_start_and_stop_leave_no_process(model_dir):
 def test_bad_model_dir_raises_with_log(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(serve.ServerError) as info:
-        serve.start(tmp_path, timeout=300, log_path=tmp_path / "serve.log")
+        serve.start(tmp_path, timeout=300, log_path=tmp_path / "serve.log", engine="transformers")
     assert "exited with code" in str(info.value)
     assert info.value.log.strip() and info.value.log in str(info.value)
     assert (tmp_path / "serve.log").read_text().strip()
@@ -166,7 +166,7 @@ def test_start_validates_sampling(model_dir):
 def test_normal_exit_leaves_no_orphan(model_dir):
     code = textwrap.dedent(f"""
         from kit.serve import start
-        server = start({str(model_dir)!r}, timeout=300)
+        server = start({str(model_dir)!r}, timeout=300, engine="transformers")
         print(server.port, server.pid, flush=True)
     """)  # exits without stop(): the atexit hook must stop the server
     out = subprocess.run(

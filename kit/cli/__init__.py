@@ -57,8 +57,8 @@ def _server_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     p.add_argument("--tokenizer", help="local path of the target's tokenizer")
     p.add_argument(
         "--engine", choices=["transformers", "vllm"],
-        help="the embedded server's engine when no --base-url (vllm: `make vllm` first; "
-        "returns the token ids)",
+        help="the embedded server's engine when no --base-url: vllm (the default for a new "
+        "plan; returns the token ids) or transformers",
     )  # fmt: skip
 
 
@@ -88,7 +88,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, help="TCP port (default: a free one)")
     s.add_argument("--temperature", type=float, default=0.7, help="server-wide sampling")
     s.add_argument("--top-p", type=float, default=1.0, help="server-wide nucleus sampling")
-    s.add_argument("--timeout", type=float, default=300, help="seconds to wait for start-up")
+    s.add_argument(
+        "--timeout", type=float, help="seconds to wait for start-up (default 300, vllm 1200)"
+    )
+    s.add_argument("--engine", choices=["transformers", "vllm"], default="vllm",
+                   help="vllm (default: faster, returns token ids; `make vllm`) or transformers")  # fmt: skip
     s.set_defaults(fn=cmd_serve)
 
     d = sub.add_parser(

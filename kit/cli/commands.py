@@ -16,7 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_ENGINE = "transformers"  # the embedded server's engine (bench/bench_serve.py, README)
 SAMPLES = REPO / "data" / "samples"
 
 
@@ -116,10 +115,7 @@ def _embedded(config, *, start: bool, engine: str | None = None):
     model_dir = config.model if _is_embedded(config.model) else None
     print(f"starting the embedded server ({engine}) ...", file=sys.stderr, flush=True)
     s = config.sampling
-    timeout = 1200 if engine == "vllm" else 300  # vLLM compiles the model first
-    with serve.start(
-        model_dir, temperature=s.temperature, top_p=s.top_p, engine=engine, timeout=timeout
-    ) as server:
+    with serve.start(model_dir, temperature=s.temperature, top_p=s.top_p, engine=engine) as server:
         print(f"embedded server at {server.base_url}", file=sys.stderr, flush=True)
         yield replace(
             config,
@@ -219,6 +215,8 @@ def cmd_plan(args) -> int:
         datasets=loaded.paths,
     )
     config.budgets_for(sorted(loaded.frame["dataset"].unique().to_list()))  # before the pilot
+    from kit.serve import DEFAULT_ENGINE
+
     engine = args.engine or DEFAULT_ENGINE
     with _embedded(config, start=not args.base_url, engine=engine) as config:
         plan_run(
@@ -340,7 +338,9 @@ def cmd_serve(args) -> int:
     from kit.serve.server import main
 
     argv = ["--host", args.host, "--temperature", str(args.temperature)]
-    argv += ["--top-p", str(args.top_p), "--timeout", str(args.timeout)]
+    argv += ["--top-p", str(args.top_p), "--engine", args.engine]
+    if args.timeout is not None:
+        argv += ["--timeout", str(args.timeout)]
     if args.port is not None:
         argv += ["--port", str(args.port)]
     return main(argv)

