@@ -322,3 +322,58 @@ def test_charts_render_png(chart_run, tmp_path):
         png = vlc.vegalite_to_png(build(report).to_json(), scale=1)
         assert png[:8] == b"\x89PNG\r\n\x1a\n", build.__name__
         assert len(png) > 5_000, (build.__name__, len(png))
+
+
+# ---------------------------------------------------------------- thinking models, all_turns
+
+
+def test_reasoning_finish_class_and_think_markers(tmp_path):
+    recs = [make_record(None, "r", i, f"q{i}", ANSWERS[i], ids=False) for i in range(4)]
+    recs[0].finish_reason, recs[0].completion, recs[0].reasoning = "length", "", "Let me see..."
+    recs[1].finish_reason, recs[1].reasoning = "length", "Short thought."  # truncated answer
+    recs[2].completion = "<think>plan</think> Paris."  # the parser did not split it
+    run = plant_run(tmp_path / "run", recs, budgets={"r": 10_000})
+    report = kit.audit(run)
+    finish = dict(report.finish.select("finish_reason", "count").iter_rows())
+    assert finish == {"stop": 2, "length": 1, "length_in_reasoning": 1}
+    row = report.datasets.row(0, named=True)
+    assert (row["length"], row["length_in_reasoning"], row["think_markers"], row["reasoning"]) == (2, 1, 1, 2)  # fmt: skip
+    found = {f["check"]: f["message"] for f in report.findings.iter_rows(named=True)}
+    assert "1 of 4 records (25.0%) finish_reason length with an empty answer" in found["length_in_reasoning"]  # fmt: skip
+    assert "<think> / </think>" in found["think_markers"]
+    assert report.records["finish_class"].to_list()[:2] == ["length_in_reasoning", "length"]
+
+
+def test_all_turns_counts_are_checked_per_turn(tmp_path):
+    """completion_tokens counts every generated turn, output_ids only the last one."""
+    rec = make_record(None, "m", 0, "q", "last answer", ids=False)
+    rec.output_ids, rec.count_source = list(range(60)), "server_ids"
+    turns = [{"content": "a", "reasoning": None, "finish_reason": "stop", "completion_tokens": 50,
+              "count_source": "server_ids", "output_ids": list(range(50)), "prompt_ids": [1]}]  # fmt: skip
+    rec.turns, rec.completion_tokens = turns, 110  # > max_tokens + 1, but no turn is
+    bad = make_record(None, "m", 1, "q2", "other answer", ids=False)
+    bad.output_ids, bad.count_source = list(range(10)), "server_ids"
+    bad.turns = [dict(turns[0], output_ids=list(range(49)))]  # this turn's ids miss one
+    bad.completion_tokens = 60
+    run = plant_run(tmp_path / "run", [rec, bad], budgets={"m": 10_000})
+    flags = kit.audit(run).records.sort("t_done")
+    assert flags["count_over_max"].to_list() == [False, False]
+    assert flags["ids_len_mismatch"].to_list() == [False, True]
+
+
+def test_ids_match_text_with_reasoning():
+    from kit.report.flags import ids_match_text
+
+    class Tok:  # ids index a tiny vocabulary; 0 is the only special token
+        all_special_ids = [0]
+        vocab = ["<eos>", "<think>", "\nplan\n", "</think>", "\n\n", "Paris"]
+
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(self.vocab[i] for i in ids if not (skip_special_tokens and i == 0))
+
+    ids = [1, 2, 3, 4, 5, 0]
+    assert ids_match_text(Tok(), ids, "Paris", "plan")
+    assert not ids_match_text(Tok(), ids, "Paris")  # without the reasoning it is no match
+    assert not ids_match_text(Tok(), ids, "Rome", "plan")
+    assert not ids_match_text(Tok(), ids, "Paris", "other thoughts")
+    assert ids_match_text(Tok(), [5, 0], "Paris")

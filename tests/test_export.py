@@ -54,9 +54,13 @@ def planted(tmp_path, tok, model_dir):
 
 
 def check_token_row(tok, row, conv, finish):
-    """decode(input_ids) == the chat template's rendering; the mask covers the completion only."""
+    """decode(input_ids) == the chat template's rendering (an exact row from the server's ids
+    ends where the model stopped: no template text after it); the mask covers the completion
+    only."""
     full = tok.apply_chat_template(conv, tokenize=False)
     prompt = tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True)
+    if row["ids_source"] == "server":
+        full = prompt + conv[-1]["content"] + (tok.eos_token if finish == "stop" else "")
     ids, mask = row["input_ids"], row["loss_mask"]
     assert len(ids) == len(mask) and all(type(i) is int for i in ids)
     assert tok.decode(ids, skip_special_tokens=False) == full

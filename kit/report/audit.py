@@ -7,62 +7,31 @@ responses, error rate, where token counts came from, whether those counts are co
 int in 0..max_tokens+1, equal to len(output_ids), not far below the text's own token count),
 (where the server returned token ids) whether those ids decode to the stored text, and the
 record lines that could not be read at all. A run with no records gives empty tables and a
-"no_records" finding per dataset.
+"no_records" finding per dataset. Thinking models: a "length" finish with an empty answer
+and non-empty reasoning is its own finish class, "length_in_reasoning" (in `finish` and a
+finding), and answers holding <think> / </think> markers are counted and flagged per dataset
+("think_markers": the server's reasoning parser did not split them off). The per-record
+checks live in kit/report/flags.py.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
-import re
-import unicodedata
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.report.tokenrows import (  # noqa: F401 - re-exported for callers of kit.report.audit
+from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
+    AuditThresholds,
+    finish_class,
+    flag_records,
     ids_match_text,
     ids_text_flags,
-    load_tokenizer_for,
-    strip_end_ids,
+    normalize_text,
     under_reported_flags,
 )
+from kit.report.tokenrows import load_tokenizer_for, strip_end_ids  # noqa: F401 - re-exported
 from kit.run.lines import safe_name
 
 FINDING_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
-_PUNCT_DIGITS = re.compile(r"[\d\W_]+", re.UNICODE)
-
-
-@dataclass(slots=True)
-class AuditThresholds:
-    """What counts as a problem. Shares are fractions of a dataset's records (0 = any).
-
-    A dataset is over budget when its tokens exceed the budget by more than
-    max(over_budget_share * budget, max_tokens); under budget when below it with prompts left.
-    """
-
-    over_budget_share: float = 0.01
-    truncation_share: float = 0.05
-    empty_share: float = 0.0
-    duplicate_share: float = 0.0  # exact duplicates (copies beyond the first)
-    near_duplicate_share: float = 0.0  # same normalized text, not exact copies
-    echo_share: float = 0.0
-    error_rate: float = 0.01  # unresolved errors / (records + unresolved errors)
-    other_finish_share: float = 0.0  # finish reasons other than stop/length
-    retokenized_share: float = 0.5  # counts estimated by re-tokenizing (not from the server)
-    under_report_ratio: float = 0.5  # a server count below this x the re-tokenized text's
-    echo_similarity: float = 0.9  # completion "mostly equals" the last user message
-    echo_min_chars: int = 16  # shorter user messages are never called echoed
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "echo_min_chars":
-                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-            else:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-                ok = ok and not math.isnan(value) and 0 <= value <= 1
-            if not ok:
-                raise ValueError(f"AuditThresholds.{f.name} has an invalid value {value!r}")
 
 
 @dataclass
@@ -70,7 +39,8 @@ class AuditReport:
     """The audit of one run: per-dataset tables, flagged records and the findings.
 
     Frames: datasets (one row per dataset), lengths (completion-length distribution),
-    finish (dataset x finish_reason counts), records (every record with flag columns),
+    finish (dataset x finish class counts: the finish_reason, or "length_in_reasoning" for a
+    length finish with only reasoning), records (every record with flag columns),
     findings (dataset, check, value, threshold, severity, message; empty when clean).
     """
 
@@ -120,81 +90,6 @@ class AuditReport:
         return self.summary()
 
 
-def normalize_text(text: str) -> str:
-    """Lowercase, drop punctuation and digits, collapse whitespace (near-duplicate key).
-
-    Example:
-        >>> normalize_text("Hello,  World! 42")
-        'hello world'
-    """
-    text = unicodedata.normalize("NFKC", text).lower()
-    return " ".join(_PUNCT_DIGITS.sub(" ", text).split())
-
-
-def _last_user(messages) -> str:
-    for m in reversed(messages or []):
-        if m["role"] == "user":
-            return m["content"] or ""
-    return ""
-
-
-def _is_echo(user: str, completion: str, th: AuditThresholds) -> bool:
-    u, c = normalize_text(user), normalize_text(completion)
-    if len(u) < th.echo_min_chars or not c:
-        return False
-    if c.startswith(u):
-        return True
-    if 2 * min(len(u), len(c)) / (len(u) + len(c)) < th.echo_similarity:
-        return False  # the ratio cannot reach the threshold
-    return difflib.SequenceMatcher(None, u, c, autojunk=False).ratio() >= th.echo_similarity
-
-
-def flag_records(
-    records, *, tokenizer=None, thresholds: AuditThresholds | None = None, max_tokens=None
-):
-    """Add flag columns to a records frame (kit.run.store.records_frame).
-
-    Adds: empty, dup_exact (a copy of an earlier completion in its dataset), dup_near (same
-    normalized text, not an exact copy), echo, has_ids, ids_len_mismatch (completion_tokens
-    != len(output_ids)), ids_text_mismatch (null without a tokenizer or ids), under_reported
-    (completion_tokens < under_report_ratio x the completion re-tokenized; null without a
-    tokenizer or when the count was re-tokenized), count_over_max (completion_tokens >
-    max_tokens + 1; False without max_tokens). Earlier is by t_done, so the first copy is
-    never flagged.
-
-    Example: flag_records(records_frame(run_dir))["dup_exact"].sum() -> exact repeats in the run
-    """
-    import polars as pl
-
-    th = thresholds or AuditThresholds()
-    recs = records.with_row_index("_row").sort("t_done", maintain_order=True)
-    norm = [normalize_text(t) for t in recs["completion"]]
-    empty = [not t.strip() for t in recs["completion"]]
-    pairs = zip(recs["messages"].to_list(), recs["completion"].to_list(), strict=True)
-    echo = [_is_echo(_last_user(m), c, th) for m, c in pairs]
-    over = pl.lit(False) if max_tokens is None else pl.col("completion_tokens") > max_tokens + 1
-    recs = recs.with_columns(
-        pl.Series("empty", empty, dtype=pl.Boolean),
-        pl.Series("_norm", norm, dtype=pl.String),
-        pl.Series("echo", echo, dtype=pl.Boolean),
-        has_ids=pl.col("output_ids").is_not_null(),
-        ids_len_mismatch=pl.col("output_ids").is_not_null()
-        & (pl.col("output_ids").list.len() != pl.col("completion_tokens")),
-        count_over_max=over,
-    )
-    first_exact = pl.int_range(pl.len()).over(["dataset", "completion"]) > 0
-    first_norm = pl.int_range(pl.len()).over(["dataset", "_norm"]) > 0
-    recs = recs.with_columns(
-        dup_exact=~pl.col("empty") & first_exact,
-        dup_near=~pl.col("empty") & (pl.col("_norm") != "") & first_norm & ~first_exact,
-    )
-    recs = recs.with_columns(
-        ids_text_flags(recs, tokenizer),
-        under_reported_flags(recs, tokenizer, th.under_report_ratio),
-    )
-    return recs.sort("_row").drop("_row", "_norm")
-
-
 def _prompt_totals(run_dir: Path, n: int) -> dict[str, int]:
     """dataset -> samples available (prompts x n), from prompts.parquet ({} when absent)."""
     import polars as pl
@@ -234,6 +129,9 @@ def _dataset_table(flags, config, errors, totals: dict[str, int], corrupt: list[
         max=c("completion_tokens").max(),
         stop=(c("finish_reason") == "stop").sum(),
         length=(c("finish_reason") == "length").sum(),
+        length_in_reasoning=(c("finish_class") == "length_in_reasoning").sum(),
+        think_markers=c("think_marker").sum(),
+        reasoning=c("has_reasoning").sum(),
         empty=c("empty").sum(),
         dup_exact=c("dup_exact").sum(),
         dup_near=c("dup_near").sum(),
@@ -363,6 +261,22 @@ _SHARE_CHECKS = [  # check, count column, threshold field, severity, what
     ("duplicate_near", "dup_near", "near_duplicate_share", "warn", "near-duplicate responses"),
     ("echo", "echo", "echo_share", "warn", "responses echoing the prompt"),
     ("finish_other", "other", "other_finish_share", "warn", "finish reasons not stop/length"),
+    (
+        "length_in_reasoning",
+        "length_in_reasoning",
+        "length_in_reasoning_share",
+        "warn",
+        "finish_reason length with an empty answer and non-empty reasoning: the model spent "
+        "every token thinking (raise max_tokens or limit thinking)",
+    ),
+    (
+        "think_markers",
+        "think_markers",
+        "think_marker_share",
+        "warn",
+        "answers holding <think> / </think> markers: the reasoning parser did not split them "
+        "off (start the server with a reasoning parser matching the model)",
+    ),
     ("retokenized", "retokenized", "retokenized_share", "info", "counts from re-tokenizing"),
 ]
 
@@ -384,7 +298,9 @@ def _share_findings(r: dict, th: AuditThresholds) -> list[tuple]:
 def _finish_table(flags):
     import polars as pl
 
-    out = flags.group_by("dataset", "finish_reason").agg(count=pl.len())
+    out = flags.group_by("dataset", pl.col("finish_class").alias("finish_reason")).agg(
+        count=pl.len()
+    )
     out = out.with_columns(share=pl.col("count") / pl.col("count").sum().over("dataset"))
     return out.sort("dataset", "count", descending=[False, True])
 

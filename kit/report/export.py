@@ -5,10 +5,13 @@
 
 Layout of an export (every file listed in manifest.json with its sha256 and row count):
 
-    specforge/{train,validation}.jsonl   {"id", "conversations": [{"role", "content"}, ...]}
-    token_ids/{train,validation}.jsonl   {"id", "input_ids": [int], "loss_mask": [0|1]}
+    specforge/{train,validation}.jsonl   {"id", "conversations": [{"role", "content"}, ...],
+                                         "tools": [...] when the record has tools}
+    token_ids/{train,validation}.jsonl   {"id", "input_ids": [int], "loss_mask": [0|1],
+                                         "ids_source": "server" | "retokenized"}
     parquet/{train,validation}.parquet   one row per sample: id, conversations, counts (+ input_ids,
-                                         loss_mask when token_ids is among the formats)
+                                         loss_mask, ids_source when token_ids is among the
+                                         formats; tools as JSON text when any record has them)
     hf/{train,validation}/               datasets.Dataset.save_to_disk (format "hf")
     linehashes/<file>.txt                one short sha256 per JSONL line (validate names the line)
     manifest.json                        how the export was made (written last)
@@ -22,26 +25,37 @@ docs/basic_usage/data_preparation.md "Option 1: Conversation Format" and
 specforge/data/parse.py GeneralParser.parse): `id` a non-empty string; `conversations` a
 list of {"role": "system"|"user"|"assistant", "content": str}; an optional leading system
 message replaces the template's default system prompt; then user/assistant turns, the
-conversation ending with the target's assistant completion.
+conversation ending with the target's assistant completion, which carries the target's
+thinking as "reasoning_content" when it has any; "tools" (the record's tool definitions)
+when present. kit/report/convo.py cites where SpecForge reads each field.
 
-Token-id rows (kit/report/tokenrows.py): the chat template applied to prompt + completion, the
-target's own prompt_ids / output_ids where the run has them (else tokenized); loss_mask is 1
-on the completion tokens and on the end-of-turn token the model emitted (finish_reason
-"stop"), as SpecForge's GeneralParser counts end_of_turn_token in the assistant span.
+Which assistant turns are trained (RunConfig.turns): "last_turn" (default): only the
+generated one; a prompt's earlier assistant turns are the dataset's. Token-id rows mask them
+0; SpecForge has no per-row switch, only train_only_last_turn for the whole dataset, which
+these rows then need (manifest "specforge"). "all_turns": every assistant turn is the
+target's and is trained in both formats (leave train_only_last_turn off). The manifest says
+per dataset how many rows hold earlier turns.
+
+Token-id rows (kit/report/tokenrows.py): exactly the server's prompt_ids + output_ids where
+the record has both ("ids_source": "server"), else the chat template applied to prompt +
+completion with the record's tools and the dataset's chat_template_kwargs ("retokenized",
+approximate); loss_mask is 1 on the generated tokens and on the end-of-turn token the model
+emitted (finish_reason "stop"), as SpecForge's GeneralParser counts end_of_turn_token in the
+assistant span. manifest.json "token_rows" counts per dataset exact vs re-tokenized rows and
+the exact rows whose server prompt ids differ from kit's rendering (reported, never hidden).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-from kit.report.tokenrows import conversation, end_of_turn, row_id, token_rows
+from kit.report import manifest as _manifest
+from kit.report.convo import conversation, row_id, tools_of
+from kit.report.tokenrows import token_rows
 from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re-exported
     ValidationResult,
     clear_export,
@@ -106,6 +120,7 @@ class ExportResult:
             lines.append(f"  {name}: {c['records']} records, {c['tokens']:,} tokens "
                          f"(train {c['train']}, validation {c['validation']})")  # fmt: skip
         lines += [f"  dropped {n} ({why})" for why, n in self.dropped.items() if n]
+        lines += _manifest.summary_lines(self.manifest)
         if self.corrupt:
             listed = self.manifest.get("corrupt_lines", {}).get("lines", [])
             lines.append("  " + describe_corrupt(listed, total=self.corrupt))
@@ -121,7 +136,7 @@ def _select(records, budgets: dict, opts: ExportOptions) -> tuple[object, dict[s
     """Apply the drop / trim / mix options in that order; returns (frame, dropped counts)."""
     import polars as pl
 
-    from kit.report.audit import flag_records
+    from kit.report.flags import flag_records
 
     frame = flag_records(records).sort("t_done", maintain_order=True)
     dropped = {}
@@ -207,31 +222,27 @@ def _write_jsonl(out_dir: Path, rel: str, rows: list[dict], files: dict) -> None
     files[f"linehashes/{rel}.txt"] = file_entry(lh, len(rows))
 
 
+def _specforge_row(rid: str, conv: list[dict], r: dict) -> dict:
+    """One SpecForge row: id, conversations, and the record's tools when it has any."""
+    row = {"id": rid, "conversations": conv}
+    tools = tools_of(r)
+    if tools:
+        row["tools"] = tools
+    return row
+
+
 def _write_split(out_dir, split, part, tok_rows, opts, files) -> None:
     """Write one split in every requested format."""
-    import polars as pl
 
     rows = part.to_dicts()
     ids = [row_id(r) for r in rows]
-    convs = [conversation(r["messages"], r["completion"]) for r in rows]
+    convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
     if "specforge" in opts.formats:
-        sf = [{"id": i, "conversations": c} for i, c in zip(ids, convs, strict=True)]
+        sf = [_specforge_row(i, c, r) for i, c, r in zip(ids, convs, rows, strict=True)]
         _write_jsonl(out_dir, f"specforge/{split}.jsonl", sf, files)
     if "token_ids" in opts.formats:
         _write_jsonl(out_dir, f"token_ids/{split}.jsonl", [tok_rows[i] for i in ids], files)
-    msg = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
-    table = pl.DataFrame(
-        {"id": ids, "conversations": convs}, schema={"id": pl.String, "conversations": msg}
-    ).with_columns(
-        part.select(
-            "dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source"
-        )
-    )
-    if tok_rows:
-        table = table.with_columns(
-            input_ids=pl.Series([tok_rows[i]["input_ids"] for i in ids], dtype=pl.List(pl.Int64)),
-            loss_mask=pl.Series([tok_rows[i]["loss_mask"] for i in ids], dtype=pl.List(pl.Int8)),
-        )
+    table = _table(part, rows, ids, convs, tok_rows)
     if "parquet" in opts.formats:
         (out_dir / "parquet").mkdir(exist_ok=True)
         table.write_parquet(out_dir / f"parquet/{split}.parquet")
@@ -242,6 +253,34 @@ def _write_split(out_dir, split, part, tok_rows, opts, files) -> None:
         _write_hf(out_dir, split, table, files)
 
 
+def _table(part, rows, ids, convs, tok_rows):
+    """The Parquet / HF table of one split (columns for reasoning and tools only when used)."""
+    import polars as pl
+
+    fields = {"role": pl.String, "content": pl.String}
+    if any(len(c[-1]) > 2 for c in convs):
+        fields["reasoning_content"] = pl.String
+    msg = pl.List(pl.Struct(fields))
+    table = pl.DataFrame(
+        {"id": ids, "conversations": convs}, schema={"id": pl.String, "conversations": msg}
+    ).with_columns(
+        part.select(
+            "dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source"
+        )
+    )
+    tools = [tools_of(r) for r in rows]
+    if any(tools):
+        text = [json.dumps(t, ensure_ascii=False) if t else None for t in tools]
+        table = table.with_columns(tools=pl.Series(text, dtype=pl.String))
+    if tok_rows:
+        table = table.with_columns(
+            input_ids=pl.Series([tok_rows[i]["input_ids"] for i in ids], dtype=pl.List(pl.Int64)),
+            loss_mask=pl.Series([tok_rows[i]["loss_mask"] for i in ids], dtype=pl.List(pl.Int8)),
+            ids_source=pl.Series([tok_rows[i]["ids_source"] for i in ids], dtype=pl.String),
+        )
+    return table
+
+
 def _write_hf(out_dir: Path, split: str, table, files: dict) -> None:
     import datasets
 
@@ -250,14 +289,6 @@ def _write_hf(out_dir: Path, split: str, table, files: dict) -> None:
     for p in sorted(target.rglob("*")):
         if p.is_file():
             files[str(p.relative_to(out_dir))] = file_entry(p, None)
-
-
-def _public_url(url: str) -> str:
-    """An endpoint without user:password@ or query string (never a secret in a manifest)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _targets(formats) -> list[str]:
@@ -318,9 +349,11 @@ def export(
     frame, dropped = _select(records, config.budgets, opts)
     frame = _split(frame, opts.val_fraction, opts.seed)
     stats: dict[str, int] = {}
+    by_dataset: dict[str, dict] = {}  # dataset -> how its token rows were made
     tok_rows = {}
     if "token_ids" in opts.formats:
-        made = token_rows(tok, frame.to_dicts(), stats)
+        kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
+        made = token_rows(tok, frame.to_dicts(), stats, by_dataset, turns=config.turns, kwargs_for=kwargs_for)  # fmt: skip
         keep = [r is not None for r in made]
         dropped["template_mismatch"] = keep.count(False)
         frame = frame.filter(keep)
@@ -331,8 +364,8 @@ def export(
         part = frame.filter(frame["split"] == split)
         if part.height or split == "train":
             _write_split(out_dir, split, part, tok_rows, opts, files)
-    notes = [] if frame.height else [_empty_note(run_dir, records.height)]
-    manifest = _manifest(run_dir, config, tok, frame, dropped, stats, opts, files)
+    notes = [] if frame.height else [_manifest.empty_note(run_dir, records.height)]
+    manifest = _manifest.build(run_dir, config, tok, frame, dropped, stats, by_dataset, opts, files)  # fmt: skip
     manifest |= {"corrupt_lines": {"count": len(corrupt), "lines": corrupt[:100]}, "notes": notes}
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return ExportResult(
@@ -344,12 +377,6 @@ def export(
         corrupt=len(corrupt),
         notes=notes,
     )
-
-
-def _empty_note(run_dir: Path, n_records: int) -> str:
-    if n_records:
-        return f"every one of the {n_records} records was dropped: the export is empty"
-    return f"no records in {run_dir}: the export is empty"
 
 
 def _tokenizer(tokenizer, config, opts: ExportOptions):
@@ -369,49 +396,3 @@ def _tokenizer(tokenizer, config, opts: ExportOptions):
                 "format 'hf' needs the `datasets` package: pip install datasets"
             ) from e
     return tok
-
-
-def _counts(frame) -> dict[str, dict]:
-    import polars as pl
-
-    agg = frame.group_by("dataset").agg(
-        records=pl.len(),
-        tokens=pl.col("completion_tokens").sum(),
-        train=(pl.col("split") == "train").sum(),
-        validation=(pl.col("split") == "validation").sum(),
-    )
-    return {r.pop("dataset"): r for r in agg.sort("dataset").to_dicts()}
-
-
-def _manifest(run_dir, config, tok, frame, dropped, stats, opts, files) -> dict:
-    import kit
-    from kit.tokens import chat_template_hash
-
-    raw = json.loads((run_dir / "config.json").read_text())
-    eot_id, eot_text = end_of_turn(tok) if tok is not None else (None, "")
-    return {
-        "kit_version": kit.__version__,
-        "created_unix": time.time(),
-        "run_dir": str(run_dir),
-        "run_fingerprint": raw.get("fingerprint"),
-        "model": config.model,
-        "servers": {"api": config.api, "endpoints": [_public_url(u) for u in config.endpoints]},
-        "sampling": dataclasses.asdict(config.sampling),
-        "tokenizer": {
-            "path": str(config.tokenizer or getattr(tok, "name_or_path", "") or ""),
-            "chat_template_hash": chat_template_hash(tok) if tok is not None else None,
-            "run_chat_template_hash": config.chat_template_hash,
-            "end_of_turn": {
-                "id": eot_id,
-                "token": eot_text,
-                "in_loss_mask": "when finish_reason == 'stop'",
-            },
-        },
-        "budgets": dict(config.budgets),
-        "counts": _counts(frame),
-        "dropped": dropped,
-        "token_id_sources": stats,
-        "options": {k: v for k, v in dataclasses.asdict(opts).items()}
-        | {"formats": list(opts.formats)},
-        "files": files,
-    }

@@ -1,32 +1,50 @@
-"""Token ids of records: rows with loss masks for training, and checks of ids and counts.
+"""Token-id rows of records, with loss masks, for training.
 
-Rows: the chat template applied to prompt + completion.
+Exact rows (a record with the server's prompt_ids and output_ids): input_ids are exactly
+prompt_ids + output_ids, nothing re-tokenized, so a thinking model's reasoning is trained
+token for token as it was generated. loss_mask is 1 on output_ids. A "stop" finish whose
+output_ids do not already end with a special id (the EOS / end-of-turn the model emitted)
+gets the template's end-of-turn id appended, trained (it was generated, the server left it
+out); output_ids that end with one are kept as they are. Each exact row's prompt is also
+rendered by kit (the chat template with the record's tools and the dataset's template
+kwargs) and compared with the server's prompt_ids: rows that differ are counted
+("prompt_render_differs"), never hidden; the server's ids are the row.
 
-input_ids = the prompt (the server's prompt_ids when they decode to the rendered prompt,
-else the rendered prompt tokenized) + the completion (the target's own output_ids, without
-a trailing end-of-turn / EOS, when they decode to the stored text, else the text
-tokenized) + the template's tail after the completion (SmolLM2: "<|im_end|>\\n").
+Re-tokenized rows (no server ids, or only one side of them): the chat template applied to
+prompt + completion. input_ids = the prompt (the server's prompt_ids when they decode to the
+rendered prompt, else the rendered prompt tokenized) + the assistant text (the target's own
+output_ids, without a trailing end-of-turn / EOS, when they decode to it, else the text
+tokenized) + the template's tail after it (SmolLM2: "<|im_end|>\\n"). The assistant text is
+what the template writes for the answer: with reasoning it is rendered from an assistant
+message carrying `reasoning_content` (SpecForge's field, see kit/report/convo.py), so a
+Qwen3-style template gives "<think>\\n{reasoning}\\n</think>\\n\\n{answer}"; a template with no
+place for reasoning drops it, and such rows are counted ("reasoning_not_rendered").
+loss_mask is 1 on the assistant text, plus the end-of-turn token when the model emitted it
+(finish_reason "stop"), as SpecForge's GeneralParser (sgl-project/SpecForge
+specforge/data/parse.py) counts end_of_turn_token inside the assistant span; after a
+"length" finish the template's end-of-turn stays 0; the text after it is template: 0.
 
-loss_mask is 1 exactly on the completion tokens, plus the end-of-turn token when the model
-emitted it (finish_reason "stop"): the target generated it, and SpecForge's GeneralParser
-(sgl-project/SpecForge specforge/data/parse.py) also counts end_of_turn_token inside the
-assistant span. After a "length" finish the model never closed the turn, so the template's
-end-of-turn token stays 0; text after it (the "\\n") is template, never generated: 0.
-
-Checks (kit.report.audit's flag columns): whether output_ids decode to the stored text, and
-whether a server's completion_tokens is far below the text's own (re-tokenized) count.
+Earlier assistant turns: with RunConfig.turns "last_turn" they are the dataset's and stay 0.
+With "all_turns" they are the target's own and are trained: each is located inside the
+prompt part of the row (by its server output_ids verbatim, else by its rendered text's
+tokens, plus the end-of-turn after a "stop") and masked 1. An exact row whose earlier turn is
+not found falls back to re-tokenizing ("earlier_turns_fallback"); a row where even that
+fails is skipped ("earlier_turns_missing").
 """
 
 from __future__ import annotations
 
+from kit.report.convo import (
+    conversation,
+    earlier_turns,
+    find_ids,
+    render_all,
+    render_one,
+    row_id,
+    tools_of,
+)
 
-def conversation(messages, completion: str) -> list[dict]:
-    prompt = [{"role": m["role"], "content": m["content"]} for m in messages]
-    return prompt + [{"role": "assistant", "content": completion}]
-
-
-def row_id(r: dict) -> str:
-    return f"{r['dataset']}-{r['prompt_id']}-{r['sample']}"
+_MARK = "\ue000kit-answer\ue000"  # stands in for the answer to find where the template puts it
 
 
 def end_of_turn(tok) -> tuple[int | None, str]:
@@ -41,11 +59,28 @@ def end_of_turn(tok) -> tuple[int | None, str]:
     return None, ""
 
 
-def token_rows(tok, rows: list[dict], stats: dict) -> list[dict | None]:
-    """{"id", "input_ids", "loss_mask"} per record (None when the template cannot split it).
+def _count(d: dict, key: str, n: int = 1) -> None:
+    d[key] = d.get(key, 0) + n
 
-    See the module docstring for how ids and the mask are built. `stats` counts where ids came
-    from: output_ids / completion_retokenized / prompt_ids / prompt_tokenized / skipped.
+
+def token_rows(
+    tok, rows: list[dict], stats: dict, by_dataset: dict | None = None, *,
+    turns: str = "last_turn", kwargs_for=None,
+) -> list[dict | None]:  # fmt: skip
+    """{"id", "input_ids", "loss_mask", "ids_source"} per record (None when the template
+    cannot split it). See the module docstring for how ids and the mask are built.
+
+    Args:
+        tok: the target's tokenizer.
+        rows: records as dicts (rows of records_frame).
+        stats: counts where ids came from: output_ids / completion_retokenized / prompt_ids /
+            prompt_tokenized / skipped (updated in place).
+        by_dataset: dataset -> counts (updated in place): exact, retokenized, skipped,
+            prompt_render_differs, end_of_turn_appended, reasoning_not_rendered,
+            earlier_turns_trained, earlier_turns_rendered, earlier_turns_fallback,
+            earlier_turns_missing.
+        turns: RunConfig.turns ("all_turns" trains the prompt's earlier assistant turns).
+        kwargs_for: dataset -> chat_template_kwargs (None: none).
 
     Example (`tok` the SmolLM2 tokenizer: "Hello!" is 2 tokens, then <|im_end|> and "\n"):
         >>> r = {"dataset": "d", "prompt_id": "p1", "sample": 0, "completion": "Hello!",
@@ -53,41 +88,137 @@ def token_rows(tok, rows: list[dict], stats: dict) -> list[dict | None]:
         ...      "prompt_ids": None, "output_ids": None}
         >>> stats = {}
         >>> row = token_rows(tok, [r], stats)[0]
-        >>> row["id"], row["loss_mask"][-4:], stats
-        ('d-p1-0', [1, 1, 1, 0], {'prompt_tokenized': 1, 'completion_retokenized': 1})
+        >>> row["id"], row["loss_mask"][-4:], row["ids_source"], stats
+        ('d-p1-0', [1, 1, 1, 0], 'retokenized', {'prompt_tokenized': 1, 'completion_retokenized': 1})
     """
-    from kit.tokens import render
-
+    by_dataset = {} if by_dataset is None else by_dataset
     eot, _ = end_of_turn(tok)
-    convs = [conversation(r["messages"], r["completion"]) for r in rows]
-    prompts = render(tok, [c[:-1] for c in convs], True, on_error="skip")
-    fulls = render(tok, convs, False, on_error="skip")
+    special = set(tok.all_special_ids)
+    kw = [(kwargs_for(r["dataset"]) if kwargs_for else None) or {} for r in rows]
+    tools = [tools_of(r) for r in rows]
+    convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
+    prompts = render_all(tok, [c[:-1] for c in convs], True, tools, kw)
+    fulls = render_all(tok, convs, False, tools, kw)
     out = []
-    for r, p_text, f_text in zip(rows, prompts, fulls, strict=True):
-        head = (p_text or "") + r["completion"]
-        if p_text is None or f_text is None or not f_text.startswith(head):
-            stats["skipped"] = stats.get("skipped", 0) + 1
-            out.append(None)
-            continue
-        p_ids = _pick(r["prompt_ids"], p_text, tok, stats, "prompt_ids")
-        gen = strip_end_ids(tok, r["output_ids"]) if r["output_ids"] else None
-        c_ids = _pick(gen, r["completion"], tok, stats, "output_ids")
-        tail = tok.encode(f_text[len(head) :], add_special_tokens=False)
-        closed = r["finish_reason"] == "stop" and eot is not None and tail[:1] == [eot]
-        mask = (
-            [0] * len(p_ids) + [1] * len(c_ids) + [int(closed and i == 0) for i in range(len(tail))]
-        )
-        out.append({"id": row_id(r), "input_ids": p_ids + c_ids + tail, "loss_mask": mask})
+    for i, r in enumerate(rows):
+        ds = by_dataset.setdefault(r["dataset"], {})
+        earlier = earlier_turns(r) if turns == "all_turns" else []
+        row = None
+        if r.get("prompt_ids") and r.get("output_ids"):
+            row = _server_row(tok, r, prompts[i], earlier, eot, special, stats, ds)
+        if row is None:
+            ctx = (convs[i], prompts[i], fulls[i], tools[i], kw[i])
+            row = _text_row(tok, r, ctx, earlier, eot, stats, ds)
+        if row is None:
+            _count(stats, "skipped")
+            _count(ds, "skipped")
+        out.append(row)
     return out
+
+
+def _server_row(tok, r, p_text, earlier, eot, special, stats, ds) -> dict | None:
+    """The exact row from the server's ids; None when an earlier turn is not found in them."""
+    p, o = list(r["prompt_ids"]), list(r["output_ids"])
+    ids, mask = p + o, [0] * len(p) + [1] * len(o)
+    appended = r["finish_reason"] == "stop" and eot is not None and o[-1] not in special
+    if appended:
+        ids, mask = ids + [eot], mask + [1]
+    if earlier:
+        spans, rendered = _earlier_spans(tok, ids, len(p), earlier, eot)
+        if spans is None:
+            _count(ds, "earlier_turns_fallback")
+            return None
+        _mark(mask, spans, rendered, ds)
+    _count(stats, "prompt_ids")
+    _count(stats, "output_ids")
+    _count(ds, "exact")
+    if appended:
+        _count(ds, "end_of_turn_appended")
+    if p_text is None or tok.encode(p_text, add_special_tokens=False) != p:
+        _count(ds, "prompt_render_differs")
+    return {"id": row_id(r), "input_ids": ids, "loss_mask": mask, "ids_source": "server"}
+
+
+def _text_row(tok, r, ctx, earlier, eot, stats, ds) -> dict | None:
+    """The re-tokenized row from the template's rendering (None when it cannot be split)."""
+    conv, p_text, f_text, tools, kw = ctx
+    if p_text is None or f_text is None:
+        return None
+    lead = _lead(tok, r, conv, p_text, f_text, tools, kw)
+    head = p_text + (lead or "") + r["completion"]
+    if lead is None or not f_text.startswith(head):
+        return None
+    p_ids = _pick(r.get("prompt_ids"), p_text, tok, stats, "prompt_ids")
+    gen = strip_end_ids(tok, r["output_ids"]) if r.get("output_ids") else None
+    c_ids = _pick(gen, lead + r["completion"], tok, stats, "output_ids")
+    tail = tok.encode(f_text[len(head) :], add_special_tokens=False)
+    closed = r["finish_reason"] == "stop" and eot is not None and tail[:1] == [eot]
+    ids = p_ids + c_ids + tail
+    mask = [0] * len(p_ids) + [1] * len(c_ids) + [int(closed and i == 0) for i in range(len(tail))]
+    if earlier:
+        spans, rendered = _earlier_spans(tok, ids, len(p_ids), earlier, eot)
+        if spans is None:
+            _count(ds, "earlier_turns_missing")
+            return None
+        _mark(mask, spans, rendered, ds)
+    _count(ds, "retokenized")
+    if r.get("reasoning") and r["reasoning"].strip() not in lead:
+        _count(ds, "reasoning_not_rendered")
+    return {"id": row_id(r), "input_ids": ids, "loss_mask": mask, "ids_source": "retokenized"}
+
+
+def _lead(tok, r, conv, p_text, f_text, tools, kw) -> str | None:
+    """What the template writes between the prompt and the answer (the rendered reasoning,
+    or "" for a plain answer); None when the template's rendering cannot be split there."""
+    if not r.get("reasoning") and f_text.startswith(p_text + r["completion"]):
+        return ""
+    marked = render_one(tok, conv[:-1] + [{**conv[-1], "content": _MARK}], False, tools, kw)
+    if marked is None or _MARK not in marked or not marked.startswith(p_text):
+        return None
+    return marked[len(p_text) : marked.index(_MARK)]
+
+
+def _earlier_spans(tok, ids, limit, earlier, eot) -> tuple[list | None, bool]:
+    """([(start, end)] of each earlier assistant turn inside ids[:limit], in order; None
+    when one with text is not found) and whether any was found by its rendered text."""
+    spans, cursor, rendered = [], 0, False
+    for t in earlier:
+        span = None
+        if t["output_ids"]:
+            s = find_ids(ids, list(t["output_ids"]), cursor, limit)
+            span = None if s is None else (s, s + len(t["output_ids"]))
+        if span is None and t["content"]:
+            c = tok.encode(t["content"], add_special_tokens=False)
+            s = find_ids(ids, c, cursor, limit)
+            if s is not None:
+                end = s + len(c)
+                if t["finish_reason"] == "stop" and end < limit and ids[end] == eot:
+                    end += 1
+                span, rendered = (s, end), True
+        if span is None:
+            if t["content"]:
+                return None, rendered
+            continue  # an empty turn: nothing to train
+        spans.append(span)
+        cursor = span[1]
+    return spans, rendered
+
+
+def _mark(mask: list[int], spans: list, rendered: bool, ds: dict) -> None:
+    for s, e in spans:
+        mask[s:e] = [1] * (e - s)
+    if spans:
+        _count(ds, "earlier_turns_trained")
+    if rendered:
+        _count(ds, "earlier_turns_rendered")
 
 
 def _pick(ids, text: str, tok, stats: dict, name: str) -> list[int]:
     """The server's ids when they decode to text, else text tokenized; counted in stats."""
     if ids and tok.decode(ids, skip_special_tokens=False) == text:
-        stats[name] = stats.get(name, 0) + 1
+        _count(stats, name)
         return list(ids)
-    key = "completion_retokenized" if name == "output_ids" else "prompt_tokenized"
-    stats[key] = stats.get(key, 0) + 1
+    _count(stats, "completion_retokenized" if name == "output_ids" else "prompt_tokenized")
     return tok.encode(text, add_special_tokens=False)
 
 
@@ -107,37 +238,3 @@ def strip_end_ids(tokenizer, ids: list[int]) -> list[int]:
     while end and ids[end - 1] in special:
         end -= 1
     return list(ids[:end])
-
-
-def ids_match_text(tokenizer, ids: list[int], text: str) -> bool:
-    """True when the ids decode to the text (a trailing EOS / end-of-turn is allowed)."""
-    if tokenizer.decode(strip_end_ids(tokenizer, ids), skip_special_tokens=False) == text:
-        return True
-    return tokenizer.decode(ids, skip_special_tokens=True) == text
-
-
-def ids_text_flags(recs, tokenizer):
-    """ids_text_mismatch as a Series: null where there are no ids or no tokenizer."""
-    import polars as pl
-
-    values = [None] * recs.height
-    if tokenizer is not None:
-        pairs = zip(recs["output_ids"].to_list(), recs["completion"].to_list(), strict=True)
-        for i, (ids, text) in enumerate(pairs):
-            if ids is not None:
-                values[i] = not ids_match_text(tokenizer, ids, text)
-    return pl.Series("ids_text_mismatch", values, dtype=pl.Boolean)
-
-
-def under_reported_flags(recs, tokenizer, ratio: float):
-    """under_reported as a Series: the server's count far below the text's own token count."""
-    import polars as pl
-
-    values = [None] * recs.height
-    if tokenizer is not None and recs.height:
-        from kit.tokens import encode_lengths
-
-        lengths = encode_lengths(tokenizer, recs["completion"].to_list())
-        rows = zip(recs["completion_tokens"], recs["count_source"], lengths, strict=True)
-        values = [None if src == "retokenized" else n < ratio * k for n, src, k in rows]
-    return pl.Series("under_reported", values, dtype=pl.Boolean)

@@ -72,8 +72,13 @@ def _check_specforge(row) -> str | None:
             return f"conversations[{j}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.80}"
         if m["role"] == "system" and j:
             return f"conversations[{j}] is a system message after the first turn"
+        if "reasoning_content" in m and not isinstance(m["reasoning_content"], str):
+            return f"conversations[{j}].reasoning_content must be a string"
     if conv[-1]["role"] != "assistant":
         return "the last message must be the assistant completion"
+    tools = row.get("tools")
+    if "tools" in row and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return "'tools' must be a list of tool definitions (dicts)"
     return None
 
 
@@ -91,6 +96,8 @@ def _check_token_ids(row) -> str | None:
         return "'loss_mask' must be a list of 0/1 ints"
     if len(mask) != len(ids):
         return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
+    if "ids_source" in row and row["ids_source"] not in ("server", "retokenized"):
+        return f"'ids_source' must be 'server' or 'retokenized', got {row['ids_source']!r:.40}"
     return None
 
 
@@ -187,7 +194,8 @@ def validate(path) -> ValidationResult:
 
     Checks: every listed file exists with its sha256 (an edited JSONL line is named by file
     and line); every JSONL line parses with the right fields and types (SpecForge
-    conversations; token ids are ints, loss_mask is 0/1 and as long as input_ids); row
+    conversations, a string reasoning_content, a list of tool dicts; token ids are ints,
+    loss_mask is 0/1 and as long as input_ids, ids_source "server" or "retokenized"); row
     counts match the manifest; SpecForge and token-id files hold the same ids in order.
 
     Args:

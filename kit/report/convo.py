@@ -1,0 +1,127 @@
+"""What one record is in an export: its conversation, its tools, its earlier turns, and the
+chat template's rendering of them (with the record's tools and the dataset's template kwargs).
+
+A row here is one record as a dict (a row of kit.run.store.records_frame): `tools` and
+`turns` are JSON text there (or lists, or null); `reasoning` is the thinking the server's
+reasoning parser split off the answer.
+
+SpecForge reads a conversation the way we write it (sgl-project/SpecForge):
+- specforge/data/parse.py (GeneralParser.parse) hands each message dict of `conversations`,
+  whole, to `tokenizer.apply_chat_template`, so an assistant message's `reasoning_content`
+  reaches the template, which renders it as the model writes it (Qwen3: "<think>\\n...\\n
+  </think>\\n\\n" before the answer); a template that has no place for it leaves it out.
+- scripts/regenerate_train_data.py `--reasoning save` writes regenerated turns exactly so:
+  {"role": "assistant", "content": answer, "reasoning_content": thinking}.
+- specforge/utils.py (safe_conversations_generator) reads a row's `tools` (a list, or a
+  JSON string of one) and specforge/data/preprocessing.py (build_eagle3_dataset) passes it
+  to the parser as the template's `tools`.
+- docs/basic_usage/data_preparation.md ("Multi-turn structured reasoning"): earlier
+  assistant turns keep only their visible content; with `train_only_last_turn` (PR #419,
+  `--train-only-last-turn`, `data.train_only_last_turn: true`) only the last assistant turn
+  of each row is trained. That switch is the trainer's, one for the whole dataset: SpecForge
+  has no per-row or per-turn flag.
+"""
+
+from __future__ import annotations
+
+import json
+
+SPECFORGE_TOOLS_NOTE = "the record's tool definitions (a list), passed to the template as tools"
+
+
+def row_id(r: dict) -> str:
+    return f"{r['dataset']}-{r['prompt_id']}-{r['sample']}"
+
+
+def conversation(messages, completion: str, reasoning: str | None = None) -> list[dict]:
+    """The prompt's messages plus the completion as the last assistant turn, with its
+    thinking as `reasoning_content` when there is any (SpecForge's field).
+
+    Example:
+        >>> conversation([{"role": "user", "content": "2+2?"}], "4", "add them")[-1]
+        {'role': 'assistant', 'content': '4', 'reasoning_content': 'add them'}
+    """
+    prompt = [{"role": m["role"], "content": m["content"]} for m in messages]
+    last = {"role": "assistant", "content": completion}
+    if reasoning:
+        last["reasoning_content"] = reasoning
+    return prompt + [last]
+
+
+def parsed(value):
+    """A tools/turns cell as Python: JSON text parsed, a list kept, null or "" -> None."""
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else None
+    return value
+
+
+def tools_of(r: dict) -> list[dict] | None:
+    """The record's tool definitions (None without)."""
+    return parsed(r.get("tools")) or None
+
+
+def earlier_assistant(r: dict) -> int:
+    """How many assistant turns the record's prompt holds (before the generated one)."""
+    return sum(m["role"] == "assistant" for m in r["messages"])
+
+
+def earlier_turns(r: dict) -> list[dict]:
+    """all_turns: each earlier assistant turn of the prompt, in order, as
+    {"content", "finish_reason", "output_ids"} (ids and finish from Record.turns when it has
+    one entry per assistant message, else None and "stop")."""
+    contents = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+    turns = parsed(r.get("turns")) or []
+    if len(turns) != len(contents):
+        turns = [{}] * len(contents)
+    return [
+        {"content": c, "finish_reason": t.get("finish_reason") or "stop",
+         "output_ids": t.get("output_ids") or None}
+        for c, t in zip(contents, turns, strict=True)
+    ]  # fmt: skip
+
+
+def render_all(tok, convs: list, gen: bool, tools: list, kwargs: list) -> list[str | None]:
+    """The template's text of each conversation (None where it refuses one).
+
+    Rows without tools or template kwargs go through kit.tokens.render (batched, the path
+    of every earlier export); the others are rendered one by one with
+    apply_chat_template(conv, tools=..., **kwargs).
+    """
+    from kit.tokens import render
+
+    plain = [i for i in range(len(convs)) if not tools[i] and not kwargs[i]]
+    out: list[str | None] = [None] * len(convs)
+    if plain:
+        for i, text in zip(plain, render(tok, [convs[i] for i in plain], gen, on_error="skip"), strict=True):  # fmt: skip
+            out[i] = text
+    for i in sorted(set(range(len(convs))) - set(plain)):
+        out[i] = render_one(tok, convs[i], gen, tools[i], kwargs[i])
+    return out
+
+
+def render_one(tok, conv: list[dict], gen: bool, tools=None, kwargs=None) -> str | None:
+    """One conversation rendered with tools and template kwargs; None if the template refuses."""
+    try:
+        text = tok.apply_chat_template(
+            conv, tokenize=False, add_generation_prompt=gen, tools=tools, **(kwargs or {})
+        )
+    except Exception:  # any template error (jinja, TypeError, ...): the caller counts it
+        return None
+    return text if isinstance(text, str) else None
+
+
+def find_ids(haystack: list[int], needle: list[int], start: int, stop: int) -> int | None:
+    """First index >= start where needle occurs inside haystack[:stop] (None if nowhere).
+
+    Example:
+        >>> find_ids([5, 1, 2, 3, 1, 2], [1, 2], 2, 6)
+        4
+    """
+    n = len(needle)
+    if not n:
+        return None
+    first = needle[0]
+    for i in range(start, stop - n + 1):
+        if haystack[i] == first and haystack[i : i + n] == needle:
+            return i
+    return None

@@ -1,0 +1,146 @@
+"""An export's manifest.json (how it was made, what it holds) and the summary lines read
+from it: counts per dataset, where token ids came from, which assistant turns are trained.
+
+Sections besides the run's settings and the files: `counts` (dataset -> records, tokens,
+train, validation), `token_rows` (dataset -> how its token-id rows were made: "exact" from
+the server's prompt_ids + output_ids, "retokenized" from rendered text, and the exceptions
+counted by kit.report.tokenrows), `turns` (which assistant turns are trained, and per
+dataset how many rows hold earlier ones), `specforge` (the trainer setting the rows need).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+TOKEN_SOURCES = {
+    "exact": "the server's prompt_ids + output_ids, verbatim",
+    "retokenized": "approximate: re-tokenized text (the chat template's rendering)",
+}
+_EXCEPTIONS = {  # token_rows count -> what the summary says about those rows
+    "prompt_render_differs": "the server's prompt ids differ from kit's rendering; the server's ids are used",
+    "end_of_turn_appended": "stop without an end-of-turn id in output_ids: the template's end-of-turn id was appended",
+    "reasoning_not_rendered": "re-tokenized, and the chat template drops reasoning_content: their thinking is not in the token row",
+    "earlier_turns_fallback": "an earlier turn's tokens were not found in the server's prompt ids: re-tokenized instead",
+    "earlier_turns_missing": "an earlier turn could not be located in the rendering: left out of every format",
+}  # fmt: skip
+
+
+def public_url(url: str) -> str:
+    """An endpoint without user:password@ or query string (never a secret in a manifest)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def counts(frame) -> dict[str, dict]:
+    """dataset -> {"records", "tokens", "train", "validation"}."""
+    import polars as pl
+
+    agg = frame.group_by("dataset").agg(
+        records=pl.len(),
+        tokens=pl.col("completion_tokens").sum(),
+        train=(pl.col("split") == "train").sum(),
+        validation=(pl.col("split") == "validation").sum(),
+    )
+    return {r.pop("dataset"): r for r in agg.sort("dataset").to_dicts()}
+
+
+def turns_section(frame, mode: str) -> dict:
+    """Which assistant turns the rows train, and per dataset the rows with earlier ones."""
+    import polars as pl
+
+    earlier = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")
+    agg = frame.group_by("dataset").agg((earlier.list.sum() > 0).sum().alias("n"))
+    rows = {d: n for d, n in agg.sort("dataset").iter_rows()}
+    if mode == "all_turns":
+        note = ("earlier assistant turns are the target's own (RunConfig.turns all_turns): "
+                "trained in every format, like the last one")  # fmt: skip
+    else:
+        note = ("earlier assistant turns are the dataset's, not the target's: never trained "
+                "(token rows mask them; SpecForge needs train_only_last_turn)")  # fmt: skip
+    return {"mode": mode, "rows_with_earlier_turns": rows, "earlier_trained": mode == "all_turns", "note": note}  # fmt: skip
+
+
+def specforge_section(mode: str) -> dict:
+    """The SpecForge setting these rows need: train_only_last_turn is one switch for a whole
+    dataset (sgl-project/SpecForge PR #419), so last_turn exports need it on, all_turns off."""
+    on = mode == "last_turn"
+    how = ("--train-only-last-turn (data.train_only_last_turn: true): each row trains its "
+           "last assistant turn only; without it SpecForge also trains the dataset's earlier "
+           "turns") if on else ("leave train_only_last_turn off: every assistant turn is the "
+                                "target's and is trained")  # fmt: skip
+    return {"train_only_last_turn": on, "how": how}
+
+
+def build(run_dir, config, tok, frame, dropped, stats, by_dataset, opts, files) -> dict:
+    """The manifest of one export (written last, as manifest.json)."""
+    import kit
+    from kit.report.tokenrows import end_of_turn
+    from kit.tokens import chat_template_hash
+
+    raw = json.loads((run_dir / "config.json").read_text())
+    eot_id, eot_text = end_of_turn(tok) if tok is not None else (None, "")
+    sampling = dataclasses.asdict(config.sampling)
+    if sampling.get("chat_template_kwargs") is None:
+        sampling.pop("chat_template_kwargs", None)  # as the run fingerprint leaves it out
+    out = {
+        "kit_version": kit.__version__,
+        "created_unix": time.time(),
+        "run_dir": str(run_dir),
+        "run_fingerprint": raw.get("fingerprint"),
+        "model": config.model,
+        "servers": {"api": config.api, "endpoints": [public_url(u) for u in config.endpoints]},
+        "sampling": sampling,
+        "template_kwargs": dict(config.template_kwargs),
+        "tokenizer": {
+            "path": str(config.tokenizer or getattr(tok, "name_or_path", "") or ""),
+            "chat_template_hash": chat_template_hash(tok) if tok is not None else None,
+            "run_chat_template_hash": config.chat_template_hash,
+            "end_of_turn": {
+                "id": eot_id,
+                "token": eot_text,
+                "in_loss_mask": "when finish_reason == 'stop'",
+            },  # fmt: skip
+        },
+        "budgets": dict(config.budgets),
+        "counts": counts(frame),
+        "dropped": dropped,
+        "token_id_sources": stats,
+        "token_rows": by_dataset,
+        "token_rows_sources": TOKEN_SOURCES,
+        "turns": turns_section(frame, config.turns),
+        "options": dict(dataclasses.asdict(opts)) | {"formats": list(opts.formats)},
+        "files": files,
+    }
+    if "specforge" in opts.formats:
+        out["specforge"] = specforge_section(config.turns)
+    return out
+
+
+def summary_lines(manifest: dict) -> list[str]:
+    """What the manifest says about token sources and trained turns, one line a point."""
+    lines = []
+    for name, c in manifest.get("token_rows", {}).items():
+        lines.append(f"  {name}: token rows {c.get('exact', 0)} exact (server ids), "
+                     f"{c.get('retokenized', 0)} {TOKEN_SOURCES['retokenized']}")  # fmt: skip
+        lines += [f"  {name}: {c[k]} rows: {what}" for k, what in _EXCEPTIONS.items() if c.get(k)]
+    turns = manifest.get("turns", {})
+    for name, n in turns.get("rows_with_earlier_turns", {}).items():
+        if n and turns.get("earlier_trained"):
+            lines.append(f"  {name}: {n} rows with earlier target turns, trained in every format")
+        elif n:
+            lines.append(f"  {name}: {n} rows with earlier dataset turns, not trained")
+    sf = manifest.get("specforge")
+    if sf and any(turns.get("rows_with_earlier_turns", {}).values()):
+        lines.append(f"  SpecForge: {sf['how']}")
+    return lines
+
+
+def empty_note(run_dir, n_records: int) -> str:
+    if n_records:
+        return f"every one of the {n_records} records was dropped: the export is empty"
+    return f"no records in {run_dir}: the export is empty"
