@@ -99,7 +99,10 @@ def test_fingerprint_follows_what_changes_outputs():
     }  # fmt: skip
     # what issue 12 added changes the fingerprint when set, and leaves older runs' alone
     assert config(turns="all_turns").fingerprint() != base.fingerprint()
-    assert config(template_kwargs={"a": {"enable_thinking": False}}).fingerprint() != base.fingerprint()
+    assert (
+        config(template_kwargs={"a": {"enable_thinking": False}}).fingerprint()
+        != base.fingerprint()
+    )
     thinking = Sampling(chat_template_kwargs={"enable_thinking": True})
     assert config(sampling=thinking).fingerprint() != base.fingerprint()
     assert base.fingerprint_parts()["sampling"] == {
