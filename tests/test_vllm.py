@@ -79,7 +79,11 @@ def test_vllm_records_and_token_rows_are_the_servers_ids(vllm_server, tmp_path):
         [i for i, m in zip(rows[k]["input_ids"], rows[k]["loss_mask"], strict=True) if m] == r["output_ids"]
         for k, r in by_id.items()
     )  # fmt: skip
-    differ = result.manifest.get("prompt_ids_differ", {})
+    token_rows_section = result.manifest["token_rows"]  # dataset -> how its rows were made
+    assert set(token_rows_section) == set(names)
+    exact = {ds: c.get("exact", 0) for ds, c in token_rows_section.items()}
+    assert sum(exact.values()) == len(records), token_rows_section
+    differ = {ds: c.get("prompt_render_differs", 0) for ds, c in token_rows_section.items()}
     single = [k for k, r in by_id.items() if sum(m["role"] == "user" for m in r["messages"]) == 1]
     print(
         f"\nvLLM sample run: {len(records)} records, {len(names)} datasets; token-id rows equal "
@@ -90,7 +94,7 @@ def test_vllm_records_and_token_rows_are_the_servers_ids(vllm_server, tmp_path):
     )
     assert verbatim == masked == len(rows) == len(records)
     assert all(r["ids_source"] == "server" for r in rows.values())
-    assert sum(differ.values()) == 0 if isinstance(differ, dict) else differ == 0
+    assert sum(differ.values()) == 0, differ  # kit renders the prompt the server saw
 
 
 def test_vllm_reasoning_is_kept_counted_and_exported(vllm_thinking, tmp_path):
