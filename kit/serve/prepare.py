@@ -149,13 +149,16 @@ THINK_NAME = MODEL_NAME + "-think"
 # vocabulary) accept the model; the chat template opens a think block unless
 # chat_template_kwargs {"enable_thinking": false}.
 THINK_TOKENS = {3: "<think>", 4: "</think>"}
+# after a bare "<think>\n" SmolLM2 mostly ends its turn at once (1 token, nothing to keep);
+# a sentence to continue makes it think aloud
+THINK_OPENER = "Let me think about this step by step. First,"
 THINK_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
     "<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
     " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is not defined or enable_thinking %}"
-    "{{ '<think>\\n' }}{% endif %}{% endif %}"
+    "{{ '<think>\\n" + THINK_OPENER + "' }}{% endif %}{% endif %}"
 )
 
 
@@ -175,7 +178,7 @@ def prepare_thinking_model(model_dir: str | os.PathLike | None = None) -> Path:
 
     source = Path(model_dir) if model_dir is not None else prepare_model()
     target = source.parent / THINK_NAME
-    if is_prepared(target):
+    if is_prepared(target) and _template_of(target) == THINK_TEMPLATE:
         return target
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -203,3 +206,13 @@ def prepare_thinking_model(model_dir: str | os.PathLike | None = None) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return target
+
+
+def _template_of(folder: Path) -> str | None:
+    """The chat template in a prepared folder's tokenizer_config.json (None if unreadable)."""
+    import json
+
+    try:
+        return json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return None
