@@ -265,6 +265,8 @@ def test_render_puts_tools_and_template_kwargs_into_the_prompt(model_dir, tmp_pa
     assert got[0].startswith("TOOLS [{") and "get_time" in got[0] and got[0] == got[2]
     assert got[1] == render(tok, msgs[:1])[0] and "TOOLS" not in got[1]
     think = str(prepare_thinking_model(model_dir))
-    assert render(think, msgs[:1])[0].endswith("<think>\nLet me think about this step by step. First,")
+    assert render(think, msgs[:1])[0].endswith(
+        "<think>\nLet me think about this step by step. First,"
+    )
     off = render(think, msgs[:1], template_kwargs={"enable_thinking": False})[0]
     assert off.endswith("<|im_start|>assistant\n")
