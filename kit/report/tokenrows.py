@@ -123,12 +123,10 @@ def _server_row(tok, r, p_text, earlier, eot, special, stats, ds) -> dict | None
     appended = r["finish_reason"] == "stop" and eot is not None and o[-1] not in special
     if appended:
         ids, mask = ids + [eot], mask + [1]
-    if earlier:
-        spans, rendered = _earlier_spans(tok, ids, len(p), earlier, eot)
-        if spans is None:
-            _count(ds, "earlier_turns_fallback")
-            return None
-        _mark(mask, spans, rendered, ds)
+    if earlier and not _mask_earlier(
+        tok, ids, mask, len(p), earlier, eot, ds, "earlier_turns_fallback"
+    ):
+        return None
     _count(stats, "prompt_ids")
     _count(stats, "output_ids")
     _count(ds, "exact")
@@ -137,6 +135,17 @@ def _server_row(tok, r, p_text, earlier, eot, special, stats, ds) -> dict | None
     if p_text is None or tok.encode(p_text, add_special_tokens=False) != p:
         _count(ds, "prompt_render_differs")
     return {"id": row_id(r), "input_ids": ids, "loss_mask": mask, "ids_source": "server"}
+
+
+def _mask_earlier(tok, ids, mask, start, earlier, eot, ds, failure: str) -> bool:
+    """Mask the earlier generated turns' spans in ids; False (counted as `failure`) when one
+    is not found."""
+    spans, rendered = _earlier_spans(tok, ids, start, earlier, eot)
+    if spans is None:
+        _count(ds, failure)
+        return False
+    _mark(mask, spans, rendered, ds)
+    return True
 
 
 def _text_row(tok, r, ctx, earlier, eot, stats, ds) -> dict | None:
@@ -155,12 +164,10 @@ def _text_row(tok, r, ctx, earlier, eot, stats, ds) -> dict | None:
     closed = r["finish_reason"] == "stop" and eot is not None and tail[:1] == [eot]
     ids = p_ids + c_ids + tail
     mask = [0] * len(p_ids) + [1] * len(c_ids) + [int(closed and i == 0) for i in range(len(tail))]
-    if earlier:
-        spans, rendered = _earlier_spans(tok, ids, len(p_ids), earlier, eot)
-        if spans is None:
-            _count(ds, "earlier_turns_missing")
-            return None
-        _mark(mask, spans, rendered, ds)
+    if earlier and not _mask_earlier(
+        tok, ids, mask, len(p_ids), earlier, eot, ds, "earlier_turns_missing"
+    ):
+        return None
     _count(ds, "retokenized")
     if r.get("reasoning") and r["reasoning"].strip() not in lead:
         _count(ds, "reasoning_not_rendered")

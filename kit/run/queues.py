@@ -42,6 +42,18 @@ class _Dataset:
     sampling: object = None  # its Sampling (RunConfig.sampling_for), n=1: what a request sends
     tools: dict = field(default_factory=dict)  # prompt_id -> tool definitions (list) sent with it
     slots: dict = field(default_factory=dict)  # in-flight task -> its most completion tokens
+    most_in_flight: int = 0  # sum of slots' values, kept as they change (admission is hot)
+
+    def hold(self, task, most: int) -> None:
+        """A request started that can add at most `most` completion tokens."""
+        self.tasks.add(task)
+        self.slots[task] = most
+        self.most_in_flight += most
+
+    def release(self, task) -> None:
+        """A request ended (done, failed or cancelled)."""
+        self.tasks.discard(task)
+        self.most_in_flight -= self.slots.pop(task, 0)
 
     @property
     def expected(self) -> float:

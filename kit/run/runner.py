@@ -150,8 +150,7 @@ class _Runner:
             task = asyncio.ensure_future(self._request(d, prompt_id, sample, messages))
             task.meta = (d, prompt_id, sample, messages)
             task.add_done_callback(self._on_done)
-            d.tasks.add(task)
-            d.slots[task] = self._most(messages)
+            d.hold(task, self._most(messages))
             in_flight += 1
 
     def _on_done(self, task: asyncio.Task) -> None:
@@ -167,7 +166,7 @@ class _Runner:
         # the most the next sample can add: max_tokens, or one per generated turn (all_turns)
         most = self._most(d.queue[0][2])
         slack = max(0.01 * d.budget, most)
-        return d.tokens_done + sum(d.slots.values()) + most <= d.budget + slack
+        return d.tokens_done + d.most_in_flight + most <= d.budget + slack
 
     def _most(self, messages) -> int:
         """The most completion tokens one sample of these messages can add."""
@@ -266,8 +265,7 @@ class _Runner:
     def _finish(self, task: asyncio.Task) -> None:
         """Write the record (or error) of a finished request and update the accounting."""
         d, prompt_id, sample, _ = task.meta
-        d.tasks.discard(task)
-        d.slots.pop(task, None)
+        d.release(task)
         if task.cancelled():
             return
         exc = task.exception()
@@ -285,8 +283,7 @@ class _Runner:
         if self.config.policy == "cancel" and d.tokens_done >= d.budget:
             for t in list(d.tasks):
                 t.cancel()
-                d.tasks.discard(t)
-                d.slots.pop(t, None)
+                d.release(t)
                 d.queue.appendleft(t.meta[1:])
 
     def _fail(self, d: _Dataset, prompt_id: str, sample: int, exc: BaseException) -> None:
@@ -336,8 +333,8 @@ class _Runner:
             d.queue.appendleft((prompt_id, sample, messages))  # not done: due on resume
         for d in self.datasets.values():
             d.stopped = d.stopped or self._stop_requested or bool(d.tasks)
-            d.tasks.clear()
-            d.slots.clear()
+            for t in list(d.tasks):
+                d.release(t)
         try:
             self.store.close()
         finally:
