@@ -165,7 +165,7 @@ def cmd_demo(args) -> int:
         executed = run_notebooks(run_dir, parameters)
     report = audit_run(run_dir, args.tokenizer)
     pngs = save_charts(run_dir)
-    print(kit.validate(run_dir / "export"))
+    print(kit.validate(run_dir / "export").summary())
     print("\nwritten:")
     print(f"  run directory       {run_dir}")
     print(f"  executed notebooks  {executed}/ ({', '.join(n + '.ipynb' for n in NOTEBOOKS)})")
