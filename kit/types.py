@@ -7,10 +7,16 @@ The run directory (written by kit.run.store, read by kit.report's monitor/audit/
                              key, endpoints without user:password@)
       plan.json              {"version": 2, "budgets", "config", "pilot", "table"}, written by
                              kit.plan.write_plan (01_plan, `kit plan`), read by kit.plan.read_plan
-      prompts.parquet        the prompt frame the run draws from (kit.load output)
-      records/<dataset>.jsonl  one Record per line (dataclasses.asdict), append-only
+      prompts.parquet        the prompt frame the run draws from (kit.load output); every
+                             prompt is stored here once, never dropped by a later start
+      records/<dataset>.jsonl  one Record per line, append-only; a prompt of prompts.parquet
+                             is not repeated in its records' lines (no messages, no tools:
+                             readers join them back by (dataset, prompt_id), kit.run.batches)
       errors.jsonl           one ErrorRecord per line: requests that failed every attempt
       skipped.jsonl          prompts never sent (too long for the context; kit.run.guard), one per line
+      index/<dataset>.parquet|.json  the resume index written at each clean stop: line heads
+                             and the file size and checksums they cover (kit.run.index)
+      guard.json             the context guard's cached counts and what they depend on
 
 A prompt frame (kit.load, i.e. kit.data.sources.load) has the columns:
     dataset: str, prompt_id: str, messages: list[struct{role: str, content: str}],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -11,6 +12,7 @@ import pytest
 from faultserver import FaultConfig, FaultServer
 
 import kit
+from kit.run import guard
 from kit.run.guard import model_context
 from kit.run.store import progress, records_frame
 from kit.tokens import count_prompt_tokens
@@ -128,3 +130,154 @@ def test_no_tokenizer_no_guard_and_bad_settings_raise(tmp_path):
         with pytest.raises(ValueError, match=message):
             kit.generate_sync(prompts, RunConfig(budgets={"a": 100}, **args, **extra), run_dir=tmp_path / "bad")  # fmt: skip
     assert not (tmp_path / "bad").exists()
+
+
+# ---------------------------------------------------------------- the guard cache (guard.json)
+
+
+def tiny_tokenizer(folder, template: str = "{{ m['role'] }} {{ m['content'] }}\n"):
+    """A word-level tokenizer (one token per word) with a chat template, in `folder`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "<s>": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    chat = "{% for m in messages %}" + template + "{% endfor %}{% if add_generation_prompt %}assistant{% endif %}"  # fmt: skip
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "bos_token": "<s>", "chat_template": chat}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 300}))
+    return folder
+
+
+def guard_config(tok, **kw) -> RunConfig:
+    from kit.tokens import chat_template_hash
+
+    base = dict(model="fake", endpoints="http://127.0.0.1:1/v1", budgets={"a": 1000, "b": 1000}, tokenizer=str(tok), sampling=Sampling(max_tokens=MAX_TOKENS), max_context=MAX_CONTEXT)  # fmt: skip
+    config = RunConfig(**(base | kw))
+    return dataclasses.replace(config, chat_template_hash=chat_template_hash(str(tok)))
+
+
+@pytest.fixture
+def renders(monkeypatch) -> list:
+    """The datasets guard.too_long renders from now on."""
+    calls: list = []
+    real = guard.too_long
+
+    def spy(part, *args, **kw):
+        calls.append(part["dataset"][0])
+        return real(part, *args, **kw)
+
+    monkeypatch.setattr(guard, "too_long", spy)
+    return calls
+
+
+def truth(prompts, config, limit=None) -> dict:
+    """too_long of every dataset, no cache: what the guard must find."""
+    out = {}
+    for (name,), part in prompts.group_by("dataset", maintain_order=True):
+        kwargs = config.sampling_for(name).chat_template_kwargs
+        limit = limit or config.max_context
+        out |= guard.too_long(part, config.tokenizer, limit, config.sampling.max_tokens, kwargs)
+    return out
+
+
+def test_guard_cache_is_reused_until_what_it_depends_on_changes(tmp_path, renders):
+    tok = tiny_tokenizer(tmp_path / "tok")
+    prompts = frame({"a": {"short": 6, "long": 2}, "b": {"short": 4, "medium": 3, "long": 1}})
+    config, run_dir = guard_config(tok), tmp_path / "run"
+    run_dir.mkdir()
+    skips = guard.apply(prompts, config, run_dir, {})
+    assert renders == ["a", "b"] and {k: v[0] for k, v in skips.items()} == truth(prompts, config)
+    assert sorted(pid for _, pid in skips) == ["a-long-0", "a-long-1", "b-long-0"]
+    listed = (run_dir / "skipped.jsonl").read_bytes()
+
+    renders.clear()  # nothing changed: nothing rendered, the same answer and file
+    assert guard.apply(prompts, config, run_dir, {}) == skips and renders == []
+    assert (run_dir / "skipped.jsonl").read_bytes() == listed
+    done = {("a", "a-long-0", 0): (5, "stop")}  # done samples are not skipped (not cached)
+    assert ("a", "a-long-0") not in guard.apply(prompts, config, run_dir, done) and renders == []
+
+    for changed in (dataclasses.replace(config, max_context=500),
+                    dataclasses.replace(config, sampling=Sampling(max_tokens=360))):  # fmt: skip
+        renders.clear()
+        got = guard.apply(prompts, changed, run_dir, {})
+        assert renders == ["a", "b"] and {k: v[0] for k, v in got.items()} == truth(prompts, changed)  # fmt: skip
+    assert {pid for _, pid in got} > {pid for _, pid in skips}  # 360 of 400 for max_tokens: more
+    renders.clear()
+    assert guard.apply(prompts, config, run_dir, {}) == skips and renders == [
+        "a",
+        "b",
+    ]  # 1 entry per dataset
+
+    renders.clear()  # b's first prompt gets long under the same prompt_id: b only is rendered
+    long_text = "long question 9 " + "word " * 400
+    edited = prompts.with_columns(
+        pl.when(pl.col("prompt_id") == "b-short-0")
+        .then(pl.lit([{"role": "user", "content": long_text}]))
+        .otherwise(pl.col("messages")).alias("messages")
+    )  # fmt: skip
+    got = guard.apply(edited, config, run_dir, {})
+    assert renders == ["b"] and ("b", "b-short-0") in got
+    renders.clear()
+    kwargs = dataclasses.replace(config, template_kwargs={"b": {"enable_thinking": False}})
+    guard.apply(edited, kwargs, run_dir, {})
+    assert renders == ["b"]  # b's template kwargs changed: b rendered again
+
+
+def test_guard_cache_holds_the_tokenizer_facts_while_its_files_are_unchanged(tmp_path, renders, monkeypatch):  # fmt: skip
+    import kit.tokens
+
+    tok = tiny_tokenizer(tmp_path / "tok")
+    prompts = frame({"a": {"short": 3, "long": 1}})
+    config, run_dir = (
+        guard_config(tok, max_context=None),
+        tmp_path / "run",
+    )  # context from config.json
+    run_dir.mkdir()
+    first = guard.apply(prompts, config, run_dir, {})
+    assert list(first) == [("a", "a-long-0")]
+    assert guard.template_hash(str(tok), run_dir) == config.chat_template_hash
+
+    def refuse(*args, **kw):
+        raise AssertionError("the tokenizer was loaded")
+
+    with monkeypatch.context() as m:  # unchanged files: no tokenizer loaded for either fact
+        m.setattr(kit.tokens, "chat_template_hash", refuse)
+        m.setattr(guard, "model_context", refuse)
+        assert guard.template_hash(str(tok), run_dir) == config.chat_template_hash
+        renders.clear()
+        assert guard.apply(prompts, config, run_dir, {}) == first and renders == []
+
+    tiny_tokenizer(tok, template="[{{ m['role'] }}] {{ m['content'] }}\n")  # a new template
+    kit.tokens._load_cached.cache_clear()  # this process holds the old one (a restart would not)
+    new_hash = guard.template_hash(str(tok), run_dir)
+    assert new_hash != config.chat_template_hash
+    renders.clear()
+    guard.apply(prompts, dataclasses.replace(config, chat_template_hash=new_hash), run_dir, {})
+    assert renders == ["a"]
+    (run_dir / "guard.json").write_bytes(b"\x00garbage")  # a spoiled cache is only a miss
+    renders.clear()
+    assert list(guard.apply(prompts, config, run_dir, {})) == [("a", "a-long-0")] and renders == ["a"]  # fmt: skip
+
+
+def test_a_restart_renders_nothing_and_loads_no_tokenizer(tmp_path, monkeypatch):
+    import kit.tokens
+
+    tok = tiny_tokenizer(tmp_path / "tok")
+    prompts = frame({"a": {"short": 5, "long": 2}})
+    with FaultServer(FaultConfig(min_words=5, max_words=20)) as srv:
+        config = RunConfig(model="fake", endpoints=srv.base_url, budgets={"a": 10_000}, tokenizer=str(tok), sampling=Sampling(max_tokens=MAX_TOKENS), max_context=MAX_CONTEXT, retry_base=0.02)  # fmt: skip
+        run = kit.generate_sync(prompts, config, run_dir=tmp_path / "run")
+        assert srv.stats()["requests"] == 5
+        listed = (tmp_path / "run" / "skipped.jsonl").read_bytes()
+
+        def refuse(*args, **kw):
+            raise AssertionError("rendered or loaded on a restart")
+
+        monkeypatch.setattr(guard, "too_long", refuse)
+        monkeypatch.setattr(kit.tokens, "chat_template_hash", refuse)
+        again = kit.generate_sync(None, config, run_dir=run.run_dir)  # resume: nothing to send
+        assert srv.stats()["requests"] == 5
+    assert (tmp_path / "run" / "skipped.jsonl").read_bytes() == listed
+    assert again.summary()["skipped_context"].to_list() == [2]

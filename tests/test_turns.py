@@ -38,7 +38,13 @@ def config(url: str, budgets, **kw) -> RunConfig:
 
 
 def raw(run_dir) -> list[dict]:
-    return [json.loads(x) for p in (run_dir / "records").glob("*.jsonl") for x in p.read_text().splitlines()]  # fmt: skip
+    """The records as a reader gives them back: the lines hold no prompt (prompts.parquet
+    does), the reader rebuilds it with the target's own earlier answers (Record.turns)."""
+    lines = [json.loads(x) for p in (run_dir / "records").glob("*.jsonl") for x in p.read_text().splitlines()]  # fmt: skip
+    assert lines and not any("messages" in r or "tools" in r for r in lines)
+    rows = records_frame(run_dir).to_dicts()
+    assert len(rows) == len(lines)
+    return [r | {k: json.loads(r[k]) if r[k] else None for k in ("turns", "tools")} for r in rows]
 
 
 def test_all_turns_replaces_every_dataset_answer_and_counts_every_turn(tmp_path):

@@ -303,8 +303,8 @@ def source_hashes(frame: pl.DataFrame) -> dict[str, str]:
     """dataset -> 16-hex blake2b of its sorted prompt_ids (the sources part of a fingerprint)."""
     out = {}
     for (name,), part in frame.group_by("dataset", maintain_order=True):
-        ids = sorted(part["prompt_id"].to_list())
-        out[name] = hashlib.blake2b("\n".join(ids).encode(), digest_size=8).hexdigest()
+        ids = part["prompt_id"].sort().str.join("\n").item()  # polars' order == sorted()'s
+        out[name] = hashlib.blake2b((ids or "").encode(), digest_size=8).hexdigest()
     return out
 
 

@@ -47,14 +47,13 @@ the exact rows whose server prompt ids differ from kit's rendering (reported, ne
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.report import manifest as _manifest
 from kit.report.convo import conversation, row_id, tools_of
+from kit.report.selection import light_frame, select, split_by_prompt
 from kit.report.tokenrows import token_rows
 from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re-exported
     ValidationResult,
@@ -129,97 +128,10 @@ class ExportResult:
         return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- selection
-
-
-def _select(records, budgets: dict, opts: ExportOptions) -> tuple[object, dict[str, int]]:
-    """Apply the drop / trim / mix options in that order; returns (frame, dropped counts)."""
-    import polars as pl
-
-    from kit.report.flags import flag_records
-
-    frame = flag_records(records).sort("t_done", maintain_order=True)
-    dropped = {}
-    steps = [
-        ("errors", opts.drop_errors, ~pl.col("finish_reason").is_in(["stop", "length"])),
-        ("truncated", opts.drop_truncated, pl.col("finish_reason") == "length"),
-        ("duplicates", opts.drop_duplicates, pl.col("dup_exact") | pl.col("dup_near")),
-    ]
-    for reason, on, cond in steps:
-        if on:
-            dropped[reason] = frame.filter(cond).height
-            frame = frame.filter(~cond)
-    if opts.trim_to_budget:
-        n = frame.height
-        frame = _keep_prefix(frame, {d: b for d, b in budgets.items() if b})
-        dropped["past_budget"] = n - frame.height
-    if opts.mix:
-        n = frame.height
-        frame = _mix(frame, opts.mix)
-        dropped["mix"] = n - frame.height
-    return frame, dropped
-
-
-def _keep_prefix(frame, limits: dict[str, float]):
-    """Per dataset, keep records in t_done order while cumulative tokens <= its limit."""
-    import polars as pl
-
-    limit = pl.col("dataset").replace_strict(limits, default=None, return_dtype=pl.Float64)
-    cum = pl.col("completion_tokens").cum_sum().over("dataset")
-    return frame.filter(limit.is_null() | (cum <= limit))
-
-
-def _mix(frame, mix: dict):
-    """Keep token shares: total T = min(available_d / share_d); dataset d keeps share_d * T."""
-    import polars as pl
-
-    avail = dict(frame.group_by("dataset").agg(pl.col("completion_tokens").sum()).iter_rows())
-    missing = [d for d in mix if d not in avail]
-    if missing:
-        raise ValueError(
-            f"mix names datasets with no records to export: {missing}; have {sorted(avail)}"
-        )
-    total = sum(mix.values())
-    shares = {d: s / total for d, s in mix.items()}
-    t = min(avail[d] / s for d, s in shares.items())
-    frame = frame.filter(pl.col("dataset").is_in(list(mix)))
-    return _keep_prefix(frame, {d: s * t for d, s in shares.items()})
-
-
-def _split(frame, val_fraction: float, seed: int):
-    """Add `split`: per dataset a seeded shuffle of prompt ids; the first round(f*n) validate.
-
-    Samples of one prompt stay together, so no prompt is in both splits.
-    """
-    import polars as pl
-
-    val_keys = []
-    for name in sorted(frame["dataset"].unique().to_list()):
-        ids = sorted(frame.filter(pl.col("dataset") == name)["prompt_id"].unique().to_list())
-        random.Random(f"{seed}:{name}").shuffle(ids)
-        val_keys += [(name, p) for p in ids[: int(val_fraction * len(ids) + 0.5)]]
-    val = pl.DataFrame(
-        val_keys, schema={"dataset": pl.String, "prompt_id": pl.String}, orient="row"
-    )
-    val = val.with_columns(split=pl.lit("validation"))
-    out = frame.join(val, on=["dataset", "prompt_id"], how="left", maintain_order="left")
-    return out.with_columns(pl.col("split").fill_null("train"))
-
-
 # ---------------------------------------------------------------- writing
 
-
-def _write_jsonl(out_dir: Path, rel: str, rows: list[dict], files: dict) -> None:
-    path = out_dir / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps(r, ensure_ascii=False) for r in rows]
-    path.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
-    hashes = "".join(hashlib.sha256(x.encode()).hexdigest()[:16] + "\n" for x in lines)
-    lh = out_dir / "linehashes" / f"{rel}.txt"
-    lh.parent.mkdir(parents=True, exist_ok=True)
-    lh.write_text(hashes)
-    files[rel] = file_entry(path, len(rows), line_hashes=f"linehashes/{rel}.txt")
-    files[f"linehashes/{rel}.txt"] = file_entry(lh, len(rows))
+BATCH = 5_000  # records per batch of the writing pass: bounds its memory
+TOKEN_BATCH = 1_000  # with token_ids: each row's ids are Python ints, ~36 bytes apiece
 
 
 def _specforge_row(rid: str, conv: list[dict], r: dict) -> dict:
@@ -231,64 +143,81 @@ def _specforge_row(rid: str, conv: list[dict], r: dict) -> dict:
     return row
 
 
-def _write_split(out_dir, split, part, tok_rows, opts, files) -> None:
-    """Write one split in every requested format."""
-
-    rows = part.to_dicts()
-    ids = [row_id(r) for r in rows]
-    convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
-    if "specforge" in opts.formats:
-        sf = [_specforge_row(i, c, r) for i, c, r in zip(ids, convs, rows, strict=True)]
-        _write_jsonl(out_dir, f"specforge/{split}.jsonl", sf, files)
-    if "token_ids" in opts.formats:
-        _write_jsonl(out_dir, f"token_ids/{split}.jsonl", [tok_rows[i] for i in ids], files)
-    table = _table(part, rows, ids, convs, tok_rows)
-    if "parquet" in opts.formats:
-        (out_dir / "parquet").mkdir(exist_ok=True)
-        table.write_parquet(out_dir / f"parquet/{split}.parquet")
-        files[f"parquet/{split}.parquet"] = file_entry(
-            out_dir / f"parquet/{split}.parquet", len(rows)
-        )
-    if "hf" in opts.formats:
-        _write_hf(out_dir, split, table, files)
+_COUNTS = ("dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source")
 
 
-def _table(part, rows, ids, convs, tok_rows):
-    """The Parquet / HF table of one split (columns for reasoning and tools only when used)."""
+class _Split:
+    """The files of one split, written a batch at a time (kit.report.writers)."""
+
+    def __init__(self, out_dir: Path, split: str, opts: ExportOptions, columns: dict) -> None:
+        from kit.report.writers import JsonlSink, ParquetSink
+
+        self.out_dir, self.split, self.opts, self.columns = out_dir, split, opts, columns
+        fmts = [f for f in ("specforge", "token_ids") if f in opts.formats]
+        self.jsonl = {f: JsonlSink(out_dir, f"{f}/{split}.jsonl") for f in fmts}
+        tabular = "parquet" in opts.formats or "hf" in opts.formats
+        self.parquet = ParquetSink(out_dir, split) if tabular else None
+
+    def write(self, rows: list[dict], tok_rows: dict) -> None:
+        ids = [row_id(r) for r in rows]
+        convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
+        if "specforge" in self.jsonl:
+            sf = [_specforge_row(i, c, r) for i, c, r in zip(ids, convs, rows, strict=True)]
+            self.jsonl["specforge"].write(sf)
+        if "token_ids" in self.jsonl:
+            self.jsonl["token_ids"].write([tok_rows[i] for i in ids])
+        if self.parquet is not None:
+            self.parquet.write(_table(rows, ids, convs, tok_rows, self.columns))
+
+    def close(self, files: dict) -> None:
+        from kit.report.writers import write_hf
+
+        for sink in self.jsonl.values():
+            sink.close(files)
+        if self.parquet is None:
+            return
+        if self.parquet.empty is None:  # a split without rows: its table's columns, no rows
+            self.parquet.write(_table([], [], [], {}, self.columns))
+        path = self.parquet.close(files)
+        if "hf" in self.opts.formats:
+            write_hf(self.out_dir, self.split, path, files)
+        if "parquet" not in self.opts.formats:  # written for hf only: kit's own, removed
+            files.pop(f"parquet/{self.split}.parquet")
+            path.unlink()
+            if not any(path.parent.iterdir()):
+                path.parent.rmdir()
+
+
+def _table(rows, ids, convs, tok_rows, columns: dict):
+    """The Parquet / HF table of one batch of a split; `columns` says which optional columns
+    the split has (reasoning_content, tools, token ids), the same for every batch."""
     import polars as pl
 
+    from kit.run.lines import record_schema
+
     fields = {"role": pl.String, "content": pl.String}
-    if any(len(c[-1]) > 2 for c in convs):
+    if columns["reasoning"]:
         fields["reasoning_content"] = pl.String
     msg = pl.List(pl.Struct(fields))
     table = pl.DataFrame(
         {"id": ids, "conversations": convs}, schema={"id": pl.String, "conversations": msg}
     ).with_columns(
-        part.select(
-            "dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source"
+        pl.DataFrame(
+            {c: [r[c] for r in rows] for c in _COUNTS},
+            schema={c: record_schema()[c] for c in _COUNTS},
         )
     )
-    tools = [tools_of(r) for r in rows]
-    if any(tools):
+    if columns["tools"]:
+        tools = [tools_of(r) for r in rows]
         text = [json.dumps(t, ensure_ascii=False) if t else None for t in tools]
         table = table.with_columns(tools=pl.Series(text, dtype=pl.String))
-    if tok_rows:
+    if columns["token_ids"]:
         table = table.with_columns(
             input_ids=pl.Series([tok_rows[i]["input_ids"] for i in ids], dtype=pl.List(pl.Int64)),
             loss_mask=pl.Series([tok_rows[i]["loss_mask"] for i in ids], dtype=pl.List(pl.Int8)),
             ids_source=pl.Series([tok_rows[i]["ids_source"] for i in ids], dtype=pl.String),
         )
     return table
-
-
-def _write_hf(out_dir: Path, split: str, table, files: dict) -> None:
-    import datasets
-
-    target = out_dir / "hf" / split
-    datasets.Dataset.from_dict(table.to_dict(as_series=False)).save_to_disk(str(target))
-    for p in sorted(target.rglob("*")):
-        if p.is_file():
-            files[str(p.relative_to(out_dir))] = file_entry(p, None)
 
 
 def _targets(formats) -> list[str]:
@@ -338,34 +267,23 @@ def export(
         r = export("data/runs/demo", "data/exports/demo", val_fraction=0.1, trim_to_budget=True)
         r.counts["alpaca"]  # -> e.g. {"records": 41, "tokens": 3998, "train": 37, "validation": 4}
     """
-    from kit.run.store import read_config, read_records
+    from kit.run.batches import file_sizes
+    from kit.run.store import read_config
 
     opts = ExportOptions(formats, drop_truncated, drop_errors, drop_duplicates, trim_to_budget, mix, val_fraction, seed)  # fmt: skip
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     owned = owned_files(out_dir, overwrite, _targets(opts.formats))  # refuse before any work
     config = read_config(run_dir)
     tok = _tokenizer(tokenizer, config, opts)
-    records, corrupt = read_records(run_dir)
-    frame, dropped = _select(records, config.budgets, opts)
-    frame = _split(frame, opts.val_fraction, opts.seed)
-    stats: dict[str, int] = {}
-    by_dataset: dict[str, dict] = {}  # dataset -> how its token rows were made
-    tok_rows = {}
-    if "token_ids" in opts.formats:
-        kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
-        made = token_rows(tok, frame.to_dicts(), stats, by_dataset, turns=config.turns, kwargs_for=kwargs_for)  # fmt: skip
-        keep = [r is not None for r in made]
-        dropped["template_mismatch"] = keep.count(False)
-        frame = frame.filter(keep)
-        tok_rows = {r["id"]: r for r in made if r is not None}
+    upto, corrupt = file_sizes(run_dir), []  # both passes read the same bytes of a live run
+    light = light_frame(run_dir, opts, corrupt, upto)
+    kept, dropped = select(light, config.budgets, opts)
+    kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
     clear_export(out_dir, owned)
     files: dict[str, dict] = {}
-    for split in SPLITS:
-        part = frame.filter(frame["split"] == split)
-        if part.height or split == "train":
-            _write_split(out_dir, split, part, tok_rows, opts, files)
-    notes = [] if frame.height else [_manifest.empty_note(run_dir, records.height)]
-    manifest = _manifest.build(run_dir, config, tok, frame, dropped, stats, by_dataset, opts, files)  # fmt: skip
+    written = _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped)
+    notes = [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
+    manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files)  # fmt: skip
     manifest |= {"corrupt_lines": {"count": len(corrupt), "lines": corrupt[:100]}, "notes": notes}
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return ExportResult(
@@ -379,10 +297,96 @@ def export(
     )
 
 
+class _Written:
+    """What the writing pass wrote: per dataset records, tokens, split rows, rows holding
+    earlier assistant turns, and how the token rows were made."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.per: dict[str, dict] = {}
+        self.earlier: dict[str, int] = {}
+        self.stats: dict[str, int] = {}
+        self.by_dataset: dict[str, dict] = {}
+
+    def add(self, r: dict, split: str) -> None:
+        c = self.per.setdefault(r["dataset"], {"records": 0, "tokens": 0, "train": 0, "validation": 0})  # fmt: skip
+        c["records"] += 1
+        c["tokens"] += r["completion_tokens"]
+        c[split] += 1
+        self.rows += 1
+        held = any(m["role"] == "assistant" for m in r["messages"])
+        self.earlier[r["dataset"]] = self.earlier.get(r["dataset"], 0) + held
+
+    def counts(self) -> dict[str, dict]:
+        return {d: self.per[d] for d in sorted(self.per)}
+
+
+def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _Written:
+    """Pass 2: read the records again in the same order, a batch at a time, and write the
+    kept ones to their split's files; token rows the template cannot split are dropped
+    from every format (counted as template_mismatch)."""
+    import polars as pl
+
+    from kit.run.batches import record_rows
+
+    done = _Written()
+    if "token_ids" in opts.formats:
+        dropped["template_mismatch"] = 0
+    columns = {
+        split: {
+            "reasoning": kept.filter(pl.col("split") == split)["has_reasoning"].any(),
+            "tools": kept.filter(pl.col("split") == split)["has_tools"].any(),
+            "token_ids": "token_ids" in opts.formats and kept.height > 0,
+        }
+        for split in SPLITS
+    }
+    splits = {"train": _Split(out_dir, "train", opts, columns["train"])}
+    want = kept.select("_pos", "split")
+    pos, cursor = 0, 0
+    positions = want["_pos"]
+    kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
+    size = min(BATCH, TOKEN_BATCH) if "token_ids" in opts.formats else BATCH
+    for batch in record_rows(run_dir, order="t_done", upto=upto, batch_size=size):
+        end = pos + len(batch)
+        stop = int(positions.search_sorted(end, side="left"))
+        sel = want.slice(cursor, stop - cursor)
+        cursor = stop
+        rows = []
+        for p, s in sel.iter_rows():
+            row = batch[p - pos]
+            row["split"] = s
+            rows.append(row)
+        pos = end
+        if not rows:
+            continue
+        tok_rows = {}
+        if "token_ids" in opts.formats:
+            made = token_rows(tok, rows, done.stats, done.by_dataset, turns=config.turns, kwargs_for=kwargs_for)  # fmt: skip
+            dropped["template_mismatch"] += sum(r is None for r in made)
+            rows = [r for r, m in zip(rows, made, strict=True) if m is not None]
+            tok_rows = {r["id"]: r for r in made if r is not None}
+        for split in SPLITS:
+            mask = [r["split"] == split for r in rows]
+            if not any(mask):
+                continue
+            if split not in splits:
+                splits[split] = _Split(out_dir, split, opts, columns[split])
+            srows = [r for r, m in zip(rows, mask, strict=True) if m]
+            splits[split].write(srows, tok_rows)
+            for r in srows:
+                done.add(r, split)
+    for split in SPLITS:
+        if split in splits:
+            splits[split].close(files)
+    return done
+
+
 def _tokenizer(tokenizer, config, opts: ExportOptions):
     from kit.report.tokenrows import load_tokenizer_for
 
-    tok = load_tokenizer_for(tokenizer, config)
+    # only token rows need it (loading one imports transformers: seconds, for nothing)
+    needed = "token_ids" in opts.formats or tokenizer is not None
+    tok = load_tokenizer_for(tokenizer, config) if needed else None
     if tok is None and "token_ids" in opts.formats:
         raise ValueError(
             "formats includes 'token_ids' but no tokenizer: pass tokenizer= (object or local "

@@ -36,26 +36,10 @@ def public_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def counts(frame) -> dict[str, dict]:
-    """dataset -> {"records", "tokens", "train", "validation"}."""
-    import polars as pl
-
-    agg = frame.group_by("dataset").agg(
-        records=pl.len(),
-        tokens=pl.col("completion_tokens").sum(),
-        train=(pl.col("split") == "train").sum(),
-        validation=(pl.col("split") == "validation").sum(),
-    )
-    return {r.pop("dataset"): r for r in agg.sort("dataset").to_dicts()}
-
-
-def turns_section(frame, mode: str) -> dict:
-    """Which assistant turns the rows train, and per dataset the rows with earlier ones."""
-    import polars as pl
-
-    earlier = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")
-    agg = frame.group_by("dataset").agg((earlier.list.sum() > 0).sum().alias("n"))
-    rows = {d: n for d, n in agg.sort("dataset").iter_rows()}
+def turns_section(earlier: dict[str, int], mode: str) -> dict:
+    """Which assistant turns the rows train, and per dataset the rows with earlier ones
+    (`earlier`: dataset -> rows whose prompt holds an assistant turn)."""
+    rows = {d: earlier[d] for d in sorted(earlier)}
     if mode == "all_turns":
         note = ("earlier assistant turns are the target's own (RunConfig.turns all_turns): "
                 "trained in every format, like the last one")  # fmt: skip
@@ -76,8 +60,10 @@ def specforge_section(mode: str) -> dict:
     return {"train_only_last_turn": on, "how": how}
 
 
-def build(run_dir, config, tok, frame, dropped, stats, by_dataset, opts, files) -> dict:
-    """The manifest of one export (written last, as manifest.json)."""
+def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opts, files) -> dict:
+    """The manifest of one export (written last, as manifest.json). `counts`: dataset ->
+    {"records", "tokens", "train", "validation"}; `earlier`: dataset -> rows holding earlier
+    assistant turns."""
     import kit
     from kit.report.tokenrows import end_of_turn
     from kit.tokens import chat_template_hash
@@ -107,12 +93,12 @@ def build(run_dir, config, tok, frame, dropped, stats, by_dataset, opts, files) 
             },  # fmt: skip
         },
         "budgets": dict(config.budgets),
-        "counts": counts(frame),
+        "counts": counts,
         "dropped": dropped,
         "token_id_sources": stats,
         "token_rows": by_dataset,
         "token_rows_sources": TOKEN_SOURCES,
-        "turns": turns_section(frame, config.turns),
+        "turns": turns_section(earlier, config.turns),
         "options": dict(dataclasses.asdict(opts)) | {"formats": list(opts.formats)},
         "files": files,
     }

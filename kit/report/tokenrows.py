@@ -59,6 +59,31 @@ def end_of_turn(tok) -> tuple[int | None, str]:
     return None, ""
 
 
+class _Encoding:
+    """A tokenizer whose encode(text, add_special_tokens=False) answers from texts encoded
+    ahead in one batch (kit.tokens.encode_many: every core), else encodes and remembers;
+    everything else is the tokenizer's."""
+
+    def __init__(self, tok) -> None:
+        self._tok, self._ids = tok, {}
+
+    def prefill(self, texts: list[str]) -> None:
+        from kit.tokens import encode_many
+
+        todo = list(dict.fromkeys(t for t in texts if t not in self._ids))
+        self._ids.update(zip(todo, encode_many(self._tok, todo), strict=True))
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        assert not add_special_tokens, "token rows never add special tokens"
+        ids = self._ids.get(text)
+        if ids is None:
+            ids = self._ids[text] = self._tok.encode(text, add_special_tokens=False)
+        return list(ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self._tok, name)
+
+
 def _count(d: dict, key: str, n: int = 1) -> None:
     d[key] = d.get(key, 0) + n
 
@@ -99,6 +124,9 @@ def token_rows(
     convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
     prompts = render_all(tok, [c[:-1] for c in convs], True, tools, kw)
     fulls = render_all(tok, convs, False, tools, kw)
+    tok = _Encoding(tok)  # the texts most rows encode, encoded in one batch
+    texts = [r["completion"] for r in rows if not (r.get("prompt_ids") and r.get("output_ids"))]
+    tok.prefill([p for p in prompts if p is not None] + texts)
     out = []
     for i, r in enumerate(rows):
         ds = by_dataset.setdefault(r["dataset"], {})

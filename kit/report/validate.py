@@ -4,10 +4,13 @@ which files of an existing export are kit's own to replace (owned_files, clear_e
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import orjson
 
 ROLES = ("system", "user", "assistant")
 FOLDERS = ("specforge", "token_ids", "parquet", "hf", "linehashes")  # where an export writes
@@ -104,21 +107,47 @@ def _check_token_ids(row) -> str | None:
 _CHECKS = {"specforge": _check_specforge, "token_ids": _check_token_ids}
 
 
-def _check_jsonl(root: Path, rel: str, result: ValidationResult) -> list[str]:
-    """Parse and check every line of one JSONL export file; returns the row ids."""
-    check, ids, problems = _CHECKS[rel.split("/")[0]], [], []
+class _Ids:
+    """The ids of one JSONL file's rows, kept as a count and a digest, not a list (an
+    export of a million rows is checked in constant memory)."""
+
+    def __init__(self) -> None:
+        self.n, self._h = 0, hashlib.sha256()
+
+    def add(self, rid) -> None:
+        self.n += 1
+        self._h.update(repr(rid).encode() + b"\n")
+
+    def digest(self) -> str:
+        return self._h.hexdigest()
+
+
+def _row_id(line: str):
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return row.get("id") if isinstance(row, dict) else None
+
+
+def _check_jsonl(root: Path, rel: str, result: ValidationResult) -> _Ids:
+    """Parse and check every line of one JSONL export file, streaming; returns its ids."""
+    check, ids, problems = _CHECKS[rel.split("/")[0]], _Ids(), []
     with open(root / rel, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                problems.append(f"{rel} line {n}: not valid JSON ({e.msg} at column {e.colno})")
-                continue
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                try:
+                    row = json.loads(line)  # what orjson refuses and json takes (NaN) is checked
+                except json.JSONDecodeError as e:
+                    problems.append(f"{rel} line {n}: not valid JSON ({e.msg} at column {e.colno})")  # fmt: skip
+                    continue
             what = check(row)
             if what:
                 problems.append(f"{rel} line {n}: {what}")
-            ids.append(row.get("id") if isinstance(row, dict) else None)
-    result.rows_checked += len(ids)
+            ids.add(row.get("id") if isinstance(row, dict) else None)
+    result.rows_checked += ids.n
     _add(result, problems)
     return ids
 
@@ -134,15 +163,22 @@ def _changed_lines(root: Path, rel: str, entry: dict) -> list[str]:
     lh = root / entry.get("line_hashes", "")
     if "line_hashes" not in entry or not lh.is_file():
         return [f"{rel}: contents changed after export (sha256 differs from manifest.json)"]
-    want = lh.read_text().split()
-    got = [hashlib.sha256(x.encode()).hexdigest()[:16] for x in (root / rel).read_text(encoding="utf-8").splitlines()]  # fmt: skip
-    out = [f"{rel} line {i + 1}: edited after export (differs from the line written)" for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b]  # fmt: skip
-    if len(got) != len(want):
-        out.append(f"{rel}: has {len(got)} lines, the export wrote {len(want)}")
+    out, want_n, got_n = [], 0, 0
+    with open(lh) as want, open(root / rel, encoding="utf-8", newline="") as got:
+        for i, (a, b) in enumerate(itertools.zip_longest(want, got)):
+            want_n += a is not None
+            got_n += b is not None
+            if a is None or b is None:
+                continue
+            line = b[:-1] if b.endswith("\n") else b
+            if a.strip() != hashlib.sha256(line.encode()).hexdigest()[:16]:
+                out.append(f"{rel} line {i + 1}: edited after export (differs from the line written)")  # fmt: skip
+    if got_n != want_n:
+        out.append(f"{rel}: has {got_n} lines, the export wrote {want_n}")
     return out or [f"{rel}: bytes changed after export (sha256 differs; lines unchanged)"]
 
 
-def _check_files(root: Path, files: dict, result: ValidationResult) -> dict[str, list]:
+def _check_files(root: Path, files: dict, result: ValidationResult) -> dict[str, _Ids]:
     """Existence, hashes, row counts and formats of every listed file; returns ids per JSONL."""
     ids = {}
     for rel, entry in files.items():
@@ -155,7 +191,7 @@ def _check_files(root: Path, files: dict, result: ValidationResult) -> dict[str,
             _add(result, _changed_lines(root, rel, entry))
         if rel.split("/")[0] in _CHECKS:
             ids[rel] = _check_jsonl(root, rel, result)
-            rows = len(ids[rel])
+            rows = ids[rel].n
         elif rel.endswith(".parquet") and rel.startswith("parquet/"):
             import pyarrow.parquet as pq
 
@@ -167,23 +203,29 @@ def _check_files(root: Path, files: dict, result: ValidationResult) -> dict[str,
     return ids
 
 
-def _check_counts(manifest: dict, ids: dict[str, list], result: ValidationResult) -> None:
+def _first_different_id(root: Path, a: str, b: str) -> int:
+    """The 0-based line where two JSONL files' ids first differ (or the shorter's length)."""
+    with open(root / a, encoding="utf-8") as fa, open(root / b, encoding="utf-8") as fb:
+        for i, (x, y) in enumerate(itertools.zip_longest(fa, fb)):
+            if x is None or y is None or _row_id(x) != _row_id(y):
+                return i
+    return 0
+
+
+def _check_counts(manifest: dict, ids: dict[str, _Ids], result: ValidationResult) -> None:
     """Rows per split agree with manifest counts, and formats hold the same ids in order."""
     counts = manifest.get("counts", {})
     for split in ("train", "validation"):
         want = sum(c.get(split, 0) for c in counts.values())
         found = {rel: v for rel, v in ids.items() if rel.endswith(f"/{split}.jsonl")}
         for rel, v in found.items():
-            if len(v) != want:
+            if v.n != want:
                 result.problems.append(
-                    f"{rel}: {len(v)} rows, manifest counts say {want} {split} rows"
+                    f"{rel}: {v.n} rows, manifest counts say {want} {split} rows"
                 )
-        sf, tk = found.get(f"specforge/{split}.jsonl"), found.get(f"token_ids/{split}.jsonl")
-        if sf is not None and tk is not None and sf != tk:
-            first = next(
-                (i for i, (a, b) in enumerate(zip(sf, tk, strict=False)) if a != b),
-                min(len(sf), len(tk)),
-            )
+        sf, tk = f"specforge/{split}.jsonl", f"token_ids/{split}.jsonl"
+        if sf in found and tk in found and found[sf].digest() != found[tk].digest():
+            first = _first_different_id(result.path, sf, tk)
             result.problems.append(
                 f"token_ids/{split}.jsonl line {first + 1}: id differs from specforge/{split}.jsonl"
             )

@@ -10,11 +10,22 @@ column of run.summary()) and listed in run_dir/skipped.jsonl, one line per promp
     {"dataset", "prompt_id", "prompt_tokens", "max_tokens", "max_context", "samples", "reason"}
 The file is rewritten at each start of the run, so it always describes the current
 guard (a resume with a larger max_context sends what an earlier start skipped).
+
+Rendering every prompt costs ~90 s at a million prompts, so run_dir/guard.json keeps, per
+dataset, what too_long found under a key of everything it depends on (the tokenizer's files
+and chat_template_hash, max_context, max_tokens, the dataset's template kwargs, a hash of
+its prompts' dataset, prompt_id, messages and tools, the versions of polars, transformers
+and tokenizers); a start whose key matches reuses it, any other renders again. It also
+keeps the tokenizer's chat_template_hash and context under the tokenizer files' names,
+sizes and mtimes, so a restart loads no tokenizer when those are unchanged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 
 import orjson
@@ -22,6 +33,8 @@ import orjson
 from kit.run.lines import write_atomic
 
 SKIPPED_FILE = "skipped.jsonl"
+CACHE_FILE = "guard.json"
+_CACHE_VERSION = 1  # bump when too_long's rule changes
 REASON = "context"  # prompt_tokens + max_tokens > max_context
 _SANE_MAX = 10_000_000  # tokenizers without a known limit report int(1e30)
 
@@ -103,25 +116,44 @@ def apply(frame, config, run_dir, done) -> Skips:
 
     Args:
         frame: the prompt frame; config: the RunConfig (tokenizer, max_context, sampling).
-        run_dir: the run directory. done: {(dataset, prompt_id, sample): ...} already written.
+        run_dir: the run directory. done: the records already written, {(dataset,
+            prompt_id, sample): ...} or RunStore.scan_frame()'s frame.
     Returns:
         {(dataset, prompt_id): (prompt_tokens, samples not yet done)} for prompts with at
-        least one sample still to do.
+        least one sample still to do. too_long's answers come from run_dir/guard.json when
+        their key matches (see the module docstring).
     """
     path = Path(run_dir) / SKIPPED_FILE
+    cache = _Cache(Path(run_dir), config.tokenizer) if config.tokenizer else None
     limit = config.max_context
-    if config.tokenizer and limit is None:
-        limit = model_context(config.tokenizer)
+    if cache is not None:
+        limit = cache.context() if limit is None else limit
+        cache.note_tokenizer(config.chat_template_hash)
+        cache.save()
     if not config.tokenizer or not limit:
         path.unlink(missing_ok=True)  # nothing is skipped now: no stale list for audit
         return {}
     max_tokens, n = config.sampling.max_tokens, config.sampling.n
     check(limit, config.tokenizer, max_tokens)
-    unique = frame.unique(subset=["dataset", "prompt_id"], keep="first", maintain_order=True)
+    columns = [c for c in ("dataset", "prompt_id", "messages", "tools") if c in frame.columns]
+    unique = frame.select(columns).unique(
+        subset=["dataset", "prompt_id"], keep="first", maintain_order=True
+    )
     found: dict[tuple, int] = {}
     for (name,), part in unique.group_by("dataset", maintain_order=True):
         kwargs = config.sampling_for(name).chat_template_kwargs
-        found |= too_long(part, config.tokenizer, limit, max_tokens, kwargs)
+        key = cache.key(part, config.chat_template_hash, limit, max_tokens, kwargs)
+        hit = cache.get(name, key)
+        if hit is None:
+            hit = too_long(part, config.tokenizer, limit, max_tokens, kwargs)
+            cache.put(name, key, hit)
+        found |= hit
+    cache.save()
+    if not isinstance(done, dict):  # RunStore.scan_frame(): the keys of these prompts only
+        import polars as pl
+
+        rows = done.filter(pl.col("prompt_id").is_in([pid for _, pid in found]))
+        done = dict.fromkeys(rows.select("dataset", "prompt_id", "sample").iter_rows())
     skips: Skips = {}
     for (ds, pid), tokens in found.items():
         todo = sum((ds, pid, s) not in done for s in range(n))
@@ -130,6 +162,117 @@ def apply(frame, config, run_dir, done) -> Skips:
     if skips or path.exists():
         write_atomic(path, _lines(skips, max_tokens, limit))
     return skips
+
+
+def template_hash(tokenizer, run_dir) -> str:
+    """kit.tokens.chat_template_hash(tokenizer), read from run_dir/guard.json when the
+    tokenizer's files are those it was computed from (no tokenizer loaded), else computed.
+
+    Example: template_hash("data/models/SmolLM2-135M-Instruct", "data/runs/demo") -> "5adf0442e5f7706b"
+    """
+    known = _Cache(Path(run_dir), tokenizer).tokenizer.get("chat_template_hash")
+    if isinstance(known, str):
+        return known
+    from kit.tokens import chat_template_hash
+
+    return chat_template_hash(tokenizer)
+
+
+def tokenizer_files(tokenizer) -> list | None:
+    """[resolved path, [[name, size, mtime_ns] of its files]] of a local tokenizer (a folder
+    or a file such as a .gguf), None for anything else (a Hugging Face id, an object)."""
+    if not isinstance(tokenizer, (str, Path)):
+        return None
+    try:
+        path = Path(tokenizer).expanduser().resolve(strict=True)
+        entries = sorted(path.iterdir()) if path.is_dir() else [path]
+        stats = [(p.name, p.stat()) for p in entries if p.is_file()]
+    except OSError:
+        return None
+    return [str(path), [[name, st.st_size, st.st_mtime_ns] for name, st in stats]]
+
+
+@lru_cache(maxsize=1)
+def _versions() -> dict:
+    """The installed transformers and tokenizers versions (render and count prompts)."""
+    out = {}
+    for name in ("transformers", "tokenizers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+class _Cache:
+    """run_dir/guard.json: too_long answers per dataset under their key, and facts about
+    the tokenizer (chat_template_hash, context) under its files' names, sizes and mtimes."""
+
+    def __init__(self, run_dir: Path, tokenizer) -> None:
+        self.path, self.name = run_dir / CACHE_FILE, tokenizer
+        self.files = tokenizer_files(tokenizer) if tokenizer else None
+        try:
+            doc = orjson.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            doc = {}
+        ok = isinstance(doc, dict) and doc.get("version") == _CACHE_VERSION
+        datasets, tok = (doc.get("datasets"), doc.get("tokenizer")) if ok else ({}, {})
+        self.datasets = datasets if isinstance(datasets, dict) else {}
+        fresh = isinstance(tok, dict) and self.files is not None and tok.get("files") == self.files
+        self.tokenizer = dict(tok) if fresh else {"files": self.files}
+        self.changed = not fresh
+
+    def context(self) -> int | None:
+        """model_context(tokenizer), cached with the tokenizer's files."""
+        if "context" not in self.tokenizer:
+            self.tokenizer["context"], self.changed = model_context(self.name), True
+        value = self.tokenizer["context"]
+        return value if isinstance(value, int) and value > 0 else None
+
+    def note_tokenizer(self, template_hash: str | None) -> None:
+        if template_hash and self.tokenizer.get("chat_template_hash") != template_hash:
+            self.tokenizer["chat_template_hash"], self.changed = template_hash, True
+
+    def key(self, part, template_hash, limit: int, max_tokens: int, kwargs) -> str | None:
+        """sha256 of everything too_long(part, ...) depends on; None: not cacheable."""
+        import polars as pl
+
+        if self.files is None:
+            return None  # not local files (a Hugging Face id): kit cannot tell it changed
+        rows = hashlib.sha256(part.hash_rows().to_numpy().tobytes()).hexdigest()
+        parts = [
+            _CACHE_VERSION, str(self.name), self.files, template_hash, limit, max_tokens,
+            kwargs, part.columns, part.height, rows, pl.__version__, _versions(),
+        ]  # fmt: skip
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+    def get(self, dataset: str, key: str | None) -> dict | None:
+        entry = self.datasets.get(dataset)
+        if key is None or not isinstance(entry, dict) or entry.get("key") != key:
+            return None
+        try:
+            return {(dataset, str(pid)): int(n) for pid, n in entry["too_long"]}
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def put(self, dataset: str, key: str | None, found: dict) -> None:
+        if key is not None:
+            rows = [[pid, n] for (_, pid), n in found.items()]
+            self.datasets[dataset], self.changed = {"key": key, "too_long": rows}, True
+
+    def save(self) -> None:
+        """Write guard.json when something changed (atomically; a failure is only a miss)."""
+        if self.changed:
+            doc = {
+                "version": _CACHE_VERSION,
+                "tokenizer": self.tokenizer,
+                "datasets": self.datasets,
+            }
+            try:
+                write_atomic(self.path, orjson.dumps(doc))
+                self.changed = False
+            except OSError:
+                pass
 
 
 def _lines(skips: Skips, max_tokens: int, max_context: int) -> bytes:

@@ -28,6 +28,10 @@ RECORD_FIELDS = [f.name for f in dataclasses.fields(Record)]
 # instead of parsing each JSON line (other lines fall back to orjson).
 HEAD_FIELDS = ["dataset", "prompt_id", "sample", "completion_tokens", "finish_reason", "t_done"]
 LINE_ORDER = HEAD_FIELDS + [f for f in RECORD_FIELDS if f not in HEAD_FIELDS]
+# What a line leaves out when the run directory holds the prompt frame (prompts.parquet):
+# the prompt is stored once per run, records refer to it by (dataset, prompt_id).
+PROMPT_FIELDS = ("messages", "tools")
+LINE_ORDER_SHORT = [f for f in LINE_ORDER if f not in PROMPT_FIELDS]
 _STR = rb'"((?:[^"\\]|\\.)*)"'
 _HEAD = re.compile(
     rb'^\{"dataset":'
@@ -130,8 +134,37 @@ _OPTIONAL_TYPES = {  # field -> accepted types besides None (a record line's oth
 }  # fmt: skip
 
 
+_STR_OR_NONE = (str, type(None))
+_NUM_OR_NONE = (int, float, type(None))
+_FAST_OPTIONAL = tuple(  # (field, accepted types with None) of the optional fields
+    (k, (*v, type(None))) for k, v in {
+        "count_source": (str,), "prompt_tokens": (int,), "output_ids": (list,),
+        "prompt_ids": (list,), "endpoint": (str,), "latency_s": (int, float), "attempts": (int,),
+        "reasoning": (str,), "tools": (list,), "turns": (list,),
+    }.items()
+)  # fmt: skip
+
+
+def _whole_record(row) -> bool:
+    """The common case, checked fast: a line RunStore wrote (no messages: prompts.parquet
+    holds them). Anything else goes through the checks that name the problem."""
+    get = row.get if type(row) is dict else None
+    if get is None or "messages" in row:
+        return False
+    sample, count = get("sample"), get("completion_tokens")
+    return (
+        type(get("dataset")) is str and type(get("prompt_id")) is str
+        and type(sample) is int and type(count) is int and sample >= 0 and 0 <= count < 1 << 63
+        and type(get("completion")) is str and type(get("finish_reason")) in _STR_OR_NONE
+        and type(get("t_done")) in _NUM_OR_NONE and type(get("t_done")) is not bool
+        and all(type(get(k)) in types for k, types in _FAST_OPTIONAL)
+    )  # fmt: skip
+
+
 def record_problem(row) -> str | None:
     """What keeps a parsed line from being a whole Record, or None (see head_problem)."""
+    if _whole_record(row):
+        return None
     problem = head_problem(row)
     if problem:
         return problem
@@ -139,7 +172,7 @@ def record_problem(row) -> str | None:
         return "missing field 'completion'"
     if not isinstance(row["completion"], str):
         return f"completion {row['completion']!r:.40} is not a string"
-    messages = row.get("messages")
+    messages = row.get("messages", [])  # absent: the prompt frame holds it (kit.run.batches)
     if not isinstance(messages, list) or not all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
         for m in messages
@@ -160,19 +193,6 @@ def parse_line(line: bytes, check=head_problem) -> tuple[dict | None, str | None
         return None, "not JSON: a NUL byte" if b"\x00" in line else f"not JSON: {e.msg}"
     problem = check(row)
     return (None, problem) if problem else (row, None)
-
-
-def parse_records(data: bytes, first_line: int = 1) -> tuple[list[tuple[int, dict]], list[Problem]]:
-    """Complete JSONL bytes of a records file -> ([(line number, row)], [(line, problem)])."""
-    rows, problems = [], []
-    for n, line in enumerate(data.split(b"\n"), first_line):
-        if line:
-            row, problem = parse_line(line, record_problem)
-            if problem:
-                problems.append((n, problem))
-            else:
-                rows.append((n, row))
-    return rows, problems
 
 
 def corrupt_entries(path: Path, problems: list) -> list[dict]:
@@ -294,7 +314,8 @@ def truncate_quietly(fd: int, size: int) -> None:
 # ---------------------------------------------------------------- the records frame
 
 
-def _record_schema():
+def record_schema() -> dict:
+    """The columns of a records frame (kit.run.store.records_frame) and their dtypes."""
     import polars as pl
 
     msg = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
@@ -319,35 +340,13 @@ def _cell(row: dict, key: str):
     return value
 
 
-def read_records(run_dir, datasets=None) -> tuple[object, list[dict]]:
-    """(records_frame, the lines skipped as not records: [{"file", "line", "problem"}]).
-
-    Example: frame, corrupt = read_records(run_dir); describe_corrupt(corrupt) -> one line
-    """
-    rows, corrupt = [], []
-    wanted = None if datasets is None else {safe_name(d) for d in datasets}
-    for name, path in record_files(Path(run_dir)).items():
-        if wanted is None or name in wanted:
-            got, problems = parse_records(complete_bytes(path))
-            rows += [(path, n, r) for n, r in got]
-            corrupt += corrupt_entries(path, problems)
-    if datasets is not None:
-        rows = [x for x in rows if x[2]["dataset"] in datasets]
-    frame, bad = _frame(rows)
-    corrupt = sorted(corrupt + bad, key=lambda c: (c["file"], c["line"]))
-    return frame.unique(
-        subset=["dataset", "prompt_id", "sample"], keep="first", maintain_order=True
-    ), corrupt
-
-
-def _frame(rows: list[tuple]) -> tuple[object, list[dict]]:
-    """Rows -> frame; rows polars cannot take (e.g. a string among output_ids) are reported."""
+def frame_rows(rows: list[tuple], schema: dict) -> tuple[object, list[dict]]:
+    """[(path, line, row)] -> (frame of the schema's columns, [{"file", "line", "problem"}]
+    for rows polars cannot take, e.g. a string among output_ids: those are left out)."""
     import polars as pl
 
-    schema = _record_schema()
-
     def build(part):
-        return pl.DataFrame([{k: _cell(r, k) for k in schema} for _, _, r in part], schema=schema)
+        return pl.DataFrame({k: [_cell(r, k) for _, _, r in part] for k in schema}, schema=schema)
 
     try:
         return build(rows), []

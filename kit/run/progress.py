@@ -9,6 +9,10 @@ or whose first or last line read changed is read again from the start. errors.js
 is followed the same way; config.json, prompts.parquet and skipped.jsonl are re-read only
 when they change; status.json (the live runner's in-flight and retry counts) every poll.
 Lines that are not records are skipped and listed in `ProgressReader.corrupt`.
+
+A first read (and a re-read from the start) of a records file takes its totals from the
+resume index (kit/run/index.py) when it is valid for the file, and reads only the bytes
+after it: a finished run of a million records is watched at once.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import orjson
 
+from kit.run import index as _index
 from kit.run.lines import heads, parse_lines, record_files, safe_name
 from kit.types import DatasetProgress
 
@@ -54,8 +59,13 @@ class _Tail:
             if rewound:
                 self._rewind()
             self.ino = st.st_ino
+            if self.offset == 0:
+                self.start(path, f)
             self._consume_until(f, st.st_size)
         return rewound
+
+    def start(self, path: Path, f) -> None:
+        """Before a read from the start: a subclass may begin further on (an index)."""
 
     def _same_mark(self, f) -> bool:
         """Whether the heads of the first and the last line read are still there."""
@@ -109,6 +119,28 @@ class _Records(_Tail):
         self.resolved: set = set()  # failed keys that a later attempt wrote
         self.lines = 0  # complete lines consumed
         self.problems: list = []  # (line, problem) of the lines that are not records
+
+    def start(self, path: Path, f) -> None:
+        """Take the totals of the bytes the file's valid index covers; read on after them."""
+        got = _index.load(path)
+        if got is None or got.size == 0:
+            return
+        frame = got.frame
+        tokens = frame["completion_tokens"]
+        self.tokens, self.samples = int(tokens.sum()), frame.height
+        self.truncated = int((frame["finish_reason"] == "length").sum())
+        last = frame.tail(_RECENT)
+        self.recent.extend(
+            zip(last["t_done"].to_list(), last["completion_tokens"].to_list(), strict=True)
+        )
+        self.resolved |= _index.failed_in(frame, self.failed)
+        self.lines, self.problems = got.lines, list(got.problems)
+        self.offset = got.size
+        f.seek(0)
+        self.first = f.read(min(_MARK, got.size))
+        self.last_pos = _index.line_start(f, got.size)
+        f.seek(self.last_pos)
+        self.last = f.read(min(_MARK, got.size - self.last_pos))
 
     def consume(self, data: bytes) -> None:
         found = heads(data, self.problems, self.lines + 1)

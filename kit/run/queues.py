@@ -124,39 +124,85 @@ def seeded_order(prompt_ids, dataset: str, seed: int, n: int = 1) -> list[tuple[
         [('c', 0), ('b', 0), ('a', 0), ('c', 1), ('b', 1), ('a', 1)]
     """
     ids = sorted(prompt_ids)
-    random.Random(f"{seed}:{dataset}").shuffle(ids)
+    ids = [ids[i] for i in _permutation(len(ids), dataset, seed)]
     return [(pid, s) for s in range(n) for pid in ids]
 
 
-def _datasets(
-    frame, config: RunConfig, done: dict, priors: dict, skips: dict
-) -> dict[str, _Dataset]:
-    """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals."""
+def _permutation(size: int, dataset: str, seed: int) -> list[int]:
+    """seeded_order's shuffle as positions into the sorted ids (a shuffle's swaps depend on
+    the length only): _datasets gathers a polars column with it, no str per prompt."""
+    order = list(range(size))
+    random.Random(f"{seed}:{dataset}").shuffle(order)
+    return order
+
+
+def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict) -> dict[str, _Dataset]:
+    """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals.
+
+    `done`: the records already written, as RunStore.scan_frame()'s frame (one row per key)
+    or RunStore.scan()'s {key: (tokens, finish_reason)}; read once, not once per dataset.
+    Messages and tools are taken out of the frame only for prompts with a sample to send
+    (a resume of a mostly done run converts a few, not a million).
+    """
+    import polars as pl
+
     n = config.sampling.n
+    totals, done_ids = _done_parts(done)
+    skipped: dict[str, int] = {}
+    skip_ids: dict[str, list] = {}
+    for (ds, pid), (_, samples) in skips.items():
+        skipped[ds] = skipped.get(ds, 0) + samples
+        skip_ids.setdefault(ds, []).append(pid)
     out = {}
     for (name,), part in frame.group_by("dataset", maintain_order=True):
+        ids = part["prompt_id"].unique().sort()  # bytes order: sorted()'s code point order
+        order = ids.gather(_permutation(len(ids), name, config.seed))
+        order = order.filter(
+            ~order.is_in(pl.Series(skip_ids.get(name, []), dtype=pl.String).implode())
+        )
+        todo = []
+        for s in range(n):
+            gone = done_ids.get((name, s))
+            left = order if gone is None else order.filter(~order.is_in(gone.implode()))
+            todo += [(pid, s) for pid in left.to_list()]
+        wanted = list(dict.fromkeys(pid for pid, _ in todo))
+        if len(wanted) < len(ids):  # messages and tools of the prompts still to send only
+            part = part.filter(pl.col("prompt_id").is_in(wanted))
         part = part.unique(subset="prompt_id", keep="first")
         messages = dict(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))
-        rows = len(messages)
-        tools = _tools(part)
-        queue = deque(
-            (pid, s, messages[pid])
-            for pid, s in seeded_order(messages, name, config.seed, n)
-            if (name, pid) not in skips and (name, pid, s) not in done
-        )
+        queue = deque((pid, s, messages[pid]) for pid, s in todo)
         prior = float(priors.get(name, config.sampling.max_tokens / 2))
         d = _Dataset(
-            name=name, budget=config.budgets[name], queue=queue, total=rows * n, prior=prior,
-            sampling=replace(config.sampling_for(name), n=1), tools=tools,
+            name=name, budget=config.budgets[name], queue=queue, total=len(ids) * n, prior=prior,
+            sampling=replace(config.sampling_for(name), n=1), tools=_tools(part),
         )  # fmt: skip
-        d.skipped = sum(samples for (ds, _), (_, samples) in skips.items() if ds == name)
-        for (ds, _, _), (tokens, finish) in done.items():
-            if ds == name:
-                d.tokens_done += tokens
-                d.samples_done += 1
-                d.truncated += finish == "length"
+        d.skipped = skipped.get(name, 0)
+        d.tokens_done, d.samples_done, d.truncated = totals.get(name, (0, 0, 0))
         out[name] = d
     return out
+
+
+def _done_parts(done) -> tuple[dict, dict]:
+    """(dataset -> (tokens, samples, truncated), (dataset, sample) -> Series of the prompt
+    ids done) of RunStore.scan_frame()'s frame or RunStore.scan()'s dict, in one pass."""
+    import polars as pl
+
+    if isinstance(done, pl.DataFrame):
+        length = (pl.col("finish_reason") == "length").sum()
+        agg = done.group_by("dataset").agg(pl.col("completion_tokens").sum(), pl.len(), length)
+        totals = {ds: (int(t), int(k), int(x)) for ds, t, k, x in agg.iter_rows()}
+        parts = done.select("dataset", "sample", "prompt_id").partition_by(
+            "dataset", "sample", as_dict=True
+        )
+        return totals, {key: part["prompt_id"] for key, part in parts.items()}
+    sums: dict[str, list] = {}
+    ids: dict[tuple, list] = {}
+    for (ds, pid, s), (tokens, finish) in done.items():
+        t = sums.get(ds) or sums.setdefault(ds, [0, 0, 0])
+        t[0], t[1], t[2] = t[0] + tokens, t[1] + 1, t[2] + (finish == "length")
+        ids.setdefault((ds, s), []).append(pid)
+    series = {key: pl.Series(v, dtype=pl.String) for key, v in ids.items()}
+    return {ds: tuple(t) for ds, t in sums.items()}, series
 
 
 def _tools(part) -> dict:

@@ -32,7 +32,6 @@ from kit.run import turns as _turns
 from kit.run.answers import redact
 from kit.run.queues import _Dataset, _dataset_paths, _datasets, _prompt_frame
 from kit.run.store import RunStore
-from kit.tokens import chat_template_hash
 from kit.types import BackendError, Completion, DatasetProgress, ErrorRecord, Record, RunConfig
 
 
@@ -50,12 +49,14 @@ class _Runner:
         frame = _prompt_frame(prompts, run_dir)
         names = frame["dataset"].unique(maintain_order=True).to_list()
         _guard.check(config.max_context, config.tokenizer, config.sampling.max_tokens)
+        # kept in run_dir/guard.json while the tokenizer's files are unchanged: no load
+        template = _guard.template_hash(config.tokenizer, run_dir) if config.tokenizer else None
         config = replace(
             config,
             budgets=config.budgets_for(names),
             source_hashes=source_hashes(frame),
             datasets=_dataset_paths(prompts, run_dir) or dict(config.datasets),
-            chat_template_hash=chat_template_hash(config.tokenizer) if config.tokenizer else None,
+            chat_template_hash=template,
         )
         # one fsync per wave of in-flight results at most (a kill -9 loses in-flight work anyway);
         # flushing every 32 cost ~30% of requests/s at 256 in flight (bench/bench_client.py)
@@ -66,7 +67,8 @@ class _Runner:
         self.timeout = config.timeout or 120.0 + 0.5 * config.sampling.max_tokens
         self.retry_base, self.no_endpoint_timeout = config.retry_base, config.no_endpoint_timeout
         try:  # a failure here must release the run directory's lock
-            done = store.scan()
+            done = store.scan_frame()  # no Python object per record (None: absurd counts)
+            done = store.scan() if done is None else done
             skips = _guard.apply(frame, config, run_dir, done)  # too long for the context
             self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips)
         except BaseException:

@@ -18,6 +18,9 @@ Crash safety: records are buffered and written as whole lines in group flushes (
 A kill -9 can only tear the last line of a file; the writer cuts it off on open and logs
 it in repair.log, and readers never parse past the last newline. A failed write (full
 disk) truncates the file back to its last complete line and raises StoreWriteError.
+
+Resume index: close() (a clean stop) writes run_dir/index/<stem>.parquet + .json for each
+records file (kit/run/index.py); scan() takes a valid one and parses only what came after.
 """
 
 from __future__ import annotations
@@ -33,19 +36,20 @@ from pathlib import Path
 
 import orjson
 
+from kit.run import index as _index
 from kit.run import progress as _progress
-from kit.run.lines import (  # noqa: F401 - corrupt_entries, describe_corrupt, read_records: re-exported
+from kit.run.batches import read_records  # noqa: F401 - re-exported
+from kit.run.lines import (  # noqa: F401 - corrupt_entries, describe_corrupt: re-exported
     ERROR_FIELDS,
     LINE_ORDER,
+    LINE_ORDER_SHORT,
     complete_bytes,
     corrupt_entries,
     describe_corrupt,
     parse_lines,
-    read_records,
     record_files,
     record_key,
     safe_name,
-    scan_heads,
     truncate_quietly,
     write_all,
     write_atomic,
@@ -163,12 +167,18 @@ class RunStore:
         self.flush_interval = flush_interval
         self._fds: dict[Path, int] = {}
         self._pending: dict[Path, list[bytes]] = {}
+        self._pending_heads: dict[Path, list] = {}  # records file -> heads of pending lines
         self._paths: dict[str, Path] = {}  # dataset -> records file (built once: append is hot)
         self._n_pending = 0
         self._last_flush = time.monotonic()
         self.repaired: list[dict] = []  # torn tails cut on open: {"file", "bytes", "t"}
         self.corrupt: list[dict] = []  # lines the last scan() skipped: {"file", "line", "problem"}
         self._lock = None  # the open run_dir/.lock while this store may write
+        self._prompt_keys: set | None = None  # (dataset, prompt_id) of prompts.parquet
+        # the resume index (kit/run/index.py), kept so close() writes it without a rescan:
+        self._known: dict[Path, _index.FileHeads] = {}  # records file -> heads at last scan()
+        self._heads: dict[Path, _index.Appended] = {}  # records file -> heads written since then
+        self._opened: dict[Path, int] = {}  # file -> its size when this store opened it
 
     # -- setup
     def init(self, config: RunConfig, prompts_frame=None, *, force: bool = False) -> None:
@@ -208,7 +218,7 @@ class RunStore:
         write_atomic(cfg_path, json.dumps(doc, indent=2).encode())
         if prompts_frame is not None:
             tmp = self.run_dir / "prompts.parquet.tmp"
-            prompts_frame.write_parquet(tmp)
+            _with_earlier_prompts(self.run_dir, prompts_frame).write_parquet(tmp)
             os.replace(tmp, self.run_dir / "prompts.parquet")
         self.repair()
 
@@ -244,15 +254,17 @@ class RunStore:
         """Cut a torn last line off every records/errors file; log it in repair.log."""
         files = list(record_files(self.run_dir).values()) + [self.run_dir / "errors.jsonl"]
         for path in files:
-            if not path.exists() or path.stat().st_size == 0:
+            try:
+                with open(path, "rb") as f:  # only the end is read: the file may be GBs
+                    size = os.fstat(f.fileno()).st_size
+                    keep = _index.line_start(f, size + 1) if size else 0
+            except FileNotFoundError:
                 continue
-            data = path.read_bytes()
-            keep = data.rfind(b"\n") + 1
-            if keep < len(data):
+            if keep < size:
                 os.truncate(path, keep)
                 entry = {
                     "file": str(path.relative_to(self.run_dir)),
-                    "bytes": len(data) - keep,
+                    "bytes": size - keep,
                     "t": time.time(),
                 }
                 self.repaired.append(entry)
@@ -270,14 +282,38 @@ class RunStore:
 
         Lines that are not records are skipped and listed in `.corrupt` (also kept as
         self.corrupt): their samples count as not done, so a resume generates them again.
+        Each file is read from its resume index on, when it has a valid one (kit.run.index).
         """
         out = ScanResult()
-        for path in record_files(self.run_dir).values():
-            problems: list = []
-            for head in scan_heads(path, problems):
+        for found, got in self._scan_files(out.corrupt):
+            if found is None:
+                _index.add_heads(out, got.frame)
+            for head in found or ():
                 out.setdefault(head[:3], head[3:5])
-            out.corrupt += corrupt_entries(path, problems)
-        self.corrupt = out.corrupt
+        return out
+
+    def scan_frame(self):
+        """scan() as a polars frame, without a Python object per record (a restart's view):
+        dataset, prompt_id, sample, completion_tokens, finish_reason of each key's first
+        copy, in file order; skipped lines in self.corrupt. None when a head does not fit
+        the frame (a count over 2**63): scan() then.
+
+        Example: RunStore(run_dir).scan_frame()["completion_tokens"].sum() -> 4012
+        """
+        frames = [got.frame for _, got in self._scan_files([])]
+        return None if any(f is None for f in frames) else _index.first_copies(frames)
+
+    def _scan_files(self, corrupt: list) -> list[tuple]:
+        """index.scan_file of each records file; their skipped lines go to `corrupt` and
+        self.corrupt, their heads to what close() writes the resume index from."""
+        out = []
+        for path in record_files(self.run_dir).values():
+            found, got = _index.scan_file(path)  # the index + what came after, or all
+            out.append((found, got))
+            corrupt += corrupt_entries(path, got.problems)
+            self._known[path] = got  # close() adds what this store writes after it
+            self._heads.pop(path, None)
+        self.corrupt = corrupt
         return out
 
     def errors(self) -> dict[Key, ErrorRecord]:
@@ -292,20 +328,26 @@ class RunStore:
     # -- writing
     def append(self, record: Record) -> None:
         """Buffer one record; group-flushed (write + fsync) by count or time."""
-        row = {f: getattr(record, f) for f in LINE_ORDER}
+        if self._prompt_keys is None:
+            self._prompt_keys = _prompt_keys(self.run_dir)
+        # a prompt of prompts.parquet is stored there once, not on each of its records
+        short = (record.dataset, record.prompt_id) in self._prompt_keys
+        row = {f: getattr(record, f) for f in (LINE_ORDER_SHORT if short else LINE_ORDER)}
         path = self._paths.get(record.dataset)
         if path is None:
             path = self.run_dir / "records" / f"{safe_name(record.dataset)}.jsonl"
             self._paths[record.dataset] = path
-        self._buffer(path, orjson.dumps(row) + b"\n")
+        self._buffer(path, orjson.dumps(row) + b"\n", _index.record_head(record))
 
     def append_error(self, error: ErrorRecord) -> None:
         """Buffer one ErrorRecord for errors.jsonl."""
         row = {f: getattr(error, f) for f in ERROR_FIELDS}
         self._buffer(self.run_dir / "errors.jsonl", orjson.dumps(row) + b"\n")
 
-    def _buffer(self, path: Path, line: bytes) -> None:
+    def _buffer(self, path: Path, line: bytes, head=False) -> None:
         self._pending.setdefault(path, []).append(line)
+        if head is not False:  # a record's (record_head): kept for the resume index
+            self._pending_heads.setdefault(path, []).append(head)
         self._n_pending += 1
         self.maybe_flush()
 
@@ -318,13 +360,17 @@ class RunStore:
     def flush(self) -> None:
         """Write every buffered line and fsync. On OSError: truncate back, raise StoreWriteError."""
         pending, self._pending, self._n_pending = self._pending, {}, 0
+        heads, self._pending_heads = self._pending_heads, {}
         self._last_flush = time.monotonic()
         for path, lines in pending.items():
             fd = self._fd(path)
             start = os.fstat(fd).st_size
             try:
-                write_all(fd, b"".join(lines))
+                data = b"".join(lines)
+                write_all(fd, data)
                 os.fsync(fd)
+                if path in heads:
+                    self._heads.setdefault(path, _index.Appended()).add(heads[path], len(data))
             except OSError as e:
                 truncate_quietly(fd, start)
                 lost = sum(len(v) for v in pending.values())
@@ -340,6 +386,7 @@ class RunStore:
         if fd is None:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._fds[path] = fd
+            self._opened.setdefault(path, os.fstat(fd).st_size)
         return fd
 
     def close(self) -> None:
@@ -347,6 +394,9 @@ class RunStore:
         try:
             if self._n_pending:
                 self.flush()
+            if self._fds or self._lock is not None:  # a writer, once, on a clean stop:
+                records = self.run_dir / "records"  # the resume index, without a rescan
+                _index.write_session(records, self._known, self._heads, self._opened)
         finally:
             for fd in self._fds.values():
                 os.close(fd)
@@ -372,6 +422,31 @@ class RunStore:
 
 
 # ---------------------------------------------------------------- readers
+
+
+def _with_earlier_prompts(run_dir: Path, frame):
+    """The prompt frame to store: this start's, plus the prompts an earlier start stored
+    that it lacks (a forced resume over other prompts): record lines name their prompt by
+    (dataset, prompt_id) and hold no copy of it, so no stored prompt is ever dropped."""
+    import polars as pl
+
+    path = run_dir / "prompts.parquet"
+    if not path.exists():
+        return frame
+    keys = ["dataset", "prompt_id"]
+    old = pl.scan_parquet(path).join(frame.lazy().select(keys), on=keys, how="anti").collect()
+    return pl.concat([frame, old], how="diagonal_relaxed") if old.height else frame
+
+
+def _prompt_keys(run_dir: Path) -> set:
+    """(dataset, prompt_id) of every prompt in run_dir/prompts.parquet (empty without one)."""
+    import polars as pl
+
+    path = run_dir / "prompts.parquet"
+    if not path.exists():
+        return set()
+    frame = pl.read_parquet(path, columns=["dataset", "prompt_id"])
+    return set(frame.iter_rows())
 
 
 def records_frame(run_dir, datasets=None):

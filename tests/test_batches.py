@@ -1,0 +1,204 @@
+"""Records without bulk, read in batches (kit/run/batches.py), and the streaming export.
+
+A run written by RunStore stores each prompt once (prompts.parquet); its record lines hold
+no messages and no tools. These tests check that nothing a reader needs is lost: the same
+run planted the old way (every line holding its prompt) exports byte for byte the same,
+in batches of 3 records as in one batch, and a live run's new lines are not half-read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import orjson
+import polars as pl
+import pytest
+
+from kit.report import export as export_mod
+from kit.report.export import export
+from kit.report.validate import validate
+from kit.run.batches import read_records, record_batches
+from kit.run.store import RunStore
+from kit.types import Record, RunConfig, Sampling
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+T0 = 1_700_000_000.0
+
+
+def _prompts() -> pl.DataFrame:
+    rows = []
+    for ds in ("chat", "agent", "multi"):
+        for i in range(12):
+            messages = [{"role": "user", "content": f"{ds} question {i}"}]
+            if ds == "multi":
+                messages = [
+                    {"role": "user", "content": f"first {i}"},
+                    {"role": "assistant", "content": f"DATASET ANSWER {i}"},
+                    {"role": "user", "content": f"second {i}"},
+                ]
+            tools = json.dumps(TOOLS) if ds == "agent" and i % 2 == 0 else None
+            rows.append({"dataset": ds, "prompt_id": f"{ds}{i:02d}", "messages": messages,
+                         "tools": tools, "n_turns": len(messages), "row": i})  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+def _records(prompts: pl.DataFrame) -> list[Record]:
+    """Records as the runner makes them: messages and tools from the prompt frame; multi's
+    prompt holds the target's own earlier answer (all_turns); some reasoning, duplicates."""
+    out = []
+    for k, p in enumerate(prompts.to_dicts()):
+        messages, turns = p["messages"], None
+        if p["dataset"] == "multi":
+            turns = [{"content": f"target answer {k}", "reasoning": None, "finish_reason": "stop",
+                      "completion_tokens": 3, "count_source": "usage", "output_ids": None,
+                      "prompt_ids": None}]  # fmt: skip
+            messages = [dict(m) for m in messages]
+            messages[1]["content"] = f"target answer {k}"
+        text = "same answer" if k % 5 == 0 else f"answer number {k} " + "word " * (k % 7)
+        out.append(Record(
+            dataset=p["dataset"], prompt_id=p["prompt_id"], sample=0, messages=messages,
+            completion=text, finish_reason="length" if k % 6 == 0 else "stop",
+            completion_tokens=5 + k % 9, count_source="usage", t_done=T0 + (k * 7919) % 101 + k / 1000,
+            reasoning="thinking it over" if k % 4 == 0 else None,
+            tools=json.loads(p["tools"]) if p["tools"] else None, turns=turns,
+        ))  # fmt: skip
+    return sorted(out, key=lambda r: r.t_done)
+
+
+def _config() -> RunConfig:
+    return RunConfig(
+        model="m", endpoints=["http://127.0.0.1:9/v1"], sampling=Sampling(max_tokens=64),
+        budgets={"chat": 60, "agent": 80, "multi": 10**6}, turns="all_turns",
+    )  # fmt: skip
+
+
+def _stored_run(run_dir):
+    """The run written by RunStore (short lines); returns its records."""
+    prompts = _prompts()
+    records = _records(prompts)
+    store = RunStore(run_dir)
+    store.init(_config(), prompts)
+    for r in records:
+        store.append(r)
+    store.close()
+    return records
+
+
+def _planted_run(run_dir, records):
+    """The same run written the old way: every line holds its messages and tools."""
+    (run_dir / "records").mkdir(parents=True)
+    cfg = _config()
+    doc = {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict()}
+    (run_dir / "config.json").write_text(json.dumps(doc))
+    for r in records:
+        with open(run_dir / "records" / f"{r.dataset}.jsonl", "ab") as f:
+            f.write(orjson.dumps(dataclasses.asdict(r)) + b"\n")
+
+
+def _files(out) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name != "manifest.json"
+    }
+
+
+OPTIONS = [
+    dict(val_fraction=0.25),
+    dict(drop_duplicates=True, drop_truncated=True, val_fraction=0.3, seed=4),
+    dict(trim_to_budget=True),
+    dict(mix={"chat": 1, "agent": 2}),
+]
+
+
+def test_lines_hold_no_prompt_and_the_reader_rebuilds_it(tmp_path):
+    records = _stored_run(tmp_path)
+    lines = [orjson.loads(x) for p in (tmp_path / "records").glob("*.jsonl") for x in p.read_bytes().splitlines()]  # fmt: skip
+    assert len(lines) == len(records) and not any("messages" in r or "tools" in r for r in lines)
+    frame, corrupt = read_records(tmp_path)
+    assert not corrupt
+    got = {(r["dataset"], r["prompt_id"]): r for r in frame.to_dicts()}
+    for r in records:  # the messages as the runner sent them, the tools of the prompt
+        row = got[(r.dataset, r.prompt_id)]
+        assert row["messages"] == r.messages
+        assert (json.loads(row["tools"]) if row["tools"] else None) == r.tools
+        assert row["completion"] == r.completion and row["reasoning"] == r.reasoning
+
+
+def test_export_of_short_lines_equals_the_old_layout_in_any_batch_size(tmp_path, monkeypatch, model_dir):  # fmt: skip
+    records = _stored_run(tmp_path / "short")
+    _planted_run(tmp_path / "old", records)
+    formats = ("specforge", "token_ids", "parquet")
+    for k, opts in enumerate(OPTIONS):
+        outs = []
+        for run, batch in (("old", 10_000), ("short", 10_000), ("short", 3)):
+            monkeypatch.setattr(export_mod, "BATCH", batch)
+            monkeypatch.setattr(export_mod, "TOKEN_BATCH", batch)
+            out = tmp_path / f"out{k}-{run}-{batch}"
+            result = export(tmp_path / run, out, formats=formats, tokenizer=model_dir, **opts)
+            assert validate(out).ok, validate(out).summary()
+            outs.append((_files(out), result.counts, result.dropped))
+        assert outs[0] == outs[1] == outs[2], opts
+        assert sum(c["records"] for c in outs[0][1].values()) > 0
+
+
+def test_t_done_order_is_a_stable_sort_of_the_files(tmp_path):
+    _stored_run(tmp_path)
+    frame, _ = read_records(tmp_path)
+    want = frame.sort("t_done", maintain_order=True).select("dataset", "prompt_id")
+    got = pl.concat(list(record_batches(tmp_path, order="t_done", batch_size=4, columns=["dataset", "prompt_id"])))  # fmt: skip
+    assert got.equals(want)
+
+
+def test_a_record_whose_prompt_is_gone_is_reported_not_guessed(tmp_path):
+    _stored_run(tmp_path)
+    prompts = pl.read_parquet(tmp_path / "prompts.parquet")
+    prompts.filter(pl.col("prompt_id") != "chat03").write_parquet(tmp_path / "prompts.parquet")
+    corrupt: list = []
+    rows = pl.concat(list(record_batches(tmp_path, corrupt=corrupt)))
+    assert "chat03" not in rows["prompt_id"].to_list() and rows.height == 35
+    assert [c["problem"] for c in corrupt] == ["prompt_id not in prompts.parquet"]
+    assert corrupt[0]["file"] == "records/chat.jsonl"
+    counts = pl.concat(list(record_batches(tmp_path, columns=["dataset", "prompt_id"])))
+    assert counts.height == 36  # columns without the prompt do not need it
+
+
+def test_export_reads_what_was_there_when_it_began(tmp_path, monkeypatch):
+    """A run still being written: lines appended between the two passes are not exported
+    (they would be half of the options' decisions), and nothing is torn."""
+    _stored_run(tmp_path / "run")
+    real = export_mod._write
+
+    def late_lines(run_dir, *args, **kw):
+        store = RunStore(run_dir)
+        store.init(_config())
+        extra = _records(_prompts())[0]
+        store.append(dataclasses.replace(extra, prompt_id="chat00", sample=1, t_done=T0))
+        store.close()
+        return real(run_dir, *args, **kw)
+
+    monkeypatch.setattr(export_mod, "_write", late_lines)
+    result = export(tmp_path / "run", tmp_path / "out", formats=("specforge",))
+    assert sum(c["records"] for c in result.counts.values()) == 36 - result.dropped["errors"]
+    assert validate(tmp_path / "out").ok
+    assert read_records(tmp_path / "run")[0].height == 37  # the late line is there for next time
+
+
+@pytest.mark.parametrize("batch_size", [1, 5, 100])
+def test_batches_are_bounded_and_complete(tmp_path, batch_size):
+    _stored_run(tmp_path)
+    sizes = [f.height for f in record_batches(tmp_path, batch_size=batch_size)]
+    assert max(sizes) <= batch_size and sum(sizes) == 36
+
+
+def test_a_forced_resume_over_other_prompts_keeps_the_earlier_ones(tmp_path):
+    """Lines name their prompt and hold no copy: a start with another prompt frame (force)
+    must not drop the prompts earlier records refer to."""
+    records = _stored_run(tmp_path)
+    store = RunStore(tmp_path)
+    store.init(_config(), _prompts().filter(pl.col("dataset") == "chat"), force=True)
+    store.close()
+    frame, corrupt = read_records(tmp_path)
+    assert not corrupt and frame.height == len(records)
+    assert pl.read_parquet(tmp_path / "prompts.parquet").height == 36
