@@ -202,3 +202,38 @@ def test_a_forced_resume_over_other_prompts_keeps_the_earlier_ones(tmp_path):
     frame, corrupt = read_records(tmp_path)
     assert not corrupt and frame.height == len(records)
     assert pl.read_parquet(tmp_path / "prompts.parquet").height == 36
+
+
+def test_a_key_written_twice_is_exported_once_and_its_first_copy(tmp_path):
+    records = _stored_run(tmp_path)
+    first = records[3]
+    store = RunStore(tmp_path)
+    store.init(_config())
+    store.append(dataclasses.replace(first, completion="a later copy", t_done=T0 + 500))
+    store.close()
+    result = export(tmp_path, tmp_path / "out", formats=("specforge",), drop_errors=False)
+    rows = [json.loads(x) for x in (tmp_path / "out/specforge/train.jsonl").read_text().splitlines()]  # fmt: skip
+    assert len(rows) == 36 and sum(c["records"] for c in result.counts.values()) == 36
+    mine = [r for r in rows if r["id"] == f"{first.dataset}-{first.prompt_id}-0"]
+    assert mine[0]["conversations"][-1]["content"] == first.completion
+
+
+def test_prompt_lookups_survive_hash_collisions(tmp_path, monkeypatch):
+    """Every key hashed alike: each lookup still reads back its own prompt (entries hold
+    their key), and a key prompts.parquet holds twice gives its first copy."""
+    from kit.run import batches
+
+    _stored_run(tmp_path)
+    prompts = pl.read_parquet(tmp_path / "prompts.parquet")
+    twice = prompts.head(1).with_columns(
+        messages=pl.lit(
+            [{"role": "user", "content": "second copy"}], dtype=prompts.schema["messages"]
+        )  # fmt: skip
+    )
+    pl.concat([prompts, twice]).write_parquet(tmp_path / "prompts.parquet")
+    monkeypatch.setattr(batches, "hash", lambda key: 7, raising=False)
+    with batches.PromptStore(tmp_path) as store:
+        for row in prompts.to_dicts():
+            messages, _ = store.get(row["dataset"], row["prompt_id"])
+            assert messages == row["messages"]
+        assert store.get("chat", "no such prompt") is None

@@ -346,7 +346,8 @@ def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _
     positions = want["_pos"]
     kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
     size = min(BATCH, TOKEN_BATCH) if "token_ids" in opts.formats else BATCH
-    for batch in record_rows(run_dir, order="t_done", upto=upto, batch_size=size):
+    rows_of = record_rows(run_dir, order="t_done", upto=upto, batch_size=size, dedupe=False)
+    for batch in rows_of:  # the same lines as the first pass read, in its order
         end = pos + len(batch)
         stop = int(positions.search_sorted(end, side="left"))
         sel = want.slice(cursor, stop - cursor)

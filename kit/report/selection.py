@@ -54,7 +54,9 @@ def light_frame(run_dir, opts, corrupt: list, upto: dict):
 
     schema = _light_schema()
     parts = []
-    rows_of = record_rows(run_dir, corrupt=corrupt, order="t_done", upto=upto, prompts=False)
+    rows_of = record_rows(
+        run_dir, corrupt=corrupt, order="t_done", upto=upto, prompts=False, dedupe=False
+    )
     for rows in rows_of:
         data = {c: [r.get(c) for r in rows] for c in _LIGHT}
         data["has_reasoning"] = [bool(r.get("reasoning")) for r in rows]
@@ -64,7 +66,9 @@ def light_frame(run_dir, opts, corrupt: list, upto: dict):
             b = b.with_columns(_duplicate_keys([r["completion"] for r in rows]))
         parts.append(b)
     light = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
-    light = light.with_row_index("_pos")
+    light = light.with_row_index("_pos")  # the place of every line read, copies included
+    first = pl.struct("dataset", "prompt_id", "sample").is_first_distinct()
+    light = light.filter(first)  # a key's first copy is its record, as every reader has it
     if opts.drop_duplicates:
         light = light.with_columns(_duplicate_flags())
     tools = _prompts_with_tools(run_dir)

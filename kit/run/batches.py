@@ -101,17 +101,20 @@ def record_rows(
     upto: dict[str, int] | None = None,
     prompts: bool = True,
     located: bool = False,
+    dedupe: bool = True,
 ) -> Iterator[list]:
     """Yield the run's records as lists of row dicts (the JSON lines, with `messages` and
     `tools` filled from prompts.parquet when prompts=True); with located=True each item is
-    (path, line number, row). Same arguments as record_batches."""
+    (path, line number, row). Same arguments as record_batches, and `dedupe`: False yields
+    later copies of a key too (the caller drops them: a set of a million keys is ~250 MB of
+    Python objects, a polars is_first_distinct over them a few MB)."""
     if order not in ("file", "t_done"):
         raise ValueError(f"order must be 'file' or 't_done', got {order!r}")
     run_dir = Path(run_dir)
     wanted = None if datasets is None else set(datasets)
     names = None if datasets is None else {safe_name(d) for d in datasets}
     files = [p for n, p in record_files(run_dir).items() if names is None or n in names]
-    seen: set = set()
+    seen: set | None = set() if dedupe else None
     problems = [] if corrupt is None else corrupt
     limit = upto or {}
     streams = [
@@ -138,7 +141,7 @@ def _first(item: tuple) -> float:
     return item[0]
 
 
-def _rows(path: Path, limit, wanted, seen: set, problems: list, keyed: bool):
+def _rows(path: Path, limit, wanted, seen: set | None, problems: list, keyed: bool):
     """(path, line number, row) per record line of one file, first copy of a key only;
     with keyed=True as (t_done, (path, line, row)) for heapq.merge."""
     for n, line in _lines(path, limit):
@@ -148,10 +151,11 @@ def _rows(path: Path, limit, wanted, seen: set, problems: list, keyed: bool):
             continue
         if wanted is not None and row["dataset"] not in wanted:
             continue
-        key = (row["dataset"], row["prompt_id"], row["sample"])
-        if key in seen:
-            continue
-        seen.add(key)
+        if seen is not None:
+            key = (row["dataset"], row["prompt_id"], row["sample"])
+            if key in seen:
+                continue
+            seen.add(key)
         item = (path, n, row)
         yield ((row.get("t_done") or 0.0), item) if keyed else item
 
@@ -181,8 +185,10 @@ def _lines(path: Path, limit: int | None = None):
 class PromptStore:
     """The run's prompts, looked up by (dataset, prompt_id) without holding their text:
     copied once from prompts.parquet (a row group at a time) into a temporary file kit
-    removes when done; memory keeps one small int per prompt (a hash of its key -> its
-    place in that file), so a million prompts cost tens of MB, not their text.
+    removes when done; memory keeps 24 bytes per prompt (a sorted array of key hashes and
+    where each entry lies in that file), so a million prompts cost ~24 MB, not their text.
+    Each entry holds its key, checked on every lookup: a hash shared by two keys costs a
+    second read, never a wrong prompt.
 
     Example:
         with PromptStore(run_dir) as prompts:
@@ -191,56 +197,50 @@ class PromptStore:
 
     def __init__(self, run_dir: Path | None) -> None:
         self.run_dir = run_dir
-        self._where: dict[int, int] = {}  # hash((dataset, prompt_id)) -> entry number
-        self._spans = array("q")  # entry number -> start, end in the file (2 per entry)
-        self._exact: dict[tuple, int] = {}  # keys whose hash another key already had
+        self._hashes = self._starts = self._ends = None  # numpy arrays, sorted by hash
         self._fd, self._tmp = None, None
 
     def __enter__(self) -> PromptStore:
+        import numpy as np
+
         path = None if self.run_dir is None else Path(self.run_dir) / "prompts.parquet"
         if path is None or not path.exists():
             return self
         self._tmp = tempfile.TemporaryDirectory(prefix="kit-prompts-")
         blob = Path(self._tmp.name) / "prompts.jsonl"
+        hashes, starts = array("q"), array("q")
         offset = 0
         with open(blob, "wb") as f:
-            self._fd = os.open(blob, os.O_RDONLY)
             for rows in _prompt_rows(path):
                 for d, pid, messages, tools in rows:
                     line = orjson.dumps([d, pid, messages, tools])
-                    if self._add((d, pid), len(self._spans) // 2, f):
-                        self._spans.extend((offset, offset + len(line)))
-                        f.write(line)
-                        offset += len(line)
+                    hashes.append(hash((d, pid)))
+                    starts.append(offset)
+                    f.write(line)
+                    offset += len(line)
+        order = np.argsort(np.frombuffer(hashes, dtype=np.int64), kind="stable")
+        bounds = np.append(np.frombuffer(starts, dtype=np.int64), offset)
+        self._hashes = np.frombuffer(hashes, dtype=np.int64)[order]
+        self._starts, self._ends = bounds[:-1][order], bounds[1:][order]
+        self._fd = os.open(blob, os.O_RDONLY)
         return self
 
-    def _add(self, key: tuple, entry: int, f) -> bool:
-        """Index a key (first copy wins); False when it is already there."""
-        h = hash(key)
-        if h not in self._where:
-            self._where[h] = entry
-            return True
-        f.flush()  # a repeated key or a hash collision (rare): read the entry back
-        if self._entry(self._where[h])[:2] == list(key) or key in self._exact:
-            return False
-        self._exact[key] = entry  # a hash collision: this key is looked up exactly
-        return True
-
-    def _entry(self, entry: int) -> list:
-        start, end = self._spans[2 * entry], self._spans[2 * entry + 1]
-        return orjson.loads(os.pread(self._fd, end - start, start))
-
     def get(self, dataset: str, prompt_id: str):
-        """(messages, tools) of the prompt, or None when the run has no such prompt."""
+        """(messages, tools) of the prompt, or None when the run has no such prompt; the
+        first copy in prompts.parquet when it holds a key twice."""
+        if self._hashes is None:
+            return None
         key = (dataset, prompt_id)
-        entry = self._exact.get(key, self._where.get(hash(key)))
-        if entry is None:
-            return None
-        d, pid, messages, tools = self._entry(entry)
-        if (d, pid) != key:
-            return None
-        tools = orjson.loads(tools) if tools else None
-        return orjson.loads(messages), tools or None  # [] is no tools
+        h = hash(key)
+        i = int(self._hashes.searchsorted(h))
+        while i < len(self._hashes) and self._hashes[i] == h:  # equal hashes: file order
+            start, end = int(self._starts[i]), int(self._ends[i])
+            d, pid, messages, tools = orjson.loads(os.pread(self._fd, end - start, start))
+            if (d, pid) == key:
+                tools = orjson.loads(tools) if tools else None
+                return orjson.loads(messages), tools or None  # [] is no tools
+            i += 1
+        return None
 
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
