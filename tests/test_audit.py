@@ -276,8 +276,15 @@ def test_chart_specs(chart_run):
     recs = report.records
     spec = charts.token_distributions(report).to_dict()
     hist, box = spec["hconcat"]
-    assert hist["facet"]["row"]["field"] == "dataset" and box["mark"]["type"] == "boxplot"
-    assert hist["spec"]["encoding"]["x"]["bin"] == {"maxbins": 40}
+    assert hist["facet"]["row"]["field"] == "dataset"
+    assert [layer["mark"]["type"] for layer in box["layer"]] == ["rule", "bar", "tick"]
+    assert hist["spec"]["encoding"]["x"]["bin"] == "binned"  # bins counted in polars
+    bars = spec["datasets"][hist["data"]["name"]]
+    assert sum(v["count"] for v in bars) == 30 and {v["dataset"] for v in bars} == {"chat", "code"}
+    spread = {v["dataset"]: v for v in spec["datasets"][box["data"]["name"]]}
+    assert (
+        spread["code"]["max"] == recs.filter(pl.col("dataset") == "code")["completion_tokens"].max()
+    )
 
     spec = charts.budget_vs_actual(report).to_dict()
     assert [layer["mark"]["type"] for layer in spec["layer"]] == ["bar", "tick", "text"]

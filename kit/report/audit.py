@@ -1,7 +1,7 @@
 """Checks over a run directory -> polars frames and a findings table.
 
 `kit.audit(run_dir)` reads config.json, records/*.jsonl, errors.jsonl and prompts.parquet
-(through kit.run.store) and checks every dataset against stated thresholds: budget adherence,
+(through kit.run) and checks every dataset against stated thresholds: budget adherence,
 completion-length distribution, finish reasons and truncation, empty, duplicate and echoed
 responses, error rate, where token counts came from, whether those counts are counts (an
 int in 0..max_tokens+1, equal to len(output_ids), not far below the text's own token count),
@@ -12,6 +12,13 @@ and non-empty reasoning is its own finish class, "length_in_reasoning" (in `fini
 finding), and answers holding <think> / </think> markers are counted and flagged per dataset
 ("think_markers": the server's reasoning parser did not split them off). The per-record
 checks live in kit/report/flags.py.
+
+The records are streamed batch by batch (kit.run.batches.record_batches): each batch is
+flagged in polars and only a light row per record is kept (keys, counts, finish, timing,
+flags, text hashes; no text), so memory does not grow with the records' text. The checks
+that need the tokenizer (ids decode to the text, counts not under-reported) run on a seeded
+sample of AuditThresholds.text_check_sample records per dataset (all of a smaller dataset);
+the findings and notes say how many were checked.
 """
 
 from __future__ import annotations
@@ -21,17 +28,31 @@ from pathlib import Path
 
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
     AuditThresholds,
+    TextSample,
+    dup_flags,
     finish_class,
     flag_records,
     ids_match_text,
     ids_text_flags,
     normalize_text,
+    record_flags,
     under_reported_flags,
 )
 from kit.report.tokenrows import load_tokenizer_for, strip_end_ids  # noqa: F401 - re-exported
 from kit.run.lines import safe_name
 
 FINDING_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
+KEYS = ["dataset", "prompt_id", "sample"]
+BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows as Python objects)
+# what the checks read from each record (no prompt_ids, endpoint, attempts, tools)
+READ_COLUMNS = KEYS + ["messages", "completion", "finish_reason", "completion_tokens",
+                       "count_source", "prompt_tokens", "output_ids", "latency_s", "t_done",
+                       "reasoning", "turns"]  # fmt: skip
+# AuditReport.records: one light row per record
+LIGHT_COLUMNS = KEYS + ["completion_tokens", "prompt_tokens", "finish_reason", "finish_class",
+                        "count_source", "t_done", "latency_s", "empty", "echo", "think_marker",
+                        "has_reasoning", "has_ids", "ids_len_mismatch", "count_over_max",
+                        "text_hash", "norm_hash"]  # fmt: skip
 
 
 @dataclass
@@ -40,8 +61,18 @@ class AuditReport:
 
     Frames: datasets (one row per dataset), lengths (completion-length distribution),
     finish (dataset x finish class counts: the finish_reason, or "length_in_reasoning" for a
-    length finish with only reasoning), records (every record with flag columns),
-    findings (dataset, check, value, threshold, severity, message; empty when clean).
+    length finish with only reasoning), findings (dataset, check, value, threshold,
+    severity, message; empty when clean), and records: one light row per record, no text:
+    dataset, prompt_id, sample, completion_tokens, prompt_tokens, finish_reason,
+    finish_class, count_source, t_done, latency_s, the flag columns of
+    kit.report.flags.flag_records (ids_text_mismatch and under_reported null where the
+    record was not in the tokenizer checks' sample), text_hash and norm_hash (hashes of the
+    completion and of its normalized text, the duplicate keys). `texts(keys)` reads the
+    text of chosen records back from the run.
+
+    Example:
+        echoed = report.records.filter(pl.col("echo"))
+        report.texts(echoed).select("prompt_id", "completion")
     """
 
     run_dir: str
@@ -88,6 +119,39 @@ class AuditReport:
 
     def __repr__(self) -> str:
         return self.summary()
+
+    def texts(self, keys, columns=("messages", "completion", "reasoning")):
+        """The text of some records, read back from the run (streamed): see record_texts."""
+        return record_texts(self.run_dir, keys, columns)
+
+
+def record_texts(run_dir, keys, columns=("messages", "completion", "reasoning")):
+    """Read chosen records' text columns back from a run, batch by batch.
+
+    Args:
+        run_dir: the run directory.
+        keys: a frame with dataset, prompt_id, sample (e.g. flagged rows of
+            AuditReport.records), or a list of (dataset, prompt_id, sample) tuples.
+        columns: record columns to read besides the keys.
+    Returns:
+        A frame: the keys plus `columns`, one row per key found, in run order.
+
+    Example: record_texts(run_dir, report.records.filter(pl.col("dup_near")).head(20))
+    """
+    import polars as pl
+
+    if isinstance(keys, pl.DataFrame):
+        want = keys.select(KEYS)
+    else:
+        schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64}
+        want = pl.DataFrame(list(keys), schema=schema, orient="row")
+    want = want.unique()
+    names = want["dataset"].unique().to_list()
+    parts = [
+        batch.join(want, on=KEYS, how="semi", maintain_order="left")
+        for batch in _batches(Path(run_dir), [*KEYS, *columns], None, datasets=names)
+    ]
+    return pl.concat(parts, how="vertical_relaxed") if parts else want.clear()
 
 
 def _prompt_totals(run_dir: Path, n: int) -> dict[str, int]:
@@ -146,9 +210,13 @@ def _dataset_table(flags, config, errors, totals: dict[str, int], corrupt: list[
         count_over_max=c("count_over_max").sum(),
         under_reported=c("under_reported").sum(),
         count_checked=c("under_reported").is_not_null().sum(),
+        countable=c("count_source").ne_missing("retokenized").sum(),
     )
-    err = errors.filter(~c("resolved")).unique(["dataset", "prompt_id", "sample"])
-    err = err.group_by("dataset").agg(errors=pl.len())
+    if errors is None:  # no error lines
+        err = pl.DataFrame(schema={"dataset": pl.String, "errors": pl.UInt32})
+    else:
+        err = errors.filter(~c("resolved")).unique(["dataset", "prompt_id", "sample"])
+        err = err.group_by("dataset").agg(errors=pl.len())
     bad = _corrupt_table(corrupt, [*config.budgets, *totals, *agg["dataset"]])
     names = [*config.budgets, *totals, *agg["dataset"], *err["dataset"], *bad["dataset"]]
     names = list(dict.fromkeys(names))
@@ -201,6 +269,11 @@ def _findings(table, th: AuditThresholds, max_tokens: int, corrupt: list[dict]):
                     "output_ids do not decode to the stored text"
                 )  # fmt: skip
                 msg = f"{r[check]} of {r['with_ids']} records with ids: {what}"
+                if "text" in check and r["ids_text_checked"] < r["with_ids"]:
+                    msg = (
+                        f"{r[check]} of {r['ids_text_checked']} records with ids checked (a "
+                        f"seeded sample of {r['with_ids']}): {what}"
+                    )
                 rows.append((r["dataset"], check, float(r[check]), 0.0, "error", msg))
     schema = dict(zip(FINDING_COLUMNS, [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String], strict=True))  # fmt: skip
     return pl.DataFrame(rows, schema=schema, orient="row")
@@ -249,6 +322,8 @@ def _count_findings(r: dict, th: AuditThresholds, max_tokens: int, corrupt) -> l
             f"{th.under_report_ratio:.0%} of their text's own token count (re-tokenized): "
             "the server under-reports completion_tokens, so budgets overshoot"
         )
+        if r["count_checked"] < r["countable"]:
+            msg += f" (checked on a seeded sample of {r['count_checked']} of {r['countable']})"
         value = float(r["under_reported"])
         out.append((name, "count_under_reported", value, th.under_report_ratio, "error", msg))
     return out
@@ -302,7 +377,71 @@ def _finish_table(flags):
         count=pl.len()
     )
     out = out.with_columns(share=pl.col("count") / pl.col("count").sum().over("dataset"))
-    return out.sort("dataset", "count", descending=[False, True])
+    return out.sort("dataset", "count", "finish_reason", descending=[False, True, False])
+
+
+def _batches(run_dir: Path, columns, corrupt, datasets=None):
+    """kit.run.batches.record_batches of the run, only `columns`."""
+    from kit.run.batches import record_batches
+
+    kw = {"datasets": datasets, "batch_size": BATCH_SIZE, "corrupt": corrupt}
+    return record_batches(run_dir, columns=list(columns), **kw)
+
+
+def _light_records(run_dir: Path, th: AuditThresholds, max_tokens, tok, corrupt: list):
+    """Stream the records: the light per-record frame (flags, no text) and the text sample.
+    A worker thread flags one batch (polars, outside the GIL) while the next one is read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import polars as pl
+
+    sample = TextSample(th.text_check_sample) if tok is not None else None
+
+    def flag(batch, finished):
+        if sample is not None:
+            sample.add(batch)
+            if finished:  # files read to their end: check their sample while others are read
+                sample.check(tok, th.under_report_ratio, finished)
+        return record_flags(batch, th, max_tokens).select(LIGHT_COLUMNS)
+
+    parts, pending, current = [], None, set()
+    with ThreadPoolExecutor(1, thread_name_prefix="kit-audit") as pool:
+        for batch in _batches(run_dir, READ_COLUMNS, corrupt):
+            names = set(batch["dataset"].unique().to_list())
+            finished, current = current - names, names
+            if pending is not None:
+                parts.append(pending.result())
+            pending = pool.submit(flag, batch, finished)
+        if pending is not None:
+            parts.append(pending.result())
+    if not parts:  # no records: the same columns, no rows
+        from kit.run.lines import record_schema
+
+        empty = pl.DataFrame(schema={k: record_schema()[k] for k in READ_COLUMNS})
+        parts = [record_flags(empty, th, max_tokens).select(LIGHT_COLUMNS)]
+    light = pl.concat(parts, how="vertical_relaxed")
+    light = light.with_columns(dup_flags(light))
+    if sample is None:
+        return light.with_columns(
+            ids_text_mismatch=pl.lit(None, pl.Boolean), under_reported=pl.lit(None, pl.Boolean)
+        )
+    checks = sample.checks(tok, th.under_report_ratio)
+    found = light.select(KEYS).join(checks, on=KEYS, how="left", maintain_order="left")
+    return light.with_columns(found["ids_text_mismatch"], found["under_reported"])
+
+
+def _sample_notes(table) -> list[str]:
+    """One note per dataset whose tokenizer checks ran on a sample, not on every record."""
+    notes = []
+    for r in table.iter_rows(named=True):
+        parts = []
+        if r["ids_text_checked"] < r["with_ids"]:
+            parts.append(f"ids decoded on {r['ids_text_checked']:,} of {r['with_ids']:,} records with ids")  # fmt: skip
+        if r["count_checked"] < r["countable"]:
+            parts.append(f"counts re-tokenized on {r['count_checked']:,} of {r['countable']:,} records")  # fmt: skip
+        if parts:
+            notes.append(f"{r['dataset']}: tokenizer checks on a seeded sample: {'; '.join(parts)}")
+    return notes
 
 
 def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None) -> AuditReport:
@@ -311,7 +450,9 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
     Args:
         run_dir: a run directory (kit.types describes the layout).
         tokenizer: a tokenizer object or local path; default the run's config.tokenizer.
-            Needed only to check that output_ids decode to the stored text.
+            Needed only to check that output_ids decode to the stored text and that counts
+            are not far below the text's own (on thresholds.text_check_sample records per
+            dataset).
         thresholds: AuditThresholds (defaults when None).
     Returns:
         AuditReport; `report.findings` is empty for a clean run, `report.summary()` is text.
@@ -321,26 +462,31 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
         report.findings.select("dataset", "check", "severity")
         # -> e.g. ("alpaca", "truncation", "warn"), ("sharegpt", "over_budget", "error")
     """
-    from kit.run.store import read_config, read_errors, read_records
+    from kit.run.store import read_config, read_errors
 
     run_dir = Path(run_dir)
     th = thresholds or AuditThresholds()
     if not isinstance(th, AuditThresholds):
         raise ValueError(f"thresholds must be an AuditThresholds, got {type(th).__name__}")
     config = read_config(run_dir)
-    records, corrupt = read_records(run_dir)
-    notes = [] if records.height else [f"no records in {run_dir}"]
     tok = load_tokenizer_for(tokenizer, config)
-    if tok is None and records["output_ids"].is_not_null().any():
-        notes.append("output_ids not decoded: no tokenizer given and none in config.tokenizer")
     max_tokens = config.sampling.max_tokens
-    flags = flag_records(records, tokenizer=tok, thresholds=th, max_tokens=max_tokens)
+    corrupt: list[dict] = []
+    flags = _light_records(run_dir, th, max_tokens, tok, corrupt)
+    corrupt.sort(key=lambda c: (c["file"], c["line"]))
+    notes = [] if flags.height else [f"no records in {run_dir}"]
+    if tok is None and flags["has_ids"].any():
+        notes.append("output_ids not decoded: no tokenizer given and none in config.tokenizer")
     totals = _prompt_totals(run_dir, config.sampling.n)
     if not totals:
         notes.append("no prompts.parquet: prompts left unknown, under-budget not checked")
-    if tok is None and records.height:
+    if tok is None and flags.height:
         notes.append("counts not checked against the text: no tokenizer given or in config")
-    table = _dataset_table(flags, config, read_errors(run_dir), totals, corrupt)
+    path = run_dir / "errors.jsonl"  # read_errors reads every record's key: only when needed
+    errors = read_errors(run_dir) if path.exists() and path.stat().st_size else None
+    table = _dataset_table(flags, config, errors, totals, corrupt)
+    if tok is not None:
+        notes += _sample_notes(table)
     return AuditReport(
         run_dir=str(run_dir),
         datasets=table,

@@ -29,7 +29,9 @@ _AUDIT_COLUMNS = ["dataset", "completion_tokens", "prompt_tokens", "finish_reaso
 
 
 def _records(records_or_report):
-    """The records frame of an AuditReport, or the frame itself, with plain columns only."""
+    """The records of an AuditReport (its light frame: counts and flags, no text) or a
+    records frame (kit.run.store.records_frame), with the plain columns the charts use.
+    Every chart aggregates them in polars first: its data holds bins, not records."""
     frame = getattr(records_or_report, "records", records_or_report)
     return frame.select([c for c in _AUDIT_COLUMNS if c in frame.columns])
 
@@ -37,39 +39,54 @@ def _records(records_or_report):
 def token_distributions(records, *, bins: int = 40):
     """Completion-length histogram per dataset (one row each) beside a box plot per dataset.
 
+    Bins and quartiles are computed in polars (shared bin edges across datasets), so the
+    chart holds at most bins x datasets histogram rows and one box row per dataset, however
+    many records the run has.
+
     Args:
         records: a records frame (kit.run.store.records_frame) or an AuditReport.
         bins: histogram bins.
     Returns:
-        alt.HConcatChart (histograms faceted by dataset | box plots).
+        alt.HConcatChart (histograms faceted by dataset | box plots: rule min-max, bar
+        q1-q3, tick median).
 
     Example: token_distributions(kit.audit(run_dir)).save("lengths.png")
     """
     import altair as alt
+    import polars as pl
 
     data = _records(records).select("dataset", "completion_tokens")
-    x = alt.X("completion_tokens:Q", bin=alt.Bin(maxbins=bins), title="completion tokens")
-    hist = (
-        alt.Chart(data)
+    if data.drop_nulls().height:
+        hist, box = _length_bins(data, "completion_tokens", False, bins)
+    else:  # no records: empty charts
+        hist = pl.DataFrame(schema={"dataset": pl.String, "bin": pl.Int64, "count": pl.UInt32, "start": pl.Float64, "end": pl.Float64})  # fmt: skip
+        box = pl.DataFrame(schema={k: pl.Float64 for k in ("min", "q1", "median", "q3", "max")})
+        box = box.with_columns(dataset=pl.lit(None, pl.String), n=pl.lit(None, pl.UInt32))
+    x_title = "completion tokens"
+    color = alt.Color("dataset:N", legend=None)
+    hist_chart = (
+        alt.Chart(hist)
         .mark_bar()
         .encode(
-            x=x, y=alt.Y("count():Q", title="records"), color=alt.Color("dataset:N", legend=None)
+            x=alt.X("start:Q", bin="binned", title=x_title),
+            x2="end:Q",
+            y=alt.Y("count:Q", title="records"),
+            color=color,
+            tooltip=["dataset", "start", "end", "count"],
         )
         .properties(width=320, height=90)
         .facet(row=alt.Row("dataset:N", title=None))
         .resolve_scale(y="independent")
     )
-    box = (
-        alt.Chart(data)
-        .mark_boxplot(extent="min-max")
-        .encode(
-            x=alt.X("completion_tokens:Q", title="completion tokens"),
-            y=alt.Y("dataset:N", title=None),
-            color=alt.Color("dataset:N", legend=None),
-        )
-        .properties(width=320, title="per-dataset spread")
+    base = alt.Chart(box).encode(
+        y=alt.Y("dataset:N", title=None), color=color, tooltip=list(box.columns)
     )
-    return alt.hconcat(hist, box).properties(title="completion-length distributions")
+    box_chart = alt.layer(
+        base.mark_rule().encode(x=alt.X("min:Q", title=x_title), x2="max:Q"),
+        base.mark_bar(size=12).encode(x="q1:Q", x2="q3:Q"),
+        base.mark_tick(size=14, thickness=2).encode(x="median:Q", color=alt.value("black")),
+    ).properties(width=320, title="per-dataset spread")
+    return alt.hconcat(hist_chart, box_chart).properties(title="completion-length distributions")
 
 
 def budget_vs_actual(audit_or_frames):
