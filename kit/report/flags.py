@@ -123,7 +123,7 @@ def normalized(texts):
     return out
 
 
-def _blank(expr):
+def blank(expr):
     """True where the text is null or only whitespace (as Python's str.strip() sees it)."""
     return expr.fill_null("").str.strip_chars(_SPACE) == ""
 
@@ -251,13 +251,13 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
         normalized(recs.select(last_user.list.last()).to_series()).alias("_user"),
     )
     over = c("completion_tokens") > max_tokens + 1 if max_tokens is not None else pl.lit(False)
-    length_only = (c("finish_reason") == "length") & _blank(c("completion"))
+    length_only = (c("finish_reason") == "length") & blank(c("completion"))
     recs = recs.with_columns(
         _echo(recs, th),
-        empty=_blank(c("completion")),
+        empty=blank(c("completion")),
         ids_len_mismatch=(c("output_ids").list.len() != c("completion_tokens")).fill_null(False),
         count_over_max=over,
-        finish_class=pl.when(length_only & ~_blank(c("reasoning")))
+        finish_class=pl.when(length_only & ~blank(c("reasoning")))
         .then(pl.lit("length_in_reasoning"))
         .otherwise(c("finish_reason")),
         think_marker=pl.any_horizontal(

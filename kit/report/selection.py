@@ -104,15 +104,16 @@ def _light_schema() -> dict:
 
 
 def _duplicate_keys(texts: list[str]) -> list:
-    """empty, and 64-bit hashes of each completion and of its normalized text."""
+    """empty, and 64-bit hashes of each completion and of its normalized text, as the audit
+    computes them (kit.report.flags: blank, normalized)."""
     import polars as pl
 
-    from kit.report.flags import normalize_text
+    from kit.report.flags import blank, normalized
 
     text = pl.Series(texts, dtype=pl.String)
-    norm = pl.Series([normalize_text(t) for t in texts], dtype=pl.String)
+    norm = normalized(text)
     return [
-        (text.str.strip_chars() == "").alias("empty"),
+        pl.select(blank(pl.lit(text))).to_series().alias("empty"),
         text.hash().alias("_exact"),
         norm.hash().alias("_near"),
         (norm == "").alias("_near_empty"),
