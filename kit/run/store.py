@@ -473,12 +473,27 @@ def read_errors(run_dir):
 
     run_dir = Path(run_dir)
     rows = _error_rows(run_dir)
-    done = RunStore(run_dir).index()
     schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "error": pl.String, "attempts": pl.Int64, "t": pl.Float64, "resolved": pl.Boolean}  # fmt: skip
+    wanted = {record_key(r) for r in rows}
+    done = _done_among(run_dir, wanted) if wanted else set()
     data = [
         {**{k: r.get(k) for k in ERROR_FIELDS}, "resolved": record_key(r) in done} for r in rows
     ]
     return pl.DataFrame(data, schema=schema)
+
+
+def _done_among(run_dir: Path, keys: set) -> set:
+    """The keys (of a few error lines) that now have a record: the run's heads are scanned
+    as a polars frame (the resume index where valid), not a dict of every key."""
+    import polars as pl
+
+    store = RunStore(run_dir)
+    heads = store.scan_frame()
+    if heads is None:  # a head that does not fit a frame: the dict scan
+        return keys & store.index().keys()
+    cols = ["dataset", "prompt_id", "sample"]
+    want = pl.DataFrame(list(keys), schema=dict(zip(cols, (pl.String, pl.String, pl.Int64), strict=True)), orient="row")  # fmt: skip
+    return set(want.join(heads.select(cols), on=cols, how="semi").iter_rows())
 
 
 def _error_rows(run_dir: Path) -> list[dict]:
