@@ -323,3 +323,43 @@ def read_records(run_dir, datasets=None) -> tuple[object, list[dict]]:
     schema = record_schema()
     frame = pl.concat(frames) if frames else pl.DataFrame(schema=schema)
     return frame, sorted(corrupt, key=lambda c: (c["file"], c["line"]))
+
+
+def with_earlier_prompts(run_dir: Path, frame):
+    """The prompt frame to store: this start's, plus the prompts an earlier start stored
+    that it lacks (a forced resume over other prompts): record lines name their prompt by
+    (dataset, prompt_id) and hold no copy of it, so no stored prompt is ever dropped."""
+    import polars as pl
+
+    path = run_dir / "prompts.parquet"
+    if not path.exists():
+        return frame
+    keys = ["dataset", "prompt_id"]
+    old = pl.scan_parquet(path).join(frame.lazy().select(keys), on=keys, how="anti").collect()
+    return pl.concat([frame, old], how="diagonal_relaxed") if old.height else frame
+
+
+def prompt_keys(run_dir: Path) -> set:
+    """(dataset, prompt_id) of every prompt in run_dir/prompts.parquet (empty without one)."""
+    import polars as pl
+
+    path = run_dir / "prompts.parquet"
+    if not path.exists():
+        return set()
+    frame = pl.read_parquet(path, columns=["dataset", "prompt_id"])
+    return set(frame.iter_rows())
+
+
+def records_frame(run_dir, datasets=None):
+    """Every record of a run as a polars frame (one column per Record field).
+
+    Args:
+        run_dir: the run directory.
+        datasets: names to read (default: all).
+    Returns:
+        DataFrame; output_ids/prompt_ids are list[int] or null; duplicates keep the first.
+        Damaged lines are skipped (read_records also lists them).
+
+    Example: records_frame("data/runs/demo").group_by("dataset").agg(pl.col("completion_tokens").sum())
+    """
+    return read_records(run_dir, datasets)[0]

@@ -38,7 +38,12 @@ import orjson
 
 from kit.run import index as _index
 from kit.run import progress as _progress
-from kit.run.batches import read_records  # noqa: F401 - re-exported
+from kit.run.batches import (  # noqa: F401 - read_records, records_frame: re-exported
+    prompt_keys,
+    read_records,
+    records_frame,
+    with_earlier_prompts,
+)
 from kit.run.lines import (  # noqa: F401 - corrupt_entries, describe_corrupt: re-exported
     ERROR_FIELDS,
     LINE_ORDER,
@@ -218,7 +223,7 @@ class RunStore:
         write_atomic(cfg_path, json.dumps(doc, indent=2).encode())
         if prompts_frame is not None:
             tmp = self.run_dir / "prompts.parquet.tmp"
-            _with_earlier_prompts(self.run_dir, prompts_frame).write_parquet(tmp)
+            with_earlier_prompts(self.run_dir, prompts_frame).write_parquet(tmp)
             os.replace(tmp, self.run_dir / "prompts.parquet")
         self.repair()
 
@@ -329,7 +334,7 @@ class RunStore:
     def append(self, record: Record) -> None:
         """Buffer one record; group-flushed (write + fsync) by count or time."""
         if self._prompt_keys is None:
-            self._prompt_keys = _prompt_keys(self.run_dir)
+            self._prompt_keys = prompt_keys(self.run_dir)
         # a prompt of prompts.parquet is stored there once, not on each of its records
         short = (record.dataset, record.prompt_id) in self._prompt_keys
         row = {f: getattr(record, f) for f in (LINE_ORDER_SHORT if short else LINE_ORDER)}
@@ -422,46 +427,6 @@ class RunStore:
 
 
 # ---------------------------------------------------------------- readers
-
-
-def _with_earlier_prompts(run_dir: Path, frame):
-    """The prompt frame to store: this start's, plus the prompts an earlier start stored
-    that it lacks (a forced resume over other prompts): record lines name their prompt by
-    (dataset, prompt_id) and hold no copy of it, so no stored prompt is ever dropped."""
-    import polars as pl
-
-    path = run_dir / "prompts.parquet"
-    if not path.exists():
-        return frame
-    keys = ["dataset", "prompt_id"]
-    old = pl.scan_parquet(path).join(frame.lazy().select(keys), on=keys, how="anti").collect()
-    return pl.concat([frame, old], how="diagonal_relaxed") if old.height else frame
-
-
-def _prompt_keys(run_dir: Path) -> set:
-    """(dataset, prompt_id) of every prompt in run_dir/prompts.parquet (empty without one)."""
-    import polars as pl
-
-    path = run_dir / "prompts.parquet"
-    if not path.exists():
-        return set()
-    frame = pl.read_parquet(path, columns=["dataset", "prompt_id"])
-    return set(frame.iter_rows())
-
-
-def records_frame(run_dir, datasets=None):
-    """Every record of a run as a polars frame (one column per Record field).
-
-    Args:
-        run_dir: the run directory.
-        datasets: names to read (default: all).
-    Returns:
-        DataFrame; output_ids/prompt_ids are list[int] or null; duplicates keep the first.
-        Damaged lines are skipped (read_records also lists them).
-
-    Example: records_frame("data/runs/demo").group_by("dataset").agg(pl.col("completion_tokens").sum())
-    """
-    return read_records(run_dir, datasets)[0]
 
 
 def read_errors(run_dir):
