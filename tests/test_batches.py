@@ -168,7 +168,7 @@ def test_export_reads_what_was_there_when_it_began(tmp_path, monkeypatch):
     """A run still being written: lines appended between the two passes are not exported
     (they would be half of the options' decisions), and nothing is torn."""
     _stored_run(tmp_path / "run")
-    real = export_mod._write
+    real = export_mod._write_frames  # the pass-2 path without token rows
 
     def late_lines(run_dir, *args, **kw):
         store = RunStore(run_dir)
@@ -178,7 +178,7 @@ def test_export_reads_what_was_there_when_it_began(tmp_path, monkeypatch):
         store.close()
         return real(run_dir, *args, **kw)
 
-    monkeypatch.setattr(export_mod, "_write", late_lines)
+    monkeypatch.setattr(export_mod, "_write_frames", late_lines)
     result = export(tmp_path / "run", tmp_path / "out", formats=("specforge",))
     assert sum(c["records"] for c in result.counts.values()) == 36 - result.dropped["errors"]
     assert validate(tmp_path / "out").ok

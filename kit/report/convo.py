@@ -125,3 +125,58 @@ def find_ids(haystack: list[int], needle: list[int], start: int, stop: int) -> i
         if haystack[i] == first and haystack[i : i + n] == needle:
             return i
     return None
+
+
+def _json(expr):
+    """A polars string expression as JSON text, exactly json.dumps(value, ensure_ascii=False)
+    (null -> "null"): polars' JSON writer escapes strings as Python's json does."""
+    import polars as pl
+
+    return pl.struct(expr.alias("v")).struct.json_encode().str.strip_prefix('{"v":').str.strip_suffix("}")  # fmt: skip
+
+
+def specforge_lines(frame, tools_json=None):
+    """The SpecForge JSONL lines of a records frame (dataset, prompt_id, sample, messages,
+    completion, reasoning), rendered by polars, each with its newline: exactly json.dumps(row,
+    ensure_ascii=False) of row = {"id": row_id, "conversations": conversation(...)} plus
+    "tools" when `tools_json` (a Series of json.dumps(tools, ensure_ascii=False), null
+    where none) has one.
+
+    Example: specforge_lines(frame)[0] -> '{"id": "alpaca-9f2c-0", "conversations": [...]}'
+    """
+    import polars as pl
+
+    c, e = pl.col, pl.element().struct
+    message = pl.concat_str(
+        pl.lit('{"role": '), _json(e.field("role")), pl.lit(', "content": '),
+        _json(e.field("content")), pl.lit("}"),
+    )  # fmt: skip
+    prompt = c("messages").list.eval(message).list.join(", ")
+    reasoning = pl.when(c("reasoning").fill_null("") != "")
+    last = pl.concat_str(
+        pl.lit('{"role": "assistant", "content": '), _json(c("completion")),
+        reasoning.then(pl.concat_str(pl.lit(', "reasoning_content": '), _json(c("reasoning")))).otherwise(pl.lit("")),
+        pl.lit("}"),
+    )  # fmt: skip
+    rid = pl.concat_str(c("dataset"), c("prompt_id"), c("sample").cast(pl.String), separator="-")
+    sep = pl.when(prompt.fill_null("") != "").then(pl.lit(", ")).otherwise(pl.lit(""))
+    tools = pl.lit(None, pl.String) if tools_json is None else pl.lit(tools_json)
+    line = pl.concat_str(
+        pl.lit('{"id": '), _json(rid), pl.lit(', "conversations": ['), prompt.fill_null(""), sep,
+        last, pl.lit("]"),
+        pl.when(tools.is_not_null()).then(pl.concat_str(pl.lit(', "tools": '), tools)).otherwise(pl.lit("")),
+        pl.lit("}\n"),
+    )  # fmt: skip
+    return frame.select(line.alias("line")).to_series()
+
+
+def rendered(lines) -> tuple[object, list[int]]:
+    """A polars String Series -> (its bytes as one buffer, the offsets of each value): the
+    Arrow buffer itself, no copy per line."""
+    import numpy as np
+    import polars as pl
+
+    arr = lines.rechunk().to_arrow(compat_level=pl.CompatLevel.oldest())  # large_string
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]  # fmt: skip
+    start, end = int(offsets[0]), int(offsets[-1])
+    return memoryview(arr.buffers()[2])[start:end], (offsets - start).tolist()

@@ -48,11 +48,11 @@ the exact rows whose server prompt ids differ from kit's rendering (reported, ne
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.report import manifest as _manifest
-from kit.report.convo import conversation, row_id, tools_of
 from kit.report.selection import light_frame, select, split_by_prompt
 from kit.report.tokenrows import token_rows
 from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re-exported
@@ -62,6 +62,8 @@ from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re
     owned_files,
     validate,
 )
+from kit.report.writers import Split
+from kit.run.batches import PromptStore
 
 FORMATS = ("specforge", "token_ids", "parquet", "hf")
 SPLITS = ("train", "validation")
@@ -134,92 +136,6 @@ BATCH = 5_000  # records per batch of the writing pass: bounds its memory
 TOKEN_BATCH = 1_000  # with token_ids: each row's ids are Python ints, ~36 bytes apiece
 
 
-def _specforge_row(rid: str, conv: list[dict], r: dict) -> dict:
-    """One SpecForge row: id, conversations, and the record's tools when it has any."""
-    row = {"id": rid, "conversations": conv}
-    tools = tools_of(r)
-    if tools:
-        row["tools"] = tools
-    return row
-
-
-_COUNTS = ("dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source")
-
-
-class _Split:
-    """The files of one split, written a batch at a time (kit.report.writers)."""
-
-    def __init__(self, out_dir: Path, split: str, opts: ExportOptions, columns: dict) -> None:
-        from kit.report.writers import JsonlSink, ParquetSink
-
-        self.out_dir, self.split, self.opts, self.columns = out_dir, split, opts, columns
-        fmts = [f for f in ("specforge", "token_ids") if f in opts.formats]
-        self.jsonl = {f: JsonlSink(out_dir, f"{f}/{split}.jsonl") for f in fmts}
-        tabular = "parquet" in opts.formats or "hf" in opts.formats
-        self.parquet = ParquetSink(out_dir, split) if tabular else None
-
-    def write(self, rows: list[dict], tok_rows: dict) -> None:
-        ids = [row_id(r) for r in rows]
-        convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
-        if "specforge" in self.jsonl:
-            sf = [_specforge_row(i, c, r) for i, c, r in zip(ids, convs, rows, strict=True)]
-            self.jsonl["specforge"].write(sf)
-        if "token_ids" in self.jsonl:
-            self.jsonl["token_ids"].write([tok_rows[i] for i in ids])
-        if self.parquet is not None:
-            self.parquet.write(_table(rows, ids, convs, tok_rows, self.columns))
-
-    def close(self, files: dict) -> None:
-        from kit.report.writers import write_hf
-
-        for sink in self.jsonl.values():
-            sink.close(files)
-        if self.parquet is None:
-            return
-        if self.parquet.empty is None:  # a split without rows: its table's columns, no rows
-            self.parquet.write(_table([], [], [], {}, self.columns))
-        path = self.parquet.close(files)
-        if "hf" in self.opts.formats:
-            write_hf(self.out_dir, self.split, path, files)
-        if "parquet" not in self.opts.formats:  # written for hf only: kit's own, removed
-            files.pop(f"parquet/{self.split}.parquet")
-            path.unlink()
-            if not any(path.parent.iterdir()):
-                path.parent.rmdir()
-
-
-def _table(rows, ids, convs, tok_rows, columns: dict):
-    """The Parquet / HF table of one batch of a split; `columns` says which optional columns
-    the split has (reasoning_content, tools, token ids), the same for every batch."""
-    import polars as pl
-
-    from kit.run.lines import record_schema
-
-    fields = {"role": pl.String, "content": pl.String}
-    if columns["reasoning"]:
-        fields["reasoning_content"] = pl.String
-    msg = pl.List(pl.Struct(fields))
-    table = pl.DataFrame(
-        {"id": ids, "conversations": convs}, schema={"id": pl.String, "conversations": msg}
-    ).with_columns(
-        pl.DataFrame(
-            {c: [r[c] for r in rows] for c in _COUNTS},
-            schema={c: record_schema()[c] for c in _COUNTS},
-        )
-    )
-    if columns["tools"]:
-        tools = [tools_of(r) for r in rows]
-        text = [json.dumps(t, ensure_ascii=False) if t else None for t in tools]
-        table = table.with_columns(tools=pl.Series(text, dtype=pl.String))
-    if columns["token_ids"]:
-        table = table.with_columns(
-            input_ids=pl.Series([tok_rows[i]["input_ids"] for i in ids], dtype=pl.List(pl.Int64)),
-            loss_mask=pl.Series([tok_rows[i]["loss_mask"] for i in ids], dtype=pl.List(pl.Int8)),
-            ids_source=pl.Series([tok_rows[i]["ids_source"] for i in ids], dtype=pl.String),
-        )
-    return table
-
-
 def _targets(formats) -> list[str]:
     """The paths (relative to out_dir) an export in these formats writes, manifest aside."""
     out = []
@@ -276,12 +192,31 @@ def export(
     config = read_config(run_dir)
     tok = _tokenizer(tokenizer, config, opts)
     upto, corrupt = file_sizes(run_dir), []  # both passes read the same bytes of a live run
+    fast = "token_ids" not in opts.formats
+    store = PromptStore(run_dir, lazy=True) if fast else None
+    building = threading.Thread(target=store.prepare, daemon=True) if fast else None
+    if building is not None:  # the prompt store is built while the first pass reads
+        building.start()
+    try:
+        return _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store, building)
+    finally:
+        if building is not None:
+            building.join()
+            store.__exit__(None, None, None)
+
+
+def _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store, building) -> ExportResult:  # fmt: skip
     light = light_frame(run_dir, opts, corrupt, upto)
     kept, dropped = select(light, config.budgets, opts)
     kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
     clear_export(out_dir, owned)
     files: dict[str, dict] = {}
-    written = _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped)
+    if store is None:
+        written = _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped)
+    else:
+        building.join()
+        store.open()  # raises what the build raised, if it failed
+        written = _write_frames(run_dir, out_dir, kept, opts, upto, files, corrupt, store)
     notes = [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
     manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files)  # fmt: skip
     manifest |= {"corrupt_lines": {"count": len(corrupt), "lines": corrupt[:100]}, "notes": notes}
@@ -317,22 +252,35 @@ class _Written:
         held = any(m["role"] == "assistant" for m in r["messages"])
         self.earlier[r["dataset"]] = self.earlier.get(r["dataset"], 0) + held
 
+    def add_frame(self, frame, split: str) -> None:
+        """add() for every row of a records frame (dataset, completion_tokens, messages)."""
+        import polars as pl
+
+        held = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")
+        per = frame.group_by("dataset", maintain_order=True).agg(
+            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.list.any().sum()
+        )
+        for d, n, tokens, earlier in per.iter_rows():
+            c = self.per.setdefault(d, {"records": 0, "tokens": 0, "train": 0, "validation": 0})  # fmt: skip
+            c["records"] += n
+            c["tokens"] += tokens
+            c[split] += n
+            self.rows += n
+            self.earlier[d] = self.earlier.get(d, 0) + earlier
+
     def counts(self) -> dict[str, dict]:
         return {d: self.per[d] for d in sorted(self.per)}
 
 
-def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _Written:
-    """Pass 2: read the records again in the same order, a batch at a time, and write the
-    kept ones to their split's files; token rows the template cannot split are dropped
-    from every format (counted as template_mismatch)."""
+_FRAME_COLUMNS = ["dataset", "prompt_id", "sample", "messages", "completion", "finish_reason",
+                  "completion_tokens", "count_source", "reasoning", "tools"]  # fmt: skip
+
+
+def _columns(kept, opts) -> dict:
+    """Per split, the optional columns of its tables (the same for every batch)."""
     import polars as pl
 
-    from kit.run.batches import record_rows
-
-    done = _Written()
-    if "token_ids" in opts.formats:
-        dropped["template_mismatch"] = 0
-    columns = {
+    return {
         split: {
             "reasoning": kept.filter(pl.col("split") == split)["has_reasoning"].any(),
             "tools": kept.filter(pl.col("split") == split)["has_tools"].any(),
@@ -340,7 +288,67 @@ def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _
         }
         for split in SPLITS
     }
-    splits = {"train": _Split(out_dir, "train", opts, columns["train"])}
+
+
+def _write_frames(run_dir, out_dir, kept, opts, upto, files, corrupt, store) -> _Written:
+    """Pass 2 without token rows: the records read again as polars frames in the same
+    order, the kept ones picked by (file, line), SpecForge lines rendered by polars
+    (kit.report.convo.specforge_lines: the same bytes as json.dumps of each row). A worker
+    thread renders and writes one batch (polars and file writes, mostly outside the GIL)
+    while the next is read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import polars as pl
+
+    from kit.run.batches import record_batches
+
+    done, columns, problems = _Written(), _columns(kept, opts), []
+    splits = {"train": Split(out_dir, "train", opts, columns["train"])}  # even when empty
+    want = kept.select("_file", "_line", "split")
+
+    def write(batch) -> None:
+        frame = batch.join(want, on=["_file", "_line"], how="inner", maintain_order="left")
+        for split in SPLITS:
+            part = frame.filter(pl.col("split") == split)
+            if not part.height:
+                continue
+            if split not in splits:
+                splits[split] = Split(out_dir, split, opts, columns[split])
+            splits[split].write_frame(part)
+            done.add_frame(part, split)
+
+    frames = record_batches(
+        run_dir, order="t_done", upto=upto, batch_size=BATCH, columns=_FRAME_COLUMNS,
+        located=True, dedupe=False, corrupt=problems, store=store,
+    )  # fmt: skip
+    pending = None
+    with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool:
+        for batch in frames:  # the same lines as the first pass read, in its order
+            if pending is not None:
+                pending.result()  # one batch in flight: memory stays one batch
+            pending = pool.submit(write, batch)
+        if pending is not None:
+            pending.result()
+    for split in SPLITS:
+        if split in splits:
+            splits[split].close(files)
+    seen = {(c["file"], c["line"]) for c in corrupt}  # pass 2 finds what pass 1 did, and
+    corrupt += [c for c in problems if (c["file"], c["line"]) not in seen]  # lost prompts
+    return done
+
+
+def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _Written:
+    """Pass 2: read the records again in the same order, a batch at a time, and write the
+    kept ones to their split's files; token rows the template cannot split are dropped
+    from every format (counted as template_mismatch)."""
+
+    from kit.run.batches import record_rows
+
+    done = _Written()
+    if "token_ids" in opts.formats:
+        dropped["template_mismatch"] = 0
+    columns = _columns(kept, opts)
+    splits = {"train": Split(out_dir, "train", opts, columns["train"])}
     want = kept.select("_pos", "split")
     pos, cursor = 0, 0
     positions = want["_pos"]
@@ -371,7 +379,7 @@ def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _
             if not any(mask):
                 continue
             if split not in splits:
-                splits[split] = _Split(out_dir, split, opts, columns[split])
+                splits[split] = Split(out_dir, split, opts, columns[split])
             srows = [r for r, m in zip(rows, mask, strict=True) if m]
             splits[split].write(srows, tok_rows)
             for r in srows:

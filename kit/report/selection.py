@@ -55,10 +55,14 @@ def light_frame(run_dir, opts, corrupt: list, upto: dict):
     schema = _light_schema()
     parts = []
     rows_of = record_rows(
-        run_dir, corrupt=corrupt, order="t_done", upto=upto, prompts=False, dedupe=False
-    )
-    for rows in rows_of:
+        run_dir, corrupt=corrupt, order="t_done", upto=upto, prompts=False, dedupe=False,
+        located=True,
+    )  # fmt: skip
+    for located in rows_of:
+        rows = [r for _, _, r in located]
         data = {c: [r.get(c) for r in rows] for c in _LIGHT}
+        data["_file"] = [path.stem for path, _, _ in located]  # where pass 2 finds it again
+        data["_line"] = [n for _, n, _ in located]
         data["has_reasoning"] = [bool(r.get("reasoning")) for r in rows]
         data["has_tools"] = [bool(r.get("tools")) for r in rows]  # lines that hold their own
         b = pl.DataFrame(data, schema=schema)
@@ -100,7 +104,8 @@ def _light_schema() -> dict:
     from kit.run.lines import record_schema
 
     schema = {c: t for c, t in record_schema().items() if c in _LIGHT}
-    return schema | {"has_reasoning": pl.Boolean, "has_tools": pl.Boolean}
+    where = {"_file": pl.String, "_line": pl.Int64}
+    return schema | {"has_reasoning": pl.Boolean, "has_tools": pl.Boolean} | where
 
 
 def _duplicate_keys(texts: list[str]) -> list:

@@ -14,10 +14,12 @@ Parquet file (the one format that holds a whole split in memory: `datasets` buil
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import shutil
 from pathlib import Path
 
+from kit.report.convo import conversation, parsed, row_id, tools_of
 from kit.report.validate import file_entry
 
 
@@ -30,14 +32,28 @@ class JsonlSink:
         path.parent.mkdir(parents=True, exist_ok=True)
         hashes = out_dir / "linehashes" / f"{rel}.txt"
         hashes.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._f = open(path, "wb")  # noqa: SIM115 - closed in close()
         self._h = open(hashes, "w")  # noqa: SIM115 - closed in close()
 
     def write(self, rows: list[dict]) -> None:
-        lines = [json.dumps(r, ensure_ascii=False) for r in rows]
-        self._f.write("".join(x + "\n" for x in lines))
-        self._h.write("".join(hashlib.sha256(x.encode()).hexdigest()[:16] + "\n" for x in lines))
-        self.rows += len(lines)
+        self.write_lines([json.dumps(r, ensure_ascii=False) for r in rows])
+
+    def write_lines(self, lines: list[str]) -> None:
+        """Rows already rendered as JSON text."""
+        data = "".join(x + "\n" for x in lines).encode()
+        ends = list(itertools.accumulate(len(x.encode()) + 1 for x in lines))
+        self.write_rendered(data, [0, *ends])
+
+    def write_rendered(self, data, offsets) -> None:
+        """Lines already rendered and encoded, each ending in a newline (bytes or a buffer,
+        e.g. kit.report.convo.specforge_lines' Arrow buffer); line i is
+        data[offsets[i]:offsets[i + 1]]. Written as they are."""
+        view = memoryview(data)
+        sha = hashlib.sha256
+        hashes = [sha(view[a : b - 1]).hexdigest()[:16] + "\n" for a, b in itertools.pairwise(offsets)]  # fmt: skip
+        self._f.write(view)
+        self._h.write("".join(hashes))
+        self.rows += len(hashes)
 
     def close(self, files: dict) -> None:
         self._f.close()
@@ -90,3 +106,105 @@ def write_hf(out_dir: Path, split: str, parquet: Path, files: dict) -> None:
     for p in sorted(target.rglob("*")):
         if p.is_file():
             files[str(p.relative_to(out_dir))] = file_entry(p, None)
+
+
+# ---------------------------------------------------------------- one split's files
+
+
+def _specforge_row(rid: str, conv: list[dict], r: dict) -> dict:
+    """One SpecForge row: id, conversations, and the record's tools when it has any."""
+    row = {"id": rid, "conversations": conv}
+    tools = tools_of(r)
+    if tools:
+        row["tools"] = tools
+    return row
+
+
+_COUNTS = ("dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source")
+
+
+class Split:
+    """The files of one split (opts: kit.report.export.ExportOptions), written a batch at a time."""
+
+    def __init__(self, out_dir: Path, split: str, opts, columns: dict) -> None:
+        self.out_dir, self.split, self.opts, self.columns = out_dir, split, opts, columns
+        fmts = [f for f in ("specforge", "token_ids") if f in opts.formats]
+        self.jsonl = {f: JsonlSink(out_dir, f"{f}/{split}.jsonl") for f in fmts}
+        tabular = "parquet" in opts.formats or "hf" in opts.formats
+        self.parquet = ParquetSink(out_dir, split) if tabular else None
+
+    def write(self, rows: list[dict], tok_rows: dict) -> None:
+        ids = [row_id(r) for r in rows]
+        convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
+        if "specforge" in self.jsonl:
+            sf = [_specforge_row(i, c, r) for i, c, r in zip(ids, convs, rows, strict=True)]
+            self.jsonl["specforge"].write(sf)
+        if "token_ids" in self.jsonl:
+            self.jsonl["token_ids"].write([tok_rows[i] for i in ids])
+        if self.parquet is not None:
+            self.parquet.write(table(rows, ids, convs, tok_rows, self.columns))
+
+    def write_frame(self, frame) -> None:
+        """write() for a records frame: SpecForge lines rendered by polars; the tables from
+        its rows (no token rows: this path has none)."""
+        import polars as pl
+
+        from kit.report.convo import rendered, specforge_lines
+
+        if "specforge" in self.jsonl:
+            tools = [json.dumps(t, ensure_ascii=False) if (t := parsed(x)) else None for x in frame["tools"]]  # fmt: skip
+            lines = specforge_lines(frame, pl.Series(tools, dtype=pl.String))
+            self.jsonl["specforge"].write_rendered(*rendered(lines))
+        if self.parquet is not None:
+            rows = frame.to_dicts()
+            ids = [row_id(r) for r in rows]
+            convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
+            self.parquet.write(table(rows, ids, convs, {}, self.columns))
+
+    def close(self, files: dict) -> None:
+        for sink in self.jsonl.values():
+            sink.close(files)
+        if self.parquet is None:
+            return
+        if self.parquet.empty is None:  # a split without rows: its table's columns, no rows
+            self.parquet.write(table([], [], [], {}, self.columns))
+        path = self.parquet.close(files)
+        if "hf" in self.opts.formats:
+            write_hf(self.out_dir, self.split, path, files)
+        if "parquet" not in self.opts.formats:  # written for hf only: kit's own, removed
+            files.pop(f"parquet/{self.split}.parquet")
+            path.unlink()
+            if not any(path.parent.iterdir()):
+                path.parent.rmdir()
+
+
+def table(rows, ids, convs, tok_rows, columns: dict):
+    """The Parquet / HF table of one batch of a split; `columns` says which optional columns
+    the split has (reasoning_content, tools, token ids), the same for every batch."""
+    import polars as pl
+
+    from kit.run.lines import record_schema
+
+    fields = {"role": pl.String, "content": pl.String}
+    if columns["reasoning"]:
+        fields["reasoning_content"] = pl.String
+    msg = pl.List(pl.Struct(fields))
+    table = pl.DataFrame(
+        {"id": ids, "conversations": convs}, schema={"id": pl.String, "conversations": msg}
+    ).with_columns(
+        pl.DataFrame(
+            {c: [r[c] for r in rows] for c in _COUNTS},
+            schema={c: record_schema()[c] for c in _COUNTS},
+        )
+    )
+    if columns["tools"]:
+        tools = [tools_of(r) for r in rows]
+        text = [json.dumps(t, ensure_ascii=False) if t else None for t in tools]
+        table = table.with_columns(tools=pl.Series(text, dtype=pl.String))
+    if columns["token_ids"]:
+        table = table.with_columns(
+            input_ids=pl.Series([tok_rows[i]["input_ids"] for i in ids], dtype=pl.List(pl.Int64)),
+            loss_mask=pl.Series([tok_rows[i]["loss_mask"] for i in ids], dtype=pl.List(pl.Int8)),
+            ids_source=pl.Series([tok_rows[i]["ids_source"] for i in ids], dtype=pl.String),
+        )
+    return table

@@ -23,10 +23,11 @@ when each file is in t_done order, as the runner appends them.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
-import os
 import tempfile
+import threading
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,7 @@ from kit.run.lines import (
 
 PROMPT_COLUMNS = ("messages", "tools")
 _READ = 1 << 20  # bytes read from a records file at once (one piece per file is held)
+_LOOKUP = 1_000  # prompts gathered at once from the prompt store's mapped file
 
 
 def record_batches(
@@ -55,6 +57,9 @@ def record_batches(
     corrupt: list | None = None,
     order: str = "file",
     upto: dict[str, int] | None = None,
+    located: bool = False,
+    dedupe: bool = True,
+    store: PromptStore | None = None,
 ) -> Iterator[object]:
     """Yield the run's records as polars frames of at most `batch_size` rows.
 
@@ -68,10 +73,16 @@ def record_batches(
         upto: file stem -> bytes: read each file only that far (file_sizes() taken before a
             first pass, so a second pass over a run still being written reads the same
             records); files not named are read to their end.
+        located: add `_file` (the records file's stem) and `_line` (its line number).
+        dedupe: False yields later copies of a key too (see record_rows).
+        store: an open PromptStore of the run to take the prompts from (default: one made
+            here, when messages or tools are asked for).
 
     Example:
         sum(f.height for f in record_batches(run_dir, columns=["dataset"]))  # -> records
     """
+    import polars as pl
+
     from kit.run.lines import frame_rows
 
     schema = record_schema()
@@ -80,15 +91,30 @@ def record_batches(
     if unknown:
         raise ValueError(f"unknown record columns {sorted(unknown)}; have {list(schema)}")
     problems = [] if corrupt is None else corrupt
-    prompts = any(c in PROMPT_COLUMNS for c in cols)
-    for chunk in record_rows(
-        run_dir, datasets=datasets, batch_size=batch_size, corrupt=problems, order=order,
-        upto=upto, prompts=prompts, located=True,
-    ):  # fmt: skip
-        frame, bad = frame_rows(chunk, {c: schema[c] for c in cols})
-        problems += bad
-        if frame.height:
-            yield frame
+    wanted = [c for c in cols if c in PROMPT_COLUMNS]
+    own = {c: schema[c] for c in dict.fromkeys(["dataset", "prompt_id", *cols]) if c not in wanted}
+    where = {"_file": pl.String, "_line": pl.Int64}  # kept when located, else dropped
+    own |= where
+    cols += list(where) if located else []
+    own_store = PromptStore(run_dir if wanted else None, lazy=True) if store is None else None
+    with contextlib.nullcontext(store) if store is not None else own_store as store:
+        joined = _PromptColumns(store, wanted) if wanted else None
+        for chunk in record_rows(
+            run_dir, datasets=datasets, batch_size=batch_size, corrupt=problems, order=order,
+            upto=upto, prompts=False, located=True, dedupe=dedupe,
+        ):  # fmt: skip
+            for path, n, row in chunk:
+                row["_file"], row["_line"] = path.stem, n
+            if joined is not None and not joined.can_join(chunk):
+                frame, bad = frame_rows(_with_prompts(chunk, store, problems), schema | where)
+            elif joined is not None:
+                frame, bad = frame_rows(chunk, own)
+                frame = joined.join(frame, problems)
+            else:
+                frame, bad = frame_rows(chunk, own)
+            problems += bad
+            if frame.height:
+                yield frame.select(cols)
 
 
 def record_rows(
@@ -184,107 +210,215 @@ def _lines(path: Path, limit: int | None = None):
 
 class PromptStore:
     """The run's prompts, looked up by (dataset, prompt_id) without holding their text:
-    copied once from prompts.parquet (a row group at a time) into a temporary file kit
-    removes when done; memory keeps 24 bytes per prompt (a sorted array of key hashes and
-    where each entry lies in that file), so a million prompts cost ~24 MB, not their text.
-    Each entry holds its key, checked on every lookup: a hash shared by two keys costs a
-    second read, never a wrong prompt.
+    copied once from prompts.parquet (a batch at a time) into an uncompressed Arrow IPC file
+    in a temporary folder kit removes when done; memory keeps 16 bytes per prompt (a sorted
+    array of key hashes and each one's row), so a million prompts cost ~16 MB, not their
+    text. A lookup maps the file, gathers the rows it needs (Arrow `take`) and unmaps it:
+    only those rows' pages are read. Every row found has its key checked: a hash shared by
+    two keys costs a second look, never a wrong prompt. A key held twice gives its first copy.
 
     Example:
         with PromptStore(run_dir) as prompts:
             prompts.get("alpaca", "9f2c...")  # -> (messages, tools) or None
     """
 
-    def __init__(self, run_dir: Path | None) -> None:
-        self.run_dir = run_dir
-        self._hashes = self._starts = self._ends = None  # numpy arrays, sorted by hash
-        self._fd, self._tmp = None, None
+    def __init__(self, run_dir: Path | None, lazy: bool = False) -> None:
+        self.run_dir, self.lazy = run_dir, lazy  # lazy: copied at the first lookup
+        self._built = False
+        self._hashes = self._rows = self._starts = self._ipc = self._tmp = None
+        self._lock, self._error = threading.Lock(), None
 
     def __enter__(self) -> PromptStore:
-        import numpy as np
+        return self if self.lazy else self.open()
 
-        path = None if self.run_dir is None else Path(self.run_dir) / "prompts.parquet"
-        if path is None or not path.exists():
-            return self
-        self._tmp = tempfile.TemporaryDirectory(prefix="kit-prompts-")
-        blob = Path(self._tmp.name) / "prompts.jsonl"
-        hashes, starts = array("q"), array("q")
-        offset = 0
-        with open(blob, "wb") as f:
-            for rows in _prompt_rows(path):
-                for d, pid, messages, tools in rows:
-                    line = orjson.dumps([d, pid, messages, tools])
-                    hashes.append(hash((d, pid)))
-                    starts.append(offset)
-                    f.write(line)
-                    offset += len(line)
-        order = np.argsort(np.frombuffer(hashes, dtype=np.int64), kind="stable")
-        bounds = np.append(np.frombuffer(starts, dtype=np.int64), offset)
-        self._hashes = np.frombuffer(hashes, dtype=np.int64)[order]
-        self._starts, self._ends = bounds[:-1][order], bounds[1:][order]
-        self._fd = os.open(blob, os.O_RDONLY)
+    def open(self) -> PromptStore:
+        """Copy the prompts now (once; other threads wait); raises what the copy raised."""
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if not self._built:
+                try:
+                    self._open()
+                except Exception as e:
+                    self._error = e
+                    raise
         return self
 
-    def get(self, dataset: str, prompt_id: str):
-        """(messages, tools) of the prompt, or None when the run has no such prompt; the
-        first copy in prompts.parquet when it holds a key twice."""
-        if self._hashes is None:
+    def prepare(self) -> None:
+        """open() for a background thread: a failure is kept for the next open() to raise."""
+        try:
+            self.open()
+        except Exception:  # noqa: S110 - raised again by open()
+            pass
+
+    def _open(self) -> None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self._built = True
+        path = None if self.run_dir is None else Path(self.run_dir) / "prompts.parquet"
+        if path is None or not path.exists():
+            return
+        f = pq.ParquetFile(path)
+        names = f.schema_arrow.names
+        cols = ["dataset", "prompt_id", "messages"] + (["tools"] if "tools" in names else [])
+        self._tmp = tempfile.TemporaryDirectory(prefix="kit-prompts-")
+        self._ipc = str(Path(self._tmp.name) / "prompts.arrow")
+        hashes, writer, starts = array("q"), None, []
+        with pa.OSFile(self._ipc, "wb") as sink:
+            for batch in f.iter_batches(batch_size=20_000, columns=cols):
+                starts.append(len(hashes))
+                if "tools" not in names:
+                    batch = batch.append_column("tools", pa.nulls(batch.num_rows, pa.large_string()))  # fmt: skip
+                keys = zip(batch["dataset"].to_pylist(), batch["prompt_id"].to_pylist(), strict=True)  # fmt: skip
+                hashes.extend(hash(k) for k in keys)
+                writer = writer or pa.ipc.new_file(sink, batch.schema)
+                writer.write_batch(batch)
+            if writer is not None:
+                writer.close()
+        self._starts = np.array(starts, dtype=np.int64)  # each IPC batch's first row
+        h = np.frombuffer(hashes, dtype=np.int64)
+        self._rows = np.argsort(h, kind="stable")  # equal hashes keep file order
+        self._hashes = h[self._rows]
+        if not len(h):
+            self._hashes = None
+
+    def _take(self, rows):
+        """The store's rows at these places, as a polars frame: gathered batch by batch of
+        the mapped file (a chunked `take` would first join every batch, reading it all),
+        then put back in the order asked; the mapping is dropped before returning."""
+        import numpy as np
+        import polars as pl
+        import pyarrow as pa
+
+        rows = np.asarray(rows, dtype=np.int64)
+        batch = np.searchsorted(self._starts, rows, side="right") - 1
+        order = np.argsort(batch, kind="stable")
+        pieces = []
+        with pa.memory_map(self._ipc) as source:
+            reader = pa.ipc.open_file(source)
+            for b in np.unique(batch).tolist():
+                local = rows[batch == b] - self._starts[b]
+                pieces.append(reader.get_batch(b).take(pa.array(local)))
+            del reader
+        gathered = pa.Table.from_batches(pieces).combine_chunks()
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))  # gathered holds the rows sorted by batch
+        return pl.from_arrow(gathered.take(pa.array(back))).rechunk()
+
+    def frame(self, keys: list[tuple]):
+        """The prompts of these (dataset, prompt_id) keys as a polars frame in their order:
+        dataset, prompt_id, messages, tools (text as prompts.parquet holds it), and
+        `found` (False where the run has no such prompt: the other columns are null)."""
+        import numpy as np
+        import polars as pl
+
+        if not self._built:
+            self.open()
+        n = len(keys)
+        if self._hashes is None or not n:
             return None
-        key = (dataset, prompt_id)
-        h = hash(key)
-        i = int(self._hashes.searchsorted(h))
-        while i < len(self._hashes) and self._hashes[i] == h:  # equal hashes: file order
-            start, end = int(self._starts[i]), int(self._ends[i])
-            d, pid, messages, tools = orjson.loads(os.pread(self._fd, end - start, start))
-            if (d, pid) == key:
-                tools = orjson.loads(tools) if tools else None
-                return orjson.loads(messages), tools or None  # [] is no tools
-            i += 1
-        return None
+        if n > _LOOKUP:  # each gathered row maps its pages (and their neighbours): in parts
+            parts = [self.frame(keys[i : i + _LOOKUP]) for i in range(0, n, _LOOKUP)]
+            return pl.concat(parts)
+        hs = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=n)
+        at = np.minimum(self._hashes.searchsorted(hs), len(self._hashes) - 1)
+        taken = self._take(self._rows[at])
+        wanted = pl.DataFrame(keys, schema=["dataset", "prompt_id"], orient="row")
+        same = (taken["dataset"] == wanted["dataset"]) & (taken["prompt_id"] == wanted["prompt_id"])
+        found = same.fill_null(False).to_numpy()
+        for i in np.flatnonzero(~found & (self._hashes[at] == hs)).tolist():
+            j = int(at[i]) + 1  # a hash shared with another key: look at the next ones
+            while j < len(self._hashes) and self._hashes[j] == hs[i]:
+                row = self._take([int(self._rows[j])])
+                if row.row(0)[:2] == keys[i]:
+                    taken = pl.concat([taken[:i], row, taken[i + 1 :]])
+                    found[i] = True
+                    break
+                j += 1
+        return taken.with_columns(found=pl.Series(found, dtype=pl.Boolean))
+
+    def lookup(self, keys: list[tuple]) -> list:
+        """Per key (messages, tools) as Python objects, or None when the run has no such
+        prompt; tools are None when the prompt has none ("[]" is none)."""
+        frame = self.frame(keys)
+        if frame is None:
+            return [None] * len(keys)
+        out = []
+        for ok, messages, tools in frame.select("found", "messages", "tools").iter_rows():
+            if not ok:
+                out.append(None)
+                continue
+            tools = orjson.loads(tools) if tools else None
+            out.append((messages, tools or None))
+        return out
+
+    def get(self, dataset: str, prompt_id: str):
+        """(messages, tools) of the prompt, or None when the run has no such prompt."""
+        return self.lookup([(dataset, prompt_id)])[0]
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
 
 
-def _prompt_rows(path: Path):
-    """(dataset, prompt_id, messages JSON, tools JSON) of prompts.parquet, a batch at a time."""
-    import polars as pl
-    import pyarrow.parquet as pq
-
-    f = pq.ParquetFile(path)
-    names = f.schema_arrow.names
-    cols = ["dataset", "prompt_id", "messages"] + (["tools"] if "tools" in names else [])
-    for batch in f.iter_batches(batch_size=20_000, columns=cols):
-        frame = pl.from_arrow(batch)
-        tools = pl.col("tools") if "tools" in cols else pl.lit(None, pl.String)
-        frame = frame.select(
-            "dataset", "prompt_id",
-            pl.col("messages").list.eval(pl.element().struct.json_encode()).list.join(","),
-            tools.alias("tools"),
-        )  # fmt: skip
-        yield [(d, i, f"[{m}]", t) for d, i, m, t in frame.iter_rows()]
-
-
 def _with_prompts(chunk: list[tuple], prompts: PromptStore, problems: list) -> list[tuple]:
     """Fill each row's messages and tools from the prompt store (lines that hold their own
     keep them); rows whose prompt is nowhere are skipped and reported."""
+    need = [(row["dataset"], row["prompt_id"]) for _, _, row in chunk if "messages" not in row]
+    found = iter(prompts.lookup(need))
     out = []
     for path, n, row in chunk:
         if "messages" not in row:
-            found = prompts.get(row["dataset"], row["prompt_id"])
-            if found is None:
+            got = next(found)
+            if got is None:
                 problems += corrupt_entries(path, [(n, "prompt_id not in prompts.parquet")])
                 continue
-            row["messages"] = _as_sent(found[0], row.get("turns"))
+            row["messages"] = _as_sent(got[0], row.get("turns"))
             if "tools" not in row:
-                row["tools"] = found[1]
+                row["tools"] = got[1]
         out.append((path, n, row))
     return out
+
+
+class _PromptColumns:
+    """record_batches' messages and tools for lines that do not hold their own: gathered
+    from the prompt store for a whole frame at once, the same values PromptStore.lookup
+    gives (messages as {role, content}; tools as compact JSON or null)."""
+
+    def __init__(self, store: PromptStore, columns: list[str]) -> None:
+        self.store, self.columns = store, columns
+
+    @staticmethod
+    def can_join(chunk: list[tuple]) -> bool:
+        """Rows that hold their own prompt or earlier turns (kit < 0.13, all_turns) take
+        the row-by-row path (_with_prompts, _as_sent)."""
+        return not any("messages" in r or "tools" in r or r.get("turns") for _, _, r in chunk)
+
+    def join(self, frame, problems: list):
+        """The frame with the prompt columns asked for; rows whose prompt the run lacks are
+        reported (by their _file, _line) and left out."""
+        import polars as pl
+
+        keys = list(zip(frame["dataset"].to_list(), frame["prompt_id"].to_list(), strict=True))
+        got = self.store.frame(keys)
+        found = got["found"] if got is not None else pl.Series([False] * frame.height)
+        for stem, n in frame.filter(~found).select("_file", "_line").iter_rows():
+            problems += corrupt_entries(Path("records") / f"{stem}.jsonl", [(n, "prompt_id not in prompts.parquet")])  # fmt: skip
+        if got is None:
+            return frame.clear()
+        frame, got = frame.filter(found), got.filter(found)
+        out = {}
+        if "messages" in self.columns:
+            e = pl.element().struct
+            msg = pl.struct(e.field("role").cast(pl.String), e.field("content").cast(pl.String))
+            out["messages"] = got["messages"].list.eval(msg).cast(record_schema()["messages"])
+        if "tools" in self.columns:
+            parsed = [(orjson.loads(t) if t else None) or None for t in got["tools"]]
+            out["tools"] = pl.Series([orjson.dumps(t).decode() if t is not None else None for t in parsed], dtype=pl.String)  # fmt: skip
+        return frame.with_columns(**out)
 
 
 def _as_sent(messages: list[dict], turns) -> list[dict]:

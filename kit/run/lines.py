@@ -134,30 +134,27 @@ _OPTIONAL_TYPES = {  # field -> accepted types besides None (a record line's oth
 }  # fmt: skip
 
 
-_STR_OR_NONE = (str, type(None))
-_NUM_OR_NONE = (int, float, type(None))
-_FAST_OPTIONAL = tuple(  # (field, accepted types with None) of the optional fields
-    (k, (*v, type(None))) for k, v in {
-        "count_source": (str,), "prompt_tokens": (int,), "output_ids": (list,),
-        "prompt_ids": (list,), "endpoint": (str,), "latency_s": (int, float), "attempts": (int,),
-        "reasoning": (str,), "tools": (list,), "turns": (list,),
-    }.items()
-)  # fmt: skip
+_S, _I, _N, _L = (str, type(None)), (int, type(None)), (int, float, type(None)), (list, type(None))
 
 
 def _whole_record(row) -> bool:
     """The common case, checked fast: a line RunStore wrote (no messages: prompts.parquet
-    holds them). Anything else goes through the checks that name the problem."""
+    holds them), the checks of record_problem written out (no loop: this runs on every
+    line). Anything else goes through the checks that name the problem."""
     get = row.get if type(row) is dict else None
     if get is None or "messages" in row:
         return False
-    sample, count = get("sample"), get("completion_tokens")
+    sample, count, t = get("sample"), get("completion_tokens"), type(get("t_done"))
     return (
         type(get("dataset")) is str and type(get("prompt_id")) is str
         and type(sample) is int and type(count) is int and sample >= 0 and 0 <= count < 1 << 63
-        and type(get("completion")) is str and type(get("finish_reason")) in _STR_OR_NONE
-        and type(get("t_done")) in _NUM_OR_NONE and type(get("t_done")) is not bool
-        and all(type(get(k)) in types for k, types in _FAST_OPTIONAL)
+        and type(get("completion")) is str and type(get("finish_reason")) in _S
+        and t in _N and t is not bool
+        and type(get("count_source")) in _S and type(get("prompt_tokens")) in _I
+        and type(get("output_ids")) in _L and type(get("prompt_ids")) in _L
+        and type(get("endpoint")) in _S and type(get("latency_s")) in _N
+        and type(get("attempts")) in _I and type(get("reasoning")) in _S
+        and type(get("tools")) in _L and type(get("turns")) in _L
     )  # fmt: skip
 
 

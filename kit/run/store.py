@@ -62,6 +62,7 @@ from kit.run.lines import (  # noqa: F401 - corrupt_entries, describe_corrupt: r
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
 
 Key = tuple  # (dataset, prompt_id, sample)
+PROMPT_ROW_GROUP = 10_000  # rows per row group of prompts.parquet
 ProgressReader = _progress.ProgressReader  # re-exported: the readers live in kit/_progress.py
 progress = _progress.progress
 
@@ -223,7 +224,9 @@ class RunStore:
         write_atomic(cfg_path, json.dumps(doc, indent=2).encode())
         if prompts_frame is not None:
             tmp = self.run_dir / "prompts.parquet.tmp"
-            with_earlier_prompts(self.run_dir, prompts_frame).write_parquet(tmp)
+            # small row groups: a reader decodes 10K prompts at a time (PromptStore)
+            frame = with_earlier_prompts(self.run_dir, prompts_frame)
+            frame.write_parquet(tmp, row_group_size=PROMPT_ROW_GROUP)
             os.replace(tmp, self.run_dir / "prompts.parquet")
         self.repair()
 
