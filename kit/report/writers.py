@@ -45,13 +45,12 @@ class JsonlSink:
         self.write_rendered(data, [0, *ends])
 
     def write_rendered(self, data, offsets) -> None:
-        """Lines already rendered and encoded, each ending in a newline (bytes or a buffer,
-        e.g. kit.report.convo.specforge_lines' Arrow buffer); line i is
-        data[offsets[i]:offsets[i + 1]]. Written as they are."""
+        """Lines already rendered and encoded, each ending in a newline (kit.report.convo.
+        rendered); line i is data[offsets[i]:offsets[i + 1]]. Written as they are."""
         view = memoryview(data)
         sha = hashlib.sha256
         hashes = [sha(view[a : b - 1]).hexdigest()[:16] + "\n" for a, b in itertools.pairwise(offsets)]  # fmt: skip
-        self._f.write(view)
+        self._f.write(data)
         self._h.write("".join(hashes))
         self.rows += len(hashes)
 

@@ -343,7 +343,9 @@ def frame_rows(rows: list[tuple], schema: dict) -> tuple[object, list[dict]]:
     import polars as pl
 
     def build(part):
-        return pl.DataFrame({k: [_cell(r, k) for _, _, r in part] for k in schema}, schema=schema)
+        rows = [r for _, _, r in part]
+        data = {k: [_cell(r, k) for r in rows] if k in _JSON_COLUMNS else [r.get(k) for r in rows] for k in schema}  # fmt: skip
+        return pl.DataFrame(data, schema=schema)
 
     try:
         return build(rows), []

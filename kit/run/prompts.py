@@ -1,0 +1,291 @@
+"""The run's prompts, stored once per run (prompts.parquet) and looked up by (dataset, prompt_id).
+
+Record lines written since kit 0.13 hold no `messages` and no `tools`: PromptStore gives
+them back to every reader (kit.run.batches) without holding the prompts' text in memory,
+and PromptColumns joins them onto a whole batch of records at once. A record written by
+RunConfig.turns "all_turns" gets its prompt with the target's own earlier answers
+(Record.turns) in place of the dataset's assistant turns, as the runner sent it (_as_sent).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from array import array
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import orjson
+
+from kit.run.lines import corrupt_entries, record_schema
+
+
+class PromptStore:
+    """The run's prompts, looked up by (dataset, prompt_id) without holding their text:
+    copied once from prompts.parquet (a row group at a time) into a temporary file of one
+    JSON text per prompt (_entry, rendered by polars) kit removes when done; memory keeps
+    24 bytes per prompt (a sorted array of key hashes and where each entry lies), so a
+    million prompts cost ~24 MB, not their text. A lookup reads each entry with pread (no
+    mapping of the file: its pages never count as the process's memory) and polars decodes
+    them all at once. Every entry found has its key checked: a hash shared by two keys costs
+    a second look, never a wrong prompt. A key held twice gives its first copy.
+
+    Example:
+        with PromptStore(run_dir) as prompts:
+            prompts.get("alpaca", "9f2c...")  # -> (messages, tools) or None
+    """
+
+    def __init__(self, run_dir: Path | None, lazy: bool = False) -> None:
+        self.run_dir, self.lazy = run_dir, lazy  # lazy: copied at the first lookup
+        self._built = False
+        self._hashes = self._starts = self._sizes = self._tmp = self._fd = None
+        self._lock, self._error = threading.Lock(), None
+
+    def __enter__(self) -> PromptStore:
+        return self if self.lazy else self.open()
+
+    def open(self) -> PromptStore:
+        """Copy the prompts now (once; other threads wait); raises what the copy raised."""
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if not self._built:
+                try:
+                    self._open()
+                except Exception as e:
+                    self._error = e
+                    raise
+        return self
+
+    def prepare(self) -> None:
+        """open() for a background thread: a failure is kept for the next open() to raise."""
+        try:
+            self.open()
+        except Exception:  # noqa: S110 - raised again by open()
+            pass
+
+    def _open(self) -> None:
+        import numpy as np
+        import polars as pl
+        import pyarrow.parquet as pq
+
+        self._built = True
+        path = None if self.run_dir is None else Path(self.run_dir) / "prompts.parquet"
+        if path is None or not path.exists():
+            return
+        f = pq.ParquetFile(path)
+        names = f.schema_arrow.names
+        cols = ["dataset", "prompt_id", "messages"] + (["tools"] if "tools" in names else [])
+        self._tmp = tempfile.TemporaryDirectory(prefix="kit-prompts-")
+        blob = Path(self._tmp.name) / "prompts.jsonl"
+        hashes, sizes = array("q"), array("q")
+
+        def entries(group: int):  # decoded and rendered by two threads (polars, pyarrow)
+            table = pl.from_arrow(f.read_row_group(group, columns=cols))  # (iter_batches holds
+            text = table.select(_entry(tools="tools" in names)).to_series()  # all it has read)
+            arr = text.to_arrow(compat_level=pl.CompatLevel.oldest())  # one data buffer
+            return table["dataset"].to_list(), table["prompt_id"].to_list(), arr
+
+        with open(blob, "wb") as out, ThreadPoolExecutor(2, thread_name_prefix="kit-prompts") as pool:  # fmt: skip
+            ahead = [pool.submit(entries, g) for g in range(min(2, f.num_row_groups))]
+            for group in range(f.num_row_groups):  # in order; two row groups in flight
+                datasets, prompt_ids, arr = ahead.pop(0).result()
+                if group + 2 < f.num_row_groups:
+                    ahead.append(pool.submit(entries, group + 2))
+                hashes.extend(hash(k) for k in zip(datasets, prompt_ids, strict=True))
+                offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]  # fmt: skip
+                data = arr.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+                out.write(
+                    data.to_pybytes()
+                )  # write(2) straight from an Arrow buffer is ~10x slower
+                sizes.frombytes(np.diff(offsets).astype(np.int64).tobytes())
+        h = np.frombuffer(hashes, dtype=np.int64)
+        if not len(h):
+            return
+        order = np.argsort(h, kind="stable")  # equal hashes keep file order: first copy first
+        size = np.frombuffer(sizes, dtype=np.int64)
+        self._hashes, self._sizes = h[order], size[order]
+        self._starts = (np.cumsum(size) - size)[order]
+        self._fd = os.open(blob, os.O_RDONLY)
+
+    def _read(self, at) -> object:
+        """The entries at these places of the sorted arrays, decoded: dataset, prompt_id,
+        messages, tools."""
+        import polars as pl
+
+        fd, read = self._fd, os.pread
+        raw = [read(fd, n, start) for start, n in zip(self._starts[at].tolist(), self._sizes[at].tolist(), strict=True)]  # fmt: skip
+        kind = pl.Struct({"k": pl.List(pl.String), "m": record_schema()["messages"], "t": pl.String})  # fmt: skip
+        e = pl.Series(raw, dtype=pl.Binary).cast(pl.String).str.json_decode(kind).struct
+        return pl.DataFrame({
+            "dataset": e.field("k").list.get(0), "prompt_id": e.field("k").list.get(1),
+            "messages": e.field("m"), "tools": e.field("t"),
+        })  # fmt: skip
+
+    def frame(self, keys: list[tuple]):
+        """The prompts of these (dataset, prompt_id) keys as a polars frame in their order:
+        dataset, prompt_id, messages ({role, content}), tools (text as prompts.parquet
+        holds it), and `found` (False where the run has no such prompt)."""
+        import numpy as np
+        import polars as pl
+
+        if not self._built:
+            self.open()
+        n = len(keys)
+        if self._hashes is None or not n:
+            return None
+        hs = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=n)
+        at = np.minimum(self._hashes.searchsorted(hs), len(self._hashes) - 1)
+        taken = self._read(at)
+        datasets = pl.Series([k[0] for k in keys], dtype=pl.String)
+        prompt_ids = pl.Series([k[1] for k in keys], dtype=pl.String)
+        same = (taken["dataset"] == datasets) & (taken["prompt_id"] == prompt_ids)
+        found = same.fill_null(False).to_numpy().copy()
+        for i in np.flatnonzero(~found & (self._hashes[at] == hs)).tolist():
+            j = int(at[i]) + 1  # a hash shared with another key: look at the next ones
+            while j < len(self._hashes) and self._hashes[j] == hs[i]:
+                row = self._read([j])
+                if row.row(0)[:2] == keys[i]:
+                    taken = pl.concat([taken[:i], row, taken[i + 1 :]])
+                    found[i] = True
+                    break
+                j += 1
+        return taken.with_columns(found=pl.Series(found, dtype=pl.Boolean))
+
+    def lookup(self, keys: list[tuple]) -> list:
+        """Per key (messages, tools) as Python objects, or None when the run has no such
+        prompt; tools are None when the prompt has none ("[]" is none)."""
+        frame = self.frame(keys)
+        if frame is None:
+            return [None] * len(keys)
+        out = []
+        for ok, messages, tools in frame.select("found", "messages", "tools").iter_rows():
+            if not ok:
+                out.append(None)
+                continue
+            tools = orjson.loads(tools) if tools else None
+            out.append((messages, tools or None))
+        return out
+
+    def get(self, dataset: str, prompt_id: str):
+        """(messages, tools) of the prompt, or None when the run has no such prompt."""
+        return self.lookup([(dataset, prompt_id)])[0]
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def _entry(tools: bool):
+    """A prompt as one JSON text, the store's row: {"k": [dataset, prompt_id], "m": messages,
+    "t": tools text or null}: one read a prompt, one decode (polars) for a whole lookup."""
+    import polars as pl
+
+    t = pl.col("tools") if tools else pl.lit(None, pl.String)
+    key = pl.concat_list(pl.col("dataset"), pl.col("prompt_id"))
+    return pl.struct(key.alias("k"), pl.col("messages").alias("m"), t.alias("t")).struct.json_encode().alias("entry")  # fmt: skip
+
+
+def with_prompts(chunk: list[tuple], prompts: PromptStore, problems: list) -> list[tuple]:
+    """Fill each row's messages and tools from the prompt store (lines that hold their own
+    keep them); rows whose prompt is nowhere are skipped and reported."""
+    need = [(row["dataset"], row["prompt_id"]) for _, _, row in chunk if "messages" not in row]
+    found = iter(prompts.lookup(need))
+    out = []
+    for path, n, row in chunk:
+        if "messages" not in row:
+            got = next(found)
+            if got is None:
+                problems += corrupt_entries(path, [(n, "prompt_id not in prompts.parquet")])
+                continue
+            row["messages"] = _as_sent(got[0], row.get("turns"))
+            if "tools" not in row:
+                row["tools"] = got[1]
+        out.append((path, n, row))
+    return out
+
+
+class PromptColumns:
+    """record_batches' messages and tools for lines that do not hold their own: gathered
+    from the prompt store for a whole frame at once, the same values PromptStore.lookup
+    gives (messages as {role, content}; tools as compact JSON or null)."""
+
+    def __init__(self, store: PromptStore, columns: list[str]) -> None:
+        self.store, self.columns = store, columns
+
+    @staticmethod
+    def can_join(chunk: list[tuple]) -> bool:
+        """Rows that hold their own prompt or earlier turns (kit < 0.13, all_turns) take
+        the row-by-row path (with_prompts, _as_sent)."""
+        return not any("messages" in r or "tools" in r or r.get("turns") for _, _, r in chunk)
+
+    def join(self, frame, problems: list):
+        """The frame with the prompt columns asked for; rows whose prompt the run lacks are
+        reported (by their _file, _line) and left out."""
+        import polars as pl
+
+        keys = list(zip(frame["dataset"].to_list(), frame["prompt_id"].to_list(), strict=True))
+        got = self.store.frame(keys)
+        found = got["found"] if got is not None else pl.Series([False] * frame.height)
+        for stem, n in frame.filter(~found).select("_file", "_line").iter_rows():
+            problems += corrupt_entries(Path("records") / f"{stem}.jsonl", [(n, "prompt_id not in prompts.parquet")])  # fmt: skip
+        if got is None:
+            return frame.clear()
+        frame, got = frame.filter(found), got.filter(found)
+        out = {}
+        if "messages" in self.columns:
+            e = pl.element().struct
+            msg = pl.struct(e.field("role").cast(pl.String), e.field("content").cast(pl.String))
+            out["messages"] = got["messages"].list.eval(msg).cast(record_schema()["messages"])
+        if "tools" in self.columns:
+            parsed = [(orjson.loads(t) if t else None) or None for t in got["tools"]]
+            out["tools"] = pl.Series([orjson.dumps(t).decode() if t is not None else None for t in parsed], dtype=pl.String)  # fmt: skip
+        return frame.with_columns(**out)
+
+
+def _as_sent(messages: list[dict], turns) -> list[dict]:
+    """The prompt as the runner sent its last request: with all_turns (Record.turns), each
+    assistant message holds the target's own earlier answer, in order."""
+    if not turns and all(len(m) == 2 for m in messages):
+        return messages  # {role, content} as the prompt frame holds them
+    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    if not turns:
+        return messages
+    answers = iter(turns)
+    for m in messages:
+        if m["role"] == "assistant":
+            turn = next(answers, None)
+            if turn is None:
+                break
+            m["content"] = turn.get("content") or ""
+    return messages
+
+
+def with_earlier_prompts(run_dir: Path, frame):
+    """The prompt frame to store: this start's, plus the prompts an earlier start stored
+    that it lacks (a forced resume over other prompts): record lines name their prompt by
+    (dataset, prompt_id) and hold no copy of it, so no stored prompt is ever dropped."""
+    import polars as pl
+
+    path = run_dir / "prompts.parquet"
+    if not path.exists():
+        return frame
+    keys = ["dataset", "prompt_id"]
+    old = pl.scan_parquet(path).join(frame.lazy().select(keys), on=keys, how="anti").collect()
+    return pl.concat([frame, old], how="diagonal_relaxed") if old.height else frame
+
+
+def prompt_keys(run_dir: Path) -> set:
+    """(dataset, prompt_id) of every prompt in run_dir/prompts.parquet (empty without one)."""
+    import polars as pl
+
+    path = run_dir / "prompts.parquet"
+    if not path.exists():
+        return set()
+    frame = pl.read_parquet(path, columns=["dataset", "prompt_id"])
+    return set(frame.iter_rows())
