@@ -456,6 +456,7 @@ def measure(step: str, run_dir: Path, out: Path, args, url: str) -> dict:
     that figure is at least the parent's peak (this bench's, after writing a run dir)."""
     result = Path(args.workdir) / "step_result.json"
     result.unlink(missing_ok=True)
+    os.sync()  # the last step's writes go to disk first: they would throttle this one's
     log = open(Path(args.workdir) / f"step_{step}.log", "w")  # noqa: SIM115
     t_spawn = time.time()
     cmd = [sys.executable, __file__, "--step", step, "--run-dir", str(run_dir), "--out", str(out),

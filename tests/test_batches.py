@@ -9,6 +9,7 @@ in batches of 3 records as in one batch, and a live run's new lines are not half
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import orjson
@@ -221,7 +222,7 @@ def test_a_key_written_twice_is_exported_once_and_its_first_copy(tmp_path):
 def test_prompt_lookups_survive_hash_collisions(tmp_path, monkeypatch):
     """Every key hashed alike: each lookup still reads back its own prompt (entries hold
     their key), and a key prompts.parquet holds twice gives its first copy."""
-    from kit.run import batches
+    from kit.run import prompts as store_mod
 
     _stored_run(tmp_path)
     prompts = pl.read_parquet(tmp_path / "prompts.parquet")
@@ -231,9 +232,76 @@ def test_prompt_lookups_survive_hash_collisions(tmp_path, monkeypatch):
         )  # fmt: skip
     )
     pl.concat([prompts, twice]).write_parquet(tmp_path / "prompts.parquet")
-    monkeypatch.setattr(batches, "hash", lambda key: 7, raising=False)
-    with batches.PromptStore(tmp_path) as store:
+    monkeypatch.setattr(store_mod, "hash", lambda key: 7, raising=False)
+    with store_mod.PromptStore(tmp_path) as store:
         for row in prompts.to_dicts():
             messages, _ = store.get(row["dataset"], row["prompt_id"])
             assert messages == row["messages"]
         assert store.get("chat", "no such prompt") is None
+
+
+def test_export_without_token_rows_writes_what_the_row_by_row_path_writes(tmp_path, monkeypatch, model_dir):  # fmt: skip
+    """Without token_ids the writing pass reads polars frames and renders the SpecForge lines
+    in polars (kit.report.convo.specforge_lines); with token_ids it goes row by row through
+    json.dumps. Both write the same bytes, in any batch size, for short and old lines
+    (reasoning, tools, all_turns answers, copies, every option)."""
+    records = _stored_run(tmp_path / "short")
+    _planted_run(tmp_path / "old", records)
+    for k, opts in enumerate(OPTIONS):
+        for run in ("short", "old"):
+            outs = []
+            for formats, batch in [(("specforge", "token_ids"), 10_000), (("specforge",), 10_000), (("specforge", "parquet"), 3)]:  # fmt: skip
+                monkeypatch.setattr(export_mod, "BATCH", batch)
+                out = tmp_path / f"out{k}-{run}-{len(formats)}-{batch}"
+                result = export(tmp_path / run, out, formats=formats, tokenizer=model_dir, **opts)
+                assert validate(out).ok and not result.dropped.get("template_mismatch")
+                sf = {n: b for n, b in _files(out).items() if "specforge" in n}
+                outs.append((sf, result.counts, {w: n for w, n in result.dropped.items() if w != "template_mismatch"}))  # fmt: skip
+            assert outs[0] == outs[1] == outs[2], (opts, run)
+            assert sum(c["records"] for c in outs[0][1].values()) > 0
+
+
+def test_specforge_lines_are_json_dumps_byte_for_byte():
+    """The polars rendering against json.dumps(row, ensure_ascii=False) on the strings that
+    tell escapers apart: every control character, quotes, backslashes, slashes, U+2028,
+    non-BMP characters, empty texts, no prompt messages, reasoning or none, tools."""
+    from kit.report.convo import conversation, rendered, row_id, specforge_lines
+
+    odd = "".join(chr(c) for c in range(0x20)) + '"\\/\x7f\u2028\u00e9\U0001f600 \\n'
+    rows = [
+        {"dataset": "d", "prompt_id": "p0", "sample": 0, "completion": odd, "reasoning": odd,
+         "messages": [{"role": "system", "content": odd}, {"role": "user", "content": ""}]},
+        {"dataset": "d/é", "prompt_id": 'p"1', "sample": 3, "completion": "", "reasoning": "",
+         "messages": []},
+        {"dataset": "d", "prompt_id": "p2", "sample": 1, "completion": "ok", "reasoning": None,
+         "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": odd}]},
+    ]  # fmt: skip
+    tools = [json.dumps(TOOLS, ensure_ascii=False), None, json.dumps([{"x": 1.5e-05, "é": odd}], ensure_ascii=False)]  # fmt: skip
+    frame = pl.DataFrame(rows)
+    want = []
+    for r, t in zip(rows, tools, strict=True):
+        row = {"id": row_id(r), "conversations": conversation(r["messages"], r["completion"], r["reasoning"])}  # fmt: skip
+        if t:
+            row["tools"] = json.loads(t)
+        want.append(json.dumps(row, ensure_ascii=False) + "\n")
+    data, offsets = rendered(specforge_lines(frame, pl.Series(tools, dtype=pl.String)))
+    assert data == "".join(want).encode()
+    assert offsets == [0, *itertools.accumulate(len(w.encode()) for w in want)]
+
+
+def test_the_prompt_store_without_a_tools_column_and_with_empty_tools(tmp_path):
+    """prompts.parquet of a run without tools has no tools column; "[]" is no tools."""
+    from kit.run.prompts import PromptStore
+
+    msg = [{"role": "user", "content": "q"}]
+    pl.DataFrame({"dataset": ["a", "a"], "prompt_id": ["1", "2"], "messages": [msg, msg]}).write_parquet(tmp_path / "prompts.parquet")  # fmt: skip
+    with PromptStore(tmp_path) as store:
+        assert store.get("a", "2") == (msg, None) and store.get("b", "1") is None
+    tools = ["[]", json.dumps(TOOLS)]
+    pl.DataFrame({"dataset": ["a", "a"], "prompt_id": ["1", "2"], "messages": [msg, msg], "tools": tools}).write_parquet(tmp_path / "prompts.parquet")  # fmt: skip
+    with PromptStore(tmp_path) as store:
+        assert store.lookup([("a", "1"), ("a", "2"), ("a", "3")]) == [
+            (msg, None),
+            (msg, TOOLS),
+            None,
+        ]
