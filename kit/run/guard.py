@@ -135,12 +135,13 @@ def apply(frame, config, run_dir, done) -> Skips:
         return {}
     max_tokens, n = config.sampling.max_tokens, config.sampling.n
     check(limit, config.tokenizer, max_tokens)
-    columns = [c for c in ("dataset", "prompt_id", "messages", "tools") if c in frame.columns]
-    unique = frame.select(columns).unique(
-        subset=["dataset", "prompt_id"], keep="first", maintain_order=True
-    )
+    from kit.run.prompts import prompt_text
+
     found: dict[tuple, int] = {}
-    for (name,), part in unique.group_by("dataset", maintain_order=True):
+    for name in frame["dataset"].unique(maintain_order=True).to_list():
+        part = prompt_text(frame, run_dir, name)  # a resume reads one dataset's text at a time
+        columns = [c for c in ("dataset", "prompt_id", "messages", "tools") if c in part.columns]
+        part = part.select(columns).unique(subset=["prompt_id"], keep="first", maintain_order=True)
         kwargs = config.sampling_for(name).chat_template_kwargs
         key = cache.key(part, config.chat_template_hash, limit, max_tokens, kwargs)
         hit = cache.get(name, key)

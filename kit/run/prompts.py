@@ -289,3 +289,47 @@ def prompt_keys(run_dir: Path) -> set:
         return set()
     frame = pl.read_parquet(path, columns=["dataset", "prompt_id"])
     return set(frame.iter_rows())
+
+
+TEXT_COLUMNS = ("messages", "tools")  # the bulk of a prompt frame: read only where needed
+
+
+def light_prompts(run_dir: Path):
+    """run_dir/prompts.parquet without its text columns (a resume needs the keys of every
+    prompt, the text of those with work left only: prompt_text)."""
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    path = Path(run_dir) / "prompts.parquet"
+    names = pq.ParquetFile(path).schema_arrow.names
+    return pl.read_parquet(path, columns=[c for c in names if c not in TEXT_COLUMNS])
+
+
+def prompt_text(frame, run_dir: Path, dataset: str, ids=None):
+    """`frame`'s rows of `dataset` (only those of prompt ids `ids`, when given) with their
+    messages and tools: from the frame when it holds them, else read from
+    run_dir/prompts.parquet for that dataset and those ids only (its row groups one at a
+    time), joined in the frame's row order."""
+    import polars as pl
+
+    part = frame.filter(pl.col("dataset") == dataset)
+    if ids is not None:
+        part = part.filter(pl.col("prompt_id").is_in(pl.Series(list(ids), dtype=pl.String).implode()))  # fmt: skip
+    if "messages" in frame.columns:
+        return part
+    path = Path(run_dir) / "prompts.parquet"
+    names = pl.read_parquet_schema(path)
+    cols = ["prompt_id", *[c for c in TEXT_COLUMNS if c in names]]
+    wanted = part["prompt_id"].unique().implode()
+    text = (
+        pl.scan_parquet(path)
+        .filter((pl.col("dataset") == dataset) & pl.col("prompt_id").is_in(wanted))
+        .select(cols)
+        .collect()
+    )
+    rows = part.with_row_index("_row")  # a key held twice: the frame's copies pair in order
+    rank = pl.int_range(pl.len()).over("prompt_id")
+    rows = rows.with_columns(_k=rank)
+    text = text.with_columns(_k=rank)
+    out = rows.join(text, on=["prompt_id", "_k"], how="left").sort("_row")
+    return out.drop("_row", "_k")

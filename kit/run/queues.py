@@ -15,6 +15,7 @@ from pathlib import Path
 
 import orjson
 
+from kit.run.prompts import light_prompts, prompt_text
 from kit.run.store import read_config
 from kit.types import DatasetProgress, RunConfig
 
@@ -99,7 +100,7 @@ def _prompt_frame(prompts, run_dir):
         path = Path(run_dir) / "prompts.parquet"
         if not path.exists():
             raise ValueError(f"prompts=None but {path} does not exist: pass the prompt frame")
-        return pl.read_parquet(path)
+        return light_prompts(run_dir)  # the text of prompts with work left is read later
     frame = getattr(prompts, "frame", prompts)
     if not isinstance(frame, pl.DataFrame):
         raise ValueError(
@@ -136,7 +137,7 @@ def _permutation(size: int, dataset: str, seed: int) -> list[int]:
     return order
 
 
-def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict) -> dict[str, _Dataset]:
+def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None) -> dict[str, _Dataset]:  # fmt: skip
     """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals.
 
     `done`: the records already written, as RunStore.scan_frame()'s frame (one row per key)
@@ -166,7 +167,9 @@ def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict) -> dict
             left = order if gone is None else order.filter(~order.is_in(gone.implode()))
             todo += [(pid, s) for pid in left.to_list()]
         wanted = list(dict.fromkeys(pid for pid, _ in todo))
-        if len(wanted) < len(ids):  # messages and tools of the prompts still to send only
+        if "messages" not in part.columns:  # a resume: text of the prompts still to send only
+            part = prompt_text(frame, run_dir, name, wanted)
+        elif len(wanted) < len(ids):  # messages and tools of the prompts still to send only
             part = part.filter(pl.col("prompt_id").is_in(wanted))
         part = part.unique(subset="prompt_id", keep="first")
         messages = dict(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))

@@ -70,7 +70,7 @@ class _Runner:
             done = store.scan_frame()  # no Python object per record (None: absurd counts)
             done = store.scan() if done is None else done
             skips = _guard.apply(frame, config, run_dir, done)  # too long for the context
-            self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips)
+            self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips, run_dir)
         except BaseException:
             store.close()
             raise
