@@ -192,20 +192,18 @@ def export(
     config = read_config(run_dir)
     tok = _tokenizer(tokenizer, config, opts)
     upto, corrupt = file_sizes(run_dir), []  # both passes read the same bytes of a live run
-    fast = "token_ids" not in opts.formats
-    store = PromptStore(run_dir, lazy=True) if fast else None
-    building = threading.Thread(target=store.prepare, daemon=True) if fast else None
-    if building is not None:  # the prompt store is built while the first pass reads
-        building.start()
-    try:
-        return _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store, building)
-    finally:
-        if building is not None:
-            building.join()
-            store.__exit__(None, None, None)
+    if "token_ids" in opts.formats:  # the row-by-row path: no prompt store to build
+        return _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, None)
+    with PromptStore(run_dir, lazy=True) as store:
+        building = threading.Thread(target=store.prepare, daemon=True)
+        building.start()  # the prompt store is built while the first pass reads
+        try:
+            return _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store)
+        finally:
+            building.join()  # before the store's temporary file goes
 
 
-def _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store, building) -> ExportResult:  # fmt: skip
+def _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store) -> ExportResult:
     light = light_frame(run_dir, opts, corrupt, upto)
     kept, dropped = select(light, config.budgets, opts)
     kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
@@ -214,8 +212,7 @@ def _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store, bu
     if store is None:
         written = _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped)
     else:
-        building.join()
-        store.open()  # raises what the build raised, if it failed
+        store.open()  # waits for the build; raises what it raised, if it failed
         written = _write_frames(run_dir, out_dir, kept, opts, upto, files, corrupt, store)
     notes = [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
     manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files)  # fmt: skip
@@ -337,6 +334,19 @@ def _write_frames(run_dir, out_dir, kept, opts, upto, files, corrupt, store) -> 
     return done
 
 
+def _kept_rows(batch: list[tuple], want) -> list[tuple]:
+    """(row, split) of the batch's records the first pass kept, picked by (file, line) as
+    _write_frames picks them, in the batch's order."""
+    import polars as pl
+
+    where = pl.DataFrame(
+        {"_file": [path.stem for path, _, _ in batch], "_line": [n for _, n, _ in batch]},
+        schema={"_file": pl.String, "_line": pl.Int64},
+    ).with_row_index("_i")
+    found = where.join(want, on=["_file", "_line"], how="inner", maintain_order="left")
+    return [(batch[i][2], s) for i, s in found.select("_i", "split").iter_rows()]
+
+
 def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _Written:
     """Pass 2: read the records again in the same order, a batch at a time, and write the
     kept ones to their split's files; token rows the template cannot split are dropped
@@ -349,23 +359,17 @@ def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _
         dropped["template_mismatch"] = 0
     columns = _columns(kept, opts)
     splits = {"train": Split(out_dir, "train", opts, columns["train"])}
-    want = kept.select("_pos", "split")
-    pos, cursor = 0, 0
-    positions = want["_pos"]
+    want = kept.select("_file", "_line", "split")
     kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
     size = min(BATCH, TOKEN_BATCH) if "token_ids" in opts.formats else BATCH
-    rows_of = record_rows(run_dir, order="t_done", upto=upto, batch_size=size, dedupe=False)
+    rows_of = record_rows(
+        run_dir, order="t_done", upto=upto, batch_size=size, dedupe=False, located=True
+    )
     for batch in rows_of:  # the same lines as the first pass read, in its order
-        end = pos + len(batch)
-        stop = int(positions.search_sorted(end, side="left"))
-        sel = want.slice(cursor, stop - cursor)
-        cursor = stop
         rows = []
-        for p, s in sel.iter_rows():
-            row = batch[p - pos]
+        for row, s in _kept_rows(batch, want):
             row["split"] = s
             rows.append(row)
-        pos = end
         if not rows:
             continue
         tok_rows = {}

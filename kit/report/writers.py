@@ -40,9 +40,8 @@ class JsonlSink:
 
     def write_lines(self, lines: list[str]) -> None:
         """Rows already rendered as JSON text."""
-        data = "".join(x + "\n" for x in lines).encode()
-        ends = list(itertools.accumulate(len(x.encode()) + 1 for x in lines))
-        self.write_rendered(data, [0, *ends])
+        encoded = [x.encode() + b"\n" for x in lines]
+        self.write_rendered(b"".join(encoded), [0, *itertools.accumulate(map(len, encoded))])
 
     def write_rendered(self, data, offsets) -> None:
         """Lines already rendered and encoded, each ending in a newline (kit.report.convo.
@@ -100,8 +99,8 @@ def write_hf(out_dir: Path, split: str, parquet: Path, files: dict) -> None:
     import polars as pl
 
     target = out_dir / "hf" / split
-    table = pl.read_parquet(parquet)
-    datasets.Dataset.from_dict(table.to_dict(as_series=False)).save_to_disk(str(target))
+    frame = pl.read_parquet(parquet)
+    datasets.Dataset.from_dict(frame.to_dict(as_series=False)).save_to_disk(str(target))
     for p in sorted(target.rglob("*")):
         if p.is_file():
             files[str(p.relative_to(out_dir))] = file_entry(p, None)
@@ -143,6 +142,11 @@ class Split:
         if self.parquet is not None:
             self.parquet.write(table(rows, ids, convs, tok_rows, self.columns))
 
+    def _table(self, rows: list[dict]) -> None:
+        ids = [row_id(r) for r in rows]
+        convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
+        self.parquet.write(table(rows, ids, convs, {}, self.columns))
+
     def write_frame(self, frame) -> None:
         """write() for a records frame: SpecForge lines rendered by polars; the tables from
         its rows (no token rows: this path has none)."""
@@ -155,10 +159,7 @@ class Split:
             lines = specforge_lines(frame, pl.Series(tools, dtype=pl.String))
             self.jsonl["specforge"].write_rendered(*rendered(lines))
         if self.parquet is not None:
-            rows = frame.to_dicts()
-            ids = [row_id(r) for r in rows]
-            convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
-            self.parquet.write(table(rows, ids, convs, {}, self.columns))
+            self._table(frame.to_dicts())
 
     def close(self, files: dict) -> None:
         for sink in self.jsonl.values():
@@ -188,7 +189,7 @@ def table(rows, ids, convs, tok_rows, columns: dict):
     if columns["reasoning"]:
         fields["reasoning_content"] = pl.String
     msg = pl.List(pl.Struct(fields))
-    table = pl.DataFrame(
+    out = pl.DataFrame(
         {"id": ids, "conversations": convs}, schema={"id": pl.String, "conversations": msg}
     ).with_columns(
         pl.DataFrame(
@@ -199,11 +200,11 @@ def table(rows, ids, convs, tok_rows, columns: dict):
     if columns["tools"]:
         tools = [tools_of(r) for r in rows]
         text = [json.dumps(t, ensure_ascii=False) if t else None for t in tools]
-        table = table.with_columns(tools=pl.Series(text, dtype=pl.String))
+        out = out.with_columns(tools=pl.Series(text, dtype=pl.String))
     if columns["token_ids"]:
-        table = table.with_columns(
+        out = out.with_columns(
             input_ids=pl.Series([tok_rows[i]["input_ids"] for i in ids], dtype=pl.List(pl.Int64)),
             loss_mask=pl.Series([tok_rows[i]["loss_mask"] for i in ids], dtype=pl.List(pl.Int8)),
             ids_source=pl.Series([tok_rows[i]["ids_source"] for i in ids], dtype=pl.String),
         )
-    return table
+    return out

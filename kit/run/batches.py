@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kit.run.lines import (
+    PROMPT_FIELDS,
     corrupt_entries,
     parse_line,
     record_files,
@@ -45,7 +46,6 @@ from kit.run.prompts import (  # noqa: F401 - PromptStore, with_earlier_prompts,
     with_prompts,
 )
 
-PROMPT_COLUMNS = ("messages", "tools")
 _READ = 1 << 20  # bytes read from a records file at once (one piece per file is held)
 
 
@@ -92,13 +92,13 @@ def record_batches(
     if unknown:
         raise ValueError(f"unknown record columns {sorted(unknown)}; have {list(schema)}")
     problems = [] if corrupt is None else corrupt
-    wanted = [c for c in cols if c in PROMPT_COLUMNS]
+    wanted = [c for c in cols if c in PROMPT_FIELDS]
     own = {c: schema[c] for c in dict.fromkeys(["dataset", "prompt_id", *cols]) if c not in wanted}
     where = {"_file": pl.String, "_line": pl.Int64}  # kept when located, else dropped
     own |= where
     cols += list(where) if located else []
-    own_store = PromptStore(run_dir if wanted else None, lazy=True) if store is None else None
-    with contextlib.nullcontext(store) if store is not None else own_store as store:
+    made = PromptStore(run_dir if wanted else None, lazy=True) if store is None else None
+    with made or contextlib.nullcontext(store) as store:
         joined = PromptColumns(store, wanted) if wanted else None
         for chunk in record_rows(
             run_dir, datasets=datasets, batch_size=batch_size, corrupt=problems, order=order,

@@ -149,7 +149,7 @@ def _whole_record(row) -> bool:
         type(get("dataset")) is str and type(get("prompt_id")) is str
         and type(sample) is int and type(count) is int and sample >= 0 and 0 <= count < 1 << 63
         and type(get("completion")) is str and type(get("finish_reason")) in _S
-        and t in _N and t is not bool
+        and t in _N
         and type(get("count_source")) in _S and type(get("prompt_tokens")) in _I
         and type(get("output_ids")) in _L and type(get("prompt_ids")) in _L
         and type(get("endpoint")) in _S and type(get("latency_s")) in _N

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from kit.run.lines import corrupt_entries, record_schema
+from kit.run.lines import PROMPT_FIELDS, corrupt_entries, record_schema
 
 
 class PromptStore:
@@ -96,9 +96,7 @@ class PromptStore:
                 hashes.extend(hash(k) for k in zip(datasets, prompt_ids, strict=True))
                 offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]  # fmt: skip
                 data = arr.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-                out.write(
-                    data.to_pybytes()
-                )  # write(2) straight from an Arrow buffer is ~10x slower
+                out.write(data.to_pybytes())  # bytes: write(2) from an Arrow buffer is ~10x slower
                 sizes.frombytes(np.diff(offsets).astype(np.int64).tobytes())
         h = np.frombuffer(hashes, dtype=np.int64)
         if not len(h):
@@ -161,11 +159,7 @@ class PromptStore:
             return [None] * len(keys)
         out = []
         for ok, messages, tools in frame.select("found", "messages", "tools").iter_rows():
-            if not ok:
-                out.append(None)
-                continue
-            tools = orjson.loads(tools) if tools else None
-            out.append((messages, tools or None))
+            out.append((messages, _tools(tools)) if ok else None)
         return out
 
     def get(self, dataset: str, prompt_id: str):
@@ -179,6 +173,11 @@ class PromptStore:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+def _tools(text: str | None) -> list | None:
+    """A prompt's tools text as stored -> its tool definitions, None for none ("[]" is none)."""
+    return (orjson.loads(text) if text else None) or None
 
 
 def _entry(tools: bool):
@@ -238,13 +237,11 @@ class PromptColumns:
             return frame.clear()
         frame, got = frame.filter(found), got.filter(found)
         out = {}
-        if "messages" in self.columns:
-            e = pl.element().struct
-            msg = pl.struct(e.field("role").cast(pl.String), e.field("content").cast(pl.String))
-            out["messages"] = got["messages"].list.eval(msg).cast(record_schema()["messages"])
+        if "messages" in self.columns:  # decoded as {role, content} already (PromptStore._read)
+            out["messages"] = got["messages"]
         if "tools" in self.columns:
-            parsed = [(orjson.loads(t) if t else None) or None for t in got["tools"]]
-            out["tools"] = pl.Series([orjson.dumps(t).decode() if t is not None else None for t in parsed], dtype=pl.String)  # fmt: skip
+            tools = [_tools(t) for t in got["tools"]]
+            out["tools"] = pl.Series([orjson.dumps(t).decode() if t is not None else None for t in tools], dtype=pl.String)  # fmt: skip
         return frame.with_columns(**out)
 
 
@@ -291,18 +288,14 @@ def prompt_keys(run_dir: Path) -> set:
     return set(frame.iter_rows())
 
 
-TEXT_COLUMNS = ("messages", "tools")  # the bulk of a prompt frame: read only where needed
-
-
 def light_prompts(run_dir: Path):
-    """run_dir/prompts.parquet without its text columns (a resume needs the keys of every
-    prompt, the text of those with work left only: prompt_text)."""
+    """run_dir/prompts.parquet without its text columns (messages, tools): a resume needs
+    the keys of every prompt, the text of those with work left only (prompt_text)."""
     import polars as pl
-    import pyarrow.parquet as pq
 
     path = Path(run_dir) / "prompts.parquet"
-    names = pq.ParquetFile(path).schema_arrow.names
-    return pl.read_parquet(path, columns=[c for c in names if c not in TEXT_COLUMNS])
+    names = pl.read_parquet_schema(path)
+    return pl.read_parquet(path, columns=[c for c in names if c not in PROMPT_FIELDS])
 
 
 def prompt_text(frame, run_dir: Path, dataset: str, ids=None):
@@ -319,7 +312,7 @@ def prompt_text(frame, run_dir: Path, dataset: str, ids=None):
         return part
     path = Path(run_dir) / "prompts.parquet"
     names = pl.read_parquet_schema(path)
-    cols = ["prompt_id", *[c for c in TEXT_COLUMNS if c in names]]
+    cols = ["prompt_id", *[c for c in PROMPT_FIELDS if c in names]]
     wanted = part["prompt_id"].unique().implode()
     text = (
         pl.scan_parquet(path)

@@ -38,12 +38,7 @@ import orjson
 
 from kit.run import index as _index
 from kit.run import progress as _progress
-from kit.run.batches import (  # noqa: F401 - read_records, records_frame: re-exported
-    prompt_keys,
-    read_records,
-    records_frame,
-    with_earlier_prompts,
-)
+from kit.run.batches import read_records, records_frame  # noqa: F401 - re-exported
 from kit.run.lines import (  # noqa: F401 - corrupt_entries, describe_corrupt: re-exported
     ERROR_FIELDS,
     LINE_ORDER,
@@ -59,6 +54,7 @@ from kit.run.lines import (  # noqa: F401 - corrupt_entries, describe_corrupt: r
     write_all,
     write_atomic,
 )
+from kit.run.prompts import prompt_keys, with_earlier_prompts
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
 
 Key = tuple  # (dataset, prompt_id, sample)
