@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import json
 
+import numpy as np
 import orjson
 import polars as pl
 import pytest
@@ -186,6 +187,48 @@ def test_export_reads_what_was_there_when_it_began(tmp_path, monkeypatch):
     assert read_records(tmp_path / "run")[0].height == 37  # the late line is there for next time
 
 
+def test_export_reports_a_record_whose_prompt_is_gone(tmp_path):
+    """The writing pass takes prompts from the store a batch at a time: a record whose
+    prompt is missing is left out and named (file, line) in the manifest, never guessed."""
+    _stored_run(tmp_path / "run")
+    path = tmp_path / "run" / "prompts.parquet"
+    pl.read_parquet(path).filter(pl.col("prompt_id") != "chat03").write_parquet(path)
+    result = export(tmp_path / "run", tmp_path / "out", formats=("specforge",), drop_errors=False)
+    lines = (tmp_path / "out/specforge/train.jsonl").read_text().splitlines()
+    assert len(lines) == 35 and not any('"chat-chat03-0"' in x for x in lines)
+    listed = result.manifest["corrupt_lines"]
+    assert result.corrupt == 1 and listed["lines"][0]["file"] == "records/chat.jsonl"
+    assert listed["lines"][0]["problem"] == "prompt_id not in prompts.parquet"
+    chat = (tmp_path / "run/records/chat.jsonl").read_text().splitlines()
+    assert '"prompt_id":"chat03"' in chat[listed["lines"][0]["line"] - 1]
+
+
+def test_a_file_cut_between_the_passes_loses_only_its_cut_lines(tmp_path, monkeypatch):
+    """The writing pass reads each kept line again by its byte range: lines no longer there
+    (a records file cut short after the first pass) are reported, the rest written whole."""
+    _stored_run(tmp_path / "run")
+    path = tmp_path / "run/records/chat.jsonl"
+    real = export_mod._write_frames
+
+    def cut(run_dir, *args, **kw):
+        data = path.read_bytes()
+        path.write_bytes(data[: data.rfind(b"\n", 0, len(data) - 1) + 1])  # its last line
+        return real(run_dir, *args, **kw)
+
+    monkeypatch.setattr(export_mod, "_write_frames", cut)
+    n = len(path.read_bytes().splitlines())
+    result = export(tmp_path / "run", tmp_path / "out", formats=("specforge",), drop_errors=False)
+    assert sum(c["records"] for c in result.counts.values()) == 35 and result.corrupt == 1
+    assert result.manifest["corrupt_lines"]["lines"] == [
+        {
+            "file": "records/chat.jsonl",
+            "line": n,
+            "problem": "the line is gone (the file is shorter than when the export began)",
+        }  # fmt: skip
+    ]
+    assert validate(tmp_path / "out").ok
+
+
 @pytest.mark.parametrize("batch_size", [1, 5, 100])
 def test_batches_are_bounded_and_complete(tmp_path, batch_size):
     _stored_run(tmp_path)
@@ -232,12 +275,19 @@ def test_prompt_lookups_survive_hash_collisions(tmp_path, monkeypatch):
         )  # fmt: skip
     )
     pl.concat([prompts, twice]).write_parquet(tmp_path / "prompts.parquet")
-    monkeypatch.setattr(store_mod, "hash", lambda key: 7, raising=False)
+    alike = lambda frame: np.full(frame.height, 7, dtype=np.uint64)  # noqa: E731
+    monkeypatch.setattr(store_mod, "_hashes", alike)
     with store_mod.PromptStore(tmp_path) as store:
         for row in prompts.to_dicts():
             messages, _ = store.get(row["dataset"], row["prompt_id"])
             assert messages == row["messages"]
         assert store.get("chat", "no such prompt") is None
+        keys = prompts.select("dataset", "prompt_id").reverse()
+        got = store.frame(keys, fragments=True)  # a whole batch, as export reads it
+        assert got["found"].all()
+        frags = got["_frag"].to_list()
+        for row, frag in zip(prompts.reverse().to_dicts(), frags, strict=True):
+            assert json.loads("[" + frag + "]") == row["messages"]
 
 
 def test_export_without_token_rows_writes_what_the_row_by_row_path_writes(tmp_path, monkeypatch, model_dir):  # fmt: skip

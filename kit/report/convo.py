@@ -127,42 +127,33 @@ def find_ids(haystack: list[int], needle: list[int], start: int, stop: int) -> i
     return None
 
 
-def _json(expr):
-    """A polars string expression as JSON text, exactly json.dumps(value, ensure_ascii=False)
-    (null -> "null"): polars' JSON writer escapes strings as Python's json does."""
-    import polars as pl
-
-    return pl.struct(expr.alias("v")).struct.json_encode().str.strip_prefix('{"v":').str.strip_suffix("}")  # fmt: skip
-
-
 def specforge_lines(frame, tools_json=None):
-    """The SpecForge JSONL lines of a records frame (dataset, prompt_id, sample, messages,
-    completion, reasoning), rendered by polars, each with its newline: exactly json.dumps(row,
-    ensure_ascii=False) of row = {"id": row_id, "conversations": conversation(...)} plus
-    "tools" when `tools_json` (a Series of json.dumps(tools, ensure_ascii=False), null
-    where none) has one.
+    """The SpecForge JSONL lines of a records frame (dataset, prompt_id, sample, completion,
+    reasoning, and messages or `_frag`: the messages already as SpecForge text, from
+    kit.run.prompts.PromptStore), rendered by polars, each with its newline: exactly
+    json.dumps(row, ensure_ascii=False) of row = {"id": row_id, "conversations":
+    conversation(...)} plus "tools" when `tools_json` (a Series of json.dumps(tools,
+    ensure_ascii=False), null where none) has one.
 
     Example: specforge_lines(frame)[0] -> '{"id": "alpaca-9f2c-0", "conversations": [...]}'
     """
     import polars as pl
 
-    c, e = pl.col, pl.element().struct
-    message = pl.concat_str(
-        pl.lit('{"role": '), _json(e.field("role")), pl.lit(', "content": '),
-        _json(e.field("content")), pl.lit("}"),
-    )  # fmt: skip
-    prompt = c("messages").list.eval(message).list.join(", ")
+    from kit.run.prompts import json_text, messages_text
+
+    c = pl.col
+    prompt = c("_frag") if "_frag" in frame.columns else messages_text()
     reasoning = pl.when(c("reasoning").fill_null("") != "")
     last = pl.concat_str(
-        pl.lit('{"role": "assistant", "content": '), _json(c("completion")),
-        reasoning.then(pl.concat_str(pl.lit(', "reasoning_content": '), _json(c("reasoning")))).otherwise(pl.lit("")),
+        pl.lit('{"role": "assistant", "content": '), json_text(c("completion")),
+        reasoning.then(pl.concat_str(pl.lit(', "reasoning_content": '), json_text(c("reasoning")))).otherwise(pl.lit("")),
         pl.lit("}"),
     )  # fmt: skip
     rid = pl.concat_str(c("dataset"), c("prompt_id"), c("sample").cast(pl.String), separator="-")
-    sep = pl.when(prompt.fill_null("") != "").then(pl.lit(", ")).otherwise(pl.lit(""))
+    sep = pl.when(prompt != "").then(pl.lit(", ")).otherwise(pl.lit(""))
     tools = pl.lit(None, pl.String) if tools_json is None else pl.lit(tools_json)
     line = pl.concat_str(
-        pl.lit('{"id": '), _json(rid), pl.lit(', "conversations": ['), prompt.fill_null(""), sep,
+        pl.lit('{"id": '), json_text(rid), pl.lit(', "conversations": ['), prompt, sep,
         last, pl.lit("]"),
         pl.when(tools.is_not_null()).then(pl.concat_str(pl.lit(', "tools": '), tools)).otherwise(pl.lit("")),
         pl.lit("}\n"),

@@ -213,7 +213,7 @@ def _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store) ->
         written = _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped)
     else:
         store.open()  # waits for the build; raises what it raised, if it failed
-        written = _write_frames(run_dir, out_dir, kept, opts, upto, files, corrupt, store)
+        written = _write_frames(run_dir, out_dir, kept, opts, files, corrupt, store)
     notes = [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
     manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files)  # fmt: skip
     manifest |= {"corrupt_lines": {"count": len(corrupt), "lines": corrupt[:100]}, "notes": notes}
@@ -253,9 +253,13 @@ class _Written:
         """add() for every row of a records frame (dataset, completion_tokens, messages)."""
         import polars as pl
 
-        held = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")
+        if "_held" in frame.columns:  # kit.run.batches.read_spans: the prompt store says
+            held = pl.col("_held")
+        else:
+            is_assistant = pl.element().struct.field("role") == "assistant"
+            held = pl.col("messages").list.eval(is_assistant).list.any()
         per = frame.group_by("dataset", maintain_order=True).agg(
-            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.list.any().sum()
+            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.sum()
         )
         for d, n, tokens, earlier in per.iter_rows():
             c = self.per.setdefault(d, {"records": 0, "tokens": 0, "train": 0, "validation": 0})  # fmt: skip
@@ -287,9 +291,10 @@ def _columns(kept, opts) -> dict:
     }
 
 
-def _write_frames(run_dir, out_dir, kept, opts, upto, files, corrupt, store) -> _Written:
-    """Pass 2 without token rows: the records read again as polars frames in the same
-    order, the kept ones picked by (file, line), SpecForge lines rendered by polars
+def _write_frames(run_dir, out_dir, kept, opts, files, corrupt, store) -> _Written:
+    """Pass 2 without token rows: the kept records read again from where pass 1 found them
+    (kit.run.batches.read_spans: polars parses a batch of lines; the prompts come as
+    SpecForge text from the prompt store), SpecForge lines rendered by polars
     (kit.report.convo.specforge_lines: the same bytes as json.dumps of each row). A worker
     thread renders and writes one batch (polars and file writes, mostly outside the GIL)
     while the next is read."""
@@ -297,14 +302,12 @@ def _write_frames(run_dir, out_dir, kept, opts, upto, files, corrupt, store) -> 
 
     import polars as pl
 
-    from kit.run.batches import record_batches
+    from kit.run.batches import read_spans
 
     done, columns, problems = _Written(), _columns(kept, opts), []
     splits = {"train": Split(out_dir, "train", opts, columns["train"])}  # even when empty
-    want = kept.select("_file", "_line", "split")
 
-    def write(batch) -> None:
-        frame = batch.join(want, on=["_file", "_line"], how="inner", maintain_order="left")
+    def write(frame) -> None:
         for split in SPLITS:
             part = frame.filter(pl.col("split") == split)
             if not part.height:
@@ -314,10 +317,8 @@ def _write_frames(run_dir, out_dir, kept, opts, upto, files, corrupt, store) -> 
             splits[split].write_frame(part)
             done.add_frame(part, split)
 
-    frames = record_batches(
-        run_dir, order="t_done", upto=upto, batch_size=BATCH, columns=_FRAME_COLUMNS,
-        located=True, dedupe=False, corrupt=problems, store=store,
-    )  # fmt: skip
+    columns_read = [c for c in _FRAME_COLUMNS if c not in ("messages", "tools")]
+    frames = read_spans(run_dir, kept, columns_read, store, problems, batch_size=BATCH, carry=["split"])  # fmt: skip
     pending = None
     with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool:
         for batch in frames:  # the same lines as the first pass read, in its order
@@ -334,17 +335,21 @@ def _write_frames(run_dir, out_dir, kept, opts, upto, files, corrupt, store) -> 
     return done
 
 
-def _kept_rows(batch: list[tuple], want) -> list[tuple]:
-    """(row, split) of the batch's records the first pass kept, picked by (file, line) as
-    _write_frames picks them, in the batch's order."""
+def _kept_rows(batch: list[tuple], kept, at: int) -> tuple[list[tuple], int]:
+    """(row, split) of the batch's records the first pass kept, picked by (file, line), in
+    the batch's order, and where the next batch's search starts in `kept`. The batch reads
+    the lines pass 1 read, in its order, so its kept rows are the next ones of `kept`: only
+    kept[at : at + len(batch)] is searched (one batch, not the whole run, per batch)."""
     import polars as pl
 
     where = pl.DataFrame(
         {"_file": [path.stem for path, _, _ in batch], "_line": [n for _, n, _ in batch]},
         schema={"_file": pl.String, "_line": pl.Int64},
     ).with_row_index("_i")
-    found = where.join(want, on=["_file", "_line"], how="inner", maintain_order="left")
-    return [(batch[i][2], s) for i, s in found.select("_i", "split").iter_rows()]
+    window = kept.slice(at, len(batch)).select("_file", "_line", "split").with_row_index("_k")
+    found = where.join(window, on=["_file", "_line"], how="inner", maintain_order="left")
+    rows = [(batch[i][2], s) for i, s in found.select("_i", "split").iter_rows()]
+    return rows, at + (found["_k"].max() + 1 if found.height else 0)
 
 
 def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _Written:
@@ -359,7 +364,7 @@ def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _
         dropped["template_mismatch"] = 0
     columns = _columns(kept, opts)
     splits = {"train": Split(out_dir, "train", opts, columns["train"])}
-    want = kept.select("_file", "_line", "split")
+    at = 0  # where the next batch's kept rows start in `kept`
     kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
     size = min(BATCH, TOKEN_BATCH) if "token_ids" in opts.formats else BATCH
     rows_of = record_rows(
@@ -367,7 +372,8 @@ def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _
     )
     for batch in rows_of:  # the same lines as the first pass read, in its order
         rows = []
-        for row, s in _kept_rows(batch, want):
+        picked, at = _kept_rows(batch, kept, at)
+        for row, s in picked:
             row["split"] = s
             rows.append(row)
         if not rows:

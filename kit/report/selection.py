@@ -47,7 +47,8 @@ _LIGHT = ["dataset", "prompt_id", "sample", "finish_reason", "completion_tokens"
 def light_frame(run_dir, opts, corrupt: list, upto: dict):
     """Pass 1: every record's key, counts and what the options and the tables' columns need
     (has_reasoning, has_tools, duplicate flags with drop_duplicates), no text, in t_done
-    order, with `_pos` its place in that order."""
+    order, with `_pos` its place in that order and where its line is (_file, _line, _start,
+    _size, _plain: kit.run.batches.read_spans reads it again from there)."""
     import polars as pl
 
     from kit.run.batches import record_rows
@@ -56,13 +57,17 @@ def light_frame(run_dir, opts, corrupt: list, upto: dict):
     parts = []
     rows_of = record_rows(
         run_dir, corrupt=corrupt, order="t_done", upto=upto, prompts=False, dedupe=False,
-        located=True,
+        located=True, spans=True,
     )  # fmt: skip
+    stems: dict = {}  # path -> its stem (Path.stem per line costs more than the rest)
     for located in rows_of:
-        rows = [r for _, _, r in located]
+        rows = [item[2] for item in located]
         data = {c: [r.get(c) for r in rows] for c in _LIGHT}
-        data["_file"] = [path.stem for path, _, _ in located]  # where pass 2 finds it again
-        data["_line"] = [n for _, n, _ in located]
+        data["_file"] = [stems.get(p) or stems.setdefault(p, p.stem) for p, *_ in located]
+        data["_line"] = [item[1] for item in located]
+        data["_start"] = [item[3] for item in located]
+        data["_size"] = [item[4] for item in located]
+        data["_plain"] = [not ("messages" in r or "tools" in r or r.get("turns")) for r in rows]
         data["has_reasoning"] = [bool(r.get("reasoning")) for r in rows]
         data["has_tools"] = [bool(r.get("tools")) for r in rows]  # lines that hold their own
         b = pl.DataFrame(data, schema=schema)
@@ -104,7 +109,8 @@ def _light_schema() -> dict:
     from kit.run.lines import record_schema
 
     schema = {c: t for c, t in record_schema().items() if c in _LIGHT}
-    where = {"_file": pl.String, "_line": pl.Int64}
+    where = {"_file": pl.String, "_line": pl.Int64, "_start": pl.Int64, "_size": pl.Int64}
+    where |= {"_plain": pl.Boolean}  # no prompt or earlier turns of its own (read_spans)
     return schema | {"has_reasoning": pl.Boolean, "has_tools": pl.Boolean} | where
 
 

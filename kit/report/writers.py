@@ -149,16 +149,23 @@ class Split:
 
     def write_frame(self, frame) -> None:
         """write() for a records frame: SpecForge lines rendered by polars; the tables from
-        its rows (no token rows: this path has none)."""
+        its rows (no token rows: this path has none). The frame holds messages and tools,
+        or the prompts as SpecForge text (_frag, _tools_sf: kit.run.batches.read_spans)."""
         import polars as pl
 
         from kit.report.convo import rendered, specforge_lines
+        from kit.run.lines import record_schema
 
+        if "_frag" in frame.columns:
+            tools = frame["_tools_sf"]
+        else:
+            tools = pl.Series([json.dumps(t, ensure_ascii=False) if (t := parsed(x)) else None for x in frame["tools"]], dtype=pl.String)  # fmt: skip
         if "specforge" in self.jsonl:
-            tools = [json.dumps(t, ensure_ascii=False) if (t := parsed(x)) else None for x in frame["tools"]]  # fmt: skip
-            lines = specforge_lines(frame, pl.Series(tools, dtype=pl.String))
-            self.jsonl["specforge"].write_rendered(*rendered(lines))
+            self.jsonl["specforge"].write_rendered(*rendered(specforge_lines(frame, tools)))
         if self.parquet is not None:
+            if "_frag" in frame.columns:
+                msg = ("[" + pl.col("_frag") + "]").str.json_decode(record_schema()["messages"])
+                frame = frame.with_columns(messages=msg, tools=tools)
             self._table(frame.to_dicts())
 
     def close(self, files: dict) -> None:

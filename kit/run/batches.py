@@ -19,6 +19,12 @@ in `corrupt` (its conversation cannot be rebuilt).
 Order: "file" reads file by file (kit.run.lines.record_files order); "t_done" merges the
 files by t_done, ties in file order: the order a stable sort of all records by t_done gives
 when each file is in t_done order, as the runner appends them.
+
+A second pass over records a first pass found (export's writing pass) reads them by place:
+record_rows(spans=True) gives each line's byte offset and length, read_spans reads those
+byte ranges back a batch at a time, polars parses the lines (the first pass checked each
+one), and the prompts come from the store as SpecForge text. A batch it cannot read so
+goes line by line, as above.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,8 +91,6 @@ def record_batches(
     """
     import polars as pl
 
-    from kit.run.lines import frame_rows
-
     schema = record_schema()
     cols = list(schema) if columns is None else [c for c in schema if c in set(columns)]
     unknown = set(columns or ()) - set(schema)
@@ -106,16 +111,136 @@ def record_batches(
         ):  # fmt: skip
             for path, n, row in chunk:
                 row["_file"], row["_line"] = path.stem, n
-            if joined is not None and not joined.can_join(chunk):
-                frame, bad = frame_rows(with_prompts(chunk, store, problems), schema | where)
-            elif joined is not None:
-                frame, bad = frame_rows(chunk, own)
-                frame = joined.join(frame, problems)
-            else:
-                frame, bad = frame_rows(chunk, own)
-            problems += bad
+            frame = _chunk_frame(chunk, store, joined, own, schema | where, problems)
             if frame.height:
                 yield frame.select(cols)
+
+
+def _chunk_frame(chunk: list[tuple], store, joined, own: dict, full: dict, problems: list):
+    """[(path, line, row)] -> a frame: own columns, the prompt columns joined a batch at a
+    time (PromptColumns), or row by row (with_prompts) for lines that hold their own."""
+    from kit.run.lines import frame_rows
+
+    if joined is not None and not joined.can_join(chunk):
+        frame, bad = frame_rows(with_prompts(chunk, store, problems), full)
+    elif joined is not None:
+        frame, bad = frame_rows(chunk, own)
+        frame = joined.join(frame, problems)
+    else:
+        frame, bad = frame_rows(chunk, own)
+    problems += bad
+    return frame
+
+
+_GAP, _RUN = 1 << 20, 32 << 20  # lines this close share one pread, of at most this size
+
+
+def read_spans(run_dir, rows, columns, store: PromptStore, corrupt: list, batch_size=5_000, carry=()):  # fmt: skip
+    """Yield the records at these places as polars frames of at most batch_size rows, in
+    the order of `rows` (a frame from a first pass: _file, _line, _start, _size, _plain
+    and the key columns, from record_rows(spans=True)).
+
+    Each batch's lines are read by byte range (pread) and parsed by polars' JSON reader; the
+    prompts come from `store` as SpecForge text (`_frag`, `_tools_sf`, `_held`: see
+    PromptStore.frame). A batch that polars cannot parse, whose keys differ from `rows`, or
+    that holds lines with their own prompt or earlier turns (`_plain` false) is parsed line
+    by line as record_batches does (with messages and tools), and any line that is not a
+    record is listed in `corrupt` (a second pass over the same bytes finds what the first
+    did). `columns`: record columns besides the prompt's; _file, _line and the `carry`
+    columns of `rows` are added."""
+    import io
+
+    import polars as pl
+
+    schema = record_schema()
+    own = {c: schema[c] for c in dict.fromkeys(["dataset", "prompt_id", "sample", *columns])}
+    where = {"_file": pl.String, "_line": pl.Int64}
+    keys = ["dataset", "prompt_id", "sample"]
+    paths = record_files(Path(run_dir))
+    fds = {stem: os.open(p, os.O_RDONLY) for stem, p in paths.items()}
+    try:
+        for at in range(0, rows.height, batch_size):
+            part = rows.slice(at, batch_size)
+            lines = _gather(fds, part["_file"].to_list(), part["_start"].to_list(), part["_size"].to_list())  # fmt: skip
+            frame = None
+            if part["_plain"].all():
+                try:
+                    frame = pl.read_ndjson(io.BytesIO(b"\n".join(lines)), schema=own)
+                except pl.exceptions.PolarsError:
+                    frame = None
+                if frame is not None and (frame.height != part.height or not frame.select(keys).equals(part.select(keys))):  # fmt: skip
+                    frame = None
+            if frame is None:  # line by line, as record_batches reads them
+                frame = _parsed(lines, part, paths, store, own, schema | where, corrupt)
+                on = list(where)
+                frame = frame.join(part.select(*on, *carry), on=on, how="left", maintain_order="left")  # fmt: skip
+            else:
+                frame = frame.with_columns(part.select(*where, *carry))
+                frame = _with_fragments(frame, store, corrupt)
+            if frame.height:
+                yield frame
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _gather(fds: dict, files: list, starts: list, sizes: list) -> list[bytes]:
+    """The lines at these places, one pread per run of nearby lines of a file (b"" for a
+    line no longer there)."""
+    out: list[bytes] = [b""] * len(files)
+    by_file: dict[str, list[int]] = {}
+    for i, stem in enumerate(files):
+        by_file.setdefault(stem, []).append(i)
+    for stem, idx in by_file.items():
+        fd = fds.get(stem)
+        if fd is None:
+            continue
+        idx.sort(key=starts.__getitem__)
+        run = [idx[0]]
+        for i in idx[1:] + [None]:
+            lo, hi = starts[run[0]], starts[run[-1]] + sizes[run[-1]]
+            if i is not None and starts[i] - hi <= _GAP and starts[i] + sizes[i] - lo <= _RUN:
+                run.append(i)
+                continue
+            buf = os.pread(fd, hi - lo, lo)
+            for j in run:
+                a = starts[j] - lo
+                out[j] = buf[a : a + sizes[j]] if a + sizes[j] <= len(buf) else b""
+            run = [i]
+    return out
+
+
+def _parsed(lines, part, paths, store, own, full, corrupt) -> object:
+    """A batch of read_spans parsed line by line: the frame record_batches makes of it."""
+    chunk = []
+    for stem, n, line in zip(part["_file"].to_list(), part["_line"].to_list(), lines, strict=True):  # fmt: skip
+        path = paths.get(stem, Path("records") / f"{stem}.jsonl")
+        row, problem = parse_line(line, record_problem) if line else (None, "the line is gone (the file is shorter than when the export began)")  # fmt: skip
+        if problem:
+            corrupt += corrupt_entries(path, [(n, problem)])
+            continue
+        row["_file"], row["_line"] = stem, n
+        chunk.append((path, n, row))
+    wanted = list(PROMPT_FIELDS)
+    frame = _chunk_frame(chunk, store, PromptColumns(store, wanted), own | {"_file": full["_file"], "_line": full["_line"]}, full, corrupt)  # fmt: skip
+    return frame.select([*own, *wanted, "_file", "_line"])
+
+
+def _with_fragments(frame, store: PromptStore, corrupt: list):
+    """The frame with its prompts as SpecForge text (PromptStore.frame(fragments=True));
+    rows whose prompt the run lacks are reported and left out."""
+    import polars as pl
+
+    got = store.frame(frame.select("dataset", "prompt_id"), fragments=True)
+    if got is None:
+        got = pl.DataFrame({"found": [False] * frame.height})
+    for stem, n in frame.filter(~got["found"]).select("_file", "_line").iter_rows():
+        corrupt += corrupt_entries(Path("records") / f"{stem}.jsonl", [(n, "prompt_id not in prompts.parquet")])  # fmt: skip
+    if not got["found"].all():
+        frame, got = frame.filter(got["found"]), got.filter(got["found"])
+    if not frame.height:
+        return frame
+    return frame.with_columns(got.select("_frag", "_tools_sf", "_held"))
 
 
 def record_rows(
@@ -129,12 +254,15 @@ def record_rows(
     prompts: bool = True,
     located: bool = False,
     dedupe: bool = True,
+    spans: bool = False,
 ) -> Iterator[list]:
     """Yield the run's records as lists of row dicts (the JSON lines, with `messages` and
     `tools` filled from prompts.parquet when prompts=True); with located=True each item is
     (path, line number, row). Same arguments as record_batches, and `dedupe`: False yields
     later copies of a key too (the caller drops them: a set of a million keys is ~250 MB of
-    Python objects, a polars is_first_distinct over them a few MB)."""
+    Python objects, a polars is_first_distinct over them a few MB), and `spans`: located
+    items carry the line's byte offset and length too, (path, line, row, start, size), for
+    read_spans."""
     if order not in ("file", "t_done"):
         raise ValueError(f"order must be 'file' or 't_done', got {order!r}")
     run_dir = Path(run_dir)
@@ -145,7 +273,7 @@ def record_rows(
     problems = [] if corrupt is None else corrupt
     limit = upto or {}
     streams = [
-        _rows(path, limit.get(path.stem), wanted, seen, problems, order == "t_done")
+        _rows(path, limit.get(path.stem), wanted, seen, problems, order == "t_done", spans)
         for path in files
     ]
     if order == "file":
@@ -161,17 +289,18 @@ def record_rows(
                 chunk = [item[1] for item in chunk]
             if prompts:
                 chunk = with_prompts(chunk, lookup, problems)
-            yield chunk if located else [row for _, _, row in chunk]
+            yield chunk if located else [item[2] for item in chunk]
 
 
 def _first(item: tuple) -> float:
     return item[0]
 
 
-def _rows(path: Path, limit, wanted, seen: set | None, problems: list, keyed: bool):
-    """(path, line number, row) per record line of one file, first copy of a key only;
-    with keyed=True as (t_done, (path, line, row)) for heapq.merge."""
-    for n, line in _lines(path, limit):
+def _rows(path: Path, limit, wanted, seen: set | None, problems: list, keyed: bool, spans=False):
+    """(path, line number, row) per record line of one file, first copy of a key only
+    (spans: plus the line's start and size); with keyed=True as (t_done, item) for
+    heapq.merge."""
+    for n, line, start in _lines(path, limit):
         row, problem = parse_line(line, record_problem)
         if problem:
             problems += corrupt_entries(path, [(n, problem)])
@@ -183,14 +312,14 @@ def _rows(path: Path, limit, wanted, seen: set | None, problems: list, keyed: bo
             if key in seen:
                 continue
             seen.add(key)
-        item = (path, n, row)
+        item = (path, n, row, start, len(line)) if spans else (path, n, row)
         yield ((row.get("t_done") or 0.0), item) if keyed else item
 
 
 def _lines(path: Path, limit: int | None = None):
-    """(line number, bytes) of every complete non-empty line (within the first `limit`
-    bytes when given), read in pieces."""
-    n, rest, left = 0, b"", float("inf") if limit is None else limit
+    """(line number, bytes, byte offset) of every complete non-empty line (within the first
+    `limit` bytes when given), read in pieces."""
+    n, rest, left, at = 0, b"", float("inf") if limit is None else limit, 0
     with open(path, "rb") as f:
         while True:
             data = f.read(int(min(_READ, left)))
@@ -206,7 +335,8 @@ def _lines(path: Path, limit: int | None = None):
             for line in data[:end].split(b"\n"):
                 n += 1
                 if line:
-                    yield n, line
+                    yield n, line, at
+                at += len(line) + 1
 
 
 def file_sizes(run_dir) -> dict[str, int]:

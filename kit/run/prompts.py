@@ -23,13 +23,16 @@ from kit.run.lines import PROMPT_FIELDS, corrupt_entries, record_schema
 
 class PromptStore:
     """The run's prompts, looked up by (dataset, prompt_id) without holding their text:
-    copied once from prompts.parquet (a row group at a time) into a temporary file of one
-    JSON text per prompt (_entry, rendered by polars) kit removes when done; memory keeps
-    24 bytes per prompt (a sorted array of key hashes and where each entry lies), so a
-    million prompts cost ~24 MB, not their text. A lookup reads each entry with pread (no
-    mapping of the file: its pages never count as the process's memory) and polars decodes
-    them all at once. Every entry found has its key checked: a hash shared by two keys costs
-    a second look, never a wrong prompt. A key held twice gives its first copy.
+    copied once from prompts.parquet (a row group at a time) into a temporary file kit
+    removes when done, one entry per prompt rendered by polars (_entry): its key, its
+    messages as the SpecForge conversation's first part (kit.report.convo.specforge_lines
+    writes it as it is), its tools as SpecForge writes them, and whether it holds an
+    assistant turn. Memory keeps 24 bytes per prompt (a sorted array of key hashes and where
+    each entry lies), so a million prompts cost ~24 MB, not their text. A lookup reads each
+    entry with pread (no mapping of the file: its pages never count as the process's memory)
+    and polars splits (and, for messages, decodes) them all at once. Every entry found has
+    its key checked: a hash shared by two keys costs a second look, never a wrong prompt. A
+    key held twice gives its first copy.
 
     Example:
         with PromptStore(run_dir) as prompts:
@@ -78,27 +81,31 @@ class PromptStore:
         names = f.schema_arrow.names
         cols = ["dataset", "prompt_id", "messages"] + (["tools"] if "tools" in names else [])
         self._tmp = tempfile.TemporaryDirectory(prefix="kit-prompts-")
-        blob = Path(self._tmp.name) / "prompts.jsonl"
-        hashes, sizes = array("q"), array("q")
+        blob = Path(self._tmp.name) / "prompts.bin"
+        hashes, sizes = [], array("q")
 
-        def entries(group: int):  # decoded and rendered by two threads (polars, pyarrow)
-            table = pl.from_arrow(f.read_row_group(group, columns=cols))  # (iter_batches holds
-            text = table.select(_entry(tools="tools" in names)).to_series()  # all it has read)
+        sizes_of = [f.metadata.row_group(g).num_rows for g in range(f.num_row_groups)]
+        firsts = [sum(sizes_of[:g]) for g in range(f.num_row_groups)]
+
+        def entries(group: int):  # decoded by polars (pyarrow's row group reads: ~7x slower)
+            part = pl.scan_parquet(path).select(cols).slice(firsts[group], sizes_of[group])
+            table = part.collect()  # one row group's rows: polars reads only that group
+            text = _entries(table, tools="tools" in names)
             arr = text.to_arrow(compat_level=pl.CompatLevel.oldest())  # one data buffer
-            return table["dataset"].to_list(), table["prompt_id"].to_list(), arr
+            return _hashes(table), arr
 
         with open(blob, "wb") as out, ThreadPoolExecutor(2, thread_name_prefix="kit-prompts") as pool:  # fmt: skip
             ahead = [pool.submit(entries, g) for g in range(min(2, f.num_row_groups))]
             for group in range(f.num_row_groups):  # in order; two row groups in flight
-                datasets, prompt_ids, arr = ahead.pop(0).result()
+                h, arr = ahead.pop(0).result()
                 if group + 2 < f.num_row_groups:
                     ahead.append(pool.submit(entries, group + 2))
-                hashes.extend(hash(k) for k in zip(datasets, prompt_ids, strict=True))
+                hashes.append(h)
                 offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]  # fmt: skip
                 data = arr.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
                 out.write(data.to_pybytes())  # bytes: write(2) from an Arrow buffer is ~10x slower
                 sizes.frombytes(np.diff(offsets).astype(np.int64).tobytes())
-        h = np.frombuffer(hashes, dtype=np.int64)
+        h = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
         if not len(h):
             return
         order = np.argsort(h, kind="stable")  # equal hashes keep file order: first copy first
@@ -107,49 +114,55 @@ class PromptStore:
         self._starts = (np.cumsum(size) - size)[order]
         self._fd = os.open(blob, os.O_RDONLY)
 
-    def _read(self, at) -> object:
-        """The entries at these places of the sorted arrays, decoded: dataset, prompt_id,
-        messages, tools."""
+    def _read(self, at, decode: bool = True) -> object:
+        """The entries at these places of the sorted arrays: `_key` (JSON [dataset,
+        prompt_id]), then with decode messages ({role, content}) and tools (JSON text or
+        null), else `_frag` (the messages as SpecForge text), `_tools_sf` (the tools so,
+        null for none) and `_held` (the prompt holds an assistant turn)."""
         import polars as pl
 
         fd, read = self._fd, os.pread
         raw = [read(fd, n, start) for start, n in zip(self._starts[at].tolist(), self._sizes[at].tolist(), strict=True)]  # fmt: skip
-        kind = pl.Struct({"k": pl.List(pl.String), "m": record_schema()["messages"], "t": pl.String})  # fmt: skip
-        e = pl.Series(raw, dtype=pl.Binary).cast(pl.String).str.json_decode(kind).struct
-        return pl.DataFrame({
-            "dataset": e.field("k").list.get(0), "prompt_id": e.field("k").list.get(1),
-            "messages": e.field("m"), "tools": e.field("t"),
-        })  # fmt: skip
+        e = pl.Series(raw, dtype=pl.Binary).cast(pl.String).str.split_exact(_SEP, 3).struct
+        out = {"_key": e.field("field_0")}
+        tools = e.field("field_2").replace("", None)
+        if decode:
+            msg = record_schema()["messages"]
+            out |= {"messages": ("[" + e.field("field_1") + "]").str.json_decode(msg), "tools": tools}  # fmt: skip
+        else:
+            out |= {"_frag": e.field("field_1"), "_tools_sf": tools, "_held": e.field("field_3") == "1"}  # fmt: skip
+        return pl.DataFrame(out)
 
-    def frame(self, keys: list[tuple]):
-        """The prompts of these (dataset, prompt_id) keys as a polars frame in their order:
-        dataset, prompt_id, messages ({role, content}), tools (text as prompts.parquet
-        holds it), and `found` (False where the run has no such prompt)."""
+    def frame(self, keys, fragments: bool = False):
+        """The prompts of these keys (a frame with dataset and prompt_id, or a list of
+        (dataset, prompt_id)) as a polars frame in their order: messages ({role, content}),
+        tools (JSON text, null for none), and `found` (False where the run has no such
+        prompt). fragments=True gives `_frag`, `_tools_sf` and `_held` in place of messages
+        and tools (see _read)."""
         import numpy as np
         import polars as pl
 
         if not self._built:
             self.open()
-        n = len(keys)
-        if self._hashes is None or not n:
+        if isinstance(keys, list):
+            keys = pl.DataFrame(keys, schema={"dataset": pl.String, "prompt_id": pl.String}, orient="row")  # fmt: skip
+        if self._hashes is None or not keys.height:
             return None
-        hs = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=n)
+        hs = _hashes(keys)
         at = np.minimum(self._hashes.searchsorted(hs), len(self._hashes) - 1)
-        taken = self._read(at)
-        datasets = pl.Series([k[0] for k in keys], dtype=pl.String)
-        prompt_ids = pl.Series([k[1] for k in keys], dtype=pl.String)
-        same = (taken["dataset"] == datasets) & (taken["prompt_id"] == prompt_ids)
-        found = same.fill_null(False).to_numpy().copy()
+        taken = self._read(at, not fragments)
+        want = keys.select(_key_text()).to_series()
+        found = (taken["_key"] == want).fill_null(False).to_numpy().copy()
         for i in np.flatnonzero(~found & (self._hashes[at] == hs)).tolist():
             j = int(at[i]) + 1  # a hash shared with another key: look at the next ones
             while j < len(self._hashes) and self._hashes[j] == hs[i]:
-                row = self._read([j])
-                if row.row(0)[:2] == keys[i]:
+                row = self._read([j], not fragments)
+                if row["_key"][0] == want[i]:
                     taken = pl.concat([taken[:i], row, taken[i + 1 :]])
                     found[i] = True
                     break
                 j += 1
-        return taken.with_columns(found=pl.Series(found, dtype=pl.Boolean))
+        return taken.drop("_key").with_columns(found=pl.Series(found, dtype=pl.Boolean))
 
     def lookup(self, keys: list[tuple]) -> list:
         """Per key (messages, tools) as Python objects, or None when the run has no such
@@ -180,14 +193,64 @@ def _tools(text: str | None) -> list | None:
     return (orjson.loads(text) if text else None) or None
 
 
-def _entry(tools: bool):
-    """A prompt as one JSON text, the store's row: {"k": [dataset, prompt_id], "m": messages,
-    "t": tools text or null}: one read a prompt, one decode (polars) for a whole lookup."""
+_SEP = "\x00"  # between an entry's parts: JSON text holds no raw NUL (it is escaped)
+
+
+def json_text(expr):
+    """A polars string expression as JSON text, exactly json.dumps(value, ensure_ascii=False)
+    (null -> "null"): polars' JSON writer escapes strings as Python's json does."""
     import polars as pl
 
-    t = pl.col("tools") if tools else pl.lit(None, pl.String)
-    key = pl.concat_list(pl.col("dataset"), pl.col("prompt_id"))
-    return pl.struct(key.alias("k"), pl.col("messages").alias("m"), t.alias("t")).struct.json_encode().alias("entry")  # fmt: skip
+    return pl.struct(expr.alias("v")).struct.json_encode().str.strip_prefix('{"v":').str.strip_suffix("}")  # fmt: skip
+
+
+def messages_text(column: str = "messages"):
+    """A messages column as the SpecForge conversation's first part: each {role, content}
+    as json.dumps writes it, joined by ", " ("" for none)."""
+    import polars as pl
+
+    e = pl.element().struct
+    message = pl.concat_str(
+        pl.lit('{"role": '), json_text(e.field("role")), pl.lit(', "content": '),
+        json_text(e.field("content")), pl.lit("}"),
+    )  # fmt: skip
+    return pl.col(column).list.eval(message).list.join(", ").fill_null("")
+
+
+def _key_text():
+    """JSON [dataset, prompt_id]: an entry's key as the store holds it."""
+    import polars as pl
+
+    return pl.concat_str(pl.lit("["), json_text(pl.col("dataset")), pl.lit(","), json_text(pl.col("prompt_id")), pl.lit("]"))  # fmt: skip
+
+
+def _hashes(frame):
+    """A 64-bit hash of each (dataset, prompt_id) of the frame, as a numpy array (polars'
+    hash: the same for the same key within one process, which is all the store needs)."""
+    import polars as pl
+
+    return frame.select(pl.struct("dataset", "prompt_id").hash(seed=0)).to_series().to_numpy()
+
+
+def _entries(table, tools: bool):
+    """The store's entry of each prompt (a row group of prompts.parquet): JSON [dataset,
+    prompt_id], the messages as SpecForge text (messages_text), the tools as SpecForge
+    writes them (json.dumps(tools, ensure_ascii=False); "" for none, "[]" is none), and "1"
+    when the prompt holds an assistant turn, joined by NUL."""
+    import json
+
+    import polars as pl
+
+    held = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.any()  # fmt: skip
+    if tools:  # free-form JSON: Python renders it (only prompts that have tools)
+        text = [json.dumps(t, ensure_ascii=False) if (t := _tools(x)) else "" for x in table["tools"]]  # fmt: skip
+        sf = pl.Series(text, dtype=pl.String)
+    else:
+        sf = pl.lit("")
+    return table.select(pl.concat_str(
+        _key_text(), pl.lit(_SEP), messages_text(), pl.lit(_SEP), sf, pl.lit(_SEP),
+        pl.when(held.fill_null(False)).then(pl.lit("1")).otherwise(pl.lit("0")),
+    ).alias("entry")).to_series()  # fmt: skip
 
 
 def with_prompts(chunk: list[tuple], prompts: PromptStore, problems: list) -> list[tuple]:
@@ -228,8 +291,7 @@ class PromptColumns:
         reported (by their _file, _line) and left out."""
         import polars as pl
 
-        keys = list(zip(frame["dataset"].to_list(), frame["prompt_id"].to_list(), strict=True))
-        got = self.store.frame(keys)
+        got = self.store.frame(frame.select("dataset", "prompt_id"))
         found = got["found"] if got is not None else pl.Series([False] * frame.height)
         for stem, n in frame.filter(~found).select("_file", "_line").iter_rows():
             problems += corrupt_entries(Path("records") / f"{stem}.jsonl", [(n, "prompt_id not in prompts.parquet")])  # fmt: skip
