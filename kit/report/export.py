@@ -291,13 +291,17 @@ def _columns(kept, opts) -> dict:
     }
 
 
+WRITES_IN_FLIGHT = 4  # rendered batches queued for the writer thread (~17 MB each here)
+
+
 def _write_frames(run_dir, out_dir, kept, opts, files, corrupt, store) -> _Written:
     """Pass 2 without token rows: the kept records read again from where pass 1 found them
     (kit.run.batches.read_spans: polars parses a batch of lines; the prompts come as
     SpecForge text from the prompt store), SpecForge lines rendered by polars
-    (kit.report.convo.specforge_lines: the same bytes as json.dumps of each row). A worker
-    thread renders and writes one batch (polars and file writes, mostly outside the GIL)
-    while the next is read."""
+    (kit.report.convo.specforge_lines: the same bytes as json.dumps of each row) and hashed
+    here, written by one writer thread (in order), so reading and rendering go on while the
+    page cache and the disk take the last batches (a few batches in flight bound memory)."""
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     import polars as pl
@@ -306,27 +310,27 @@ def _write_frames(run_dir, out_dir, kept, opts, files, corrupt, store) -> _Writt
 
     done, columns, problems = _Written(), _columns(kept, opts), []
     splits = {"train": Split(out_dir, "train", opts, columns["train"])}  # even when empty
-
-    def write(frame) -> None:
-        for split in SPLITS:
-            part = frame.filter(pl.col("split") == split)
-            if not part.height:
-                continue
-            if split not in splits:
-                splits[split] = Split(out_dir, split, opts, columns[split])
-            splits[split].write_frame(part)
-            done.add_frame(part, split)
-
     columns_read = [c for c in _FRAME_COLUMNS if c not in ("messages", "tools")]
     frames = read_spans(run_dir, kept, columns_read, store, problems, batch_size=BATCH, carry=["split"])  # fmt: skip
-    pending = None
+    pending: deque = deque()
     with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool:
-        for batch in frames:  # the same lines as the first pass read, in its order
-            if pending is not None:
-                pending.result()  # one batch in flight: memory stays one batch
-            pending = pool.submit(write, batch)
-        if pending is not None:
-            pending.result()
+
+        def later(fn, *args) -> None:
+            while len(pending) >= WRITES_IN_FLIGHT:
+                pending.popleft().result()  # raises what a write raised
+            pending.append(pool.submit(fn, *args))
+
+        for frame in frames:  # the lines the first pass kept, in its order
+            for split in SPLITS:
+                part = frame.filter(pl.col("split") == split)
+                if not part.height:
+                    continue
+                if split not in splits:
+                    splits[split] = Split(out_dir, split, opts, columns[split])
+                splits[split].write_frame(part, later)
+                done.add_frame(part, split)
+        while pending:
+            pending.popleft().result()
     for split in SPLITS:
         if split in splits:
             splits[split].close(files)

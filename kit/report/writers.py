@@ -46,12 +46,21 @@ class JsonlSink:
     def write_rendered(self, data, offsets) -> None:
         """Lines already rendered and encoded, each ending in a newline (kit.report.convo.
         rendered); line i is data[offsets[i]:offsets[i + 1]]. Written as they are."""
+        self.put(*self.hashed(data, offsets))
+
+    @staticmethod
+    def hashed(data, offsets) -> tuple:
+        """write_rendered's work before the files: (data, its line hashes as text, lines)."""
         view = memoryview(data)
         sha = hashlib.sha256
         hashes = [sha(view[a : b - 1]).hexdigest()[:16] + "\n" for a, b in itertools.pairwise(offsets)]  # fmt: skip
+        return data, "".join(hashes), len(hashes)
+
+    def put(self, data, hashes: str, rows: int) -> None:
+        """write_rendered's writes: the lines and their hashes (from hashed())."""
         self._f.write(data)
-        self._h.write("".join(hashes))
-        self.rows += len(hashes)
+        self._h.write(hashes)
+        self.rows += rows
 
     def close(self, files: dict) -> None:
         self._f.close()
@@ -147,10 +156,13 @@ class Split:
         convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
         self.parquet.write(table(rows, ids, convs, {}, self.columns))
 
-    def write_frame(self, frame) -> None:
+    def write_frame(self, frame, later=None) -> None:
         """write() for a records frame: SpecForge lines rendered by polars; the tables from
         its rows (no token rows: this path has none). The frame holds messages and tools,
-        or the prompts as SpecForge text (_frag, _tools_sf: kit.run.batches.read_spans)."""
+        or the prompts as SpecForge text (_frag, _tools_sf: kit.run.batches.read_spans).
+        `later(fn, *args)`, when given, runs the JSONL writes (in call order: kit.report.
+        export hands them to one writer thread), so the caller renders the next batch while
+        the page cache and the disk take this one."""
         import polars as pl
 
         from kit.report.convo import rendered, specforge_lines
@@ -161,7 +173,12 @@ class Split:
         else:
             tools = pl.Series([json.dumps(t, ensure_ascii=False) if (t := parsed(x)) else None for x in frame["tools"]], dtype=pl.String)  # fmt: skip
         if "specforge" in self.jsonl:
-            self.jsonl["specforge"].write_rendered(*rendered(specforge_lines(frame, tools)))
+            sink = self.jsonl["specforge"]
+            done = sink.hashed(*rendered(specforge_lines(frame, tools)))
+            if later is None:
+                sink.put(*done)
+            else:
+                later(sink.put, *done)
         if self.parquet is not None:
             if "_frag" in frame.columns:
                 msg = ("[" + pl.col("_frag") + "]").str.json_decode(record_schema()["messages"])

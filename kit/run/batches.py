@@ -147,7 +147,9 @@ def read_spans(run_dir, rows, columns, store: PromptStore, corrupt: list, batch_
     by line as record_batches does (with messages and tools), and any line that is not a
     record is listed in `corrupt` (a second pass over the same bytes finds what the first
     did). `columns`: record columns besides the prompt's; _file, _line and the `carry`
-    columns of `rows` are added."""
+    columns of `rows` are added. The one reading that differs from orjson's on a line the
+    first pass accepted: a key written twice in one line (no kit version writes one) is
+    read with its first value here, its last by orjson."""
     import io
 
     import polars as pl
