@@ -11,6 +11,7 @@ holds one batch of text and one small row per record, however large the run.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 
 def select(light, budgets: dict, opts) -> tuple[object, dict[str, int]]:
@@ -54,6 +55,11 @@ def light_frame(run_dir, opts, corrupt: list, upto: dict):
     from kit.run.batches import record_rows
 
     schema = _light_schema()
+    light = None
+    if not opts.drop_duplicates and not {"parquet", "hf"} & set(opts.formats):
+        light = _from_index(run_dir, upto, schema)  # no text needed: the index may do
+    if light is not None:
+        return _finish(run_dir, light, opts)
     parts = []
     rows_of = record_rows(
         run_dir, corrupt=corrupt, order="t_done", upto=upto, prompts=False, dedupe=False,
@@ -75,6 +81,14 @@ def light_frame(run_dir, opts, corrupt: list, upto: dict):
             b = b.with_columns(_duplicate_keys([r["completion"] for r in rows]))
         parts.append(b)
     light = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    return _finish(run_dir, light, opts)
+
+
+def _finish(run_dir, light, opts):
+    """The light frame of every line read, in t_done order -> its records: `_pos`, first
+    copies only, duplicate flags, has_tools from the prompts."""
+    import polars as pl
+
     light = light.with_row_index("_pos")  # the place of every line read, copies included
     first = pl.struct("dataset", "prompt_id", "sample").is_first_distinct()
     light = light.filter(first)  # a key's first copy is its record, as every reader has it
@@ -86,6 +100,60 @@ def light_frame(run_dir, opts, corrupt: list, upto: dict):
         light = light.with_columns(pl.col("has_tools") | pl.col("_tools").fill_null(False))
         light = light.drop("_tools")
     return light
+
+
+def _from_index(run_dir, upto: dict, schema: dict):
+    """Pass 1 from the resume index (kit.run.index) without reading a line: the heads it
+    holds (key, count, finish reason, t_done) and each line's place from a newline scan.
+    None (read the lines) unless every records file is exactly what its index covers, read
+    with the index's regex (every line a RunStore head in plain text, none damaged, none
+    empty) and in t_done order. The lines are not checked here as records: the writing pass
+    parses them strictly (kit.run.batches.read_spans) and reports any that are not.
+    has_reasoning (only the tables need it) is left False: the caller asks for no tables."""
+    import numpy as np
+    import polars as pl
+
+    from kit.run import index
+    from kit.run.lines import record_files
+
+    parts = []
+    for stem, path in record_files(Path(run_dir)).items():
+        if stem not in upto:
+            return None  # a file the first look did not see: record_rows reads it whole
+        size = upto[stem]
+        if not size:
+            continue
+        got = index.load(path)
+        if got is None or not got.fast or got.problems or got.size != size or got.lines != got.frame.height:  # fmt: skip
+            return None
+        if not got.frame["t_done"].is_sorted():
+            return None  # the merge of unsorted files is record_rows' to make
+        ends = _newlines(path, size)
+        if len(ends) != got.lines:
+            return None
+        starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+        parts.append(got.frame.with_columns(
+            _file=pl.lit(stem), _line=pl.int_range(1, got.lines + 1, dtype=pl.Int64),
+            _start=pl.Series(starts), _size=pl.Series(ends - starts), _plain=pl.lit(None, pl.Boolean),
+            has_reasoning=pl.lit(False), has_tools=pl.lit(False),
+        ).select([pl.col(c).cast(t) for c, t in schema.items()]))  # fmt: skip
+    light = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    return light.sort("t_done", maintain_order=True)  # = record_rows' merge: ties in file order
+
+
+def _newlines(path, size: int):
+    """The offsets of the newlines in a file's first `size` bytes (read in 32 MB pieces)."""
+    import numpy as np
+
+    found, at = [], 0
+    with open(path, "rb") as f:
+        while at < size:
+            data = f.read(min(32 << 20, size - at))
+            if not data:
+                break
+            found.append(np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10) + at)
+            at += len(data)
+    return np.concatenate(found).astype(np.int64) if found else np.zeros(0, dtype=np.int64)
 
 
 def _prompts_with_tools(run_dir):

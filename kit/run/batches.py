@@ -138,7 +138,9 @@ _GAP, _RUN = 1 << 20, 32 << 20  # lines this close share one pread, of at most t
 def read_spans(run_dir, rows, columns, store: PromptStore, corrupt: list, batch_size=5_000, carry=()):  # fmt: skip
     """Yield the records at these places as polars frames of at most batch_size rows, in
     the order of `rows` (a frame from a first pass: _file, _line, _start, _size, _plain
-    and the key columns, from record_rows(spans=True)).
+    and the key columns, from record_rows(spans=True) or the resume index; _plain: True
+    for a line pass 1 parsed and found plain, False for one it found not plain, null where
+    it did not parse the line).
 
     Each batch's lines are read by byte range (pread) and parsed by polars' JSON reader; the
     prompts come from `store` as SpecForge text (`_frag`, `_tools_sf`, `_held`: see
@@ -150,7 +152,6 @@ def read_spans(run_dir, rows, columns, store: PromptStore, corrupt: list, batch_
     columns of `rows` are added. The one reading that differs from orjson's on a line the
     first pass accepted: a key written twice in one line (no kit version writes one) is
     read with its first value here, its last by orjson."""
-    import io
 
     import polars as pl
 
@@ -164,14 +165,12 @@ def read_spans(run_dir, rows, columns, store: PromptStore, corrupt: list, batch_
         for at in range(0, rows.height, batch_size):
             part = rows.slice(at, batch_size)
             lines = _gather(fds, part["_file"].to_list(), part["_start"].to_list(), part["_size"].to_list())  # fmt: skip
+            plain = part["_plain"]  # True: checked plain by pass 1; null: not checked
             frame = None
-            if part["_plain"].all():
-                try:
-                    frame = pl.read_ndjson(io.BytesIO(b"\n".join(lines)), schema=own)
-                except pl.exceptions.PolarsError:
-                    frame = None
-                if frame is not None and (frame.height != part.height or not frame.select(keys).equals(part.select(keys))):  # fmt: skip
-                    frame = None
+            if plain.all(ignore_nulls=True):  # no line known not plain
+                frame = _native(lines, own, checked=plain.null_count() == 0)
+            if frame is not None and (frame.height != part.height or not frame.select(keys).equals(part.select(keys))):  # fmt: skip
+                frame = None
             if frame is None:  # line by line, as record_batches reads them
                 frame = _parsed(lines, part, paths, store, own, schema | where, corrupt)
                 on = list(where)
@@ -184,6 +183,45 @@ def read_spans(run_dir, rows, columns, store: PromptStore, corrupt: list, batch_
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+# What polars' JSON reader reads otherwise than orjson and record_problem: any value in a
+# String column is taken as text (5 -> "5"); a lone surrogate escape is read as a NUL (orjson
+# refuses it). A line with its own messages or tools (even null) is not a plain line. Any of
+# these in a batch sends it line by line (a nested key so named only costs that).
+_STRINGS = ["dataset", "prompt_id", "completion", "finish_reason", "count_source", "endpoint", "reasoning"]  # fmt: skip
+_SUSPECT = '"(?:' + "|".join(_STRINGS) + ')":[^"n]|"(?:messages|tools)":' + r"|\\u[dD][89a-fA-F]"
+
+
+def _native(lines: list[bytes], own: dict, checked: bool = False):
+    """A batch of lines parsed by polars, or None when any of them may not be a plain
+    RunStore record as orjson and record_problem read it (the caller goes line by line):
+    valid UTF-8, nothing _SUSPECT matches, every count >= 0, turns null, one row a line.
+    `checked`: the first pass parsed each line with orjson and record_problem, and found
+    it plain (no scan then); else it took them from the resume index (kit.report.selection)."""
+    import io
+
+    import polars as pl
+
+    data = b"\n".join(lines)
+    try:
+        if not all(lines):
+            return None
+        if not checked:
+            text = pl.Series([data], dtype=pl.Binary).cast(pl.String)  # UTF-8 checked
+            if text.str.contains(_SUSPECT)[0]:
+                return None
+        frame = pl.read_ndjson(io.BytesIO(data), schema=own | {"turns": pl.String})
+    except pl.exceptions.PolarsError:
+        return None
+    c = pl.col
+    ok = (
+        c("dataset").is_not_null() & c("prompt_id").is_not_null() & c("completion").is_not_null()
+        & (c("sample") >= 0) & (c("completion_tokens") >= 0) & c("turns").is_null()
+    ).fill_null(False)  # fmt: skip
+    if frame.height != len(lines) or not frame.select(ok.all()).item():
+        return None
+    return frame.select(list(own))
 
 
 def _gather(fds: dict, files: list, starts: list, sizes: list) -> list[bytes]:
