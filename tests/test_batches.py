@@ -301,10 +301,15 @@ def test_a_key_written_twice_is_exported_once_and_its_first_copy(tmp_path):
     assert mine[0]["conversations"][-1]["content"] == first.completion
 
 
-def test_prompt_lookups_survive_hash_collisions(tmp_path, monkeypatch):
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_prompt_lookups_survive_hash_collisions(tmp_path, monkeypatch, in_memory):
     """Every key hashed alike: each lookup still reads back its own prompt (entries hold
-    their key), and a key prompts.parquet holds twice gives its first copy."""
+    their key), and a key prompts.parquet holds twice gives its first copy; with the
+    entries in memory and in the temporary file."""
     from kit.run import prompts as store_mod
+
+    if not in_memory:
+        monkeypatch.setattr(store_mod, "IN_MEMORY_BYTES", 0)
 
     _stored_run(tmp_path)
     prompts = pl.read_parquet(tmp_path / "prompts.parquet")
@@ -317,6 +322,7 @@ def test_prompt_lookups_survive_hash_collisions(tmp_path, monkeypatch):
     alike = lambda frame: np.full(frame.height, 7, dtype=np.uint64)  # noqa: E731
     monkeypatch.setattr(store_mod, "_hashes", alike)
     with store_mod.PromptStore(tmp_path) as store:
+        assert (store._fd is None) == in_memory
         for row in prompts.to_dicts():
             messages, _ = store.get(row["dataset"], row["prompt_id"])
             assert messages == row["messages"]
@@ -348,6 +354,21 @@ def test_export_without_token_rows_writes_what_the_row_by_row_path_writes(tmp_pa
                 outs.append((sf, result.counts, {w: n for w, n in result.dropped.items() if w != "template_mismatch"}))  # fmt: skip
             assert outs[0] == outs[1] == outs[2], (opts, run)
             assert sum(c["records"] for c in outs[0][1].values()) > 0
+
+
+def test_the_prompt_store_in_a_file_or_in_memory_gives_the_same_export(tmp_path, monkeypatch):  # fmt: skip
+    """Small prompt sets stay in memory, large ones go to a temporary file: the same files."""
+    from kit.run import prompts as store_mod
+
+    _stored_run(tmp_path / "run")
+    outs = []
+    for limit in (store_mod.IN_MEMORY_BYTES, 0):
+        monkeypatch.setattr(store_mod, "IN_MEMORY_BYTES", limit)
+        monkeypatch.setattr(export_mod, "BATCH", 7)
+        out = tmp_path / f"out{limit}"
+        export(tmp_path / "run", out, formats=("specforge", "parquet"), val_fraction=0.2)
+        outs.append(_files(out))
+    assert outs[0] == outs[1] and len(outs[0]) > 3
 
 
 def test_specforge_lines_are_json_dumps_byte_for_byte():

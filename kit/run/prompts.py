@@ -9,6 +9,7 @@ RunConfig.turns "all_turns" gets its prompt with the target's own earlier answer
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -30,9 +31,10 @@ class PromptStore:
     assistant turn. Memory keeps 24 bytes per prompt (a sorted array of key hashes and where
     each entry lies), so a million prompts cost ~24 MB, not their text. A lookup reads each
     entry with pread (no mapping of the file: its pages never count as the process's memory)
-    and polars splits (and, for messages, decodes) them all at once. Every entry found has
-    its key checked: a hash shared by two keys costs a second look, never a wrong prompt. A
-    key held twice gives its first copy.
+    and polars splits (and, for messages, decodes) them all at once. Prompts whose text is
+    small (IN_MEMORY_BYTES) stay in memory instead: no file to write and read back. Every
+    entry found has its key checked: a hash shared by two keys costs a second look, never a
+    wrong prompt. A key held twice gives its first copy.
 
     Example:
         with PromptStore(run_dir) as prompts:
@@ -42,7 +44,7 @@ class PromptStore:
     def __init__(self, run_dir: Path | None, lazy: bool = False) -> None:
         self.run_dir, self.lazy = run_dir, lazy  # lazy: copied at the first lookup
         self._built = False
-        self._hashes = self._starts = self._sizes = self._tmp = self._fd = None
+        self._hashes = self._starts = self._sizes = self._tmp = self._fd = self._entries = None
         self._lock, self._error = threading.Lock(), None
 
     def __enter__(self) -> PromptStore:
@@ -80,9 +82,11 @@ class PromptStore:
         f = pq.ParquetFile(path)
         names = f.schema_arrow.names
         cols = ["dataset", "prompt_id", "messages"] + (["tools"] if "tools" in names else [])
-        self._tmp = tempfile.TemporaryDirectory(prefix="kit-prompts-")
-        blob = Path(self._tmp.name) / "prompts.bin"
-        hashes, sizes = [], array("q")
+        in_memory = _text_bytes(f) <= IN_MEMORY_BYTES
+        if not in_memory:
+            self._tmp = tempfile.TemporaryDirectory(prefix="kit-prompts-")
+        blob = None if in_memory else Path(self._tmp.name) / "prompts.bin"
+        hashes, sizes, kept = [], array("q"), []
 
         sizes_of = [f.metadata.row_group(g).num_rows for g in range(f.num_row_groups)]
         firsts = [sum(sizes_of[:g]) for g in range(f.num_row_groups)]
@@ -94,13 +98,17 @@ class PromptStore:
             arr = text.to_arrow(compat_level=pl.CompatLevel.oldest())  # one data buffer
             return _hashes(table), arr
 
-        with open(blob, "wb") as out, ThreadPoolExecutor(2, thread_name_prefix="kit-prompts") as pool:  # fmt: skip
+        writing = contextlib.nullcontext() if in_memory else open(blob, "wb")  # noqa: SIM115
+        with writing as out, ThreadPoolExecutor(2, thread_name_prefix="kit-prompts") as pool:
             ahead = [pool.submit(entries, g) for g in range(min(2, f.num_row_groups))]
             for group in range(f.num_row_groups):  # in order; two row groups in flight
                 h, arr = ahead.pop(0).result()
                 if group + 2 < f.num_row_groups:
                     ahead.append(pool.submit(entries, group + 2))
                 hashes.append(h)
+                if in_memory:
+                    kept.append(pl.from_arrow(arr))
+                    continue
                 offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]  # fmt: skip
                 data = arr.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
                 out.write(data.to_pybytes())  # bytes: write(2) from an Arrow buffer is ~10x slower
@@ -109,8 +117,12 @@ class PromptStore:
         if not len(h):
             return
         order = np.argsort(h, kind="stable")  # equal hashes keep file order: first copy first
+        self._hashes = h[order]
+        if in_memory:  # _starts: each entry's row in _entries
+            self._entries, self._starts = pl.concat(kept).rechunk(), order
+            return
         size = np.frombuffer(sizes, dtype=np.int64)
-        self._hashes, self._sizes = h[order], size[order]
+        self._sizes = size[order]
         self._starts = (np.cumsum(size) - size)[order]
         self._fd = os.open(blob, os.O_RDONLY)
 
@@ -121,9 +133,13 @@ class PromptStore:
         null for none) and `_held` (the prompt holds an assistant turn)."""
         import polars as pl
 
-        fd, read = self._fd, os.pread
-        raw = [read(fd, n, start) for start, n in zip(self._starts[at].tolist(), self._sizes[at].tolist(), strict=True)]  # fmt: skip
-        e = pl.Series(raw, dtype=pl.Binary).cast(pl.String).str.split_exact(_SEP, 3).struct
+        if self._entries is not None:
+            text = self._entries.gather(self._starts[at])
+        else:
+            fd, read = self._fd, os.pread
+            raw = [read(fd, n, start) for start, n in zip(self._starts[at].tolist(), self._sizes[at].tolist(), strict=True)]  # fmt: skip
+            text = pl.Series(raw, dtype=pl.Binary).cast(pl.String)
+        e = text.str.split_exact(_SEP, 3).struct
         out = {"_key": e.field("field_0")}
         tools = e.field("field_2").replace("", None)
         if decode:
@@ -180,12 +196,29 @@ class PromptStore:
         return self.lookup([(dataset, prompt_id)])[0]
 
     def __exit__(self, *exc) -> None:
+        self._entries = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+IN_MEMORY_BYTES = 512 << 20  # prompts' text up to this stays in memory: no temporary file
+
+
+def _text_bytes(f) -> int:
+    """About how many bytes the store's entries of a prompts.parquet file take: its messages
+    and tools uncompressed, plus a fifth for the JSON around them."""
+    meta = f.metadata
+    total = sum(
+        rg.column(i).total_uncompressed_size
+        for rg in (meta.row_group(g) for g in range(meta.num_row_groups))
+        for i in range(rg.num_columns)
+        if rg.column(i).path_in_schema.split(".")[0] in ("messages", "tools")
+    )
+    return int(total * 1.2)
 
 
 def _tools(text: str | None) -> list | None:
