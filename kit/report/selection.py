@@ -2,7 +2,9 @@
 
 light_frame(run_dir, opts, corrupt, upto) reads every record once, in t_done order, keeping
 no text: key, counts, finish reason, whether it has reasoning or tools, and (with
-drop_duplicates) 64-bit hashes of its completion and of its normalized text. select()
+drop_duplicates) 64-bit hashes of its completion and of its normalized text. When no option
+needs the text and the resume index covers every records file, it reads the index instead
+of the lines (the writing pass then checks each line it writes). select()
 applies the drop / trim / mix options to it, split() adds the validation split. The writing
 pass then reads the records again in the same order and writes the kept ones, so memory
 holds one batch of text and one small row per record, however large the run.
@@ -56,7 +58,7 @@ def light_frame(run_dir, opts, corrupt: list, upto: dict):
 
     schema = _light_schema()
     light = None
-    if not opts.drop_duplicates and not {"parquet", "hf"} & set(opts.formats):
+    if not opts.drop_duplicates and set(opts.formats) == {"specforge"}:
         light = _from_index(run_dir, upto, schema)  # no text needed: the index may do
     if light is not None:
         return _finish(run_dir, light, opts)
@@ -109,7 +111,8 @@ def _from_index(run_dir, upto: dict, schema: dict):
     with the index's regex (every line a RunStore head in plain text, none damaged, none
     empty) and in t_done order. The lines are not checked here as records: the writing pass
     parses them strictly (kit.run.batches.read_spans) and reports any that are not.
-    has_reasoning (only the tables need it) is left False: the caller asks for no tables."""
+    has_reasoning (only the tables need it) is left False: the caller asks for SpecForge
+    lines only (the token-id pass reads lines its own way)."""
     import numpy as np
     import polars as pl
 
