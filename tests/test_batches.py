@@ -232,7 +232,8 @@ def test_a_file_cut_between_the_passes_loses_only_its_cut_lines(tmp_path, monkey
 def test_pass_one_from_the_index_finds_what_reading_every_line_finds(tmp_path, monkeypatch):
     """A SpecForge export after a clean close takes its first pass from the resume index
     (no line read); a line whose head is whole but whose rest is not a record (a
-    non-string completion, a lone surrogate) is then found by the writing pass, which
+    non-string completion or reasoning, a count that is text, a lone surrogate: each read
+    otherwise by polars alone than by orjson) is then found by the writing pass, which
     parses strictly. Files, counts and the lines reported equal the export that reads
     every line in its first pass."""
     from kit.report import selection
@@ -243,7 +244,8 @@ def test_pass_one_from_the_index_finds_what_reading_every_line_finds(tmp_path, m
     good = orjson.loads(path.read_bytes().splitlines()[0])
     good["t_done"] = T0 + 10_000  # after every other line: the file stays in t_done order
     bad = [good | {"prompt_id": "chat00", "sample": 7, "completion": 5},
-           good | {"prompt_id": "chat01", "sample": 7, "reasoning": 1.5}]  # fmt: skip
+           good | {"prompt_id": "chat01", "sample": 7, "reasoning": 1.5},
+           good | {"prompt_id": "chat03", "sample": 7, "prompt_tokens": "12"}]  # fmt: skip
     lines = [orjson.dumps(b) for b in bad]
     lines.append(orjson.dumps(good | {"prompt_id": "chat02", "sample": 7}).replace(b'"completion":"', b'"completion":"\\ud800'))  # fmt: skip
     with open(path, "ab") as f:
@@ -262,7 +264,7 @@ def test_pass_one_from_the_index_finds_what_reading_every_line_finds(tmp_path, m
     monkeypatch.setattr(selection, "_from_index", lambda *a: None)
     b = export(tmp_path / "run", tmp_path / "b", formats=("specforge",), drop_errors=False)
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
-    assert a.counts == b.counts and a.corrupt == b.corrupt == 3
+    assert a.counts == b.counts and a.corrupt == b.corrupt == 4
     problems = sorted((c["line"], c["problem"][:10]) for c in a.manifest["corrupt_lines"]["lines"])
     assert problems == sorted((c["line"], c["problem"][:10]) for c in b.manifest["corrupt_lines"]["lines"])  # fmt: skip
     assert validate(tmp_path / "a").ok

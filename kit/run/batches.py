@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kit.run.lines import (
+    LINE_ORDER_SHORT,
     PROMPT_FIELDS,
     corrupt_entries,
     parse_line,
@@ -211,7 +212,9 @@ def _native(lines: list[bytes], own: dict, checked: bool = False):
             text = pl.Series([data], dtype=pl.Binary).cast(pl.String)  # UTF-8 checked
             if text.str.contains(_SUSPECT)[0]:
                 return None
-        frame = pl.read_ndjson(io.BytesIO(data), schema=own | {"turns": pl.String})
+        schema = record_schema()  # unchecked lines: every field of theirs typed (polars
+        fields = own | {c: schema[c] for c in LINE_ORDER_SHORT} if not checked else own  # is
+        frame = pl.read_ndjson(io.BytesIO(data), schema=fields | {"turns": pl.String})  # strict)
     except pl.exceptions.PolarsError:
         return None
     c = pl.col
