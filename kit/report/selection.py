@@ -110,7 +110,10 @@ def _from_index(run_dir, upto: dict, schema: dict):
     None (read the lines) unless every records file is exactly what its index covers, read
     with the index's regex (every line a RunStore head in plain text, none damaged, none
     empty) and in t_done order. The lines are not checked here as records: the writing pass
-    parses them strictly (kit.run.batches.read_spans) and reports any that are not.
+    parses them strictly (kit.run.batches.read_spans) and reports any that are not. So a
+    line the export leaves out (an error, a later copy, past the budget) is never read, and
+    one whose head is whole but whose rest is damaged is not listed in corrupt_lines, as a
+    full read would list it (nothing of it is written either way).
     has_reasoning (only the tables need it) is left False: the caller asks for SpecForge
     lines only (the token-id pass reads lines its own way)."""
     import numpy as np
