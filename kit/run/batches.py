@@ -22,9 +22,9 @@ when each file is in t_done order, as the runner appends them.
 
 A second pass over records a first pass found (export's writing pass) reads them by place:
 record_rows(spans=True) gives each line's byte offset and length, read_spans reads those
-byte ranges back a batch at a time, polars parses the lines (the first pass checked each
-one), and the prompts come from the store as SpecForge text. A batch it cannot read so
-goes line by line, as above.
+byte ranges back a batch at a time, polars parses the lines (strictly where the first
+pass took them from the resume index without reading them), and the prompts come from the
+store as SpecForge text. A batch it cannot read so goes line by line, as above.
 """
 
 from __future__ import annotations
@@ -161,6 +161,7 @@ def read_spans(run_dir, rows, columns, store: PromptStore, corrupt: list, batch_
     where = {"_file": pl.String, "_line": pl.Int64}
     keys = ["dataset", "prompt_id", "sample"]
     paths = record_files(Path(run_dir))
+    fragments = PromptColumns(store, [], fragments=True)
     fds = {stem: os.open(p, os.O_RDONLY) for stem, p in paths.items()}
     try:
         for at in range(0, rows.height, batch_size):
@@ -169,7 +170,7 @@ def read_spans(run_dir, rows, columns, store: PromptStore, corrupt: list, batch_
             plain = part["_plain"]  # True: checked plain by pass 1; null: not checked
             frame = None
             if plain.all(ignore_nulls=True):  # no line known not plain
-                frame = _native(lines, own, checked=plain.null_count() == 0)
+                frame = _native(lines, own, schema, checked=plain.null_count() == 0)
             if frame is not None and (frame.height != part.height or not frame.select(keys).equals(part.select(keys))):  # fmt: skip
                 frame = None
             if frame is None:  # line by line, as record_batches reads them
@@ -178,7 +179,7 @@ def read_spans(run_dir, rows, columns, store: PromptStore, corrupt: list, batch_
                 frame = frame.join(part.select(*on, *carry), on=on, how="left", maintain_order="left")  # fmt: skip
             else:
                 frame = frame.with_columns(part.select(*where, *carry))
-                frame = _with_fragments(frame, store, corrupt)
+                frame = fragments.join(frame, corrupt)
             if frame.height:
                 yield frame
     finally:
@@ -194,11 +195,11 @@ _STRINGS = ["dataset", "prompt_id", "completion", "finish_reason", "count_source
 _SUSPECT = '"(?:' + "|".join(_STRINGS) + ')":[^"n]|"(?:messages|tools)":' + r"|\\u[dD][89a-fA-F]"
 
 
-def _native(lines: list[bytes], own: dict, checked: bool = False):
+def _native(lines: list[bytes], own: dict, schema: dict, checked: bool = False):
     """A batch of lines parsed by polars, or None when any of them may not be a plain
     RunStore record as orjson and record_problem read it (the caller goes line by line):
     valid UTF-8, nothing _SUSPECT matches, every count >= 0, turns null, one row a line.
-    `checked`: the first pass parsed each line with orjson and record_problem, and found
+    `schema`: record_schema(). `checked`: the first pass parsed each line with orjson and record_problem, and found
     it plain (no scan then); else it took them from the resume index (kit.report.selection)."""
     import io
 
@@ -212,9 +213,10 @@ def _native(lines: list[bytes], own: dict, checked: bool = False):
             text = pl.Series([data], dtype=pl.Binary).cast(pl.String)  # UTF-8 checked
             if text.str.contains(_SUSPECT)[0]:
                 return None
-        schema = record_schema()  # unchecked lines: every field of theirs typed (polars
-        fields = own | {c: schema[c] for c in LINE_ORDER_SHORT} if not checked else own  # is
-        frame = pl.read_ndjson(io.BytesIO(data), schema=fields | {"turns": pl.String})  # strict)
+        fields = dict(own)
+        if not checked:  # every field of theirs typed: polars is strict on ints, floats, lists
+            fields |= {c: schema[c] for c in LINE_ORDER_SHORT}
+        frame = pl.read_ndjson(io.BytesIO(data), schema=fields | {"turns": pl.String})
     except pl.exceptions.PolarsError:
         return None
     c = pl.col
@@ -267,23 +269,6 @@ def _parsed(lines, part, paths, store, own, full, corrupt) -> object:
     wanted = list(PROMPT_FIELDS)
     frame = _chunk_frame(chunk, store, PromptColumns(store, wanted), own | {"_file": full["_file"], "_line": full["_line"]}, full, corrupt)  # fmt: skip
     return frame.select([*own, *wanted, "_file", "_line"])
-
-
-def _with_fragments(frame, store: PromptStore, corrupt: list):
-    """The frame with its prompts as SpecForge text (PromptStore.frame(fragments=True));
-    rows whose prompt the run lacks are reported and left out."""
-    import polars as pl
-
-    got = store.frame(frame.select("dataset", "prompt_id"), fragments=True)
-    if got is None:
-        got = pl.DataFrame({"found": [False] * frame.height})
-    for stem, n in frame.filter(~got["found"]).select("_file", "_line").iter_rows():
-        corrupt += corrupt_entries(Path("records") / f"{stem}.jsonl", [(n, "prompt_id not in prompts.parquet")])  # fmt: skip
-    if not got["found"].all():
-        frame, got = frame.filter(got["found"]), got.filter(got["found"])
-    if not frame.height:
-        return frame
-    return frame.with_columns(got.select("_frag", "_tools_sf", "_held"))
 
 
 def record_rows(

@@ -308,10 +308,15 @@ def with_prompts(chunk: list[tuple], prompts: PromptStore, problems: list) -> li
 class PromptColumns:
     """record_batches' messages and tools for lines that do not hold their own: gathered
     from the prompt store for a whole frame at once, the same values PromptStore.lookup
-    gives (messages as {role, content}; tools as compact JSON or null)."""
+    gives (messages as {role, content}; tools as compact JSON or null). With
+    fragments=True, the store's SpecForge text instead (`_frag`, `_tools_sf`, `_held`:
+    PromptStore.frame), for kit.run.batches.read_spans."""
 
-    def __init__(self, store: PromptStore, columns: list[str]) -> None:
-        self.store, self.columns = store, columns
+    FRAGMENTS = ("_frag", "_tools_sf", "_held")
+
+    def __init__(self, store: PromptStore, columns: list[str], fragments: bool = False) -> None:
+        self.store, self.fragments = store, fragments
+        self.columns = list(self.FRAGMENTS) if fragments else columns
 
     @staticmethod
     def can_join(chunk: list[tuple]) -> bool:
@@ -324,13 +329,15 @@ class PromptColumns:
         reported (by their _file, _line) and left out."""
         import polars as pl
 
-        got = self.store.frame(frame.select("dataset", "prompt_id"))
+        got = self.store.frame(frame.select("dataset", "prompt_id"), fragments=self.fragments)
         found = got["found"] if got is not None else pl.Series([False] * frame.height)
         for stem, n in frame.filter(~found).select("_file", "_line").iter_rows():
             problems += corrupt_entries(Path("records") / f"{stem}.jsonl", [(n, "prompt_id not in prompts.parquet")])  # fmt: skip
         if got is None:
             return frame.clear()
         frame, got = frame.filter(found), got.filter(found)
+        if self.fragments:
+            return frame.with_columns(got.select(self.columns))
         out = {}
         if "messages" in self.columns:  # decoded as {role, content} already (PromptStore._read)
             out["messages"] = got["messages"]
