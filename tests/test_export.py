@@ -338,3 +338,36 @@ def test_hf_format_or_a_clear_error(tmp_path):
     table = datasets.load_from_disk(str(tmp_path / "out/hf/train"))
     assert table["id"] == [r["id"] for r in read_jsonl(tmp_path / "out/specforge/train.jsonl")]
     assert validate(tmp_path / "out").ok
+
+
+def test_jsonl_files_go_to_disk_as_written(tmp_path, monkeypatch):
+    """WriteBehind: a JSONL file is synced and dropped from the page cache a piece at a time,
+    in order, every byte once, and its bytes are those of an export written in one piece."""
+    import itertools
+    import os
+
+    from kit.report import writers
+
+    recs = [make_record(None, "d", i, f"q{i} " * 20, ANSWERS[i % len(ANSWERS)] * 5, ids=False) for i in range(60)]  # fmt: skip
+    run = plant_run(tmp_path / "run", recs, budgets={"d": 10**6})
+    whole = export(run, tmp_path / "whole", formats=("specforge",))
+    calls = []
+    real_sync, real_advise = os.fdatasync, os.posix_fadvise
+    monkeypatch.setattr(writers, "SYNC_EVERY", 512)
+    monkeypatch.setattr("kit.report.export.BATCH", 4)  # many writes: a few rows each
+    monkeypatch.setattr(writers.os, "fdatasync", lambda fd: (calls.append(("sync", fd)), real_sync(fd))[1])  # fmt: skip
+    monkeypatch.setattr(writers.os, "posix_fadvise", lambda fd, at, n, how: (calls.append(("drop", fd, at, n, how)), real_advise(fd, at, n, how))[1])  # fmt: skip
+    pieces = export(run, tmp_path / "pieces", formats=("specforge",))
+    path = "specforge/train.jsonl"
+    assert (tmp_path / "pieces" / path).read_bytes() == (tmp_path / "whole" / path).read_bytes()
+    assert pieces.files[path] == whole.files[path] and validate(tmp_path / "pieces").ok
+    drops = [c for c in calls if c[0] == "drop"]
+    fd = drops[0][1]  # the train file's: the first written
+    ranges = [(at, n) for _, d, at, n, how in drops if d == fd and how == os.POSIX_FADV_DONTNEED]
+    size = (tmp_path / "pieces" / path).stat().st_size
+    assert len(ranges) > 2 and size > 3 * 512  # synced while writing, not only at close
+    assert ranges[0][0] == 0 and sum(n for _, n in ranges) == size
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(ranges))  # in order, no gap
+    for i, c in enumerate(calls):  # each piece on disk before its pages are dropped
+        if c[0] == "drop":
+            assert calls[i - 1] == ("sync", c[1])

@@ -13,6 +13,7 @@ holds one batch of text and one small row per record, however large the run.
 from __future__ import annotations
 
 import random
+from array import array
 from pathlib import Path
 
 
@@ -148,17 +149,25 @@ def _from_index(run_dir, upto: dict, schema: dict):
 
 
 def _newlines(path, size: int):
-    """The offsets of the newlines in a file's first `size` bytes (read in 32 MB pieces)."""
+    """The offsets of the newlines in a file's first `size` bytes, read in 32 MB pieces into
+    one buffer (fresh memory per piece costs more here than the search: bytes.find, memchr)."""
     import numpy as np
 
     found, at = [], 0
-    with open(path, "rb") as f:
+    buf = bytearray(min(32 << 20, max(size, 1)))
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
         while at < size:
-            data = f.read(min(32 << 20, size - at))
-            if not data:
+            n = f.readinto(view[: min(len(buf), size - at)])
+            if not n:
                 break
-            found.append(np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10) + at)
-            at += len(data)
+            ends, find = array("q"), buf.find
+            i = find(b"\n", 0, n)
+            while i != -1:
+                ends.append(i)
+                i = find(b"\n", i + 1, n)
+            found.append(np.frombuffer(ends, dtype=np.int64) + at)
+            at += n
     return np.concatenate(found).astype(np.int64) if found else np.zeros(0, dtype=np.int64)
 
 

@@ -52,9 +52,10 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_entry(path: Path, rows: int | None, *, line_hashes: str | None = None) -> dict:
-    """The manifest entry of one written file."""
-    entry = {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
+def file_entry(path: Path, rows: int | None, *, line_hashes: str | None = None, sha256: str | None = None) -> dict:  # fmt: skip
+    """The manifest entry of one written file; `sha256`: its hash as the writer computed it
+    while writing (else the file is read again for it)."""
+    entry = {"sha256": sha256 or sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
     if line_hashes:
         entry["line_hashes"] = line_hashes
     return entry

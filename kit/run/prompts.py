@@ -275,9 +275,15 @@ def _entries(table, tools: bool):
     import polars as pl
 
     held = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.any()  # fmt: skip
-    if tools:  # free-form JSON: Python renders it (only prompts that have tools)
-        text = [json.dumps(t, ensure_ascii=False) if (t := _tools(x)) else "" for x in table["tools"]]  # fmt: skip
-        sf = pl.Series(text, dtype=pl.String)
+    if tools:  # free-form JSON: Python renders it, once per distinct text (prompts share tools)
+        seen: dict = {None: ""}
+
+        def sf_text(x) -> str:
+            if x not in seen:
+                seen[x] = json.dumps(t, ensure_ascii=False) if (t := _tools(x)) else ""
+            return seen[x]
+
+        sf = pl.Series([sf_text(x) for x in table["tools"]], dtype=pl.String)
     else:
         sf = pl.lit("")
     return table.select(pl.concat_str(
