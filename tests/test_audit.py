@@ -1,13 +1,11 @@
 """kit.audit on planted run directories: each planted problem is flagged, a clean run is not.
 
-Run directories are written by hand here (config.json, records/<dataset>.jsonl,
-errors.jsonl, prompts.parquet), which also pins the on-disk format of kit/types.py.
+Run directories are planted through kit's own writer (RunStore), records and prompts given
+by hand.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 from pathlib import Path
 
@@ -15,14 +13,17 @@ import polars as pl
 import pytest
 
 import kit
+from kit.data.sources import prompt_id
 from kit.report.audit import AuditThresholds, normalize_text
+from kit.run.store import RunStore
 from kit.types import ErrorRecord, Record, RunConfig, Sampling
 
 T0 = 1_700_000_000.0
 
 
 def pid(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """The prompt_id of a one-turn user prompt."""
+    return prompt_id([{"role": "user", "content": text}])
 
 
 def make_record(tok, dataset, i, prompt, completion, *, finish="stop", ids=True, **kw) -> Record:
@@ -60,7 +61,9 @@ def plant_run(
     tokenizer: str | None = None,
     api_key_env: str | None = None,
 ) -> Path:
-    """Write a run directory in the kit.types layout, by hand."""
+    """Write a run directory through kit's own writer (RunStore): the records' prompts (their
+    prompt_id set to the hash of their messages and tools), `prompts` more, then the records
+    and errors."""
     cfg = RunConfig(
         model="smollm2-135m",
         endpoints=["http://127.0.0.1:9/v1"],
@@ -70,24 +73,24 @@ def plant_run(
         api_key_env=api_key_env,
         chat_template_hash="planted",
     )
-    (run_dir / "records").mkdir(parents=True, exist_ok=True)
-    doc = {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict()}
-    (run_dir / "config.json").write_text(json.dumps(doc))
-    by_ds: dict[str, list[str]] = {}
+    rows = []
     for r in records:
-        by_ds.setdefault(r.dataset, []).append(json.dumps(dataclasses.asdict(r)))
-    for ds, lines in by_ds.items():
-        (run_dir / "records" / f"{ds}.jsonl").write_text("\n".join(lines) + "\n")
-    err_lines = [json.dumps(dataclasses.asdict(e)) for e in errors]
-    (run_dir / "errors.jsonl").write_text("".join(x + "\n" for x in err_lines))
-    if prompts is not None:
-        rows = [
-            {"dataset": ds, "prompt_id": pid(p), "messages": [{"role": "user", "content": p}], "n_turns": 1, "row": i}
-            for ds, ps in prompts.items()
-            for i, p in enumerate(ps)
-        ]  # fmt: skip
-        pl.DataFrame(rows).write_parquet(run_dir / "prompts.parquet")
+        tools = json.dumps(r.tools, separators=(",", ":")) if r.tools else None
+        r.prompt_id = prompt_id(r.messages, tools)
+        rows.append({"dataset": r.dataset, "prompt_id": r.prompt_id, "messages": r.messages, "tools": tools, "n_turns": 1, "row": 0})  # fmt: skip
+    for ds, ps in (prompts or {}).items():
+        rows += [{"dataset": ds, "prompt_id": pid(p), "messages": [{"role": "user", "content": p}], "tools": None, "n_turns": 1, "row": i} for i, p in enumerate(ps)]  # fmt: skip
+    store = RunStore(run_dir)
+    store.init(cfg, pl.DataFrame(rows, schema=PROMPT_SCHEMA) if rows else None)
+    for r in records:
+        store.append(r)
+    for e in errors:
+        store.append_error(e)
+    store.close()
     return run_dir
+
+
+PROMPT_SCHEMA = {"dataset": pl.String, "prompt_id": pl.String, "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})), "tools": pl.String, "n_turns": pl.Int64, "row": pl.Int64}  # fmt: skip
 
 
 ANSWERS = [

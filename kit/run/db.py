@@ -1,0 +1,250 @@
+"""The run database: one SQLite file per run directory, run_dir/run.sqlite, in WAL mode.
+
+It holds everything a run writes: config and fingerprint, prompts, records, errors, skips,
+per-dataset totals (updated in the transaction that adds the records they count) and state.
+The schema is built by ordered migrations (small functions, each run once and recorded in
+the `migrations` table). Token ids are little-endian uint32 blobs: 4 bytes a token. The
+file must sit on a local filesystem: WAL needs shared memory, which NFS does not give.
+One writer (kit.run.store.RunStore); readers (kit.run.reader) open it read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import time
+from array import array
+from pathlib import Path
+
+from kit.types import Record
+
+DB_NAME = "run.sqlite"
+BUSY_MS = 30_000  # how long a statement waits for the other side's lock before it fails
+
+
+class DatabaseDamaged(RuntimeError):
+    """The run database is not a readable SQLite database (truncated, overwritten pages)."""
+
+
+def db_path(run_dir) -> Path:
+    return Path(run_dir) / DB_NAME
+
+
+def damaged(path: Path, err: Exception) -> DatabaseDamaged:
+    """The one-line report of a damaged database, with what to do."""
+    return DatabaseDamaged(
+        f"run database {path} is damaged ({err}); nothing was read from it. Restore it from "
+        f"a copy, or inspect it with `sqlite3 {path} 'PRAGMA integrity_check'` "
+        "(`.recover` salvages what is left into a new file)"
+    )
+
+
+def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
+    """A connection to run_dir's database: the writer's (created, migrated) or read-only.
+
+    Raises FileNotFoundError when a reader finds no database,
+    DatabaseDamaged when the file is not a database SQLite can read.
+    """
+    path = db_path(run_dir)
+    if not write and not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a kit run directory?")
+    try:
+        if write:
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        else:
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)  # fmt: skip
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
+        if write:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")  # a commit is on disk when it returns
+            migrate(conn)
+        else:
+            conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+    except sqlite3.DatabaseError as e:
+        if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+            raise
+        raise damaged(path, e) from None
+    return conn
+
+
+# ---------------------------------------------------------------- schema
+
+
+_M001_SCHEMA = """
+    CREATE TABLE config (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        fingerprint TEXT NOT NULL,
+        doc TEXT NOT NULL                  -- RunConfig.to_dict() as JSON
+    );
+        -- messages: the compact JSON [[role, content], ...] that prompt_id hashes
+    CREATE TABLE prompts (
+        dataset TEXT NOT NULL,
+        prompt_id TEXT NOT NULL,
+        messages TEXT NOT NULL,
+        tools TEXT,                        -- compact JSON array of OpenAI tools, or NULL
+        n_turns INTEGER,
+        row INTEGER,                       -- the row in its source file
+            PRIMARY KEY (dataset, prompt_id)
+        ) WITHOUT ROWID;
+    CREATE TABLE records (
+        dataset TEXT NOT NULL,
+        prompt_id TEXT NOT NULL,
+        sample INTEGER NOT NULL,
+        completion TEXT NOT NULL,
+        reasoning TEXT,
+        finish_reason TEXT NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        count_source TEXT NOT NULL,
+        prompt_tokens INTEGER,
+        output_ids BLOB,                   -- uint32 little-endian, 4 bytes a token
+        prompt_ids BLOB,
+        endpoint TEXT NOT NULL,
+        latency_s REAL NOT NULL,
+        attempts INTEGER NOT NULL,
+        t_done REAL NOT NULL,
+        turns TEXT,                        -- all_turns: the earlier generated turns, JSON
+            PRIMARY KEY (dataset, prompt_id, sample)
+    );
+    CREATE TABLE errors (
+        id INTEGER PRIMARY KEY,
+        dataset TEXT NOT NULL,
+        prompt_id TEXT NOT NULL,
+        sample INTEGER NOT NULL,
+        error TEXT NOT NULL,               -- redacted
+        attempts INTEGER NOT NULL,
+        t REAL NOT NULL
+    );
+    CREATE INDEX errors_key ON errors (dataset, prompt_id, sample);
+    CREATE TABLE skips (
+        dataset TEXT NOT NULL,
+        prompt_id TEXT NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        max_tokens INTEGER NOT NULL,
+        max_context INTEGER NOT NULL,
+        samples INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+            PRIMARY KEY (dataset, prompt_id)
+        ) WITHOUT ROWID;
+    CREATE TABLE totals (
+        dataset TEXT PRIMARY KEY,
+        samples INTEGER NOT NULL,
+        tokens INTEGER NOT NULL,
+        truncated INTEGER NOT NULL
+        ) WITHOUT ROWID;
+    CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+"""
+
+# (name, SQL script): append only; each runs once, in order, in one transaction, recorded
+MIGRATIONS = [("m001_schema", _M001_SCHEMA)]
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Run the migrations this database has not had, each in its own transaction."""
+    conn.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, t REAL NOT NULL)")
+    for name, script in MIGRATIONS:
+        if conn.execute("SELECT 1 FROM migrations WHERE name = ?", (name,)).fetchone():
+            continue
+        try:  # a second writer that ran it meanwhile makes the INSERT fail: nothing applied
+            conn.executescript(
+                f"BEGIN IMMEDIATE; {script}; "
+                f"INSERT INTO migrations VALUES ('{name}', {time.time()}); COMMIT;"
+            )
+        except sqlite3.Error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if not conn.execute("SELECT 1 FROM migrations WHERE name = ?", (name,)).fetchone():
+                raise
+
+
+def integrity(run_dir) -> list[str]:
+    """SQLite's integrity check of run_dir's database: [] when it is sound, else its problems."""
+    conn = connect(run_dir)
+    try:
+        rows = [r for (r,) in conn.execute("PRAGMA integrity_check")]
+    except sqlite3.DatabaseError as e:
+        return [str(e)]
+    finally:
+        conn.close()
+    return [] if rows == ["ok"] else rows
+
+
+# ---------------------------------------------------------------- rows
+
+PROMPT_CHUNK = 10_000  # prompts inserted per statement batch (a frame is streamed in)
+
+
+def prompt_rows(frame):
+    """(dataset, prompt_id, messages JSON, tools, n_turns, row) of a prompt frame, a chunk
+    at a time; messages as the compact JSON prompt_id hashes (kit.data.sources)."""
+    has_tools = "tools" in frame.columns
+    for part in frame.iter_slices(PROMPT_CHUNK):
+        cols = [part[c].to_list() if c in part.columns else [None] * part.height for c in ("dataset", "prompt_id", "messages", "n_turns", "row")]  # fmt: skip
+        tools = part["tools"].to_list() if has_tools else [None] * part.height
+        yield [
+            (ds, pid, _messages_json(msgs), tl, nt, row)
+            for ds, pid, msgs, nt, row, tl in zip(*cols, tools, strict=True)
+        ]
+
+
+def _messages_json(messages: list[dict]) -> str:
+    pairs = [[m["role"], m["content"]] for m in messages]
+    return json.dumps(pairs, ensure_ascii=False, separators=(",", ":"))
+
+
+RECORD_SQL = (
+    "INSERT OR IGNORE INTO records (dataset, prompt_id, sample, completion, reasoning, "
+    "finish_reason, completion_tokens, count_source, prompt_tokens, output_ids, prompt_ids, "
+    "endpoint, latency_s, attempts, t_done, turns) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+TOTALS_SQL = (
+    "INSERT INTO totals (dataset, samples, tokens, truncated) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (dataset) DO UPDATE SET samples = samples + excluded.samples, "
+    "tokens = tokens + excluded.tokens, truncated = truncated + excluded.truncated"
+)
+
+
+def record_row(r: Record) -> tuple:
+    turns = json.dumps(r.turns, ensure_ascii=False) if r.turns is not None else None
+    return (
+        r.dataset, r.prompt_id, r.sample, r.completion, r.reasoning, r.finish_reason,
+        r.completion_tokens, r.count_source, r.prompt_tokens, ids_blob(r.output_ids),
+        ids_blob(r.prompt_ids), r.endpoint, r.latency_s, r.attempts, r.t_done, turns,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- token ids
+
+_LITTLE = sys.byteorder == "little"
+
+
+def ids_blob(ids) -> bytes | None:
+    """Token ids -> 4 bytes each (uint32, little-endian); None stays None.
+
+    Example:
+        >>> ids_blob([1, 258])
+        b'\\x01\\x00\\x00\\x00\\x02\\x01\\x00\\x00'
+    """
+    if ids is None:
+        return None
+    a = array("I", ids)  # OverflowError for an id outside 0..2**32-1
+    if not _LITTLE:
+        a.byteswap()
+    return a.tobytes()
+
+
+def ids_list(blob) -> list[int] | None:
+    """ids_blob's inverse.
+
+    Example:
+        >>> ids_list(ids_blob([1, 258]))
+        [1, 258]
+    """
+    if blob is None:
+        return None
+    a = array("I")
+    a.frombytes(blob)
+    if not _LITTLE:
+        a.byteswap()
+    return a.tolist()

@@ -1,0 +1,331 @@
+"""The one reader of a run directory: SQL on its database into polars frames.
+
+Audit, export, watch, progress and resume all read through here, in bounded batches
+(`record_batches`), so memory follows the batch, not the run. Prompts are joined by SQL and
+each one read with a record is checked against its content hash (prompt_id): an edited
+prompt is a PromptMismatch naming it, never a wrong pair. Token ids come back as lists
+(decoded from their 4-byte blobs with numpy and Arrow, no Python int per token).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from kit.run import db
+from kit.run.legacy import import_old_layout, is_old_layout
+from kit.types import ErrorRecord, Record, RunConfig
+
+BATCH = 10_000  # records per frame a reader yields
+RECORD_COLUMNS = (
+    "dataset", "prompt_id", "sample", "completion", "reasoning", "finish_reason",
+    "completion_tokens", "count_source", "prompt_tokens", "output_ids", "prompt_ids",
+    "endpoint", "latency_s", "attempts", "t_done", "turns",
+)  # fmt: skip
+PROMPT_COLUMNS = ("messages", "tools")  # joined onto records with prompts=True
+
+
+class PromptMismatch(ValueError):
+    """A stored prompt's text no longer hashes to its prompt_id (edited after the run)."""
+
+
+@contextmanager
+def open_db(run_dir):
+    """A read-only connection to run_dir's database, closed on exit."""
+    if is_old_layout(Path(run_dir)):
+        import_old_layout(Path(run_dir))  # a run of kit's JSONL layout: imported once
+    conn = db.connect(run_dir)
+    try:
+        yield conn
+    except sqlite3.DatabaseError as e:
+        if isinstance(e, sqlite3.OperationalError):
+            raise
+        raise db.damaged(db.db_path(run_dir), e) from None
+    finally:
+        conn.close()
+
+
+def config_doc(conn: sqlite3.Connection) -> dict | None:
+    """The stored RunConfig.to_dict(), None before a run stored one."""
+    row = conn.execute("SELECT doc FROM config WHERE id = 1").fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def read_config(run_dir) -> RunConfig:
+    """The RunConfig a run directory was made with.
+
+    Example: read_config("data/runs/demo").budgets -> {"alpaca": 4000, "sharegpt": 2500}
+    """
+    with open_db(run_dir) as conn:
+        doc = config_doc(conn)
+    if doc is None:
+        raise FileNotFoundError(f"{run_dir} holds no run configuration: is it a run directory?")
+    return RunConfig.from_dict(doc)
+
+
+def state(run_dir, key: str) -> str | None:
+    """One row of the state table ("status", "writer", "rejected", "guard"), or None."""
+    with open_db(run_dir) as conn:
+        row = conn.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else None
+
+
+def done_frame(conn: sqlite3.Connection):
+    """dataset, prompt_id, sample, completion_tokens, finish_reason of every stored record."""
+    import polars as pl
+
+    schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "completion_tokens": pl.Int64, "finish_reason": pl.String}  # fmt: skip
+    cur = conn.execute(f"SELECT {', '.join(schema)} FROM records ORDER BY rowid")
+    parts = [pl.DataFrame(rows, schema=schema, orient="row") for rows in _chunks(cur, 200_000)]
+    return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+
+
+def _chunks(cur: sqlite3.Cursor, size: int) -> Iterator[list]:
+    while rows := cur.fetchmany(size):
+        yield rows
+
+
+# ---------------------------------------------------------------- records
+
+
+def record_schema() -> dict:
+    """The polars schema of record_batches' columns (token ids as lists of ints)."""
+    import polars as pl
+
+    ids = pl.List(pl.Int64)
+    return {
+        "dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "completion": pl.String,
+        "reasoning": pl.String, "finish_reason": pl.String, "completion_tokens": pl.Int64,
+        "count_source": pl.String, "prompt_tokens": pl.Int64, "output_ids": ids, "prompt_ids": ids,
+        "endpoint": pl.String, "latency_s": pl.Float64, "attempts": pl.Int64, "t_done": pl.Float64,
+        "turns": pl.String, "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
+        "tools": pl.String,
+    }  # fmt: skip
+
+
+def record_batches(
+    run_dir, *, datasets=None, columns=None, prompts: bool = False, batch_size: int = BATCH
+) -> Iterator:
+    """The run's records as polars frames of at most `batch_size` rows, in commit order.
+
+    Args:
+        run_dir: the run directory.
+        datasets: only these datasets (None: all).
+        columns: the record columns wanted (RECORD_COLUMNS; None: all).
+        prompts: also each record's prompt, `messages` (list of {role, content}) and
+            `tools` (JSON text), each checked against its prompt_id (PromptMismatch).
+        batch_size: rows per frame.
+
+    Example:
+        for batch in record_batches("data/runs/demo", columns=["dataset", "completion_tokens"]):
+            batch.group_by("dataset").agg(pl.col("completion_tokens").sum())
+    """
+    cols = list(columns or RECORD_COLUMNS)
+    if bad := [c for c in cols if c not in RECORD_COLUMNS]:
+        raise ValueError(f"unknown record columns {bad}; choose from {RECORD_COLUMNS}")
+    select = [f"r.{c}" for c in cols]
+    if prompts:
+        select += ["p.prompt_id IS NOT NULL", "p.messages", "p.tools", "r.dataset", "r.prompt_id"]
+    sql = f"SELECT {', '.join(select)} FROM records r"
+    if prompts:
+        sql += " LEFT JOIN prompts p ON p.dataset = r.dataset AND p.prompt_id = r.prompt_id"
+    args: list = []
+    if datasets is not None:
+        datasets = list(datasets)
+        sql += f" WHERE r.dataset IN ({', '.join('?' * len(datasets))})"
+        args = datasets
+    sql += " ORDER BY r.rowid"
+    with open_db(run_dir) as conn:
+        cur = conn.execute(sql, args)
+        for rows in _chunks(cur, batch_size):
+            yield _frame(rows, cols, prompts)
+
+
+def _frame(rows: list[tuple], cols: list[str], prompts: bool):
+    """One batch of SQL rows -> a polars frame (ids decoded, prompts checked and decoded)."""
+    import polars as pl
+
+    schema = record_schema()
+    data = {}
+    for i, c in enumerate(cols):
+        values = [r[i] for r in rows]
+        data[c] = ids_series(values, c) if c in ("output_ids", "prompt_ids") else pl.Series(c, values, dtype=schema[c])  # fmt: skip
+    if prompts:
+        n = len(cols)
+        found = [r[n] for r in rows]
+        msgs, tools = [r[n + 1] for r in rows], [r[n + 2] for r in rows]
+        keys = [(r[n + 3], r[n + 4]) for r in rows]
+        check_prompts(keys, msgs, tools, found)
+        data["messages"] = messages_series(msgs)
+        data["tools"] = pl.Series("tools", tools, dtype=pl.String)
+    return pl.DataFrame(data)
+
+
+def check_prompts(keys: list[tuple], messages: list, tools: list, found=None) -> None:
+    """Raise PromptMismatch when a prompt is missing or its text does not hash to its id."""
+    for i, ((ds, pid), text, tl) in enumerate(zip(keys, messages, tools, strict=True)):
+        if found is not None and not found[i]:
+            raise PromptMismatch(f"record ({ds!r}, {pid!r}) has no stored prompt in the run database")  # fmt: skip
+        payload = text if tl is None else f'{{"messages":{text},"tools":{tl}}}'
+        if hashlib.blake2b(payload.encode("utf-8"), digest_size=8).hexdigest() != pid:
+            raise PromptMismatch(
+                f"prompt ({ds!r}, {pid!r}) in the run database does not hash to its prompt_id: "
+                "it was changed after the run; nothing was paired with it. Restore the run "
+                "database from a copy"
+            )
+
+
+def ids_series(blobs: list, name: str = "ids"):
+    """4-byte token id blobs (or None) -> a polars List(Int64) series, without a Python int
+    per token (numpy over the joined bytes, Arrow offsets)."""
+    import numpy as np
+    import polars as pl
+    import pyarrow as pa
+
+    sizes = np.fromiter((0 if b is None else len(b) // 4 for b in blobs), dtype=np.int64, count=len(blobs))  # fmt: skip
+    offsets = np.zeros(len(blobs) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    values = np.frombuffer(b"".join(b for b in blobs if b is not None), dtype="<u4").astype(np.int64)  # fmt: skip
+    mask = pa.array([b is None for b in blobs])
+    arr = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), mask=mask)
+    return pl.Series(name, arr, dtype=pl.List(pl.Int64))
+
+
+def messages_series(texts: list):
+    """Stored messages JSON ([[role, content], ...]) -> a list of {role, content} series."""
+    import polars as pl
+
+    pairs = pl.Series("messages", texts, dtype=pl.String).str.json_decode(pl.List(pl.List(pl.String)))  # fmt: skip
+    return pairs.list.eval(pl.struct(role=pl.element().list.get(0), content=pl.element().list.get(1)))  # fmt: skip
+
+
+def records_frame(run_dir, datasets=None, *, prompts: bool = True):
+    """Every record as one frame (with its prompt by default): for small runs and tests."""
+    import polars as pl
+
+    parts = list(record_batches(run_dir, datasets=datasets, prompts=prompts))
+    if parts:
+        return pl.concat(parts)
+    schema = record_schema()
+    cols = list(RECORD_COLUMNS) + (list(PROMPT_COLUMNS) if prompts else [])
+    return pl.DataFrame(schema={c: schema[c] for c in cols})
+
+
+def records(run_dir, datasets=None) -> Iterator[Record]:
+    """The run's records as Record objects, messages as the runner sent them."""
+    for batch in record_batches(run_dir, datasets=datasets, prompts=True):
+        for row in batch.iter_rows(named=True):
+            yield to_record(row)
+
+
+def to_record(row: dict) -> Record:
+    """A record_batches row (with prompts) -> a Record."""
+    turns = json.loads(row["turns"]) if row.get("turns") else None
+    tools = json.loads(row["tools"]) if row.get("tools") else None
+    fields = {k: row[k] for k in RECORD_COLUMNS if k != "turns"}
+    return Record(**fields, messages=as_sent(row["messages"], turns), tools=tools, turns=turns)
+
+
+def as_sent(messages: list[dict], turns) -> list[dict]:
+    """The prompt as the runner sent its last request: with all_turns (Record.turns), each
+    assistant message holds the target's own earlier answer, in order."""
+    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    answers = iter(turns or ())
+    for m in messages:
+        if m["role"] == "assistant" and turns:
+            turn = next(answers, None)
+            if turn is None:
+                break
+            m["content"] = turn.get("content") or ""
+    return messages
+
+
+# ---------------------------------------------------------------- prompts, errors, skips
+
+
+def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
+    """The stored prompts in kit.load's columns (dataset, prompt_id, messages, n_turns, row,
+    tools); text=False leaves out messages and tools (a resume's light view). `ids`: only
+    these prompt ids (with one dataset)."""
+    import polars as pl
+
+    cols = ["dataset", "prompt_id", "n_turns", "row"] + (["messages", "tools"] if text else [])
+    sql, args = f"SELECT {', '.join(cols)} FROM prompts", []
+    where = []
+    if datasets is not None:
+        datasets = list(datasets)
+        where.append(f"dataset IN ({', '.join('?' * len(datasets))})")
+        args += datasets
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    schema = {"dataset": pl.String, "prompt_id": pl.String, "n_turns": pl.Int64, "row": pl.Int64, "messages": pl.String, "tools": pl.String}  # fmt: skip
+    schema = {c: schema[c] for c in cols}
+    wanted = None if ids is None else set(ids)
+    parts = []
+    with open_db(run_dir) as conn:
+        for rows in _chunks(conn.execute(sql, args), 100_000):
+            if wanted is not None:
+                rows = [r for r in rows if r[1] in wanted]
+            part = pl.DataFrame(rows, schema=schema, orient="row")
+            if text and part.height:
+                check_prompts(list(zip(part["dataset"], part["prompt_id"], strict=True)), part["messages"].to_list(), part["tools"].to_list())  # fmt: skip
+                part = part.with_columns(messages_series(part["messages"].to_list()))
+            parts.append(part)
+    frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    if text and not parts:
+        frame = frame.with_columns(pl.col("messages").cast(record_schema()["messages"]))
+    return frame
+
+
+def errors_frame(run_dir):
+    """Every ErrorRecord as a frame, with `resolved` (the key now has a record).
+
+    Example: errors_frame(run_dir).filter(~pl.col("resolved")) -> the effective error set
+    """
+    import polars as pl
+
+    sql = (
+        "SELECT e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t, "
+        "EXISTS (SELECT 1 FROM records r WHERE r.dataset = e.dataset AND "
+        "r.prompt_id = e.prompt_id AND r.sample = e.sample) FROM errors e ORDER BY e.id"
+    )
+    schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "error": pl.String, "attempts": pl.Int64, "t": pl.Float64, "resolved": pl.Boolean}  # fmt: skip
+    with open_db(run_dir) as conn:
+        rows = conn.execute(sql).fetchall()
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def open_errors(run_dir) -> dict[tuple, ErrorRecord]:
+    """The effective error set: the latest ErrorRecord per key that has no record."""
+    frame = errors_frame(run_dir)
+    out = {}
+    for row in frame.filter(~frame["resolved"]).drop("resolved").iter_rows(named=True):
+        out[(row["dataset"], row["prompt_id"], row["sample"])] = ErrorRecord(**row)
+    return out
+
+
+def skips_frame(run_dir):
+    """The prompts the context guard skipped: dataset, prompt_id, prompt_tokens, max_tokens,
+    max_context, samples, reason."""
+    import polars as pl
+
+    schema = {"dataset": pl.String, "prompt_id": pl.String, "prompt_tokens": pl.Int64, "max_tokens": pl.Int64, "max_context": pl.Int64, "samples": pl.Int64, "reason": pl.String}  # fmt: skip
+    with open_db(run_dir) as conn:
+        rows = conn.execute(f"SELECT {', '.join(schema)} FROM skips ORDER BY dataset, prompt_id").fetchall()  # fmt: skip
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def totals(conn: sqlite3.Connection) -> dict[str, tuple[int, int, int]]:
+    """dataset -> (samples, completion tokens, truncated) of its committed records."""
+    rows = conn.execute("SELECT dataset, samples, tokens, truncated FROM totals")
+    return {ds: (s, t, x) for ds, s, t, x in rows}
+
+
+def is_run_dir(run_dir) -> bool:
+    """True when run_dir holds a run database (or a run of kit's older JSONL layout)."""
+    run_dir = Path(run_dir)
+    return db.db_path(run_dir).exists() or (run_dir / "config.json").exists()
