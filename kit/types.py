@@ -1,22 +1,15 @@
 """The dataclasses every stage shares.
 
-The run directory (written by kit.run.store, read by kit.report's monitor/audit/export) holds:
+The run directory (written by kit.run.store, read through kit.run.reader) holds:
 
     run_dir/
-      config.json            {"fingerprint": str, "config": RunConfig as dict}  (no secrets: no
-                             key, endpoints without user:password@)
+      run.sqlite (+ -wal, -shm)  the run database (kit.run.db): config and fingerprint (no
+                             secrets: no key, endpoints without user:password@), prompts,
+                             records, errors, skips, per-dataset totals, state (status,
+                             writer); on a local filesystem only (WAL)
       plan.json              {"version": 2, "budgets", "config", "pilot", "table"}, written by
                              kit.plan.write_plan (01_plan, `kit plan`), read by kit.plan.read_plan
-      prompts.parquet        the prompt frame the run draws from (kit.load output); every
-                             prompt is stored here once, never dropped by a later start
-      records/<dataset>.jsonl  one Record per line, append-only; a prompt of prompts.parquet
-                             is not repeated in its records' lines (no messages, no tools:
-                             readers join them back by (dataset, prompt_id), kit.run.batches)
-      errors.jsonl           one ErrorRecord per line: requests that failed every attempt
-      skipped.jsonl          prompts never sent (too long for the context; kit.run.guard), one per line
-      index/<dataset>.parquet|.json  the resume index written at each clean stop: line heads
-                             and the file size and checksums they cover (kit.run.index)
-      guard.json             the context guard's cached counts and what they depend on
+      guard.json             the context guard's cache of prompt counts (a cache: safe to delete)
 
 A prompt frame (kit.load, i.e. kit.data.sources.load) has the columns:
     dataset: str, prompt_id: str, messages: list[struct{role: str, content: str}],

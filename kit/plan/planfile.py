@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from kit.data.sources import LoadResult, reload, source_hashes
 from kit.plan.estimate import TOTAL, plan_schema
 from kit.plan.pilots import PilotResult
-from kit.run.lines import write_atomic
+from kit.run.guard import write_atomic
 from kit.types import RunConfig
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ share of budget committed, and stops feeding a dataset before it crosses its bud
 
 With a tokenizer, prompts too long for the context (prompt tokens + max_tokens >
 max_context) are never sent: counted per dataset (`skipped_context`) and listed in
-run_dir/skipped.jsonl (kit.run.guard). Results go through kit.run.store (crash-safe); a
+the run database (kit.run.guard). Results go through kit.run.store (committed); a
 stop (run.stop(), a cancelled task, Ctrl-C) cancels in-flight requests and flushes.
 Resume = the same call again, or `resume(run_dir)`. A foreground run on the main thread
 takes SIGTERM as that same clean stop (stop_reason "stopped by SIGTERM").
@@ -91,7 +91,7 @@ class Run:
         """Why the run stopped early, one line (None when it ran to the end): a dataset whose
         last RunConfig.max_consecutive_failures answers all failed (malformed or not
         retryable) with the last error, dead endpoints, "stopped by user", "interrupted (...)".
-        Also each unfinished dataset's note in status.json ("run stopped: <reason>")."""
+        Also each unfinished dataset's note in the run's status ("run stopped: <reason>")."""
         return self._runner.stop_reason
 
     def status(self) -> Status:
@@ -192,7 +192,7 @@ def _stop_on_sigterm(runner: _Runner):
 
 
 async def resume(run_dir: str | Path, *, progress=None, force: bool = False, **changes) -> Run:
-    """Continue a run from its own config.json and prompts.parquet.
+    """Continue a run from the config and prompts its run database holds.
 
     `changes` replace settings that may change on resume (budgets, endpoints,
     concurrency, timeout ...); a change to what the fingerprint covers is refused
@@ -200,7 +200,7 @@ async def resume(run_dir: str | Path, *, progress=None, force: bool = False, **c
 
     Example: run = await kit.run.generate.resume("data/runs/demo", concurrency=64)
     """
-    from kit.run.store import read_config
+    from kit.run.reader import read_config
 
     config = replace(read_config(run_dir), **changes)
     return await generate(None, config, run_dir=run_dir, progress=progress, force=force)

@@ -6,12 +6,13 @@ prompt_tokens is the length of the prompt rendered with the target's chat templa
 embedded `transformers serve`, accepts it and stalls for minutes.
 
 Skipped prompts are counted per dataset (DatasetProgress.skipped, the `skipped_context`
-column of run.summary()) and listed in run_dir/skipped.jsonl, one line per prompt:
-    {"dataset", "prompt_id", "prompt_tokens", "max_tokens", "max_context", "samples", "reason"}
-The file is rewritten at each start of the run, so it always describes the current
-guard (a resume with a larger max_context sends what an earlier start skipped).
+column of run.summary()) and listed in the run database's `skips` table, one row a prompt
+(dataset, prompt_id, prompt_tokens, max_tokens, max_context, samples, reason), replaced at
+each start of the run, so it always describes the current guard (a resume with a larger
+max_context sends what an earlier start skipped).
 
-Rendering every prompt costs ~90 s at a million prompts, so run_dir/guard.json keeps, per
+Rendering every prompt costs ~90 s at a million prompts, so run_dir/guard.json (a cache,
+never the truth: deleting it costs one render) keeps, per
 dataset, what too_long found under a key of everything it depends on (the tokenizer's files
 and chat_template_hash, max_context, max_tokens, the dataset's template kwargs, a hash of
 its prompts' dataset, prompt_id, messages and tools, the versions of polars, transformers
@@ -24,15 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
 import orjson
 
-from kit.run.lines import write_atomic
-
-SKIPPED_FILE = "skipped.jsonl"
 CACHE_FILE = "guard.json"
 _CACHE_VERSION = 1  # bump when too_long's rule changes
 REASON = "context"  # prompt_tokens + max_tokens > max_context
@@ -111,19 +110,19 @@ def too_long(
     return {(datasets[i], ids[i]): n for i, n in zip(candidates, lengths, strict=True) if n > room}
 
 
-def apply(frame, config, run_dir, done) -> Skips:
-    """The prompts this run skips (none without a tokenizer); rewrites run_dir/skipped.jsonl.
+def apply(frame, config, run_dir, done) -> tuple[Skips, list[tuple]]:
+    """The prompts this run skips (none without a tokenizer), and the rows the store keeps of
+    them (RunStore.write_skips).
 
     Args:
         frame: the prompt frame; config: the RunConfig (tokenizer, max_context, sampling).
-        run_dir: the run directory. done: the records already written, {(dataset,
-            prompt_id, sample): ...} or RunStore.scan_frame()'s frame.
+        run_dir: the run directory. done: the records already written, RunStore.done()'s
+            frame.
     Returns:
-        {(dataset, prompt_id): (prompt_tokens, samples not yet done)} for prompts with at
+        ({(dataset, prompt_id): (prompt_tokens, samples not yet done)}, rows) for prompts with at
         least one sample still to do. too_long's answers come from run_dir/guard.json when
         their key matches (see the module docstring).
     """
-    path = Path(run_dir) / SKIPPED_FILE
     cache = _Cache(Path(run_dir), config.tokenizer) if config.tokenizer else None
     limit = config.max_context
     if cache is not None:
@@ -131,11 +130,10 @@ def apply(frame, config, run_dir, done) -> Skips:
         cache.note_tokenizer(config.chat_template_hash)
         cache.save()
     if not config.tokenizer or not limit:
-        path.unlink(missing_ok=True)  # nothing is skipped now: no stale list for audit
-        return {}
+        return {}, []
     max_tokens, n = config.sampling.max_tokens, config.sampling.n
     check(limit, config.tokenizer, max_tokens)
-    from kit.run.prompts import prompt_text
+    from kit.run.queues import prompt_text
 
     found: dict[tuple, int] = {}
     for name in frame["dataset"].unique(maintain_order=True).to_list():
@@ -150,19 +148,20 @@ def apply(frame, config, run_dir, done) -> Skips:
             cache.put(name, key, hit)
         found |= hit
     cache.save()
-    if not isinstance(done, dict):  # RunStore.scan_frame(): the keys of these prompts only
-        import polars as pl
+    import polars as pl
 
-        rows = done.filter(pl.col("prompt_id").is_in([pid for _, pid in found]))
-        done = dict.fromkeys(rows.select("dataset", "prompt_id", "sample").iter_rows())
+    rows = done.filter(pl.col("prompt_id").is_in([pid for _, pid in found]))
+    done = set(rows.select("dataset", "prompt_id", "sample").iter_rows())
     skips: Skips = {}
     for (ds, pid), tokens in found.items():
         todo = sum((ds, pid, s) not in done for s in range(n))
         if todo:
             skips[(ds, pid)] = (tokens, todo)
-    if skips or path.exists():
-        write_atomic(path, _lines(skips, max_tokens, limit))
-    return skips
+    rows = [
+        (ds, pid, tokens, max_tokens, limit, samples, REASON)
+        for (ds, pid), (tokens, samples) in sorted(skips.items())
+    ]
+    return skips, rows
 
 
 def template_hash(tokenizer, run_dir) -> str:
@@ -276,11 +275,11 @@ class _Cache:
                 pass
 
 
-def _lines(skips: Skips, max_tokens: int, max_context: int) -> bytes:
-    """skipped.jsonl content, sorted by dataset and prompt_id."""
-    rows = [
-        {"dataset": ds, "prompt_id": pid, "prompt_tokens": tokens, "max_tokens": max_tokens,
-         "max_context": max_context, "samples": samples, "reason": REASON}
-        for (ds, pid), (tokens, samples) in sorted(skips.items())
-    ]  # fmt: skip
-    return b"".join(orjson.dumps(r) + b"\n" for r in rows)
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a file whole or not at all (a temporary file renamed over it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,6 +1,6 @@
 """A run's per-dataset queues and live state: what the runner schedules from.
 
-_prompt_frame(prompts, run_dir)  the prompt frame given, or run_dir/prompts.parquet
+_prompt_frame(prompts, run_dir)  the prompt frame given, or the run's stored prompts (no text)
 seeded_order(ids, dataset, seed) the order a dataset's (prompt_id, sample) pairs go in
 _datasets(frame, config, ...)    one _Dataset per dataset: its queue of samples not yet
                                  done nor skipped, its done totals, sampling and tools
@@ -11,12 +11,10 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import orjson
 
-from kit.run.prompts import light_prompts, prompt_text
-from kit.run.store import read_config
+from kit.run.reader import is_run_dir, prompts_frame, read_config
 from kit.types import DatasetProgress, RunConfig
 
 
@@ -87,20 +85,21 @@ class _Dataset:
 
 def _dataset_paths(prompts, run_dir) -> dict[str, str]:
     """dataset -> source path: from a LoadResult, or the run's recorded ones on resume."""
-    if prompts is None and (Path(run_dir) / "config.json").exists():
+    if prompts is None and is_run_dir(run_dir):
         return read_config(run_dir).datasets
     return dict(getattr(prompts, "paths", None) or {})
 
 
 def _prompt_frame(prompts, run_dir):
-    """The prompt frame to run: given, or run_dir/prompts.parquet on resume."""
+    """The prompt frame to run: given, or the run's stored prompts on resume (without their
+    text: that of prompts with work left is read later, prompt_text)."""
     import polars as pl
 
     if prompts is None:
-        path = Path(run_dir) / "prompts.parquet"
-        if not path.exists():
-            raise ValueError(f"prompts=None but {path} does not exist: pass the prompt frame")
-        return light_prompts(run_dir)  # the text of prompts with work left is read later
+        frame = prompts_frame(run_dir, text=False) if is_run_dir(run_dir) else None
+        if frame is None or frame.height == 0:
+            raise ValueError(f"prompts=None but {run_dir} holds no stored prompts: pass the prompt frame")  # fmt: skip
+        return frame
     frame = getattr(prompts, "frame", prompts)
     if not isinstance(frame, pl.DataFrame):
         raise ValueError(
@@ -140,8 +139,8 @@ def _permutation(size: int, dataset: str, seed: int) -> list[int]:
 def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None) -> dict[str, _Dataset]:  # fmt: skip
     """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals.
 
-    `done`: the records already written, as RunStore.scan_frame()'s frame (one row per key)
-    or RunStore.scan()'s {key: (tokens, finish_reason)}; read once, not once per dataset.
+    `done`: the records already written, as RunStore.done()'s frame (one row per key);
+    read once, not once per dataset.
     Messages and tools are taken out of the frame only for prompts with a sample to send
     (a resume of a mostly done run converts a few, not a million).
     """
@@ -168,7 +167,7 @@ def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir
             todo += [(pid, s) for pid in left.to_list()]
         wanted = list(dict.fromkeys(pid for pid, _ in todo))
         if "messages" not in part.columns:  # a resume: text of the prompts still to send only
-            part = prompt_text(frame, run_dir, name, wanted)
+            part = prompt_text(frame, run_dir, name, wanted)  # checked against their ids
         elif len(wanted) < len(ids):  # messages and tools of the prompts still to send only
             part = part.filter(pl.col("prompt_id").is_in(wanted))
         part = part.unique(subset="prompt_id", keep="first")
@@ -187,25 +186,28 @@ def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir
 
 def _done_parts(done) -> tuple[dict, dict]:
     """(dataset -> (tokens, samples, truncated), (dataset, sample) -> Series of the prompt
-    ids done) of RunStore.scan_frame()'s frame or RunStore.scan()'s dict, in one pass."""
+    ids done) of RunStore.done()'s frame, in one pass."""
     import polars as pl
 
-    if isinstance(done, pl.DataFrame):
-        length = (pl.col("finish_reason") == "length").sum()
-        agg = done.group_by("dataset").agg(pl.col("completion_tokens").sum(), pl.len(), length)
-        totals = {ds: (int(t), int(k), int(x)) for ds, t, k, x in agg.iter_rows()}
-        parts = done.select("dataset", "sample", "prompt_id").partition_by(
-            "dataset", "sample", as_dict=True
-        )
-        return totals, {key: part["prompt_id"] for key, part in parts.items()}
-    sums: dict[str, list] = {}
-    ids: dict[tuple, list] = {}
-    for (ds, pid, s), (tokens, finish) in done.items():
-        t = sums.get(ds) or sums.setdefault(ds, [0, 0, 0])
-        t[0], t[1], t[2] = t[0] + tokens, t[1] + 1, t[2] + (finish == "length")
-        ids.setdefault((ds, s), []).append(pid)
-    series = {key: pl.Series(v, dtype=pl.String) for key, v in ids.items()}
-    return {ds: tuple(t) for ds, t in sums.items()}, series
+    length = (pl.col("finish_reason") == "length").sum()
+    agg = done.group_by("dataset").agg(pl.col("completion_tokens").sum(), pl.len(), length)
+    totals = {ds: (int(t), int(k), int(x)) for ds, t, k, x in agg.iter_rows()}
+    parts = done.select("dataset", "sample", "prompt_id").partition_by("dataset", "sample", as_dict=True)  # fmt: skip
+    return totals, {key: part["prompt_id"] for key, part in parts.items()}
+
+
+def prompt_text(frame, run_dir, dataset: str, ids=None):
+    """`frame`'s prompts of `dataset` (only prompt ids `ids`, when given) with their messages
+    and tools: from the frame when it holds them, else from the run database."""
+    import polars as pl
+
+    part = frame.filter(pl.col("dataset") == dataset)
+    if ids is not None:
+        part = part.filter(pl.col("prompt_id").is_in(pl.Series(list(ids), dtype=pl.String).implode()))  # fmt: skip
+    if "messages" in frame.columns:
+        return part
+    text = prompts_frame(run_dir, datasets=[dataset], ids=part["prompt_id"].to_list())
+    return part.join(text.select("prompt_id", "messages", "tools"), on="prompt_id", how="left")
 
 
 def _tools(part) -> dict:

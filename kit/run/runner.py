@@ -6,7 +6,7 @@ budget + max(1% of budget, max_tokens), which bounds the final overshoot whateve
 completions turn out to be.
 
 Stops (run.stop_reason, one line; each unfinished dataset's DatasetProgress.note, hence
-status.json, says "run stopped: <reason>"):
+its status, says "run stopped: <reason>"):
 - nothing can succeed: RunConfig.max_consecutive_failures answers in a row for one dataset
   were malformed or not retryable (a 4xx, no usage and no tokenizer, a 200 with an error
   body, an event stream, a count kit cannot believe), none succeeded in between;
@@ -58,8 +58,8 @@ class _Runner:
             datasets=_dataset_paths(prompts, run_dir) or dict(config.datasets),
             chat_template_hash=template,
         )
-        # one fsync per wave of in-flight results at most (a kill -9 loses in-flight work anyway);
-        # flushing every 32 cost ~30% of requests/s at 256 in flight (bench/bench_client.py)
+        # one commit per wave of in-flight results at most (a kill -9 loses in-flight work
+        # anyway); committing every 32 cost ~30% of requests/s at 256 in flight (bench_client)
         store = RunStore(run_dir, flush_every=max(32, config.concurrency))
         store.init(config, frame if prompts is not None else None, force=force)
         self = cls()
@@ -67,9 +67,9 @@ class _Runner:
         self.timeout = config.timeout or 120.0 + 0.5 * config.sampling.max_tokens
         self.retry_base, self.no_endpoint_timeout = config.retry_base, config.no_endpoint_timeout
         try:  # a failure here must release the run directory's lock
-            done = store.scan_frame()  # no Python object per record (None: absurd counts)
-            done = store.scan() if done is None else done
-            skips = _guard.apply(frame, config, run_dir, done)  # too long for the context
+            done = store.done()  # a frame of keys and counts, no text
+            skips, rows = _guard.apply(frame, config, run_dir, done)  # too long for the context
+            store.write_skips(rows)
             self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips, run_dir)
         except BaseException:
             store.close()
@@ -306,7 +306,7 @@ class _Runner:
             self.request_stop(f"{self._failures} requests in a row failed, last: {message[:200]}")
 
     def _report(self, final: bool = False) -> None:
-        """Progress callback + status.json, at most once a second (and once at the end)."""
+        """Progress callback + the status row, at most once a second (and once at the end)."""
         now = self.clock()
         if not final and now - self._last_progress < 1.0:
             return
@@ -338,11 +338,14 @@ class _Runner:
             for t in list(d.tasks):
                 d.release(t)
         try:
-            self.store.close()
+            self.store.flush()
         finally:
-            self._report(final=True)
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.pool.aclose()
+            try:
+                self._report(final=True)  # the final status, committed before the store closes
+            finally:
+                self.store.close()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await self.pool.aclose()
 
 
 def _record(dataset, prompt_id, sample, messages, comp, backend, t0, attempt) -> Record:

@@ -261,6 +261,8 @@ class RunStore:
 
         doc = {"t": time.time(), "finished": finished, "pid": os.getpid(), "stop_reason": stop_reason}  # fmt: skip
         doc["datasets"] = [asdict(p) for p in progress]
+        if self.conn is None:
+            return
         try:
             self.set_state("status", json.dumps(doc))
         except sqlite3.Error:
