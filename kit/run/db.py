@@ -10,6 +10,7 @@ One writer (kit.run.store.RunStore); readers (kit.run.reader) open it read-only.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import sys
@@ -72,67 +73,71 @@ def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
 
 
 _M001_SCHEMA = """
-    CREATE TABLE config (
-        id INTEGER PRIMARY KEY CHECK (id = 1),
-        fingerprint TEXT NOT NULL,
-        doc TEXT NOT NULL                  -- RunConfig.to_dict() as JSON
-    );
-        -- messages: the compact JSON [[role, content], ...] that prompt_id hashes
-    CREATE TABLE prompts (
-        dataset TEXT NOT NULL,
-        prompt_id TEXT NOT NULL,
-        messages TEXT NOT NULL,
-        tools TEXT,                        -- compact JSON array of OpenAI tools, or NULL
-        n_turns INTEGER,
-        row INTEGER,                       -- the row in its source file
-            PRIMARY KEY (dataset, prompt_id)
-        ) WITHOUT ROWID;
-    CREATE TABLE records (
-        dataset TEXT NOT NULL,
-        prompt_id TEXT NOT NULL,
-        sample INTEGER NOT NULL,
-        completion TEXT NOT NULL,
-        reasoning TEXT,
-        finish_reason TEXT NOT NULL,
-        completion_tokens INTEGER NOT NULL,
-        count_source TEXT NOT NULL,
-        prompt_tokens INTEGER,
-        output_ids BLOB,                   -- uint32 little-endian, 4 bytes a token
-        prompt_ids BLOB,
-        endpoint TEXT NOT NULL,
-        latency_s REAL NOT NULL,
-        attempts INTEGER NOT NULL,
-        t_done REAL NOT NULL,
-        turns TEXT,                        -- all_turns: the earlier generated turns, JSON
-            PRIMARY KEY (dataset, prompt_id, sample)
-    );
-    CREATE TABLE errors (
-        id INTEGER PRIMARY KEY,
-        dataset TEXT NOT NULL,
-        prompt_id TEXT NOT NULL,
-        sample INTEGER NOT NULL,
-        error TEXT NOT NULL,               -- redacted
-        attempts INTEGER NOT NULL,
-        t REAL NOT NULL
-    );
-    CREATE INDEX errors_key ON errors (dataset, prompt_id, sample);
-    CREATE TABLE skips (
-        dataset TEXT NOT NULL,
-        prompt_id TEXT NOT NULL,
-        prompt_tokens INTEGER NOT NULL,
-        max_tokens INTEGER NOT NULL,
-        max_context INTEGER NOT NULL,
-        samples INTEGER NOT NULL,
-        reason TEXT NOT NULL,
-            PRIMARY KEY (dataset, prompt_id)
-        ) WITHOUT ROWID;
-    CREATE TABLE totals (
-        dataset TEXT PRIMARY KEY,
-        samples INTEGER NOT NULL,
-        tokens INTEGER NOT NULL,
-        truncated INTEGER NOT NULL
-        ) WITHOUT ROWID;
-    CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE config (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    fingerprint TEXT NOT NULL,
+    doc TEXT NOT NULL                  -- RunConfig.to_dict() as JSON
+);
+-- messages: the compact JSON [[role, content], ...] that kit.load's prompt_id hashes;
+-- hash: that content hash of messages (and tools) when stored, checked on every read;
+-- content_id: 1 when prompt_id is that hash (kit.load's ids), so it is checked too
+CREATE TABLE prompts (
+    dataset TEXT NOT NULL,
+    prompt_id TEXT NOT NULL,
+    messages TEXT NOT NULL,
+    tools TEXT,                        -- compact JSON array of OpenAI tools, or NULL
+    n_turns INTEGER,
+    row INTEGER,                       -- the row in its source file
+    hash TEXT NOT NULL,
+    content_id INTEGER NOT NULL,
+    PRIMARY KEY (dataset, prompt_id)
+) WITHOUT ROWID;
+CREATE TABLE records (
+    dataset TEXT NOT NULL,
+    prompt_id TEXT NOT NULL,
+    sample INTEGER NOT NULL,
+    completion TEXT NOT NULL,
+    reasoning TEXT,
+    finish_reason TEXT NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    count_source TEXT NOT NULL,
+    prompt_tokens INTEGER,
+    output_ids BLOB,                   -- uint32 little-endian, 4 bytes a token
+    prompt_ids BLOB,
+    endpoint TEXT NOT NULL,
+    latency_s REAL NOT NULL,
+    attempts INTEGER NOT NULL,
+    t_done REAL NOT NULL,
+    turns TEXT,                        -- all_turns: the earlier generated turns, JSON
+    PRIMARY KEY (dataset, prompt_id, sample)
+);
+CREATE TABLE errors (
+    id INTEGER PRIMARY KEY,
+    dataset TEXT NOT NULL,
+    prompt_id TEXT NOT NULL,
+    sample INTEGER NOT NULL,
+    error TEXT NOT NULL,               -- redacted
+    attempts INTEGER NOT NULL,
+    t REAL NOT NULL
+);
+CREATE INDEX errors_key ON errors (dataset, prompt_id, sample);
+CREATE TABLE skips (
+    dataset TEXT NOT NULL,
+    prompt_id TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    max_tokens INTEGER NOT NULL,
+    max_context INTEGER NOT NULL,
+    samples INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    PRIMARY KEY (dataset, prompt_id)
+) WITHOUT ROWID;
+CREATE TABLE totals (
+    dataset TEXT PRIMARY KEY,
+    samples INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    truncated INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 """
 
 # (name, SQL script): append only; each runs once, in order, in one transaction, recorded
@@ -174,17 +179,33 @@ def integrity(run_dir) -> list[str]:
 PROMPT_CHUNK = 10_000  # prompts inserted per statement batch (a frame is streamed in)
 
 
+PROMPT_SQL = "INSERT OR IGNORE INTO prompts VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+def content_hash(messages_json: str, tools: str | None) -> str:
+    """kit.load's prompt_id of stored messages JSON and tools (kit.data.sources.prompt_id).
+
+    Example:
+        >>> content_hash('[["user","Hi"]]', None)
+        'a8ae2d3c7604f939'
+    """
+    payload = messages_json if tools is None else f'{{"messages":{messages_json},"tools":{tools}}}'
+    return hashlib.blake2b(payload.encode("utf-8"), digest_size=8).hexdigest()
+
+
 def prompt_rows(frame):
-    """(dataset, prompt_id, messages JSON, tools, n_turns, row) of a prompt frame, a chunk
-    at a time; messages as the compact JSON prompt_id hashes (kit.data.sources)."""
+    """PROMPT_SQL's rows of a prompt frame, a chunk at a time: dataset, prompt_id, messages
+    as the compact JSON kit.load's prompt_id hashes, tools, n_turns, row, hash, content_id."""
     has_tools = "tools" in frame.columns
     for part in frame.iter_slices(PROMPT_CHUNK):
         cols = [part[c].to_list() if c in part.columns else [None] * part.height for c in ("dataset", "prompt_id", "messages", "n_turns", "row")]  # fmt: skip
         tools = part["tools"].to_list() if has_tools else [None] * part.height
-        yield [
-            (ds, pid, _messages_json(msgs), tl, nt, row)
-            for ds, pid, msgs, nt, row, tl in zip(*cols, tools, strict=True)
-        ]
+        out = []
+        for ds, pid, msgs, nt, row, tl in zip(*cols, tools, strict=True):
+            text = _messages_json(msgs)
+            h = content_hash(text, tl)
+            out.append((ds, pid, text, tl, nt, row, h, int(h == pid)))
+        yield out
 
 
 def _messages_json(messages: list[dict]) -> str:

@@ -61,7 +61,7 @@ def _fill(conn, run_dir: Path) -> dict:
 
         frame = pl.read_parquet(run_dir / "prompts.parquet")
         for rows in db.prompt_rows(frame):
-            conn.executemany("INSERT OR IGNORE INTO prompts VALUES (?, ?, ?, ?, ?, ?)", rows)
+            conn.executemany(db.PROMPT_SQL, rows)
     problems: list[str] = []
     n_records = 0
     for path in sorted((run_dir / "records").glob("*.jsonl")):
@@ -98,7 +98,7 @@ def _own_prompt(conn, rec: Record, row: dict) -> None:
     if row.get("tools"):
         frame = frame.with_columns(tools=pl.lit(json.dumps(row["tools"], separators=(",", ":"))))
     for rows in db.prompt_rows(frame):
-        conn.executemany("INSERT OR IGNORE INTO prompts VALUES (?, ?, ?, ?, ?, ?)", rows)
+        conn.executemany(db.PROMPT_SQL, rows)
 
 
 def _lines(path: Path, problems: list):

@@ -9,7 +9,6 @@ prompt is a PromptMismatch naming it, never a wrong pair. Token ids come back as
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -129,7 +128,15 @@ def record_batches(
         raise ValueError(f"unknown record columns {bad}; choose from {RECORD_COLUMNS}")
     select = [f"r.{c}" for c in cols]
     if prompts:
-        select += ["p.prompt_id IS NOT NULL", "p.messages", "p.tools", "r.dataset", "r.prompt_id"]
+        select += [
+            "p.prompt_id IS NOT NULL",
+            "p.messages",
+            "p.tools",
+            "r.dataset",
+            "r.prompt_id",
+            "p.hash",
+            "p.content_id",
+        ]
     sql = f"SELECT {', '.join(select)} FROM records r"
     if prompts:
         sql += " LEFT JOIN prompts p ON p.dataset = r.dataset AND p.prompt_id = r.prompt_id"
@@ -158,7 +165,7 @@ def _frame(rows: list[tuple], cols: list[str], prompts: bool):
         n = len(cols)
         found = [r[n] for r in rows]
         msgs, tools = [r[n + 1] for r in rows], [r[n + 2] for r in rows]
-        keys = [(r[n + 3], r[n + 4]) for r in rows]
+        keys = [(r[n + 3], r[n + 4], r[n + 5], r[n + 6]) for r in rows]
         check_prompts(keys, msgs, tools, found)
         data["messages"] = messages_series(msgs)
         data["tools"] = pl.Series("tools", tools, dtype=pl.String)
@@ -166,16 +173,20 @@ def _frame(rows: list[tuple], cols: list[str], prompts: bool):
 
 
 def check_prompts(keys: list[tuple], messages: list, tools: list, found=None) -> None:
-    """Raise PromptMismatch when a prompt is missing or its text does not hash to its id."""
-    for i, ((ds, pid), text, tl) in enumerate(zip(keys, messages, tools, strict=True)):
+    """Raise PromptMismatch when a prompt is missing, or its text does not hash to the hash
+    stored with it (and, for kit.load's content ids, to its prompt_id).
+
+    keys: (dataset, prompt_id, stored hash, content_id) per prompt.
+    """
+    for i, ((ds, pid, stored, content_id), text, tl) in enumerate(zip(keys, messages, tools, strict=True)):  # fmt: skip
         if found is not None and not found[i]:
             raise PromptMismatch(f"record ({ds!r}, {pid!r}) has no stored prompt in the run database")  # fmt: skip
-        payload = text if tl is None else f'{{"messages":{text},"tools":{tl}}}'
-        if hashlib.blake2b(payload.encode("utf-8"), digest_size=8).hexdigest() != pid:
+        h = db.content_hash(text, tl)
+        if h != stored or (content_id and h != pid):
             raise PromptMismatch(
-                f"prompt ({ds!r}, {pid!r}) in the run database does not hash to its prompt_id: "
-                "it was changed after the run; nothing was paired with it. Restore the run "
-                "database from a copy"
+                f"prompt ({ds!r}, {pid!r}) in the run database is not the prompt stored with it "
+                "(its text was changed after the run); nothing was paired with it. Restore the "
+                "run database from a copy"
             )
 
 
@@ -253,7 +264,9 @@ def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
     these prompt ids (with one dataset)."""
     import polars as pl
 
-    cols = ["dataset", "prompt_id", "n_turns", "row"] + (["messages", "tools"] if text else [])
+    cols = ["dataset", "prompt_id", "n_turns", "row"] + (
+        ["messages", "tools", "hash", "content_id"] if text else []
+    )
     sql, args = f"SELECT {', '.join(cols)} FROM prompts", []
     where = []
     if datasets is not None:
@@ -262,7 +275,7 @@ def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
         args += datasets
     if where:
         sql += " WHERE " + " AND ".join(where)
-    schema = {"dataset": pl.String, "prompt_id": pl.String, "n_turns": pl.Int64, "row": pl.Int64, "messages": pl.String, "tools": pl.String}  # fmt: skip
+    schema = {"dataset": pl.String, "prompt_id": pl.String, "n_turns": pl.Int64, "row": pl.Int64, "messages": pl.String, "tools": pl.String, "hash": pl.String, "content_id": pl.Int64}  # fmt: skip
     schema = {c: schema[c] for c in cols}
     wanted = None if ids is None else set(ids)
     parts = []
@@ -272,10 +285,16 @@ def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
                 rows = [r for r in rows if r[1] in wanted]
             part = pl.DataFrame(rows, schema=schema, orient="row")
             if text and part.height:
-                check_prompts(list(zip(part["dataset"], part["prompt_id"], strict=True)), part["messages"].to_list(), part["tools"].to_list())  # fmt: skip
+                keys = list(zip(part["dataset"], part["prompt_id"], part["hash"], part["content_id"], strict=True))  # fmt: skip
+                check_prompts(keys, part["messages"].to_list(), part["tools"].to_list())
                 part = part.with_columns(messages_series(part["messages"].to_list()))
+            part = part.drop("hash", "content_id", strict=False)
             parts.append(part)
-    frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    frame = (
+        pl.concat(parts)
+        if parts
+        else pl.DataFrame(schema=schema).drop("hash", "content_id", strict=False)
+    )
     if text and not parts:
         frame = frame.with_columns(pl.col("messages").cast(record_schema()["messages"]))
     return frame

@@ -145,7 +145,7 @@ class RunStore:
         """Add a prompt frame's prompts (kit.load's columns), a chunk per transaction."""
         for rows in prompt_rows(frame):
             with self._transaction():
-                self.conn.executemany("INSERT OR IGNORE INTO prompts VALUES (?, ?, ?, ?, ?, ?)", rows)  # fmt: skip
+                self.conn.executemany(db.PROMPT_SQL, rows)  # fmt: skip
 
     def _take_lock(self) -> None:
         """Hold an exclusive flock on run.sqlite itself until close(); RunLocked when taken.
