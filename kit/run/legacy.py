@@ -9,6 +9,7 @@ imported and are counted in the state row "imported" with the first few named.
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 from pathlib import Path
@@ -64,19 +65,18 @@ def _fill(conn, run_dir: Path) -> dict:
             conn.executemany(db.PROMPT_SQL, rows)
     problems: list[str] = []
     n_records = 0
-    for path in sorted((run_dir / "records").glob("*.jsonl")):
-        for lineno, row in _lines(path, problems):
-            try:
-                rec = Record(messages=[], **{k: row[k] for k in _FIELDS if k in row})
-                added = conn.execute(db.RECORD_SQL, db.record_row(rec)).rowcount
-            except (TypeError, ValueError, OverflowError) as e:
-                problems.append(f"{path.name}:{lineno}: {e}")
-                continue
-            if row.get("messages"):  # a line that held its own prompt
-                _own_prompt(conn, rec, row)
-            if added:
-                n_records += 1
-                conn.execute(db.TOTALS_SQL, (rec.dataset, 1, rec.completion_tokens, int(rec.finish_reason == "length")))  # fmt: skip
+    for path, lineno, row in _in_t_done_order(sorted((run_dir / "records").glob("*.jsonl")), problems):  # fmt: skip
+        try:
+            rec = Record(messages=[], **{k: row[k] for k in _FIELDS if k in row})
+            added = conn.execute(db.RECORD_SQL, db.record_row(rec)).rowcount
+        except (TypeError, ValueError, OverflowError) as e:
+            problems.append(f"{path.name}:{lineno}: {e}")
+            continue
+        if row.get("messages"):  # a line that held its own prompt
+            _own_prompt(conn, rec, row)
+        if added:
+            n_records += 1
+            conn.execute(db.TOTALS_SQL, (rec.dataset, 1, rec.completion_tokens, int(rec.finish_reason == "length")))  # fmt: skip
     n_errors = 0
     for _, row in _lines(run_dir / "errors.jsonl", problems):
         try:
@@ -99,6 +99,20 @@ def _own_prompt(conn, rec: Record, row: dict) -> None:
         frame = frame.with_columns(tools=pl.lit(json.dumps(row["tools"], separators=(",", ":"))))
     for rows in db.prompt_rows(frame):
         conn.executemany(db.PROMPT_SQL, rows)
+
+
+def _in_t_done_order(paths: list[Path], problems: list):
+    """(path, line number, dict) of the files' lines merged by t_done, ties in file order:
+    the order every reader of this layout gave (each file is in t_done order as the runner
+    appended it), so records are committed, and exported, in that order."""
+
+    def keyed(path):
+        for lineno, row in _lines(path, problems):
+            t = row.get("t_done")
+            yield (t if isinstance(t, (int, float)) else 0.0), path, lineno, row
+
+    for _, path, lineno, row in heapq.merge(*map(keyed, paths), key=lambda item: item[0]):
+        yield path, lineno, row
 
 
 def _lines(path: Path, problems: list):
