@@ -15,6 +15,7 @@ import pytest
 import kit
 from kit.data.sources import prompt_id
 from kit.report.audit import AuditThresholds, normalize_text
+from kit.run.reader import read_config
 from kit.run.store import RunStore
 from kit.types import ErrorRecord, Record, RunConfig, Sampling
 
@@ -237,16 +238,50 @@ def test_resolved_errors_and_missing_tokenizer(tmp_path):
     report = kit.audit(run)
     assert report.findings.height == 0
     assert any("no tokenizer" in n for n in report.notes)
-    assert any("prompts.parquet" in n for n in report.notes)
     assert report.records["ids_text_mismatch"].null_count() == 3
-    plant_run(tmp_path / "r", recs, budgets={"d": 10_000}, errors=errors)
-    resolved = kit.audit(tmp_path / "r")
+    resolved = kit.audit(plant_run(tmp_path / "r2", recs, budgets={"d": 10_000}, errors=errors))
     assert resolved.datasets["errors"].to_list() == [0] and resolved.findings.height == 0
     errors.append(ErrorRecord("d", pid("never answered"), 0, "timeout: 30 s", 5, T0))
-    plant_run(tmp_path / "r", recs, budgets={"d": 10_000}, errors=errors)
-    unresolved = kit.audit(tmp_path / "r")
+    unresolved = kit.audit(plant_run(tmp_path / "r3", recs, budgets={"d": 10_000}, errors=errors))
     assert unresolved.datasets["errors"].to_list() == [1]
     assert unresolved.findings["check"].to_list() == ["error_rate"]
+
+
+def test_refused_duplicates_are_a_finding(tmp_path):
+    """A second copy of a stored record is refused by the database and counted: the audit says so."""
+    recs = [make_record(None, "d", i, f"q{i}", ANSWERS[i], ids=False) for i in range(3)]
+    run = plant_run(tmp_path / "r", recs, budgets={"d": 10_000})
+    store = RunStore(run)
+    store.init(read_config(run))
+    for r in recs[:2]:  # written again, as a second writer or a runner bug would
+        store.append(r)
+    store.close()
+    report = kit.audit(run)
+    found = report.findings.row(0, named=True)
+    assert (found["dataset"], found["check"], found["value"], found["severity"]) == ("(run)", "rejected_duplicates", 2.0, "warn")  # fmt: skip
+    assert "2 records were refused as duplicates" in report.summary()
+    assert report.datasets["records"].to_list() == [3]
+
+
+def test_import_report_of_an_old_layout_run(tmp_path):
+    """A run of kit's JSONL layout is imported on first read; what the import could not
+    take (a torn last line) is a finding naming the line, the import itself a note."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "old_layout" / "run", run)
+    records = sorted((run / "records").glob("*.jsonl"))[0]
+    with open(records, "ab") as f:
+        f.write(b'{"dataset": "torn", "prompt_id"')
+    report = kit.audit(run)
+    assert any(n.startswith("imported from kit's JSONL layout: ") for n in report.notes)
+    found = report.findings.filter(pl.col("check") == "import_skipped_lines").row(0, named=True)
+    assert found["dataset"] == "(run)" and found["value"] == 1.0 and found["severity"] == "error"
+    assert f"{records.name}:" in found["message"] and "torn last line" in found["message"]
+    assert not report.ok
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 # ---------------------------------------------------------------- audit charts
@@ -387,3 +422,30 @@ def test_ids_match_text_with_reasoning():
     assert not ids_match_text(Tok(), ids, "Rome", "plan")
     assert not ids_match_text(Tok(), ids, "Paris", "other thoughts")
     assert ids_match_text(Tok(), [5, 0], "Paris")
+
+
+def spoil_page(run_dir: Path, table: str) -> None:
+    """Overwrite the root page of one table or index of a closed run database with garbage."""
+    import random
+    import sqlite3
+
+    path = run_dir / "run.sqlite"
+    conn = sqlite3.connect(path)
+    size = conn.execute("PRAGMA page_size").fetchone()[0]
+    root = conn.execute("SELECT rootpage FROM sqlite_schema WHERE name = ?", (table,)).fetchone()[0]  # fmt: skip
+    conn.close()
+    with open(path, "r+b") as f:
+        f.seek((root - 1) * size)
+        f.write(random.Random(7).randbytes(size))
+
+
+def test_integrity_check_failure_is_a_finding(tmp_path):
+    """Damage the records' key index only: the records still read, SQLite's check fails."""
+    recs = [make_record(None, "d", i, f"q{i}", ANSWERS[i], ids=False) for i in range(3)]
+    run = plant_run(tmp_path / "r", recs, budgets={"d": 10_000})
+    spoil_page(run, "sqlite_autoindex_records_1")
+    report = kit.audit(run)
+    assert report.records.height == 3
+    found = report.findings.filter(pl.col("check") == "database_integrity").row(0, named=True)
+    assert found["dataset"] == "(run)" and found["severity"] == "error" and not report.ok
+    assert "fails SQLite's integrity check" in found["message"] and "Restore it from a copy" in found["message"]  # fmt: skip

@@ -1,19 +1,21 @@
 """Checks over a run directory -> polars frames and a findings table.
 
-`kit.audit(run_dir)` reads config.json, records/*.jsonl, errors.jsonl and prompts.parquet
-(through kit.run) and checks every dataset against stated thresholds: budget adherence,
+`kit.audit(run_dir)` reads the run database through kit.run.reader and checks every
+dataset against stated thresholds: budget adherence,
 completion-length distribution, finish reasons and truncation, empty, duplicate and echoed
 responses, error rate, where token counts came from, whether those counts are counts (an
 int in 0..max_tokens+1, equal to len(output_ids), not far below the text's own token count),
-(where the server returned token ids) whether those ids decode to the stored text, and the
-record lines that could not be read at all. A run with no records gives empty tables and a
-"no_records" finding per dataset. Thinking models: a "length" finish with an empty answer
+(where the server returned token ids) whether those ids decode to the stored text. The run
+as a whole: SQLite's integrity check of the database, duplicate records the database refused
+(a second writer, a runner bug) and lines of a JSONL-layout run its import could not take
+(findings of dataset "(run)"). A run with no records gives empty tables and a "no_records"
+finding per dataset. Thinking models: a "length" finish with an empty answer
 and non-empty reasoning is its own finish class, "length_in_reasoning" (in `finish` and a
 finding), and answers holding <think> / </think> markers are counted and flagged per dataset
 ("think_markers": the server's reasoning parser did not split them off). The per-record
 checks live in kit/report/flags.py.
 
-The records are streamed batch by batch (kit.run.batches.record_batches): each batch is
+The records are streamed batch by batch (kit.run.reader.record_batches): each batch is
 flagged in polars and only a light row per record is kept (keys, counts, finish, timing,
 flags, text hashes; no text), so memory does not grow with the records' text. The checks
 that need the tokenizer (ids decode to the text, counts not under-reported) run on a seeded
@@ -24,7 +26,6 @@ the findings and notes say how many were checked.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
     AuditThresholds,
@@ -39,10 +40,11 @@ from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.re
     under_reported_flags,
 )
 from kit.report.tokenrows import load_tokenizer_for, strip_end_ids  # noqa: F401 - re-exported
-from kit.run.lines import safe_name
+from kit.run.reader import PROMPT_COLUMNS, record_batches, record_schema
 
 FINDING_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
 KEYS = ["dataset", "prompt_id", "sample"]
+RUN = "(run)"  # the dataset column of findings about the run as a whole
 BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows as Python objects)
 # what the checks read from each record (no prompt_ids, endpoint, attempts, tools)
 READ_COLUMNS = KEYS + ["messages", "completion", "finish_reason", "completion_tokens",
@@ -83,7 +85,6 @@ class AuditReport:
     findings: object
     thresholds: AuditThresholds
     notes: list[str] = field(default_factory=list)  # checks that could not run, and why
-    corrupt: list[dict] = field(default_factory=list)  # lines skipped: {"file", "line", "problem"}
 
     @property
     def ok(self) -> bool:
@@ -149,36 +150,22 @@ def record_texts(run_dir, keys, columns=("messages", "completion", "reasoning"))
     names = want["dataset"].unique().to_list()
     parts = [
         batch.join(want, on=KEYS, how="semi", maintain_order="left")
-        for batch in _batches(Path(run_dir), [*KEYS, *columns], None, datasets=names)
+        for batch in _batches(run_dir, [*KEYS, *columns], datasets=names)
     ]
     return pl.concat(parts, how="vertical_relaxed") if parts else want.clear()
 
 
-def _prompt_totals(run_dir: Path, n: int) -> dict[str, int]:
-    """dataset -> samples available (prompts x n), from prompts.parquet ({} when absent)."""
-    import polars as pl
+def _run_counts(run_dir) -> tuple[dict[str, int], dict[str, int]]:
+    """(dataset -> samples available (prompts x n), dataset -> records committed), from the
+    run database's prompts and totals (kit.run.progress: a few small queries)."""
+    from kit.run.progress import progress
 
-    path = run_dir / "prompts.parquet"
-    if not path.exists():
-        return {}
-    counts = pl.read_parquet(path, columns=["dataset"])["dataset"].value_counts()
-    return {d: c * n for d, c in counts.iter_rows()}
-
-
-def _corrupt_table(corrupt: list[dict], names) -> object:
-    """dataset -> corrupt_lines, bad_count_lines (the skipped lines whose count is no count)."""
-    import polars as pl
-
-    by_file = {f"records/{safe_name(n)}.jsonl": n for n in names}
-    rows = [(by_file.get(c["file"], Path(c["file"]).stem), c["problem"]) for c in corrupt]
-    frame = pl.DataFrame(rows, schema={"dataset": pl.String, "problem": pl.String}, orient="row")
-    return frame.group_by("dataset").agg(
-        corrupt_lines=pl.len(),
-        bad_count_lines=pl.col("problem").str.starts_with("completion_tokens").sum(),
-    )
+    rows = progress(run_dir)
+    available = {p.dataset: p.prompts_total for p in rows if p.prompts_total}
+    return available, {p.dataset: p.samples_done for p in rows}
 
 
-def _dataset_table(flags, config, errors, totals: dict[str, int], corrupt: list[dict]):
+def _dataset_table(flags, config, errors, totals: dict[str, int]):
     """One row per dataset: counts, shares, budget and the length distribution."""
     import polars as pl
 
@@ -212,13 +199,9 @@ def _dataset_table(flags, config, errors, totals: dict[str, int], corrupt: list[
         count_checked=c("under_reported").is_not_null().sum(),
         countable=c("count_source").ne_missing("retokenized").sum(),
     )
-    if errors is None:  # no error lines
-        err = pl.DataFrame(schema={"dataset": pl.String, "errors": pl.UInt32})
-    else:
-        err = errors.filter(~c("resolved")).unique(["dataset", "prompt_id", "sample"])
-        err = err.group_by("dataset").agg(errors=pl.len())
-    bad = _corrupt_table(corrupt, [*config.budgets, *totals, *agg["dataset"]])
-    names = [*config.budgets, *totals, *agg["dataset"], *err["dataset"], *bad["dataset"]]
+    err = errors.filter(~c("resolved")).unique(["dataset", "prompt_id", "sample"])
+    err = err.group_by("dataset").agg(errors=pl.len())
+    names = [*config.budgets, *totals, *agg["dataset"], *err["dataset"]]
     names = list(dict.fromkeys(names))
     base = pl.DataFrame(
         {
@@ -229,7 +212,6 @@ def _dataset_table(flags, config, errors, totals: dict[str, int], corrupt: list[
         schema={"dataset": pl.String, "budget": pl.Int64, "prompts_total": pl.Int64},
     )
     table = base.join(agg, on="dataset", how="left").join(err, on="dataset", how="left")
-    table = table.join(bad, on="dataset", how="left")
     counts = [col for col in table.columns if col not in ("dataset", "budget", "prompts_total")]
     table = table.with_columns(
         [c(x).fill_null(0) for x in counts if x not in ("mean", "p50", "p90", "p99", "max")]
@@ -250,8 +232,8 @@ def _share(name: str):
     return pl.col(name) / pl.max_horizontal(pl.col("records"), 1)
 
 
-def _findings(table, th: AuditThresholds, max_tokens: int, corrupt: list[dict]):
-    """The findings frame: one row per check a dataset fails."""
+def _findings(table, th: AuditThresholds, max_tokens: int, run_rows=()):
+    """The findings frame: one row per check a dataset fails, then `run_rows` (the run's)."""
     import polars as pl
 
     rows = []
@@ -262,7 +244,7 @@ def _findings(table, th: AuditThresholds, max_tokens: int, corrupt: list[dict]):
             msg = "no records: nothing was generated for this dataset (or none could be read)"
             rows.append((r["dataset"], "no_records", 0.0, 0.0, "warn", msg))
         rows += _share_findings(r, th)
-        rows += _count_findings(r, th, max_tokens, corrupt)
+        rows += _count_findings(r, th, max_tokens)
         for check in ("ids_len_mismatch", "ids_text_mismatch"):
             if r[check]:
                 what = "completion_tokens != len(output_ids)" if "len" in check else (
@@ -275,6 +257,7 @@ def _findings(table, th: AuditThresholds, max_tokens: int, corrupt: list[dict]):
                         f"seeded sample of {r['with_ids']}): {what}"
                     )
                 rows.append((r["dataset"], check, float(r[check]), 0.0, "error", msg))
+    rows += run_rows
     schema = dict(zip(FINDING_COLUMNS, [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String], strict=True))  # fmt: skip
     return pl.DataFrame(rows, schema=schema, orient="row")
 
@@ -298,24 +281,15 @@ def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tupl
     return []
 
 
-def _count_findings(r: dict, th: AuditThresholds, max_tokens: int, corrupt) -> list[tuple]:
-    """Lines that are not records; counts that are no counts; a server that under-reports."""
-    from kit.run.lines import describe_corrupt
-
+def _count_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tuple]:
+    """Counts that are no counts; a server that under-reports."""
     name, out = r["dataset"], []
-    if r["corrupt_lines"]:
-        mine = [c for c in corrupt if c["file"] == f"records/{safe_name(name)}.jsonl"]
-        msg = describe_corrupt(mine or corrupt)
-        out.append((name, "corrupt_lines", float(r["corrupt_lines"]), 0.0, "error", msg))
-    over, skipped = r["count_over_max"], r["bad_count_lines"]
-    if over or skipped:
-        parts = [f"{over} above max_tokens + 1"] if over else []
-        parts += [f"{skipped} not an int >= 0 (lines skipped)"] if skipped else []
+    if over := r["count_over_max"]:
         msg = (
-            f"completion_tokens is not a count in 0..{max_tokens + 1} in {over + skipped} "
-            f"records ({', '.join(parts)}): the server mis-reports counts"
+            f"completion_tokens is not a count in 0..{max_tokens + 1} in {over} records "
+            f"({over} above max_tokens + 1): the server mis-reports counts"
         )
-        out.append((name, "bad_count", float(over + skipped), max_tokens + 1.0, "error", msg))
+        out.append((name, "bad_count", float(over), max_tokens + 1.0, "error", msg))
     if r["under_reported"]:
         msg = (
             f"{r['under_reported']} of {r['count_checked']} records report fewer than "
@@ -380,17 +354,20 @@ def _finish_table(flags):
     return out.sort("dataset", "count", "finish_reason", descending=[False, True, False])
 
 
-def _batches(run_dir: Path, columns, corrupt, datasets=None):
-    """kit.run.batches.record_batches of the run, only `columns`."""
-    from kit.run.batches import record_batches
+def _batches(run_dir, columns, datasets=None):
+    """kit.run.reader.record_batches of the run, only `columns` (messages and tools: the
+    records' prompts, each checked against its prompt_id)."""
+    wanted = list(columns)
+    prompts = any(c in PROMPT_COLUMNS for c in wanted)
+    cols = [c for c in wanted if c not in PROMPT_COLUMNS]
+    for batch in record_batches(run_dir, datasets=datasets, columns=cols, prompts=prompts, batch_size=BATCH_SIZE):  # fmt: skip
+        yield batch.select(wanted)
 
-    kw = {"datasets": datasets, "batch_size": BATCH_SIZE, "corrupt": corrupt}
-    return record_batches(run_dir, columns=list(columns), **kw)
 
-
-def _light_records(run_dir: Path, th: AuditThresholds, max_tokens, tok, corrupt: list):
+def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[str, int]):
     """Stream the records: the light per-record frame (flags, no text) and the text sample.
-    A worker thread flags one batch (polars, outside the GIL) while the next one is read."""
+    A worker thread flags one batch (polars, outside the GIL) while the next one is read;
+    a dataset's sample is checked once its `counts` records (the totals) have been read."""
     from concurrent.futures import ThreadPoolExecutor
 
     import polars as pl
@@ -400,23 +377,24 @@ def _light_records(run_dir: Path, th: AuditThresholds, max_tokens, tok, corrupt:
     def flag(batch, finished):
         if sample is not None:
             sample.add(batch)
-            if finished:  # files read to their end: check their sample while others are read
+            if finished:  # datasets read to their end: check their sample while others are read
                 sample.check(tok, th.under_report_ratio, finished)
         return record_flags(batch, th, max_tokens).select(LIGHT_COLUMNS)
 
-    parts, pending, current = [], None, set()
+    parts, pending, seen = [], None, dict.fromkeys(counts, 0)
     with ThreadPoolExecutor(1, thread_name_prefix="kit-audit") as pool:
-        for batch in _batches(run_dir, READ_COLUMNS, corrupt):
-            names = set(batch["dataset"].unique().to_list())
-            finished, current = current - names, names
+        for batch in _batches(run_dir, READ_COLUMNS):
+            finished = set()
+            for name, n in batch["dataset"].value_counts().iter_rows():
+                seen[name] = seen.get(name, 0) + n
+                if seen[name] == counts.get(name):
+                    finished.add(name)
             if pending is not None:
                 parts.append(pending.result())
             pending = pool.submit(flag, batch, finished)
         if pending is not None:
             parts.append(pending.result())
     if not parts:  # no records: the same columns, no rows
-        from kit.run.lines import record_schema
-
         empty = pl.DataFrame(schema={k: record_schema()[k] for k in READ_COLUMNS})
         parts = [record_flags(empty, th, max_tokens).select(LIGHT_COLUMNS)]
     light = pl.concat(parts, how="vertical_relaxed")
@@ -428,6 +406,44 @@ def _light_records(run_dir: Path, th: AuditThresholds, max_tokens, tok, corrupt:
     checks = sample.checks(tok, th.under_report_ratio)
     found = light.select(KEYS).join(checks, on=KEYS, how="left", maintain_order="left")
     return light.with_columns(found["ids_text_mismatch"], found["under_reported"])
+
+
+def _run_findings(run_dir, problems: list[str]) -> tuple[list[tuple], list[str]]:
+    """(findings, notes) about the run as a whole: SQLite's integrity check (`problems`),
+    duplicate records the database refused, what an import of the JSONL layout skipped."""
+    import json
+
+    from kit.run.db import db_path
+    from kit.run.reader import state
+
+    rows, notes = [], []
+    if problems:
+        path = db_path(run_dir)
+        msg = (
+            f"run database {path} fails SQLite's integrity check ({len(problems)} problems, "
+            f"first: {problems[0]}): what was read from it may be incomplete. Restore it from a "
+            f"copy, or inspect it with `sqlite3 {path} 'PRAGMA integrity_check'` (`.recover` "
+            "salvages what is left into a new file)"
+        )
+        rows.append((RUN, "database_integrity", float(len(problems)), 0.0, "error", msg))
+    if rejected := int(state(run_dir, "rejected") or 0):
+        msg = (
+            f"{rejected} records were refused as duplicates of stored ones (the same dataset, "
+            "prompt_id and sample written twice: two writers, or a runner bug); the first "
+            "copies are kept"
+        )
+        rows.append((RUN, "rejected_duplicates", float(rejected), 0.0, "warn", msg))
+    if text := state(run_dir, "imported"):
+        report = json.loads(text)
+        notes.append(
+            f"imported from kit's JSONL layout: {report['records']} records, "
+            f"{report['errors']} errors"
+        )
+        if skipped := report.get("skipped_lines", 0):
+            listed = "; ".join(report.get("problems", [])[:5])
+            msg = f"{skipped} lines of the JSONL layout were not whole records and were not imported: {listed}"  # fmt: skip
+            rows.append((RUN, "import_skipped_lines", float(skipped), 0.0, "error", msg))
+    return rows, notes
 
 
 def _sample_notes(table) -> list[str]:
@@ -448,7 +464,7 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
     """Check a run directory against thresholds.
 
     Args:
-        run_dir: a run directory (kit.types describes the layout).
+        run_dir: a run directory (its database, run.sqlite).
         tokenizer: a tokenizer object or local path; default the run's config.tokenizer.
             Needed only to check that output_ids decode to the stored text and that counts
             are not far below the text's own (on thresholds.text_check_sample records per
@@ -462,39 +478,40 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
         report.findings.select("dataset", "check", "severity")
         # -> e.g. ("alpaca", "truncation", "warn"), ("sharegpt", "over_budget", "error")
     """
-    from kit.run.store import read_config, read_errors
+    from concurrent.futures import ThreadPoolExecutor
 
-    run_dir = Path(run_dir)
+    from kit.run.db import integrity
+    from kit.run.reader import errors_frame, read_config
+
     th = thresholds or AuditThresholds()
     if not isinstance(th, AuditThresholds):
         raise ValueError(f"thresholds must be an AuditThresholds, got {type(th).__name__}")
     config = read_config(run_dir)
     tok = load_tokenizer_for(tokenizer, config)
     max_tokens = config.sampling.max_tokens
-    corrupt: list[dict] = []
-    flags = _light_records(run_dir, th, max_tokens, tok, corrupt)
-    corrupt.sort(key=lambda c: (c["file"], c["line"]))
+    totals, counts = _run_counts(run_dir)
+    with ThreadPoolExecutor(1, thread_name_prefix="kit-integrity") as pool:
+        checked = pool.submit(integrity, run_dir)  # reads every page: alongside the records
+        flags = _light_records(run_dir, th, max_tokens, tok, counts)
+        problems = checked.result()
     notes = [] if flags.height else [f"no records in {run_dir}"]
     if tok is None and flags["has_ids"].any():
         notes.append("output_ids not decoded: no tokenizer given and none in config.tokenizer")
-    totals = _prompt_totals(run_dir, config.sampling.n)
     if not totals:
-        notes.append("no prompts.parquet: prompts left unknown, under-budget not checked")
+        notes.append("no prompts stored: prompts left unknown, under-budget not checked")
     if tok is None and flags.height:
         notes.append("counts not checked against the text: no tokenizer given or in config")
-    path = run_dir / "errors.jsonl"  # read_errors reads every record's key: only when needed
-    errors = read_errors(run_dir) if path.exists() and path.stat().st_size else None
-    table = _dataset_table(flags, config, errors, totals, corrupt)
+    table = _dataset_table(flags, config, errors_frame(run_dir), totals)
     if tok is not None:
         notes += _sample_notes(table)
+    run_rows, run_notes = _run_findings(run_dir, problems)
     return AuditReport(
         run_dir=str(run_dir),
         datasets=table,
         lengths=table.select("dataset", "records", "mean", "p50", "p90", "p99", "max"),
         finish=_finish_table(flags),
         records=flags,
-        findings=_findings(table, th, max_tokens, corrupt),
+        findings=_findings(table, th, max_tokens, run_rows),
         thresholds=th,
-        notes=notes,
-        corrupt=corrupt,
+        notes=notes + run_notes,
     )
