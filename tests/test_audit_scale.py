@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 
-import orjson
 import polars as pl
 import pytest
 from test_audit import ANSWERS, T0, make_record, pid
@@ -29,7 +28,8 @@ from kit.report.flags import (
     normalize_text,
     under_reported_flags,
 )
-from kit.run.store import RunStore, read_config, read_errors, read_records
+from kit.run.reader import errors_frame, read_config, records_frame
+from kit.run.store import RunStore
 from kit.types import ErrorRecord, RunConfig, Sampling
 
 FLAGS = ["empty", "dup_exact", "dup_near", "echo", "has_ids", "ids_len_mismatch",
@@ -91,12 +91,12 @@ def old_flags(records, tokenizer, th: AuditThresholds, max_tokens):
 def old_tables(run_dir, tokenizer, th: AuditThresholds):
     """(datasets, finish, findings, flags) the whole-frame way."""
     config = read_config(run_dir)
-    records, corrupt = read_records(run_dir)
+    records = records_frame(run_dir)
     max_tokens = config.sampling.max_tokens
     flags = old_flags(records, tokenizer, th, max_tokens)
-    totals = audit_mod._prompt_totals(run_dir, config.sampling.n)
-    table = audit_mod._dataset_table(flags, config, read_errors(run_dir), totals, corrupt)
-    findings = audit_mod._findings(table, th, max_tokens, corrupt)
+    totals, _ = audit_mod._run_counts(run_dir)
+    table = audit_mod._dataset_table(flags, config, errors_frame(run_dir), totals)
+    findings = audit_mod._findings(table, th, max_tokens)
     return table, audit_mod._finish_table(flags), findings, flags
 
 
@@ -170,13 +170,12 @@ def _records(tok):
 
 @pytest.fixture
 def hostile_run(tmp_path, tok):
-    """A run written by RunStore, then damaged: two corrupt lines, one line with its prompt
-    inside (an older line), one whose prompt is nowhere."""
+    """A run written by RunStore holding every planted problem, and an error."""
     recs = _records(tok)
     prompts = [
         {"dataset": r.dataset, "prompt_id": r.prompt_id, "messages": r.messages,
          "n_turns": len(r.messages), "row": i}
-        for i, r in enumerate(recs) if r.prompt_id != pid("q1")
+        for i, r in enumerate(recs)
     ]  # fmt: skip
     config = RunConfig(
         model="smollm2-135m", endpoints=["http://127.0.0.1:9/v1"],
@@ -189,15 +188,6 @@ def hostile_run(tmp_path, tok):
         store.append(r)
     store.append_error(ErrorRecord("b", pid("never"), 0, "http_5xx: 503", 5, T0))
     store.close()
-    orphan = orjson.loads((run_dir / "records" / "b.jsonl").read_bytes().splitlines()[0])
-    orphan["prompt_id"] = "not-a-prompt"  # a line without messages, its prompt nowhere
-    with open(run_dir / "records" / "b.jsonl", "ab") as f:
-        f.write(orjson.dumps(orphan) + b"\n")
-    path = run_dir / "records" / "a.jsonl"
-    lines = path.read_bytes().splitlines()
-    lines[3:3] = [b"\x00garbage, not json", b'{"dataset": "a", "prompt_id": "x", "sample": 0, '
-                  b'"completion_tokens": -3, "finish_reason": "stop", "t_done": 1.0}']  # fmt: skip
-    path.write_bytes(b"\n".join(lines) + b"\n")
     return run_dir
 
 
@@ -229,9 +219,6 @@ def test_streamed_audit_equals_the_whole_frame_checks(hostile_run, tok, monkeypa
     assert got["under_reported"] == [pid("Tell a long tale.")]
     assert report.records.filter(pl.col("think_marker"))["prompt_id"].to_list() == [pid("q7")]
     assert "length_in_reasoning" in report.records["finish_class"].to_list()
-    assert [(c["file"], c["line"]) for c in report.corrupt] == [
-        ("records/a.jsonl", 4), ("records/a.jsonl", 5), ("records/b.jsonl", 7)
-    ]  # fmt: skip
     assert report.datasets.filter(pl.col("dataset") == "a")["records"].item() == 20
 
 
@@ -271,7 +258,8 @@ def test_tokenizer_checks_run_on_a_seeded_sample_and_say_how_many(tmp_path, tok,
     run = plant_run(tmp_path / "run", recs, budgets={"big": 10_000, "small": 10_000})
     th = AuditThresholds(text_check_sample=7)
     report = kit.audit(run, tokenizer=tok, thresholds=th)
-    assert early == ([{"big"}, None] if batch_size == 4 else [None])
+    # a dataset is checked once its committed count is read; `checks` then finds nothing left
+    assert early == ([{"big"}, {"small"}, None] if batch_size == 4 else [{"big", "small"}, None])
     big = report.datasets.filter(pl.col("dataset") == "big").row(0, named=True)
     assert (big["ids_text_checked"], big["ids_text_mismatch"], big["with_ids"]) == (7, 7, 40)
     assert (big["count_checked"], big["under_reported"], big["countable"]) == (7, 7, 40)
