@@ -6,15 +6,14 @@ import asyncio
 import dataclasses
 import doctest
 import io
-import json
-import os
 import time
 
 import pytest
 
 import kit
 from kit.report import monitor as M
-from kit.run.store import progress as progress_of
+from kit.run.progress import progress as progress_of
+from kit.run.store import RunStore
 from kit.types import DatasetProgress, RunConfig, Sampling
 
 # ----------------------------------------------------------------------------- formatting
@@ -268,58 +267,77 @@ class Ticks:
         return self.t
 
 
-def make_run(tmp_path, budgets: dict[str, int], prompts: dict[str, int] | None = None):
-    """A run dir written by hand: config.json, records/, optionally prompts.parquet."""
-    run = tmp_path / "run"
-    (run / "records").mkdir(parents=True)
-    cfg = RunConfig(model="m", endpoints=["http://x/v1"], sampling=Sampling(), budgets=budgets)
-    doc = {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict()}
-    (run / "config.json").write_text(json.dumps(doc))
-    if prompts:
-        import polars as pl
-
-        names = [d for d, n in prompts.items() for _ in range(n)]
-        pl.DataFrame(
-            {"dataset": names, "prompt_id": [f"p{i}" for i in range(len(names))]}
-        ).write_parquet(run / "prompts.parquet")
-    return run
-
-
-def record_line(dataset: str, i: int, tokens: int, finish: str = "stop") -> str:
-    rec = kit.Record(
+def record(dataset: str, i: int, tokens: int, finish: str = "stop") -> kit.Record:
+    return kit.Record(
         dataset=dataset, prompt_id=f"{dataset}-{i}", sample=0, messages=[{"role": "user", "content": "q"}],
         completion="x " * tokens, finish_reason=finish, completion_tokens=tokens,
         count_source="usage", t_done=time.time(),
     )  # fmt: skip
-    return json.dumps(dataclasses.asdict(rec)) + "\n"
 
 
-def append(run, dataset: str, text: str) -> None:
-    with open(run / "records" / f"{dataset}.jsonl", "a") as f:
-        f.write(text)
-        f.flush()
+class Planted:
+    """A run written through RunStore while watch reads it: `add` commits records at once
+    (commit=False leaves them in the writer's buffer, as a runner between two commits)."""
+
+    def __init__(self, tmp_path, budgets: dict[str, int], prompts: dict[str, int] | None = None):
+        import polars as pl
+        from test_audit import PROMPT_SCHEMA
+
+        self.dir = tmp_path / "run"
+        cfg = RunConfig(model="m", endpoints=["http://x/v1"], sampling=Sampling(), budgets=budgets)
+        rows = [
+            {"dataset": d, "prompt_id": f"p{d}{k}", "messages": [{"role": "user", "content": f"q{k}"}], "tools": None, "n_turns": 1, "row": k}
+            for d, n in (prompts or {}).items() for k in range(n)
+        ]  # fmt: skip
+        self.store = RunStore(self.dir, flush_every=10**9, flush_interval=10**9)
+        self.store.init(cfg, pl.DataFrame(rows, schema=PROMPT_SCHEMA) if rows else None)
+
+    def add(self, records: list[kit.Record], commit: bool = True) -> None:
+        for r in records:
+            self.store.append(r)
+        if commit:
+            self.store.flush()
 
 
-def writer(run, dataset: str, writes: list[str], seen: list):
-    """A monitor that keeps (samples_done, tokens_done) of each poll, then appends the next
-    text of `writes` (whole or partial lines) before the next poll."""
-    writes = list(writes)
+@pytest.fixture
+def planted(tmp_path):
+    runs: list[Planted] = []
+
+    def make(budgets, prompts=None) -> Planted:
+        runs.append(Planted(tmp_path, budgets, prompts))
+        return runs[-1]
+
+    yield make
+    for run in runs:
+        run.store.close()
+
+
+def writer(run: Planted, steps: list, seen: list):
+    """A monitor that keeps (samples_done, tokens_done) of each poll, then applies the next
+    step before the next poll: records to commit, ("buffer", records) or "flush"."""
+    steps = list(steps)
 
     def monitor(progress: list[DatasetProgress]) -> None:
         seen.append((progress[0].samples_done, progress[0].tokens_done))
-        if writes:
-            append(run, dataset, writes.pop(0))
+        if not steps:
+            return
+        step = steps.pop(0)
+        if step == "flush":
+            run.store.flush()
+        elif isinstance(step, tuple):
+            run.add(step[1], commit=False)
+        else:
+            run.add(step)
 
     return monitor
 
 
-def test_watch_finished_run_returns_at_once(tmp_path):
-    run = make_run(tmp_path, {"a": 100, "b": 1_000}, prompts={"a": 10, "b": 3})
-    append(run, "a", "".join(record_line("a", i, 60) for i in range(2)))
-    append(run, "b", "".join(record_line("b", i, 5, "length") for i in range(3)))
+def test_watch_finished_run_returns_at_once(planted):
+    run = planted({"a": 100, "b": 1_000}, prompts={"a": 10, "b": 3})
+    run.add([record("a", i, 60) for i in range(2)] + [record("b", i, 5, "length") for i in range(3)])  # fmt: skip
     out = io.StringIO()
     mon = M.ConsoleMonitor(out, min_interval=0)
-    final = kit.watch(run, interval=0.05, monitor=mon)
+    final = kit.watch(run.dir, interval=0.05, monitor=mon)
     assert mon.renders == 1  # one poll, one render: a finished run is not polled again
     assert [(p.dataset, p.tokens_done, p.state) for p in final] == [
         ("a", 120, "budget_reached"), ("b", 15, "exhausted"),
@@ -328,31 +346,34 @@ def test_watch_finished_run_returns_at_once(tmp_path):
     assert "budget_reached" in out.getvalue() and "100.0%" in out.getvalue()
 
 
-def test_watch_follows_a_growing_run_until_budget(tmp_path):
-    run = make_run(tmp_path, {"a": 200})
+def test_watch_follows_a_growing_run_until_budget(planted):
+    run = planted({"a": 200})
     seen: list[tuple[int, int]] = []
-    lines = [record_line("a", i, 20) for i in range(12)]  # 240 tokens: more than the budget
-    final = kit.watch(run, interval=0.01, monitor=writer(run, "a", lines, seen))
+    steps = [[record("a", i, 20)] for i in range(12)]  # 240 tokens: more than the budget
+    final = kit.watch(run.dir, interval=0.01, monitor=writer(run, steps, seen))
     assert seen == [(i, 20 * i) for i in range(11)]  # every step seen, stopped at the budget
     assert (final[0].state, final[0].tokens_done) == ("budget_reached", 200)
 
 
-def test_watch_ignores_a_torn_last_line(tmp_path):
-    run = make_run(tmp_path, {"a": 10_000})
-    append(run, "a", record_line("a", 0, 7) + record_line("a", 1, 7)[:25])  # torn tail
-    final = kit.watch(run, interval=0.01, stall_timeout=1.0, monitor=lambda ps: None, clock=Ticks())
+def test_watch_sees_only_committed_records(planted):
+    run = planted({"a": 10_000})
+    run.add([record("a", 0, 7)])
+    run.add([record("a", 1, 7)], commit=False)  # in the writer's buffer, not in the database
+    final = kit.watch(
+        run.dir, interval=0.01, stall_timeout=1.0, monitor=lambda ps: None, clock=Ticks()
+    )
     assert (final[0].samples_done, final[0].tokens_done) == (1, 7)
     assert final[0].state == "stopped"  # no live runner status: stalled, not done
 
 
-def test_watch_counts_a_torn_line_once_it_is_completed(tmp_path):
-    run = make_run(tmp_path, {"a": 100})
+def test_watch_counts_records_when_their_commit_lands(planted):
+    run = planted({"a": 100})
     seen: list[tuple[int, int]] = []
-    lines = [record_line("a", i, 20) for i in range(5)]
-    writes = [lines[0], lines[1], lines[2][:20], lines[2][20:], lines[3], lines[4]]
-    final = kit.watch(run, interval=0.01, monitor=writer(run, "a", writes, seen))
+    recs = [record("a", i, 20) for i in range(5)]
+    steps = [[recs[0]], [recs[1]], ("buffer", [recs[2]]), "flush", [recs[3]], [recs[4]]]
+    final = kit.watch(run.dir, interval=0.01, monitor=writer(run, steps, seen))
     assert (final[0].samples_done, final[0].tokens_done) == (5, 100)
-    # it sat at 2 records while line 3 was torn, and never counted half a record
+    # it sat at 2 records while the third was buffered, and never counted it early
     assert seen == [(0, 0), (1, 20), (2, 40), (2, 40), (3, 60), (4, 80), (5, 100)]
 
 
@@ -365,51 +386,70 @@ def test_watch_stops_when_the_run_stalls_or_never_starts(tmp_path):
     assert final == [] and polls == [[]] * 5
 
 
-def test_watch_is_not_stalled_while_a_live_runner_has_requests_in_flight(tmp_path):
-    run = make_run(tmp_path, {"a": 1_000})
-    append(run, "a", record_line("a", 0, 10))
+def test_watch_is_not_stalled_while_a_live_runner_has_requests_in_flight(planted):
+    run = planted({"a": 1_000})
+    run.add([record("a", 0, 10)])
+    live = DatasetProgress("a", budget=1_000, in_flight=2, state="running")
 
-    def beat() -> None:  # what a live runner's status.json looks like (RunStore.write_status)
-        live = DatasetProgress("a", budget=1_000, in_flight=2, state="running")
-        doc = {"t": time.time(), "finished": False, "datasets": [dataclasses.asdict(live)]}
-        (run / "status.tmp").write_text(json.dumps(doc))
-        os.replace(run / "status.tmp", run / "status.json")  # atomic, like the store
+    def beat() -> None:  # a live runner's status row (RunStore.write_status)
+        run.store.write_status([live])
 
     in_flight: list[int] = []
 
-    def monitor(progress):  # the runner beats before each of the first 8 polls, then is gone
+    def monitor(progress):  # the runner beats before each of the first 8 polls, then ends
         in_flight.append(progress[0].in_flight)
         if len(in_flight) < 8:
             beat()
         elif len(in_flight) == 8:
-            (run / "status.json").unlink()
+            run.store.write_status([live], finished=True)
 
     beat()
-    final = kit.watch(run, interval=0.01, stall_timeout=1.0, monitor=monitor, clock=Ticks())
+    final = kit.watch(run.dir, interval=0.01, stall_timeout=1.0, monitor=monitor, clock=Ticks())
     # 8 live polls span 2 s of the clock with no new record (the stall timeout is 1 s); once
-    # the status is gone, 4 more polls (1 s) and it stops
+    # the runner has ended, 4 more polls (1 s) and it stops
     assert in_flight == [2] * 8 + [0] * 4
     assert final[0].in_flight == 0 and final[0].tokens_done == 10
 
 
-def test_watch_until_done_false_keeps_watching_until_stall(tmp_path):
-    run = make_run(tmp_path, {"a": 10})
-    append(run, "a", record_line("a", 0, 50))
+def test_watch_until_done_false_keeps_watching_until_stall(planted):
+    run = planted({"a": 10})
+    run.add([record("a", 0, 50)])
     polls: list = []
-    final = kit.watch(run, interval=0.01, until_done=False, stall_timeout=1.0,
+    final = kit.watch(run.dir, interval=0.01, until_done=False, stall_timeout=1.0,
                       monitor=polls.append, clock=Ticks())  # fmt: skip
     assert final[0].state == "budget_reached" and len(polls) == 5  # done at once, kept 1 s more
 
 
-def test_awatch_matches_watch(tmp_path):
-    run = make_run(tmp_path, {"a": 100})
+def test_awatch_matches_watch(planted):
+    run = planted({"a": 100})
     seen: list[tuple[int, int]] = []
-    lines = [record_line("a", i, 20) for i in range(5)]
-    final = asyncio.run(M.awatch(run, interval=0.01, monitor=writer(run, "a", lines, seen)))
-    again = kit.watch(run, interval=0.01, monitor=lambda ps: None)
+    steps = [[record("a", i, 20)] for i in range(5)]
+    final = asyncio.run(M.awatch(run.dir, interval=0.01, monitor=writer(run, steps, seen)))
+    again = kit.watch(run.dir, interval=0.01, monitor=lambda ps: None)
     strip = [(p.dataset, p.tokens_done, p.samples_done, p.state) for p in final]
     assert strip == [(p.dataset, p.tokens_done, p.samples_done, p.state) for p in again]
     assert strip[0][3] == "budget_reached" and seen == [(i, 20 * i) for i in range(6)]
+
+
+def test_watch_first_read_is_a_few_small_queries(planted, monkeypatch):
+    """watch reads the totals table, never the records: its cost does not grow with the run."""
+    import sqlite3
+
+    run = planted({"a": 10**9})
+    run.add([record("a", i, 3) for i in range(500)])
+    statements: list[str] = []
+    connect = sqlite3.connect
+
+    def traced(*args, **kw):
+        conn = connect(*args, **kw)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    final = kit.watch(run.dir, stall_timeout=0.5, monitor=lambda ps: None, clock=Ticks())
+    assert final[0].samples_done == 500 and final[0].tokens_done == 1500
+    scans = [s for s in statements if "FROM records" in s and "rowid >" not in s and "EXISTS" not in s]  # fmt: skip
+    assert statements and scans == [] and len(statements) < 40, statements
 
 
 def test_watch_refuses_bad_arguments(tmp_path):

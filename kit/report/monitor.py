@@ -10,7 +10,8 @@ Jupyter kernel and the console elsewhere; ipywidgets is imported only by the wid
     print(kit.monitor.text(mon.last))        # plain-text summary for headless runs
 
 `kit.watch(run_dir)` follows a run started in another process by polling
-`kit.store.ProgressReader(run_dir)` (incremental) until every dataset is done or the run stalls.
+`kit.run.progress.progress(run_dir)` (a few small queries on the run database: the totals
+table, not the records) until every dataset is done or the run stalls.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import dataclasses
 import html
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -386,14 +388,8 @@ class _Watcher:
             raise FileNotFoundError(f"watch: run directory {str(self.run_dir)!r} does not exist")
         if stall_timeout is not None and stall_timeout <= 0:
             raise ValueError(f"watch: stall_timeout must be > 0 or None, got {stall_timeout!r}")
-        if read is None:  # one incremental reader: each poll parses only the appended lines
-            from kit.run.store import ProgressReader
-
-            reader = ProgressReader(self.run_dir)
-
-            def read(run_dir: Path) -> list[DatasetProgress]:
-                return reader.read()
-
+        if read is None:  # the totals table: a poll costs the same at 1K and 1M records
+            from kit.run.progress import progress as read
         self.read = read
         self.until_done, self.stall_timeout, self.clock = until_done, stall_timeout, clock
         self._mark: tuple | None = None
@@ -403,8 +399,10 @@ class _Watcher:
         """Read progress once; return it and whether watching should stop."""
         try:
             progress = list(self.read(self.run_dir))
-        except FileNotFoundError:  # the run has not written its config yet
-            progress = []
+        except (FileNotFoundError, sqlite3.OperationalError) as e:
+            if isinstance(e, sqlite3.OperationalError) and "no such table" not in str(e):
+                raise
+            progress = []  # the run has not made its database, or stored its config, yet
         mark = tuple((p.dataset, p.tokens_done, p.samples_done, p.errors) for p in progress)
         now = self.clock()
         live = any(p.in_flight for p in progress)  # a runner with requests out is not stalled
