@@ -17,6 +17,8 @@ import pytest
 from kit import plan
 from kit.plan.pilots import PilotResult
 from kit.report import charts
+from kit.run.reader import prompts_frame
+from kit.run.store import RunStore
 from kit.types import RunConfig, Sampling
 
 # the pilots here are small on purpose (fast); the warning they raise is tested in
@@ -366,8 +368,8 @@ def test_plan_prompts_and_write_plan_prompts_checks(tmp_path):
 
     run_dir = tmp_path / "run"
     plan.write_plan(run_dir, table, config(), prompts=loaded)
-    assert plan.plan_prompts(run_dir) is None  # generate runs run_dir/prompts.parquet
-    (run_dir / "prompts.parquet").unlink()  # the spec alone loads the same prompts again
+    assert plan.plan_prompts(run_dir) is None  # generate runs the prompts in run.sqlite
+    (run_dir / "run.sqlite").unlink()  # the spec alone loads the same prompts again
     again = plan.plan_prompts(run_dir)
     assert again.frame["prompt_id"].to_list() == loaded.frame["prompt_id"].to_list()
 
@@ -376,7 +378,10 @@ def test_plan_prompts_and_write_plan_prompts_checks(tmp_path):
     with pytest.raises(ValueError, match="no prompt"):
         plan.write_plan(tmp_path / "x", table, config(), prompts=loaded.frame.clear())
     plan.write_plan(run_dir, table, config(), prompts=loaded)
-    (run_dir / "config.json").write_text("{}")  # a run started over these prompts
+    assert prompts_frame(run_dir)["prompt_id"].sort().to_list() == loaded.frame["prompt_id"].sort().to_list()  # fmt: skip
+    store = RunStore(run_dir)  # a run started over these prompts: its config stored
+    store.init(config(source_hashes=loaded.source_hashes()))
+    store.close()
     plan.write_plan(run_dir, table, config(), prompts=loaded)  # the same prompts: fine
     other = kit.load({"q": [{"q": "another question"}]}, mapping={"prompt": "q"})
     with pytest.raises(ValueError, match="holds a run over other prompts"):
@@ -487,7 +492,7 @@ def test_pilot_keeps_its_records_in_run_dir_and_resumes(tmp_path):
         first = plan.pilot_sync(prompts, cfg, per_dataset=3, run_dir=tmp_path / "pilot")
         again = plan.pilot_sync(prompts, cfg, per_dataset=3, run_dir=tmp_path / "pilot")
         assert srv.stats()["requests"] == 3  # the second pilot found every record on disk
-    assert (tmp_path / "pilot" / "records" / "a.jsonl").is_file()
+    assert (tmp_path / "pilot" / "run.sqlite").is_file()
     assert again.frame["prompt_id"].to_list() == first.frame["prompt_id"].to_list()
 
 

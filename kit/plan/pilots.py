@@ -267,14 +267,16 @@ async def _run(chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report) -
     import polars as pl
 
     from kit.run.generate import generate
-    from kit.run.store import read_errors, records_frame
+    from kit.run.reader import errors_frame, record_batches
 
     start = time.perf_counter()
     await generate(chosen, config, run_dir=run_dir, progress=report)
     wall = time.perf_counter() - start
     schema = {n: getattr(pl, t) for n, t in (c.split(":") for c in _COLUMNS.split())}
-    frame = records_frame(run_dir).select(list(schema)).cast(schema).sort("dataset", "prompt_id")
-    failed = read_errors(run_dir).filter(~pl.col("resolved"))
+    parts = list(record_batches(run_dir, columns=list(schema)))
+    frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    frame = frame.cast(schema).sort("dataset", "prompt_id")
+    failed = errors_frame(run_dir).filter(~pl.col("resolved"))
     failed = failed.unique(subset=["dataset", "prompt_id", "sample"], keep="last")
     errors = [
         f"{d}/{p}{f'#{k}' if k else ''}: {e}"

@@ -2,14 +2,14 @@
 
 The plan stores the run's RunConfig with the planned budgets and, given the prompts, the
 load spec of each dataset (path, format, mapping: plan.json "sources") with the prompts
-themselves in run_dir/prompts.parquet, so generate needs nothing else: not the source
-files, not the format or mapping they were read with, not data that only ever lived in
-memory. Re-exported as kit.plan.write_plan / read_plan / plan_prompts / pilot_means.
+themselves in the run database (run_dir/run.sqlite), so generate needs nothing else:
+not the source files, not the format or mapping they were read with, not data that only
+ever lived in memory. Re-exported as kit.plan.write_plan / read_plan / plan_prompts /
+pilot_means.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -18,10 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kit.data.sources import LoadResult, reload, source_hashes
+from kit.data.sources import LoadResult, reload
 from kit.plan.estimate import TOTAL, plan_schema
 from kit.plan.pilots import PilotResult
-from kit.run.guard import write_atomic
 from kit.types import RunConfig
 
 if TYPE_CHECKING:
@@ -47,7 +46,7 @@ def write_plan(
         budgets: dataset -> tokens; default: the plan's `budget` (or `tokens`) column.
         pilot: the PilotResult the plan came from (its summary is stored).
         prompts: the prompts to run (a prompt frame or a LoadResult). Written to
-            run_dir/prompts.parquet, with each dataset's load spec in plan.json
+            the run database, with each dataset's load spec in plan.json
             ("sources"; config.datasets from it): kit.generate(None, config, run_dir=...)
             then runs the plan from the run directory alone. The planned budgets must
             name exactly its datasets.
@@ -112,20 +111,11 @@ def _prompt_specs(prompts) -> tuple[pl.DataFrame, dict[str, dict]]:
 
 
 def _write_prompts(run_dir: Path, frame: pl.DataFrame) -> None:
-    """run_dir/prompts.parquet, atomically; refused over a started run with other prompts."""
-    path = run_dir / "prompts.parquet"
-    if (run_dir / "config.json").exists() and path.exists():
-        import polars as pl
+    """The plan's prompts into the run database (kit.run.store.store_prompts, under the
+    writer's lock); refused over a started run with other prompts."""
+    from kit.run.store import store_prompts
 
-        if source_hashes(pl.read_parquet(path)) != source_hashes(frame):
-            raise ValueError(
-                f"{run_dir} holds a run over other prompts (config.json, prompts.parquet): "
-                "write this plan into a new run directory"
-            )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    frame.write_parquet(buf)
-    write_atomic(path, buf.getvalue())
+    store_prompts(run_dir, frame)
 
 
 def _plan_budgets(plan_frame: pl.DataFrame) -> dict[str, float]:
@@ -168,7 +158,7 @@ def read_plan(run_dir: str | Path) -> dict:
 
 def plan_prompts(run_dir: str | Path, plan: dict | None = None) -> LoadResult | None:
     """The `prompts` argument of kit.generate for the plan in run_dir: None when the run
-    directory holds prompts.parquet (generate runs those: a plan written with prompts=,
+    directory holds stored prompts (generate runs those: a plan written with prompts=,
     or a run under way), else the plan's datasets loaded again from their specs (or from
     config.datasets for a plan that has none).
 
@@ -177,7 +167,9 @@ def plan_prompts(run_dir: str | Path, plan: dict | None = None) -> LoadResult | 
         prompts = kit.plan.plan_prompts(run_dir, plan)
         run = await kit.generate(prompts, plan["config"], run_dir=run_dir)
     """
-    if (Path(run_dir) / "prompts.parquet").exists():
+    from kit.run.reader import has_prompts
+
+    if has_prompts(run_dir):
         return None
     plan = plan if plan is not None else read_plan(run_dir)
     specs = plan.get("sources") or {
@@ -187,7 +179,7 @@ def plan_prompts(run_dir: str | Path, plan: dict | None = None) -> LoadResult | 
     if not specs:
         raise ValueError(
             f"{Path(run_dir) / 'plan.json'} records no prompts and {run_dir} has no "
-            "prompts.parquet: write the plan with prompts= (kit.plan.write_plan)"
+            "stored prompts: write the plan with prompts= (kit.plan.write_plan)"
         )
     return reload(specs)
 
