@@ -14,6 +14,7 @@ import pytest
 import kit
 from kit import cli
 from kit.cli import commands, demo
+from kit.run.reader import prompts_frame
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT = REPO / "data" / "samples" / "chat_general.jsonl"
@@ -114,7 +115,7 @@ def test_generate_with_a_broken_plan(tmp_path, capsys):
 def test_audit_of_a_missing_run_dir(tmp_path, capsys):
     code, _, err = run_main(["audit", str(tmp_path / "nope")], capsys)
     assert code == 2
-    assert_one_line_error(err, "config.json")
+    assert_one_line_error(err, "run.sqlite not found")
 
 
 def test_fingerprint_mismatch_keeps_its_lines_first_one_prefixed():
@@ -216,11 +217,11 @@ def test_generate_applies_only_the_flags_given(planned, monkeypatch, capsys):
     assert config.endpoints == ["http://a/v1", "http://b/v1"]
     assert (config.concurrency, config.budgets) == (4, {"chat_general": 500})
     assert (config.model, config.timeout, config.sampling.max_tokens) == ("m", 30.0, 64)
-    assert prompts is None  # the plan's own prompt frame, run_dir/prompts.parquet
+    assert prompts is None  # the plan's own prompts, stored in run_dir/run.sqlite
     assert kw["run_dir"] == planned and kw["force"] is False
     assert set(kw["expected_tokens"]) == {"chat_general"}
 
-    (planned / "prompts.parquet").unlink()  # an old plan without one: its sources, reloaded
+    (planned / "run.sqlite").unlink()  # a plan without stored prompts: its sources, reloaded
     run_main(["generate", "--run-dir", str(planned)], capsys)
     prompts, config, _ = calls[1]
     assert prompts.paths == {"chat_general": str(CHAT)}
@@ -244,18 +245,18 @@ def test_plan_with_a_mapping_runs_from_the_run_dir(tmp_path, monkeypatch, capsys
     assert code == 0, err
     plan = kit.plan.read_plan(run_dir)
     assert plan["sources"]["quiz"]["mapping"] == {"prompt": "question", "system": "sys"}
-    frame = pl.read_parquet(run_dir / "prompts.parquet")
+    frame = prompts_frame(run_dir).sort("row")
     assert frame.height == 20
     assert frame["messages"][0].to_list() == [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 0 + 0?"}
     ]  # fmt: skip
     calls = []
     monkeypatch.setattr(kit, "generate_sync", lambda p, c, **kw: calls.append(p) or FakeRun())
-    (run_dir / "prompts.parquet").rename(tmp_path / "kept.parquet")
+    (run_dir / "run.sqlite").rename(tmp_path / "kept.sqlite")
     data.unlink()  # without its frame and its file, the plan cannot run: said in one line
     code, _, err = run_main(["generate", "--run-dir", str(run_dir)], capsys)
     assert code == 2 and "quiz.jsonl" in err, err
-    (tmp_path / "kept.parquet").rename(run_dir / "prompts.parquet")
+    (tmp_path / "kept.sqlite").rename(run_dir / "run.sqlite")
     code, _, err = run_main(["generate", "--run-dir", str(run_dir)], capsys)
     assert code == 0 and calls == [None], err
 
@@ -420,3 +421,34 @@ def test_logs_show_every_plan_row_and_the_export_as_text(tmp_path, capsys):
     assert code == 0, err
     assert f"export -> {tmp_path / 'out'}" in out and ": OK" in out
     assert "Result(" not in out and "object at" not in out
+
+
+# ------------------------------------------------------------------------------ records
+
+
+def test_records_streams_jsonl_one_record_a_line(tmp_path, capsys):
+    """`kit records RUN_DIR [--dataset NAME]`: what jq and tail read in the JSONL layout."""
+    from dataclasses import fields
+
+    from test_audit import ANSWERS, make_record, plant_run
+
+    from kit.types import Record
+
+    recs = [make_record(None, ("a", "b")[i % 2], i, f"q{i}", ANSWERS[i], ids=False) for i in range(4)]  # fmt: skip
+    recs[0].output_ids, recs[0].reasoning = [5, 6, 7], "thinking"
+    run = plant_run(tmp_path / "run", recs, budgets={"a": 100, "b": 100})
+    code, out, err = run_main(["records", str(run)], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [list(r) for r in rows] == [[f.name for f in fields(Record)]] * 4
+    assert [(r["dataset"], r["prompt_id"], r["completion"]) for r in rows] == [(r.dataset, r.prompt_id, r.completion) for r in recs]  # fmt: skip
+    assert rows[0]["messages"] == [{"role": "user", "content": "q0"}]
+    assert (rows[0]["output_ids"], rows[0]["reasoning"], rows[1]["output_ids"]) == ([5, 6, 7], "thinking", None)  # fmt: skip
+    code, out, _ = run_main(["records", str(run), "--dataset", "b"], capsys)
+    assert code == 0 and [json.loads(line)["dataset"] for line in out.splitlines()] == ["b", "b"]
+    code, _, err = run_main(["records", str(run), "--dataset", "nope"], capsys)
+    assert code == 2
+    assert_one_line_error(err, "'nope'", "['a', 'b']")
+    code, _, err = run_main(["records", str(tmp_path / "missing")], capsys)
+    assert code == 2
+    assert_one_line_error(err, "run.sqlite not found")

@@ -1,12 +1,14 @@
-"""The `kit` command: prepare, serve, plan, generate, watch, audit, export, demo.
+"""The `kit` command: prepare, serve, plan, generate, watch, audit, records, export, demo.
 
 Every subcommand is a thin wrapper over the package (kit.cli.commands; the demo in
 kit.cli.demo). `kit plan` builds one kit.RunConfig from its flags, pilots and writes
 plan.json; `kit generate` reads it back, applies only the flags given, and runs or
 resumes; `kit demo` executes the four notebooks against the embedded server.
 
-A user error is one line on stderr (`kit: error: <what and the fix>`, exit 2); a run
-that stops early says why and exits 1; anything unexpected keeps its traceback.
+A user error is one line on stderr (`kit: error: <what and the fix>`, exit 2), and so is
+a damaged run database (kit.run.db.DatabaseDamaged: what to do) and a run directory held
+by another writer; a run that stops early says why and exits 1; anything unexpected keeps
+its traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from kit.cli.commands import (
     cmd_generate,
     cmd_plan,
     cmd_prepare,
+    cmd_records,
     cmd_serve,
     cmd_validate,
     cmd_watch,
@@ -152,6 +155,13 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--tokenizer")
     a.set_defaults(fn=cmd_audit)
 
+    r = sub.add_parser(
+        "records", help="print a run's records as JSONL (one Record a line, messages as sent)"
+    )
+    r.add_argument("run_dir")
+    r.add_argument("--dataset", action="append", help="only this dataset (repeat for several)")
+    r.set_defaults(fn=cmd_records)
+
     e = sub.add_parser("export", help="export a run to trainer formats with a manifest")
     e.add_argument("run_dir")
     e.add_argument("out_dir")
@@ -181,9 +191,11 @@ def _interrupt(signum, frame) -> None:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that mean "fix your input", shown as one line without a traceback."""
+    from kit.run.db import DatabaseDamaged
+    from kit.run.store import RunLocked
     from kit.serve import ServerError
 
-    return (ValueError, FileNotFoundError, FileExistsError, ServerError)
+    return (ValueError, FileNotFoundError, FileExistsError, ServerError, DatabaseDamaged, RunLocked)  # fmt: skip
 
 
 ADVICE = {"pass force=True": "pass --force", "pass overwrite=True": "pass --overwrite"}

@@ -1,4 +1,5 @@
-"""The `kit` subcommands over the package: plan, generate, audit, export, watch, prepare, serve.
+"""The `kit` subcommands over the package: plan, generate, audit, records, export, watch,
+prepare, serve.
 
 `kit plan` builds one kit.RunConfig from its flags, pilots and writes plan.json (which
 stores that config); `kit generate` reads it back, applies only the flags given (with
@@ -246,7 +247,7 @@ def generate_run(run_dir, args):
         config = replace(
             config, budgets=_merged_budgets(config.budgets, parse_budgets(args.budget))
         )
-    resuming = (run_dir / "config.json").exists()
+    resuming = _started(run_dir)
     prompts = plan.plan_prompts(run_dir, spec)
     start = not args.base_url and _is_embedded(config.model)
     with _embedded(config, start=start, engine=args.engine) as config:
@@ -255,6 +256,17 @@ def generate_run(run_dir, args):
             prompts, config, run_dir=run_dir, progress=ConsoleMonitor(),
             expected_tokens=plan.pilot_means(spec), force=args.force,
         )  # fmt: skip
+
+
+def _started(run_dir: Path) -> bool:
+    """True when a run has stored its config in run_dir's database."""
+    from kit.run.reader import read_config
+
+    try:
+        read_config(run_dir)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 SUMMARY = ["dataset", "state", "budget", "tokens_done", "overshoot", "shortfall", "errors"]
@@ -277,11 +289,16 @@ def cmd_generate(args) -> int:
 
 
 def audit_run(run_dir, tokenizer=None):
-    """Audit a run directory and print its summary."""
+    """Audit a run directory and print its summary; a database that fails SQLite's integrity
+    check is raised as DatabaseDamaged after the summary (one line, exit 2)."""
     import kit
+    from kit.run.db import DatabaseDamaged
 
     report = kit.audit(run_dir, tokenizer=tokenizer)
     print(report.summary())
+    damage = report.findings.filter(report.findings["check"] == "database_integrity")
+    if damage.height:
+        raise DatabaseDamaged(damage["message"][0])
     return report
 
 
@@ -305,6 +322,27 @@ def cmd_watch(args) -> int:
 
 def cmd_audit(args) -> int:
     audit_run(args.run_dir, args.tokenizer)
+    return 0
+
+
+def cmd_records(args) -> int:
+    """The run's records as JSONL on stdout, in commit order: one kit.types.Record a line."""
+    import dataclasses
+    import os
+
+    from kit.run.progress import progress
+    from kit.run.reader import records
+
+    if args.dataset:
+        known = [p.dataset for p in progress(args.run_dir)]
+        if unknown := [d for d in args.dataset if d not in known]:
+            raise ValueError(f"--dataset {unknown[0]!r} is not in {args.run_dir} (it has {known})")
+    try:
+        for rec in records(args.run_dir, args.dataset):
+            sys.stdout.write(json.dumps(dataclasses.asdict(rec), ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `kit records RUN | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
