@@ -1,17 +1,28 @@
-"""kit.export on planted runs and on a real embedded-server run; kit.validate on the exports."""
+"""kit.export on planted runs and on a real embedded-server run; kit.validate on the exports.
+
+Also: an old-layout run exports byte for byte as the old code did, the export is the same in
+any batch size and with or without token rows, and an edited prompt stops it."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
+import shutil
+import sqlite3
+from pathlib import Path
 
 import polars as pl
 import pytest
 from test_audit import ANSWERS, make_record, pid, plant_run
 
 import kit
+from kit.report import export as export_mod
 from kit.report.export import ExportOptions, export
 from kit.report.validate import sha256_file, validate
-from kit.run.store import records_frame
+from kit.run.reader import PromptMismatch, read_config, records_frame
+from kit.run.store import RunStore
+from kit.types import Record, RunConfig, Sampling
 
 SECRET = "sk-kit-test-secret-7f3a9c"
 
@@ -23,6 +34,17 @@ def tok(model_dir):
 
 def read_jsonl(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def set_config(run, **changes):
+    """Rewrite a planted run's stored config (RunConfig.to_dict() in the run database) with
+    fields changed, as they are given, and its fingerprint to match."""
+    conn = sqlite3.connect(run / "run.sqlite")
+    doc = json.loads(conn.execute("SELECT doc FROM config").fetchone()[0]) | changes
+    with conn:
+        conn.execute("UPDATE config SET fingerprint = ?, doc = ?", (RunConfig.from_dict(doc).fingerprint(), json.dumps(doc)))  # fmt: skip
+    conn.close()
+    return run
 
 
 def varied_records(tok):
@@ -230,13 +252,12 @@ def test_manifest_contents_and_no_secret(tmp_path, tok, model_dir, monkeypatch):
     monkeypatch.setenv("KIT_TEST_KEY", SECRET)
     recs = varied_records(tok)
     run = plant_run(tmp_path / "run", recs, budgets={"chat": 60, "code": 1000}, tokenizer=str(model_dir), api_key_env="KIT_TEST_KEY")  # fmt: skip
-    cfg = json.loads((run / "config.json").read_text())
-    cfg["config"]["endpoints"] = [f"http://user:{SECRET}@127.0.0.1:8000/v1?key={SECRET}"]
-    (run / "config.json").write_text(json.dumps(cfg))
+    set_config(run, endpoints=[f"http://user:{SECRET}@127.0.0.1:8000/v1?key={SECRET}"])
+    fingerprint = read_config(run).fingerprint()
     out = tmp_path / "out"
     export(run, out, formats=("specforge", "token_ids", "parquet"), val_fraction=0.3, seed=3)
     m = json.loads((out / "manifest.json").read_text())
-    assert m["model"] == "smollm2-135m" and m["run_fingerprint"] == cfg["fingerprint"]
+    assert m["model"] == "smollm2-135m" and m["run_fingerprint"] == fingerprint
     assert m["servers"] == {"api": "openai", "endpoints": ["http://127.0.0.1:8000/v1"]}
     assert m["sampling"] == {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "seed": 1, "n": 1}
     assert m["tokenizer"]["chat_template_hash"] == kit.tokens.chat_template_hash(tok)
@@ -371,3 +392,242 @@ def test_jsonl_files_go_to_disk_as_written(tmp_path, monkeypatch):
     for i, c in enumerate(calls):  # each piece on disk before its pages are dropped
         if c[0] == "drop":
             assert calls[i - 1] == ("sync", c[1])
+
+
+# ---------------------------------------------------------------- the run database's export
+
+OLD = Path(__file__).parent / "fixtures" / "old_layout"
+
+
+def test_an_old_layout_run_exports_byte_for_byte_as_the_old_code_did(tmp_path):
+    """tests/fixtures/old_layout: a run of the JSONL layout and its SpecForge export by the
+    code before the run database; the reader imports the run on first open."""
+    shutil.copytree(OLD / "run", tmp_path / "run")
+    result = export(tmp_path / "run", tmp_path / "out", formats=("specforge",))
+    old = json.loads((OLD / "export/manifest.json").read_text())
+    for rel in ("specforge/train.jsonl", "linehashes/specforge/train.jsonl.txt"):
+        assert (tmp_path / "out" / rel).read_bytes() == (OLD / "export" / rel).read_bytes(), rel
+        assert result.files[rel] == old["files"][rel]["sha256"]
+    for key in ("counts", "dropped", "turns", "run_fingerprint", "specforge"):
+        assert result.manifest[key] == old[key], key
+    assert (tmp_path / "run/run.sqlite").exists() and validate(tmp_path / "out").ok
+
+
+def _swap_prompts(run, a: str, b: str) -> None:
+    """Swap two stored prompts' text in the run database, as a hand edit would."""
+    conn = sqlite3.connect(run / "run.sqlite")
+    text = dict(conn.execute("SELECT prompt_id, messages FROM prompts WHERE prompt_id IN (?, ?)", (a, b)))  # fmt: skip
+    with conn:
+        for pid_, other in ((a, b), (b, a)):
+            conn.execute("UPDATE prompts SET messages = ? WHERE prompt_id = ?", (text[other], pid_))
+    conn.close()
+
+
+def test_an_edited_prompt_stops_the_export_and_names_it(tmp_path, capsys):
+    from kit import cli
+
+    recs = [make_record(None, "d", i, f"question {i}", ANSWERS[i], ids=False) for i in range(4)]
+    run = plant_run(tmp_path / "run", recs, budgets={"d": 1000})
+    export(run, tmp_path / "before", formats=("specforge",))
+    a, b = recs[1].prompt_id, recs[2].prompt_id
+    _swap_prompts(run, a, b)
+    out = tmp_path / "out"
+    with pytest.raises(PromptMismatch, match=f"prompt \\('d', '{a}'\\)"):
+        export(run, out, formats=("specforge", "parquet"))
+    assert not [p for p in out.rglob("*") if p.is_file()]  # nothing half written, no manifest
+    code = cli.main(["export", str(run), str(tmp_path / "cli"), "--format", "specforge"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("kit: error:") and a in err and len(err.splitlines()) == 1
+    conn = sqlite3.connect(run / "run.sqlite")
+    with conn:
+        conn.execute("DELETE FROM prompts WHERE prompt_id IN (?, ?)", (a, b))
+    conn.close()
+    with pytest.raises(PromptMismatch, match=f"record \\('d', '{a}'\\) has no stored prompt"):
+        export(run, tmp_path / "out2", formats=("specforge",))
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+T0 = 1_700_000_000.0
+
+
+def _prompts() -> pl.DataFrame:
+    rows = []
+    for ds in ("chat", "agent", "multi"):
+        for i in range(12):
+            messages = [{"role": "user", "content": f"{ds} question {i}"}]
+            if ds == "multi":
+                messages = [
+                    {"role": "user", "content": f"first {i}"},
+                    {"role": "assistant", "content": f"DATASET ANSWER {i}"},
+                    {"role": "user", "content": f"second {i}"},
+                ]
+            tools = json.dumps(TOOLS) if ds == "agent" and i % 2 == 0 else None
+            rows.append({"dataset": ds, "prompt_id": f"{ds}{i:02d}", "messages": messages,
+                         "tools": tools, "n_turns": len(messages), "row": i})  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+def _config() -> RunConfig:
+    return RunConfig(
+        model="m", endpoints=["http://127.0.0.1:9/v1"], sampling=Sampling(max_tokens=64),
+        budgets={"chat": 60, "agent": 80, "multi": 10**6}, turns="all_turns",
+    )  # fmt: skip
+
+
+def _stored_run(run_dir) -> list[Record]:
+    """A run through RunStore: tools, reasoning on some, duplicates, truncations, and multi's
+    prompts answered by the target (all_turns: Record.turns holds its earlier answer)."""
+    prompts, out = _prompts(), []
+    for k, p in enumerate(prompts.to_dicts()):
+        messages, turns = p["messages"], None
+        if p["dataset"] == "multi":
+            turns = [{"content": f"target answer {k}", "reasoning": None, "finish_reason": "stop",
+                      "completion_tokens": 3, "count_source": "usage", "output_ids": None,
+                      "prompt_ids": None}]  # fmt: skip
+            messages = [dict(m) for m in messages]
+            messages[1]["content"] = f"target answer {k}"
+        text = "same answer" if k % 5 == 0 else f"answer number {k} " + "word " * (k % 7)
+        out.append(Record(
+            dataset=p["dataset"], prompt_id=p["prompt_id"], sample=0, messages=messages,
+            completion=text, finish_reason="length" if k % 6 == 0 else "stop",
+            completion_tokens=5 + k % 9, count_source="usage", t_done=T0 + (k * 7919) % 101 + k / 1000,
+            reasoning="thinking it over" if k % 4 == 0 else None,
+            tools=json.loads(p["tools"]) if p["tools"] else None, turns=turns,
+        ))  # fmt: skip
+    out.sort(key=lambda r: r.t_done)
+    store = RunStore(run_dir)
+    store.init(_config(), prompts)
+    for r in out:
+        store.append(r)
+    store.close()
+    return out
+
+
+def _files(out, part: str = "") -> dict[str, bytes]:
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name != "manifest.json" and part in str(p.relative_to(out))
+    }
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(val_fraction=0.25),
+        dict(drop_duplicates=True, drop_truncated=True, val_fraction=0.3, seed=4),
+        dict(trim_to_budget=True),
+        dict(mix={"chat": 1, "agent": 2}),
+    ],
+)
+def test_the_export_is_the_same_in_any_batch_size_with_or_without_token_rows(tmp_path, monkeypatch, model_dir, opts):  # fmt: skip
+    """SpecForge lines (the one renderer: polars), tables and counts do not depend on the
+    batch size or on which formats go along: reasoning, tools, all_turns answers, options."""
+    records = _stored_run(tmp_path / "run")
+    got = []
+    for formats, batch in [(("specforge", "token_ids", "parquet"), 10_000), (("specforge", "parquet"), 10_000), (("specforge", "parquet"), 3)]:  # fmt: skip
+        monkeypatch.setattr(export_mod, "BATCH", batch)
+        monkeypatch.setattr(export_mod, "TOKEN_BATCH", batch)
+        out = tmp_path / f"out-{len(formats)}-{batch}"
+        result = export(tmp_path / "run", out, formats=formats, tokenizer=model_dir, **opts)
+        assert validate(out).ok and not result.dropped.pop("template_mismatch", 0)
+        tables = {p.stem: pl.read_parquet(p).drop("input_ids", "loss_mask", "ids_source", strict=False) for p in (out / "parquet").glob("*.parquet")}  # fmt: skip
+        got.append((_files(out, "specforge"), tables, result.counts, result.dropped))
+    assert got[0][0] == got[1][0] == got[2][0] and got[0][2:] == got[1][2:] == got[2][2:]
+    assert got[0][1].keys() == got[1][1].keys() == got[2][1].keys()
+    for s, table in got[0][1].items():
+        assert table.equals(got[1][1][s]) and table.equals(got[2][1][s]) and table.height
+    rows = [json.loads(x) for f, data in got[0][0].items() if f.startswith("specforge/") for x in data.splitlines()]  # fmt: skip
+    assert rows and len({r["id"] for r in rows}) == len(rows)
+    by_id = {f"{r.dataset}-{r.prompt_id}-0": r for r in records}
+    for row in rows:  # the conversation as the runner sent it, then the completion
+        rec = by_id[row["id"]]
+        assert row["conversations"][:-1] == rec.messages and row.get("tools") == rec.tools
+        assert row["conversations"][-1]["content"] == rec.completion
+
+
+def test_a_key_written_twice_is_exported_once_and_its_first_copy(tmp_path):
+    records = _stored_run(tmp_path)
+    first = records[3]
+    store = RunStore(tmp_path)
+    store.init(_config())
+    store.append(dataclasses.replace(first, completion="a later copy", t_done=T0 + 500))
+    store.close()
+    result = export(tmp_path, tmp_path / "out", formats=("specforge",), drop_errors=False)
+    rows = read_jsonl(tmp_path / "out/specforge/train.jsonl")
+    assert len(rows) == 36 and sum(c["records"] for c in result.counts.values()) == 36
+    mine = [r for r in rows if r["id"] == f"{first.dataset}-{first.prompt_id}-0"]
+    assert [r["conversations"][-1]["content"] for r in mine] == [first.completion]
+
+
+def test_export_writes_what_was_there_when_it_began(tmp_path, monkeypatch):
+    """A run still being written: records committed between the two passes are not exported
+    (they would be half of the options' decisions), and nothing else moves."""
+    records = _stored_run(tmp_path / "run")
+    real = export_mod._write
+
+    def late_record(run_dir, *args, **kw):
+        store = RunStore(run_dir)
+        store.init(_config())
+        store.append(dataclasses.replace(records[0], sample=1, t_done=T0))
+        store.close()
+        return real(run_dir, *args, **kw)
+
+    monkeypatch.setattr(export_mod, "_write", late_record)
+    result = export(tmp_path / "run", tmp_path / "out", formats=("specforge",))
+    assert sum(c["records"] for c in result.counts.values()) == 36 - result.dropped["errors"]
+    assert validate(tmp_path / "out").ok
+    assert records_frame(tmp_path / "run", prompts=False).height == 37  # there for next time
+
+
+def test_specforge_lines_are_json_dumps_byte_for_byte():
+    """The polars rendering against json.dumps(row, ensure_ascii=False) on the strings that
+    tell escapers apart: every control character, quotes, backslashes, slashes, U+2028,
+    non-BMP characters, empty texts, no prompt messages, reasoning or none, tools."""
+    from kit.report.convo import conversation, rendered, row_id, specforge_lines, tools_json
+
+    odd = "".join(chr(c) for c in range(0x20)) + '"\\/\x7f\u2028\u00e9\U0001f600 \\n'
+    rows = [
+        {"dataset": "d", "prompt_id": "p0", "sample": 0, "completion": odd, "reasoning": odd,
+         "messages": [{"role": "system", "content": odd}, {"role": "user", "content": ""}]},
+        {"dataset": "d/é", "prompt_id": 'p"1', "sample": 3, "completion": "", "reasoning": "",
+         "messages": []},
+        {"dataset": "d", "prompt_id": "p2", "sample": 1, "completion": "ok", "reasoning": None,
+         "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": odd}]},
+        {"dataset": "d", "prompt_id": "p3", "sample": 0, "completion": "ok", "reasoning": None,
+         "messages": [{"role": "user", "content": "hi"}]},
+    ]  # fmt: skip
+    stored = [json.dumps(TOOLS, separators=(",", ":")), None, json.dumps([{"x": 1.5e-05, "é": odd}]), "[]"]  # fmt: skip
+    frame = pl.DataFrame(rows).with_columns(tools_json=pl.Series(tools_json(stored), dtype=pl.String))  # fmt: skip
+    want = []
+    for r, t in zip(rows, stored, strict=True):
+        row = {"id": row_id(r), "conversations": conversation(r["messages"], r["completion"], r["reasoning"])}  # fmt: skip
+        if t and json.loads(t):
+            row["tools"] = json.loads(t)
+        want.append(json.dumps(row, ensure_ascii=False) + "\n")
+    data, offsets = rendered(specforge_lines(frame))
+    assert data == "".join(want).encode()
+    assert offsets == [0, *itertools.accumulate(len(w.encode()) for w in want)]
+
+
+def test_the_export_reads_bounded_batches_and_selects_without_text(tmp_path, monkeypatch):
+    """Memory follows the batch: every frame the export reads through kit.run.reader holds
+    at most a batch of records, and the selection pass reads no text (no completion without
+    drop_duplicates, no prompt)."""
+    from kit.run import reader
+
+    _stored_run(tmp_path / "run")
+    real, reads = reader.record_batches, []
+
+    def spy(run_dir, **kw):
+        for frame in real(run_dir, **kw):
+            reads.append((kw.get("prompts", False), frame.height, set(frame.columns)))
+            yield frame
+
+    monkeypatch.setattr(reader, "record_batches", spy)
+    monkeypatch.setattr(export_mod, "BATCH", 7)
+    export(tmp_path / "run", tmp_path / "out", formats=("specforge", "parquet"), drop_errors=False)
+    selection = [cols for prompts, _, cols in reads if not prompts]
+    assert selection and all(not cols & {"completion", "reasoning", "messages"} for cols in selection)  # fmt: skip
+    writing = [n for prompts, n, _ in reads if prompts]
+    assert max(writing) <= 7 and sum(writing) == 36

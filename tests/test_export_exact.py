@@ -9,11 +9,10 @@ import json
 import polars as pl
 import pytest
 from test_audit import ANSWERS, make_record, plant_run
-from test_export import read_jsonl
+from test_export import read_jsonl, set_config
 
 from kit.report.export import export
 from kit.report.validate import validate
-from kit.types import RunConfig
 
 # A Qwen3-like template: tools in a system block, the last assistant turn's reasoning_content
 # in a <think> block (empty without), and enable_thinking=False closing an empty think block
@@ -55,14 +54,6 @@ def enc(tok, text: str) -> list[int]:
 def prompt_ids(tok, messages, **kw) -> list[int]:
     """The prompt's ids as a server renders and tokenizes it."""
     return enc(tok, tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw))  # fmt: skip
-
-
-def set_config(run, **changes):
-    """Rewrite a planted run's config.json with RunConfig fields changed."""
-    path = run / "config.json"
-    cfg = RunConfig.from_dict(json.loads(path.read_text())["config"] | changes)
-    path.write_text(json.dumps({"fingerprint": cfg.fingerprint(), "config": cfg.to_dict()}))
-    return run
 
 
 def spans(tok, row) -> list[str]:
@@ -227,8 +218,8 @@ def test_all_turns_trains_every_target_turn_in_both_exports(tmp_path, tok, model
     assert counts["earlier_turns_rendered"] == 1  # rec 2: its own ids are not in the prompt
     assert assert_exports_agree(tok, tmp_path / "out") == 4
     rows = {r["id"]: r for r in read_jsonl(tmp_path / "out/token_ids/train.jsonl")}
-    assert [rows[f"multi-m{i}-0"]["ids_source"] for i in range(4)] == ["server", "retokenized", "server", "retokenized"]  # fmt: skip
-    first = rows["multi-m0-0"]
+    assert [rows[f"multi-{r.prompt_id}-0"]["ids_source"] for r in recs] == ["server", "retokenized", "server", "retokenized"]  # fmt: skip
+    first = rows[f"multi-{recs[0].prompt_id}-0"]
     assert first["input_ids"] == recs[0].prompt_ids + recs[0].output_ids
     assert spans(tok, first) == ["Hello! How can I help?<|im_end|>", "Mars is a planet.<|im_end|>", "The Sun.<|im_end|>"]  # fmt: skip
     assert "rows with earlier target turns, trained in every format" in result.summary()

@@ -1,9 +1,9 @@
 """What one record is in an export: its conversation, its tools, its earlier turns, and the
 chat template's rendering of them (with the record's tools and the dataset's template kwargs).
 
-A row here is one record as a dict (a row of kit.run.store.records_frame): `tools` and
-`turns` are JSON text there (or lists, or null); `reasoning` is the thinking the server's
-reasoning parser split off the answer.
+A row here is one record as a dict (a row of kit.run.reader.record_batches with prompts):
+`tools` and `turns` are JSON text there (or lists, or null); `reasoning` is the thinking the
+server's reasoning parser split off the answer.
 
 SpecForge reads a conversation the way we write it (sgl-project/SpecForge):
 - specforge/data/parse.py (GeneralParser.parse) hands each message dict of `conversations`,
@@ -58,11 +58,6 @@ def parsed(value):
 def tools_of(r: dict) -> list[dict] | None:
     """The record's tool definitions (None without)."""
     return parsed(r.get("tools")) or None
-
-
-def earlier_assistant(r: dict) -> int:
-    """How many assistant turns the record's prompt holds (before the generated one)."""
-    return sum(m["role"] == "assistant" for m in r["messages"])
 
 
 def earlier_turns(r: dict) -> list[dict]:
@@ -127,38 +122,76 @@ def find_ids(haystack: list[int], needle: list[int], start: int, stop: int) -> i
     return None
 
 
-def specforge_lines(frame, tools_json=None):
-    """The SpecForge JSONL lines of a records frame (dataset, prompt_id, sample, completion,
-    reasoning, and messages or `_frag`: the messages already as SpecForge text, from
-    kit.run.prompts.PromptStore), rendered by polars, each with its newline: exactly
-    json.dumps(row, ensure_ascii=False) of row = {"id": row_id, "conversations":
-    conversation(...)} plus "tools" when `tools_json` (a Series of json.dumps(tools,
-    ensure_ascii=False), null where none) has one.
+def json_text(expr):
+    """A polars string expression as JSON text, exactly json.dumps(value, ensure_ascii=False)
+    (null -> "null"): polars' JSON writer escapes strings as Python's json does."""
+    import polars as pl
 
-    Example: specforge_lines(frame)[0] -> '{"id": "alpaca-9f2c-0", "conversations": [...]}'
+    return pl.struct(expr.alias("v")).struct.json_encode().str.strip_prefix('{"v":').str.strip_suffix("}")  # fmt: skip
+
+
+def messages_text():
+    """The messages column as the SpecForge conversation's first part: each {role, content}
+    as json.dumps writes it, joined by ", " ("" for none)."""
+    import polars as pl
+
+    e = pl.element().struct
+    message = pl.concat_str(
+        pl.lit('{"role": '), json_text(e.field("role")), pl.lit(', "content": '),
+        json_text(e.field("content")), pl.lit("}"),
+    )  # fmt: skip
+    return pl.col("messages").list.eval(message).list.join(", ").fill_null("")
+
+
+def tools_json(texts) -> list[str | None]:
+    """Stored tools (JSON text, or null) as SpecForge writes them, json.dumps(tools,
+    ensure_ascii=False); None where there are none ("[]" is none). One parse per distinct text.
+
+    Example:
+        >>> tools_json(['[{"a":1}]', None, "[]"])
+        ['[{"a": 1}]', None, None]
+    """
+    done: dict = {}
+    for t in texts:
+        if t not in done:
+            done[t] = json.dumps(tools, ensure_ascii=False) if (tools := parsed(t)) else None
+    return [done[t] for t in texts]
+
+
+def specforge_lines(frame):
+    """The SpecForge JSONL lines of a records frame (dataset, prompt_id, sample, messages,
+    completion, reasoning, and `tools_json`: tools_json() of its tools, null where none),
+    rendered by polars, each with its newline: exactly json.dumps(row, ensure_ascii=False)
+    of row = {"id": row_id, "conversations": conversation(...)} plus "tools" when it has any.
+
+    Example: specforge_lines(frame)[0] -> '{"id": "alpaca-9f2c-0", "conversations": [...]}\\n'
     """
     import polars as pl
 
-    from kit.run.prompts import json_text, messages_text
-
     c = pl.col
-    prompt = c("_frag") if "_frag" in frame.columns else messages_text()
+    prompt = messages_text()
     reasoning = pl.when(c("reasoning").fill_null("") != "")
     last = pl.concat_str(
         pl.lit('{"role": "assistant", "content": '), json_text(c("completion")),
         reasoning.then(pl.concat_str(pl.lit(', "reasoning_content": '), json_text(c("reasoning")))).otherwise(pl.lit("")),
         pl.lit("}"),
     )  # fmt: skip
-    rid = pl.concat_str(c("dataset"), c("prompt_id"), c("sample").cast(pl.String), separator="-")
     sep = pl.when(prompt != "").then(pl.lit(", ")).otherwise(pl.lit(""))
-    tools = pl.lit(None, pl.String) if tools_json is None else pl.lit(tools_json)
+    tools = c("tools_json")
     line = pl.concat_str(
-        pl.lit('{"id": '), json_text(rid), pl.lit(', "conversations": ['), prompt, sep,
+        pl.lit('{"id": '), json_text(row_ids()), pl.lit(', "conversations": ['), prompt, sep,
         last, pl.lit("]"),
         pl.when(tools.is_not_null()).then(pl.concat_str(pl.lit(', "tools": '), tools)).otherwise(pl.lit("")),
         pl.lit("}\n"),
     )  # fmt: skip
     return frame.select(line.alias("line")).to_series()
+
+
+def row_ids():
+    """row_id() as a polars expression over dataset, prompt_id, sample."""
+    import polars as pl
+
+    return pl.concat_str(pl.col("dataset"), pl.col("prompt_id"), pl.col("sample").cast(pl.String), separator="-")  # fmt: skip
 
 
 def rendered(lines) -> tuple[bytes, list[int]]:

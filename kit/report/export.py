@@ -20,6 +20,12 @@ kit deletes only files it wrote: out_dir must be new, empty, or a kit export; ov
 replaces only the files the old manifest.json lists (each checked against its sha256), then
 removes the folders they leave empty. Files of anyone else are never touched.
 
+Two reads of the run, both through kit.run.reader in commit order: the first keeps one
+text-free row per record (kit.report.selection: drops, trim, mix, split); the second reads
+the records with their prompts a batch at a time (each prompt checked against its hash: an
+edited one stops the export with PromptMismatch, and the files begun are removed) and writes
+the kept ones (kit.report.writers). Memory holds one batch of text.
+
 SpecForge format, field by field, as SpecForge reads it (sgl-project/SpecForge,
 docs/basic_usage/data_preparation.md "Option 1: Conversation Format" and
 specforge/data/parse.py GeneralParser.parse): `id` a non-empty string; `conversations` a
@@ -48,7 +54,7 @@ the exact rows whose server prompt ids differ from kit's rendering (reported, ne
 from __future__ import annotations
 
 import json
-import threading
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,12 +64,10 @@ from kit.report.tokenrows import token_rows
 from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re-exported
     ValidationResult,
     clear_export,
-    file_entry,
     owned_files,
     validate,
 )
 from kit.report.writers import Split
-from kit.run.batches import PromptStore
 
 FORMATS = ("specforge", "token_ids", "parquet", "hf")
 SPLITS = ("train", "validation")
@@ -109,22 +113,17 @@ class ExportResult:
     counts: dict[str, dict]  # dataset -> {"records", "tokens", "train", "validation"}
     dropped: dict[str, int]  # reason -> records left out
     manifest: dict = field(repr=False)
-    corrupt: int = 0  # record lines skipped as not records (manifest "corrupt_lines" lists them)
+    corrupt: int = 0  # always 0: the run database holds whole records only (kept for the API)
     notes: list[str] = field(default_factory=list)  # e.g. "no records in <run_dir>"
 
     def summary(self) -> str:
         """Plain text: counts per dataset, what was dropped or skipped, files written."""
-        from kit.run.lines import describe_corrupt
-
         lines = [f"export -> {self.out_dir}"]
         for name, c in self.counts.items():
             lines.append(f"  {name}: {c['records']} records, {c['tokens']:,} tokens "
                          f"(train {c['train']}, validation {c['validation']})")  # fmt: skip
         lines += [f"  dropped {n} ({why})" for why, n in self.dropped.items() if n]
         lines += _manifest.summary_lines(self.manifest)
-        if self.corrupt:
-            listed = self.manifest.get("corrupt_lines", {}).get("lines", [])
-            lines.append("  " + describe_corrupt(listed, total=self.corrupt))
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  wrote {p}" for p in self.files]
         return "\n".join(lines)
@@ -134,6 +133,9 @@ class ExportResult:
 
 BATCH = 5_000  # records per batch of the writing pass: bounds its memory
 TOKEN_BATCH = 1_000  # with token_ids: each row's ids are Python ints, ~36 bytes apiece
+WRITES_IN_FLIGHT = 4  # batches rendered and queued for the writer thread
+_READ = ["dataset", "prompt_id", "sample", "completion", "reasoning", "finish_reason",
+         "completion_tokens", "count_source", "turns"]  # fmt: skip
 
 
 def _targets(formats) -> list[str]:
@@ -143,9 +145,22 @@ def _targets(formats) -> list[str]:
         for fmt in ("specforge", "token_ids"):
             if fmt in formats:
                 out += [f"{fmt}/{split}.jsonl", f"linehashes/{fmt}/{split}.jsonl.txt"]
-        out += [f"parquet/{split}.parquet"] if "parquet" in formats else []
+        out += [f"parquet/{split}.parquet", f"parquet/.parts-{split}"] if {"parquet", "hf"} & set(formats) else []  # fmt: skip
         out += [f"hf/{split}"] if "hf" in formats else []
     return out
+
+
+def _discard(out_dir: Path, formats) -> None:
+    """A failed export's files (this export's own: out_dir held none of them), and the
+    folders they leave empty."""
+    for rel in _targets(formats):
+        path = out_dir / rel
+        if path.is_dir():
+            shutil.rmtree(path)
+        path.unlink(missing_ok=True)
+    for folder in sorted({p for rel in _targets(formats) for p in (out_dir / rel).parents if out_dir in p.parents}, reverse=True):  # fmt: skip
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def export(
@@ -172,7 +187,7 @@ def export(
         formats: any of "specforge", "token_ids", "parquet", "hf" (needs `datasets`).
         tokenizer: tokenizer or local path for token_ids (default the run's config.tokenizer).
         drop_truncated / drop_errors / drop_duplicates: leave those records out.
-        trim_to_budget: per dataset keep records in t_done order while tokens <= budget.
+        trim_to_budget: per dataset keep records in commit order while tokens <= budget.
         mix: dataset -> token share (e.g. {"code": 1, "chat": 3}); other datasets are left out.
         val_fraction: share of each dataset's prompts put in the validation split.
         seed: seeds the split.
@@ -183,40 +198,26 @@ def export(
         r = export("data/runs/demo", "data/exports/demo", val_fraction=0.1, trim_to_budget=True)
         r.counts["alpaca"]  # -> e.g. {"records": 41, "tokens": 3998, "train": 37, "validation": 4}
     """
-    from kit.run.batches import file_sizes
-    from kit.run.store import read_config
+    from kit.run.reader import read_config
 
     opts = ExportOptions(formats, drop_truncated, drop_errors, drop_duplicates, trim_to_budget, mix, val_fraction, seed)  # fmt: skip
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     owned = owned_files(out_dir, overwrite, _targets(opts.formats))  # refuse before any work
     config = read_config(run_dir)
     tok = _tokenizer(tokenizer, config, opts)
-    upto, corrupt = file_sizes(run_dir), []  # both passes read the same bytes of a live run
-    if "token_ids" in opts.formats:  # the row-by-row path: no prompt store to build
-        return _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, None)
-    with PromptStore(run_dir, lazy=True) as store:
-        building = threading.Thread(target=store.prepare, daemon=True)
-        building.start()  # the prompt store is built while the first pass reads
-        try:
-            return _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store)
-        finally:
-            building.join()  # before the store's temporary file goes
-
-
-def _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store) -> ExportResult:
-    light = light_frame(run_dir, opts, corrupt, upto)
+    light = light_frame(run_dir, opts)
     kept, dropped = select(light, config.budgets, opts)
     kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
     clear_export(out_dir, owned)
     files: dict[str, dict] = {}
-    if store is None:
-        written = _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped)
-    else:
-        store.open()  # waits for the build; raises what it raised, if it failed
-        written = _write_frames(run_dir, out_dir, kept, opts, files, corrupt, store)
+    try:
+        written = _write(run_dir, out_dir, kept, config, tok, opts, files, dropped)
+    except BaseException:
+        _discard(out_dir, opts.formats)  # no half export (e.g. a PromptMismatch), no manifest
+        raise
     notes = [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
     manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files)  # fmt: skip
-    manifest |= {"corrupt_lines": {"count": len(corrupt), "lines": corrupt[:100]}, "notes": notes}
+    manifest["notes"] = notes
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return ExportResult(
         out_dir=out_dir,
@@ -224,7 +225,6 @@ def _export(run_dir, out_dir, config, tok, opts, owned, upto, corrupt, store) ->
         counts=manifest["counts"],
         dropped=dropped,
         manifest=manifest,
-        corrupt=len(corrupt),
         notes=notes,
     )
 
@@ -240,24 +240,11 @@ class _Written:
         self.stats: dict[str, int] = {}
         self.by_dataset: dict[str, dict] = {}
 
-    def add(self, r: dict, split: str) -> None:
-        c = self.per.setdefault(r["dataset"], {"records": 0, "tokens": 0, "train": 0, "validation": 0})  # fmt: skip
-        c["records"] += 1
-        c["tokens"] += r["completion_tokens"]
-        c[split] += 1
-        self.rows += 1
-        held = any(m["role"] == "assistant" for m in r["messages"])
-        self.earlier[r["dataset"]] = self.earlier.get(r["dataset"], 0) + held
-
-    def add_frame(self, frame, split: str) -> None:
-        """add() for every row of a records frame (dataset, completion_tokens, messages)."""
+    def add(self, frame, split: str) -> None:
+        """Count a written batch of a split (dataset, completion_tokens, messages)."""
         import polars as pl
 
-        if "_held" in frame.columns:  # kit.run.batches.read_spans: the prompt store says
-            held = pl.col("_held")
-        else:
-            is_assistant = pl.element().struct.field("role") == "assistant"
-            held = pl.col("messages").list.eval(is_assistant).list.any()
+        held = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.any()  # fmt: skip
         per = frame.group_by("dataset", maintain_order=True).agg(
             n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.sum()
         )
@@ -273,46 +260,24 @@ class _Written:
         return {d: self.per[d] for d in sorted(self.per)}
 
 
-_FRAME_COLUMNS = ["dataset", "prompt_id", "sample", "messages", "completion", "finish_reason",
-                  "completion_tokens", "count_source", "reasoning", "tools"]  # fmt: skip
-
-
-def _columns(kept, opts) -> dict:
-    """Per split, the optional columns of its tables (the same for every batch)."""
-    import polars as pl
-
-    return {
-        split: {
-            "reasoning": kept.filter(pl.col("split") == split)["has_reasoning"].any(),
-            "tools": kept.filter(pl.col("split") == split)["has_tools"].any(),
-            "token_ids": "token_ids" in opts.formats and kept.height > 0,
-        }
-        for split in SPLITS
-    }
-
-
-WRITES_IN_FLIGHT = 4  # rendered batches queued for the writer thread (~17 MB each here)
-
-
-def _write_frames(run_dir, out_dir, kept, opts, files, corrupt, store) -> _Written:
-    """Pass 2 without token rows: the kept records read again from where pass 1 found them
-    (kit.run.batches.read_spans: polars parses a batch of lines; the prompts come as
-    SpecForge text from the prompt store), SpecForge lines rendered by polars
-    (kit.report.convo.specforge_lines: the same bytes as json.dumps of each row) and hashed
-    here, written by one writer thread (in order), so reading and rendering go on while the
-    page cache and the disk take the last batches (a few batches in flight bound memory)."""
+def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped) -> _Written:
+    """Pass 2: read the records again (kit.run.reader, prompts checked), a batch at a time,
+    and write the kept ones to their split's files: SpecForge lines rendered by polars, token
+    rows from the batch's dicts (those the template cannot split are dropped from every
+    format, counted as template_mismatch), tables by polars. One writer thread takes the
+    JSONL writes in order, a few batches queued, while the next batch is read and rendered."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    import polars as pl
+    from kit.run.reader import record_batches
 
-    from kit.run.batches import read_spans
-
-    done, columns, problems = _Written(), _columns(kept, opts), []
-    splits = {"train": Split(out_dir, "train", opts, columns["train"])}  # even when empty
-    columns_read = [c for c in _FRAME_COLUMNS if c not in ("messages", "tools")]
-    frames = read_spans(run_dir, kept, columns_read, store, problems, batch_size=BATCH, carry=["split"])  # fmt: skip
-    pending: deque = deque()
+    tokens = "token_ids" in opts.formats
+    if tokens:
+        dropped["template_mismatch"] = 0
+    done, pending = _Written(), deque()
+    splits = {s: Split(out_dir, s, opts, tokens and kept.height > 0) for s in SPLITS[:1]}
+    columns = _READ + (["prompt_ids", "output_ids"] if tokens else [])
+    batches = record_batches(run_dir, columns=columns, prompts=True, batch_size=TOKEN_BATCH if tokens else BATCH)  # fmt: skip
     with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool:
 
         def later(fn, *args) -> None:
@@ -320,88 +285,71 @@ def _write_frames(run_dir, out_dir, kept, opts, files, corrupt, store) -> _Writt
                 pending.popleft().result()  # raises what a write raised
             pending.append(pool.submit(fn, *args))
 
-        for frame in frames:  # the lines the first pass kept, in its order
+        at = found = 0  # records read so far; kept ones among them
+        for batch in batches:
+            frame, at = _kept(batch, kept, at), at + batch.height
+            found += frame.height
+            frame, rows = _prepared(frame, config, tok, tokens, done, dropped)
             for split in SPLITS:
-                part = frame.filter(pl.col("split") == split)
+                part = frame.filter(frame["split"] == split)
                 if not part.height:
                     continue
                 if split not in splits:
-                    splits[split] = Split(out_dir, split, opts, columns[split])
-                splits[split].write_frame(part, later)
-                done.add_frame(part, split)
+                    splits[split] = Split(out_dir, split, opts, tokens)
+                mine = [r for r, s in zip(rows, frame["split"], strict=True) if s == split] if rows else []  # fmt: skip
+                splits[split].write(part, mine, later)
+                done.add(part, split)
         while pending:
             pending.popleft().result()
+    if found != kept.height:
+        raise RuntimeError(f"export: {kept.height - found} records of {run_dir} were not found again when writing")  # fmt: skip
     for split in SPLITS:
         if split in splits:
             splits[split].close(files)
-    seen = {(c["file"], c["line"]) for c in corrupt}  # pass 2 finds what pass 1 did, and
-    corrupt += [c for c in problems if (c["file"], c["line"]) not in seen]  # lost prompts
     return done
 
 
-def _kept_rows(batch: list[tuple], kept, at: int) -> tuple[list[tuple], int]:
-    """(row, split) of the batch's records the first pass kept, picked by (file, line), in
-    the batch's order, and where the next batch's search starts in `kept`. The batch reads
-    the lines pass 1 read, in its order, so its kept rows are the next ones of `kept`: only
-    kept[at : at + len(batch)] is searched (one batch, not the whole run, per batch)."""
+def _kept(batch, kept, at: int):
+    """The batch's records the first pass kept, with their split. The second read gives the
+    records in the first read's order (commit order; later records come after), so the
+    batch's are the kept rows whose _pos is in [at, at + batch.height): their keys are checked."""
     import polars as pl
 
-    where = pl.DataFrame(
-        {"_file": [path.stem for path, _, _ in batch], "_line": [n for _, n, _ in batch]},
-        schema={"_file": pl.String, "_line": pl.Int64},
-    ).with_row_index("_i")
-    window = kept.slice(at, len(batch)).select("_file", "_line", "split").with_row_index("_k")
-    found = where.join(window, on=["_file", "_line"], how="inner", maintain_order="left")
-    rows = [(batch[i][2], s) for i, s in found.select("_i", "split").iter_rows()]
-    return rows, at + (found["_k"].max() + 1 if found.height else 0)
+    bounds = pl.Series([at, at + batch.height], dtype=pl.UInt32)
+    lo, hi = kept["_pos"].search_sorted(bounds).to_list()
+    window = kept.slice(lo, hi - lo).select("_pos", "split", _key=pl.struct("dataset", "prompt_id", "sample"))  # fmt: skip
+    frame = batch.with_row_index("_pos", offset=at).join(window, on="_pos", maintain_order="left")
+    if not (frame["_key"] == frame.select(pl.struct("dataset", "prompt_id", "sample")).to_series()).all():  # fmt: skip
+        raise RuntimeError("export: the run's records changed order while they were exported")
+    return frame.drop("_pos", "_key")
 
 
-def _write(run_dir, out_dir, kept, config, tok, opts, upto, files, dropped) -> _Written:
-    """Pass 2: read the records again in the same order, a batch at a time, and write the
-    kept ones to their split's files; token rows the template cannot split are dropped
-    from every format (counted as template_mismatch)."""
+def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
+    """A batch ready to write: messages as the runner sent them (all_turns: the target's own
+    earlier answers), `tools_json`, and with token ids the token rows (columns, and dicts);
+    rows the template cannot split are left out."""
+    import polars as pl
 
-    from kit.run.batches import record_rows
+    from kit.report.convo import tools_json
+    from kit.run.reader import as_sent, record_schema
 
-    done = _Written()
-    if "token_ids" in opts.formats:
-        dropped["template_mismatch"] = 0
-    columns = _columns(kept, opts)
-    splits = {"train": Split(out_dir, "train", opts, columns["train"])}
-    at = 0  # where the next batch's kept rows start in `kept`
+    if frame["turns"].is_not_null().any():
+        msgs = [as_sent(m, json.loads(t)) if t else m for m, t in zip(frame["messages"].to_list(), frame["turns"], strict=True)]  # fmt: skip
+        frame = frame.with_columns(messages=pl.Series(msgs, dtype=record_schema()["messages"]))
+    frame = frame.with_columns(tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String))  # fmt: skip
+    if not tokens:
+        return frame, []
     kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
-    size = min(BATCH, TOKEN_BATCH) if "token_ids" in opts.formats else BATCH
-    rows_of = record_rows(
-        run_dir, order="t_done", upto=upto, batch_size=size, dedupe=False, located=True
+    made = token_rows(tok, frame.to_dicts(), done.stats, done.by_dataset, turns=config.turns, kwargs_for=kwargs_for)  # fmt: skip
+    ok = [m is not None for m in made]
+    dropped["template_mismatch"] += ok.count(False)
+    rows = [m for m in made if m is not None]
+    frame = frame.filter(pl.Series(ok, dtype=pl.Boolean)).with_columns(
+        input_ids=pl.Series([r["input_ids"] for r in rows], dtype=pl.List(pl.Int64)),
+        loss_mask=pl.Series([r["loss_mask"] for r in rows], dtype=pl.List(pl.Int8)),
+        ids_source=pl.Series([r["ids_source"] for r in rows], dtype=pl.String),
     )
-    for batch in rows_of:  # the same lines as the first pass read, in its order
-        rows = []
-        picked, at = _kept_rows(batch, kept, at)
-        for row, s in picked:
-            row["split"] = s
-            rows.append(row)
-        if not rows:
-            continue
-        tok_rows = {}
-        if "token_ids" in opts.formats:
-            made = token_rows(tok, rows, done.stats, done.by_dataset, turns=config.turns, kwargs_for=kwargs_for)  # fmt: skip
-            dropped["template_mismatch"] += sum(r is None for r in made)
-            rows = [r for r, m in zip(rows, made, strict=True) if m is not None]
-            tok_rows = {r["id"]: r for r in made if r is not None}
-        for split in SPLITS:
-            mask = [r["split"] == split for r in rows]
-            if not any(mask):
-                continue
-            if split not in splits:
-                splits[split] = Split(out_dir, split, opts, columns[split])
-            srows = [r for r, m in zip(rows, mask, strict=True) if m]
-            splits[split].write(srows, tok_rows)
-            for r in srows:
-                done.add(r, split)
-    for split in SPLITS:
-        if split in splits:
-            splits[split].close(files)
-    return done
+    return frame, rows
 
 
 def _tokenizer(tokenizer, config, opts: ExportOptions):

@@ -11,7 +11,6 @@ dataset how many rows hold earlier ones), `specforge` (the trainer setting the r
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from urllib.parse import urlsplit, urlunsplit
 
@@ -68,7 +67,6 @@ def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opt
     from kit.report.tokenrows import end_of_turn
     from kit.tokens import chat_template_hash
 
-    raw = json.loads((run_dir / "config.json").read_text())
     eot_id, eot_text = end_of_turn(tok) if tok is not None else (None, "")
     sampling = dataclasses.asdict(config.sampling)
     if sampling.get("chat_template_kwargs") is None:
@@ -77,7 +75,7 @@ def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opt
         "kit_version": kit.__version__,
         "created_unix": time.time(),
         "run_dir": str(run_dir),
-        "run_fingerprint": raw.get("fingerprint"),
+        "run_fingerprint": config.fingerprint(),
         "model": config.model,
         "servers": {"api": config.api, "endpoints": [public_url(u) for u in config.endpoints]},
         "sampling": sampling,

@@ -8,9 +8,10 @@ JSONL lines are json.dumps(row, ensure_ascii=False), as every kit export wrote t
 line-hash file beside each (linehashes/<file>.txt) holds the first 16 hex digits of each
 line's sha256, so kit.validate names an edited line. A JSONL file goes to disk as it is
 written (WriteBehind: every SYNC_EVERY bytes are synced and dropped from the page cache), so
-a million-record export does not wait on a page cache filling with gigabytes. Parquet is written in parts, one per
-batch, then joined into one file by polars' streaming sink; HF datasets are built from that
-Parquet file (the one format that holds a whole split in memory: `datasets` builds it so).
+a million-record export does not wait on a page cache filling with gigabytes. Parquet is
+written in parts, one per batch, then joined into one file by polars' streaming sink; HF
+datasets are built from that Parquet file (the one format that holds a whole split in
+memory: `datasets` builds it so). Split writes one split's files from a records frame.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.report.convo import conversation, parsed, row_id, tools_of
+from kit.report.convo import rendered, row_ids, specforge_lines
 from kit.report.validate import file_entry
 
 SYNC_EVERY = 64 << 20  # bytes of a JSONL file written before they are synced and dropped
@@ -80,34 +81,21 @@ class JsonlSink:
         self._sha, self._h_sha = hashlib.sha256(), hashlib.sha256()  # the files', as written
 
     def write(self, rows: list[dict]) -> None:
-        self.write_lines([json.dumps(r, ensure_ascii=False) for r in rows])
-
-    def write_lines(self, lines: list[str]) -> None:
-        """Rows already rendered as JSON text."""
-        encoded = [x.encode() + b"\n" for x in lines]
+        """Rows as json.dumps(row, ensure_ascii=False) lines."""
+        encoded = [json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in rows]
         self.write_rendered(b"".join(encoded), [0, *itertools.accumulate(map(len, encoded))])
 
-    def write_rendered(self, data, offsets) -> None:
+    def write_rendered(self, data: bytes, offsets: list[int]) -> None:
         """Lines already rendered and encoded, each ending in a newline (kit.report.convo.
         rendered); line i is data[offsets[i]:offsets[i + 1]]. Written as they are."""
-        self.put(*self.hashed(data, offsets))
-
-    @staticmethod
-    def hashed(data, offsets) -> tuple:
-        """write_rendered's work before the files: (data, its line hashes as text, lines)."""
         view = memoryview(data)
-        sha = hashlib.sha256
-        hashes = [sha(view[a : b - 1]).hexdigest()[:16] + "\n" for a, b in itertools.pairwise(offsets)]  # fmt: skip
-        return data, "".join(hashes), len(hashes)
-
-    def put(self, data, hashes: str, rows: int) -> None:
-        """write_rendered's writes: the lines and their hashes (from hashed())."""
+        hashes = "".join(hashlib.sha256(view[a : b - 1]).hexdigest()[:16] + "\n" for a, b in itertools.pairwise(offsets))  # fmt: skip
         self._f.write(data)
         self._sha.update(data)
         self._behind.wrote(len(data))
         self._h.write(hashes)
         self._h_sha.update(hashes.encode())
-        self.rows += rows
+        self.rows += len(offsets) - 1
 
     def close(self, files: dict) -> None:
         self._behind.sync()  # the file is on disk before the manifest names it
@@ -121,21 +109,24 @@ class JsonlSink:
 
 
 class ParquetSink:
-    """One Parquet file of an export, written as parts (one per batch), joined at close."""
+    """One Parquet file of an export, written as parts (one per batch), joined at close.
+
+    Every part holds the optional columns (reasoning_content in the conversations, tools);
+    close() keeps them only when some row has one, so a split's columns do not depend on
+    how its rows fell into batches.
+    """
 
     def __init__(self, out_dir: Path, split: str) -> None:
         self.out_dir, self.split, self.rows = out_dir, split, 0
         self.parts = out_dir / "parquet" / f".parts-{split}"  # kit's own; removed at close
         self.parts.mkdir(parents=True, exist_ok=True)
-        self._n = 0
-        self.empty = None  # the schema of a split without rows (its first table)
+        self.reasoning = self.tools = False  # whether any row has them
 
     def write(self, table) -> None:
-        if self.empty is None:
-            self.empty = table.clear()
-        if table.height:
-            table.write_parquet(self.parts / f"{self._n:06d}.parquet")
-            self._n += 1
+        self.reasoning |= table["has_reasoning"].any()
+        self.tools |= table["tools"].is_not_null().any()
+        if table.height or not self.rows:  # an empty first part: the split's columns
+            table.drop("has_reasoning").write_parquet(self.parts / f"{self.rows:012d}.parquet")
             self.rows += table.height
 
     def close(self, files: dict) -> Path:
@@ -143,10 +134,14 @@ class ParquetSink:
 
         rel = f"parquet/{self.split}.parquet"
         target = self.out_dir / rel
-        if self._n:
-            pl.scan_parquet(sorted(self.parts.glob("*.parquet"))).sink_parquet(target)
-        else:
-            self.empty.write_parquet(target)
+        frame = pl.scan_parquet(sorted(self.parts.glob("*.parquet")))
+        if not self.reasoning:
+            e = pl.element().struct
+            plain = pl.struct(role=e.field("role"), content=e.field("content"))
+            frame = frame.with_columns(pl.col("conversations").list.eval(plain))
+        if not self.tools:
+            frame = frame.drop("tools")
+        frame.sink_parquet(target)
         shutil.rmtree(self.parts)
         files[rel] = file_entry(target, self.rows)
         return target
@@ -168,80 +163,37 @@ def write_hf(out_dir: Path, split: str, parquet: Path, files: dict) -> None:
 # ---------------------------------------------------------------- one split's files
 
 
-def _specforge_row(rid: str, conv: list[dict], r: dict) -> dict:
-    """One SpecForge row: id, conversations, and the record's tools when it has any."""
-    row = {"id": rid, "conversations": conv}
-    tools = tools_of(r)
-    if tools:
-        row["tools"] = tools
-    return row
-
-
-_COUNTS = ("dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source")
-
-
 class Split:
-    """The files of one split (opts: kit.report.export.ExportOptions), written a batch at a time."""
+    """The files of one split (opts: kit.report.export.ExportOptions), written a batch at a
+    time from records frames; `token_ids`: its tables have the token-id columns."""
 
-    def __init__(self, out_dir: Path, split: str, opts, columns: dict) -> None:
-        self.out_dir, self.split, self.opts, self.columns = out_dir, split, opts, columns
+    def __init__(self, out_dir: Path, split: str, opts, token_ids: bool) -> None:
+        self.out_dir, self.split, self.opts, self.token_ids = out_dir, split, opts, token_ids
         fmts = [f for f in ("specforge", "token_ids") if f in opts.formats]
         self.jsonl = {f: JsonlSink(out_dir, f"{f}/{split}.jsonl") for f in fmts}
         tabular = "parquet" in opts.formats or "hf" in opts.formats
         self.parquet = ParquetSink(out_dir, split) if tabular else None
 
-    def write(self, rows: list[dict], tok_rows: dict) -> None:
-        ids = [row_id(r) for r in rows]
-        convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
+    def write(self, frame, token_rows: list[dict], later) -> None:
+        """One batch of the split: a records frame with prompts (kit.run.reader), its
+        `tools_json` (kit.report.convo.tools_json) and, with token ids, its token rows
+        (input_ids, loss_mask, ids_source columns, and as dicts). `later(fn, *args)` runs
+        the JSONL writes and line hashes in call order (kit.report.export hands them to one
+        writer thread), so the caller renders the next batch meanwhile."""
         if "specforge" in self.jsonl:
-            sf = [_specforge_row(i, c, r) for i, c, r in zip(ids, convs, rows, strict=True)]
-            self.jsonl["specforge"].write(sf)
+            later(self.jsonl["specforge"].write_rendered, *rendered(specforge_lines(frame)))
         if "token_ids" in self.jsonl:
-            self.jsonl["token_ids"].write([tok_rows[i] for i in ids])
+            later(self.jsonl["token_ids"].write, token_rows)
         if self.parquet is not None:
-            self.parquet.write(table(rows, ids, convs, tok_rows, self.columns))
-
-    def _table(self, rows: list[dict]) -> None:
-        ids = [row_id(r) for r in rows]
-        convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
-        self.parquet.write(table(rows, ids, convs, {}, self.columns))
-
-    def write_frame(self, frame, later=None) -> None:
-        """write() for a records frame: SpecForge lines rendered by polars; the tables from
-        its rows (no token rows: this path has none). The frame holds messages and tools,
-        or the prompts as SpecForge text (_frag, _tools_sf: kit.run.batches.read_spans).
-        `later(fn, *args)`, when given, runs the JSONL writes and their line hashes (in call
-        order: kit.report.export hands them to one writer thread), so the caller renders the
-        next batch while this one is hashed and written."""
-        import polars as pl
-
-        from kit.report.convo import rendered, specforge_lines
-        from kit.run.lines import record_schema
-
-        if "_frag" in frame.columns:
-            tools = frame["_tools_sf"]
-        else:
-            tools = pl.Series([json.dumps(t, ensure_ascii=False) if (t := parsed(x)) else None for x in frame["tools"]], dtype=pl.String)  # fmt: skip
-        if "specforge" in self.jsonl:
-            sink = self.jsonl["specforge"]
-            lines = rendered(specforge_lines(frame, tools))
-            if later is None:
-                sink.write_rendered(*lines)
-            else:  # the line hashes too: the writer thread's work, beside the rendering
-                later(sink.write_rendered, *lines)
-        if self.parquet is not None:
-            if "_frag" in frame.columns:
-                msg = ("[" + pl.col("_frag") + "]").str.json_decode(record_schema()["messages"])
-                frame = frame.with_columns(messages=msg, tools=tools)
-            self._table(frame.to_dicts())
+            self.parquet.write(table(frame, self.token_ids))
 
     def close(self, files: dict) -> None:
         for sink in self.jsonl.values():
             sink.close(files)
         if self.parquet is None:
             return
-        if self.parquet.empty is None:  # a split without rows: its table's columns, no rows
-            self.parquet.write(table([], [], [], {}, self.columns))
+        if not self.parquet.rows:  # a split without rows: its table's columns, no rows
+            self.parquet.write(table(None, self.token_ids))
         path = self.parquet.close(files)
         if "hf" in self.opts.formats:
             write_hf(self.out_dir, self.split, path, files)
@@ -252,33 +204,28 @@ class Split:
                 path.parent.rmdir()
 
 
-def table(rows, ids, convs, tok_rows, columns: dict):
-    """The Parquet / HF table of one batch of a split; `columns` says which optional columns
-    the split has (reasoning_content, tools, token ids), the same for every batch."""
+_COUNTS = ("dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source")
+
+
+def table(frame, token_ids: bool):
+    """The Parquet / HF table of one batch of a split (None: no rows): id, conversations
+    (with reasoning_content), the counts, tools (JSON text), the token-id columns, and
+    has_reasoning (for ParquetSink, not written)."""
     import polars as pl
 
-    from kit.run.lines import record_schema
+    from kit.run.reader import record_schema
 
-    fields = {"role": pl.String, "content": pl.String}
-    if columns["reasoning"]:
-        fields["reasoning_content"] = pl.String
-    msg = pl.List(pl.Struct(fields))
-    out = pl.DataFrame(
-        {"id": ids, "conversations": convs}, schema={"id": pl.String, "conversations": msg}
-    ).with_columns(
-        pl.DataFrame(
-            {c: [r[c] for r in rows] for c in _COUNTS},
-            schema={c: record_schema()[c] for c in _COUNTS},
-        )
-    )
-    if columns["tools"]:
-        tools = [tools_of(r) for r in rows]
-        text = [json.dumps(t, ensure_ascii=False) if t else None for t in tools]
-        out = out.with_columns(tools=pl.Series(text, dtype=pl.String))
-    if columns["token_ids"]:
-        out = out.with_columns(
-            input_ids=pl.Series([tok_rows[i]["input_ids"] for i in ids], dtype=pl.List(pl.Int64)),
-            loss_mask=pl.Series([tok_rows[i]["loss_mask"] for i in ids], dtype=pl.List(pl.Int8)),
-            ids_source=pl.Series([tok_rows[i]["ids_source"] for i in ids], dtype=pl.String),
-        )
-    return out
+    schema = record_schema()
+    if frame is None:
+        cols = [*_COUNTS, "messages", "completion", "reasoning", "tools_json"]
+        frame = pl.DataFrame(schema={c: schema.get(c, pl.String) for c in cols})
+        frame = frame.with_columns(input_ids=pl.lit(None, pl.List(pl.Int64)), loss_mask=pl.lit(None, pl.List(pl.Int8)), ids_source=pl.lit(None, pl.String))  # fmt: skip
+    msg = pl.Struct({"role": pl.String, "content": pl.String, "reasoning_content": pl.String})
+    reasoning = pl.when(pl.col("reasoning").fill_null("") != "").then(pl.col("reasoning"))
+    last = pl.struct(role=pl.lit("assistant"), content=pl.col("completion"), reasoning_content=reasoning)  # fmt: skip
+    conversations = pl.concat_list(pl.col("messages").cast(pl.List(msg)), last)
+    cols = [row_ids().alias("id"), conversations.alias("conversations"), *_COUNTS]
+    cols += [pl.col("tools_json").alias("tools"), reasoning.is_not_null().alias("has_reasoning")]
+    if token_ids:
+        cols += [pl.col("input_ids"), pl.col("loss_mask").cast(pl.List(pl.Int8)), pl.col("ids_source")]  # fmt: skip
+    return frame.select(cols)
