@@ -42,11 +42,17 @@ def kit_imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("kit."))
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "kit":
-                found.update(f"kit.{a.name}" for a in node.names)
-            elif node.module.startswith("kit."):
-                found.add(node.module)
+            if node.module == "kit" or node.module.startswith("kit."):
+                found.update(_imported(node.module, a.name) for a in node.names)
     return found
+
+
+def _imported(package: str, name: str) -> str:
+    """What `from package import name` imports: the module package.name when there is
+    one (`from kit.run import progress` is kit.run.progress), else package itself."""
+    path = KIT.parent.joinpath(*package.split("."), name)
+    is_module = path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+    return f"{package}.{name}" if is_module else package
 
 
 def graph() -> dict[str, set[str]]:
@@ -81,6 +87,19 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 def test_find_cycle_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_from_a_package_import_a_module_is_that_module(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "from kit.run import progress, db\n"
+        "from kit.run.reader import totals\n"
+        "from kit.serve import models_root\n"
+        "def f():\n    from kit import plan, load\n"
+    )
+    assert kit_imports(path) == {
+        "kit.run.progress", "kit.run.db", "kit.run.reader", "kit.serve", "kit.plan", "kit",
+    }  # fmt: skip
 
 
 def test_no_import_cycle():
