@@ -42,19 +42,14 @@ these rows then need (manifest "specforge"). "all_turns": every assistant turn i
 target's and is trained in both formats (leave train_only_last_turn off). The manifest says
 per dataset how many rows hold earlier turns.
 
-Token-id rows (kit/report/tokenrows.py): exactly the server's prompt_ids + output_ids where
-the record has both ("ids_source": "server"), else the chat template applied to prompt +
-completion with the record's tools and the dataset's chat_template_kwargs ("retokenized",
-approximate); loss_mask is 1 on the generated tokens and on the end-of-turn token the model
-emitted (finish_reason "stop"), as SpecForge's GeneralParser counts end_of_turn_token in the
-assistant span. manifest.json "token_rows" counts per dataset exact vs re-tokenized rows and
-the exact rows whose server prompt ids differ from kit's rendering (reported, never hidden).
+Token-id rows: the server's ids verbatim where the record has them ("ids_source": "server"),
+else the chat template re-tokenized ("retokenized"); kit/report/tokenrows.py says how, and
+the manifest's "token_rows" counts each kind per dataset.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,16 +146,10 @@ def _targets(formats) -> list[str]:
 
 
 def _discard(out_dir: Path, formats) -> None:
-    """A failed export's files (this export's own: out_dir held none of them), and the
+    """A failed export's files (its own: owned_files found none of anyone's there) and the
     folders they leave empty."""
-    for rel in _targets(formats):
-        path = out_dir / rel
-        if path.is_dir():
-            shutil.rmtree(path)
-        path.unlink(missing_ok=True)
-    for folder in sorted({p for rel in _targets(formats) for p in (out_dir / rel).parents if out_dir in p.parents}, reverse=True):  # fmt: skip
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+    paths = [out_dir / rel for rel in _targets(formats)]
+    clear_export(out_dir, [q for p in paths for q in ([p] if p.is_file() else p.rglob("*")) if q.is_file()])  # fmt: skip
 
 
 def export(
