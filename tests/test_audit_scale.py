@@ -17,6 +17,7 @@ from test_audit import ANSWERS, T0, make_record, pid
 import kit
 from kit.report import audit as audit_mod
 from kit.report import charts
+from kit.report.findings import findings as findings_frame
 from kit.report.flags import (
     HASH_SEED,
     THINK_MARKERS,
@@ -96,7 +97,7 @@ def old_tables(run_dir, tokenizer, th: AuditThresholds):
     flags = old_flags(records, tokenizer, th, max_tokens)
     totals, _ = audit_mod._run_counts(run_dir)
     table = audit_mod._dataset_table(flags, config, errors_frame(run_dir), totals)
-    findings = audit_mod._findings(table, th, max_tokens)
+    findings = findings_frame(table, th, max_tokens)
     return table, audit_mod._finish_table(flags), findings, flags
 
 

@@ -1,5 +1,6 @@
-"""Issue 11, hostile files: what kit does with a user's folders, a second writer, damaged
-records, a lost config.json, an empty run and counts that are not counts.
+"""Issue 11, hostile files: what kit does with a user's folders, a second writer, a damaged
+run database (truncated, pages overwritten, prompts edited after the run), an empty run
+and counts that are not counts.
 
 Each test names the defect it pins; its docstring says what broke before the fix.
 """
@@ -14,17 +15,20 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
 import polars as pl
 import pytest
 from faultserver import FaultConfig, FaultServer
 from test_audit import ANSWERS, make_record, plant_run
 
 import kit
+from kit.cli import main as cli_main
 from kit.report.export import export
 from kit.report.validate import file_entry, validate
 from kit.run import store
-from kit.run.store import FingerprintMismatch, ProgressReader, RunStore, records_frame
+from kit.run.db import DatabaseDamaged
+from kit.run.progress import progress
+from kit.run.reader import PromptMismatch, read_config, records_frame, state
+from kit.run.store import RunStore
 from kit.types import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,8 +163,8 @@ def _wait_running(proc: subprocess.Popen, srv: FaultServer, requests: int) -> No
 def _check_complete(run_dir: Path, n: int) -> None:
     keys = _keys(run_dir)
     assert sorted(keys) == [("a", f"a-{i:04d}", 0) for i in range(n)]
-    lines = sum(len(p.read_bytes().splitlines()) for p in (run_dir / "records").glob("*.jsonl"))
-    assert lines == n, f"{lines} record lines for {n} samples: some were generated twice"
+    refused = state(run_dir, "rejected")  # a second copy of a key is refused and counted
+    assert refused is None, f"{refused} records refused as copies: some were generated twice"
 
 
 def test_second_writer_is_refused_while_a_run_holds_the_lock(tmp_path):
@@ -183,16 +187,18 @@ def test_second_writer_is_refused_while_a_run_holds_the_lock(tmp_path):
         proc = _spawn(tmp_path, run_dir, config)
         try:
             _wait_running(proc, srv, 1)
-            before = _tree(run_dir, skip="status.json")  # the live runner rewrites status.json
+            before = read_config(run_dir).to_dict()
             with pytest.raises(store.RunLocked) as e:
                 kit.generate_sync(_frame(), config, run_dir=run_dir)
             msg = str(e.value)
             assert f"pid {proc.pid}" in msg and "\n" not in msg, msg
             assert isinstance(e.value, RuntimeError)
-            assert _tree(run_dir, skip="status.json") == before  # the refused writer wrote nothing
+            # the refused writer wrote nothing: the holder is still named, its config kept
+            assert state(run_dir, "writer").startswith(f"pid {proc.pid} ")
+            assert read_config(run_dir).to_dict() == before
             # readers take no lock
             assert records_frame(run_dir).height == 0
-            assert [p.dataset for p in store.progress(run_dir)] == ["a"]
+            assert [p.dataset for p in progress(run_dir)] == ["a"]
             assert kit.audit(run_dir).datasets["dataset"].to_list() == ["a"]
             proc.send_signal(signal.SIGINT)  # the first writer ends (cleanly)
             proc.wait(60)
@@ -224,98 +230,81 @@ def test_lock_is_released_when_the_holder_is_killed_9(tmp_path):
     _check_complete(run_dir, 20)
 
 
-# ---------------------------------------------------------------- item 7: damaged records
+# ---------------------------------------------------------------- a damaged run database
 
 
-def _corrupt_middle(path: Path) -> list[tuple[int, str]]:
-    """Damage lines 3..15 of a records file in seven ways; returns (line, problem word)."""
-    lines = path.read_bytes().splitlines()
-    assert len(lines) == 20
-    row = orjson.loads(lines[4])
-    row["completion"] = "a NUL \x00 inside"
-    lines[2] = b"\x8f\xff\x00garbage\x01\x02 not json"
-    lines[4] = orjson.dumps(row).replace(b"\\u0000", b"\x00")  # a raw NUL byte in the line
-    half = len(lines[6]) // 2
-    lines[6:7] = [lines[6][:half], lines[6][half:]]  # a split line: two lines from one
-    lines[9] = b"[1, 2, 3]"  # was line 9, now 10 (the split added a line)
-    row = orjson.loads(lines[11])
-    del row["sample"]
-    lines[11] = orjson.dumps(row)
-    row = orjson.loads(lines[13])
-    row["completion_tokens"] = -15000
-    lines[13] = orjson.dumps(row)
-    row = orjson.loads(lines[15])
-    row["completion_tokens"] = "12"
-    lines[15] = orjson.dumps(row)
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    return [(3, "JSON"), (5, "JSON"), (7, "JSON"), (8, "JSON"), (10, "object"),
-            (12, "sample"), (14, "completion_tokens"), (16, "completion_tokens")]  # fmt: skip
+def _big_run(tmp_path: Path) -> Path:
+    """A closed run whose records span many pages (1 KB completions)."""
+    recs = [make_record(None, "d", i, f"Question {i}?", f"{ANSWERS[i % 6]} {i} " * 30, ids=False) for i in range(200)]  # fmt: skip
+    return plant_run(tmp_path / "run", recs, budgets={"d": 10**6})
 
 
-def test_corrupt_lines_in_the_middle_are_counted_everywhere(tmp_path):
-    """Before: garbage, a NUL, a split line, a non-object and a line missing a field were
-    skipped with no word by the index, the progress reader, the audit and the export."""
-    run_dir = tmp_path / "run"
-    with FaultServer() as srv:
-        config = _config(srv.base_url)
-        kit.generate_sync(_frame(), config, run_dir=run_dir)
-        path = run_dir / "records" / "a.jsonl"
-        want = _corrupt_middle(path)
-        lines = [line for line, _ in want]
-
-        scan = RunStore(run_dir).scan()
-        assert len(scan) == 20 - 7
-        assert [(c["file"], c["line"]) for c in scan.corrupt] == [
-            ("records/a.jsonl", n) for n in lines
-        ]
-        for c, (_, word) in zip(scan.corrupt, want, strict=True):
-            assert word in c["problem"], c
-
-        frame, corrupt = store.read_records(run_dir)
-        assert frame.height == 13 and [c["line"] for c in corrupt] == lines
-
-        reader = ProgressReader(run_dir)
-        assert reader.read()[0].samples_done == 13
-        assert [c["line"] for c in reader.corrupt] == lines
-
-        report = kit.audit(run_dir)
-        found = report.findings.filter(pl.col("check") == "corrupt_lines").row(0, named=True)
-        assert found["dataset"] == "a" and found["value"] == 8 and found["severity"] == "error"
-        assert "records/a.jsonl" in found["message"] and "line 3" in found["message"]
-        assert "corrupt_lines" in report.summary()
-
-        result = export(run_dir, tmp_path / "out", formats=("specforge",))
-        assert result.corrupt == 8 and result.counts["a"]["records"] == 13
-        manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-        assert manifest["corrupt_lines"]["count"] == 8
-        assert [c["line"] for c in manifest["corrupt_lines"]["lines"]] == lines
-        assert "8 corrupt" in result.summary()
-
-        # resume: the 7 samples whose lines were damaged are generated again
-        kit.generate_sync(_frame(), config, run_dir=run_dir)
-    assert sorted(_keys(run_dir)) == [("a", f"a-{i:04d}", 0) for i in range(20)]
-    assert len(RunStore(run_dir).scan().corrupt) == 8  # still there, still reported
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
 
 
-def test_config_json_deleted_while_records_exist_is_refused(tmp_path):
-    """Before: a run dir whose config.json was deleted resumed under any settings, mixing
-    records of two configurations (the fingerprint check was skipped)."""
-    run_dir = tmp_path / "run"
-    with FaultServer() as srv:
-        config = _config(srv.base_url)
-        kit.generate_sync(_frame(), config, run_dir=run_dir)
-        made = json.loads((run_dir / "config.json").read_text())["fingerprint"]
-        (run_dir / "config.json").unlink()
-        records = _tree(run_dir / "records")
-        changed = _config(srv.base_url, sampling={"max_tokens": 7})
-        with pytest.raises(FingerprintMismatch) as e:
-            kit.generate_sync(_frame(), changed, run_dir=run_dir)
-        msg = str(e.value)
-        assert "\n" not in msg and "config.json" in msg and "force=True" in msg, msg
-        assert _tree(run_dir / "records") == records and not (run_dir / "config.json").exists()
-        kit.generate_sync(_frame(), config, run_dir=run_dir, force=True)
-    assert json.loads((run_dir / "config.json").read_text())["fingerprint"] == made
-    _check_complete(run_dir, 20)
+def _garbage_pages(path: Path) -> None:
+    """Overwrite eight pages in the middle of the file (records pages) with random bytes."""
+    import random
+
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek((size // 2) // 4096 * 4096)
+        f.write(random.Random(3).randbytes(8 * 4096))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _garbage_pages])
+def test_a_damaged_database_is_one_line_with_what_to_do(tmp_path, capsys, damage):
+    """A run.sqlite cut to half its size or with garbage pages in the middle: every reader
+    raises DatabaseDamaged, every command says so in one line and exits non-zero."""
+    run = _big_run(tmp_path)
+    damage(run / "run.sqlite")
+    with pytest.raises(DatabaseDamaged, match="Restore it from a copy"):
+        kit.audit(run)
+    with pytest.raises(DatabaseDamaged):
+        export(run, tmp_path / "api-out", formats=("specforge",))
+    capsys.readouterr()
+    for argv in (["audit", str(run)], ["export", str(run), str(tmp_path / "out"), "--format", "specforge"],
+                 ["records", str(run)]):  # fmt: skip
+        code = cli_main(argv)
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert code != 0 and len(lines) == 1, (argv, err)
+        assert lines[0].startswith("kit: error: run database ") and "is damaged" in lines[0], err
+        assert "Restore it from a copy" in lines[0] and "Traceback" not in err
+
+
+def test_prompts_swapped_after_the_run_are_refused_by_name(tmp_path, capsys):
+    """Two prompts' messages swapped with sqlite3 after the run: audit, export and `kit
+    records` refuse naming a prompt; no record is ever paired with the other's prompt."""
+    import sqlite3
+
+    run = _small_run(tmp_path)
+    conn = sqlite3.connect(run / "run.sqlite")
+    (a, ma), (b, mb) = conn.execute("SELECT prompt_id, messages FROM prompts ORDER BY prompt_id LIMIT 2").fetchall()  # fmt: skip
+    conn.execute("UPDATE prompts SET messages = ? WHERE prompt_id = ?", (mb, a))
+    conn.execute("UPDATE prompts SET messages = ? WHERE prompt_id = ?", (ma, b))
+    conn.commit()
+    conn.close()
+    with pytest.raises(PromptMismatch) as e:
+        kit.audit(run)
+    assert a in str(e.value) or b in str(e.value)
+    with pytest.raises(PromptMismatch):
+        export(run, tmp_path / "api-out", formats=("specforge",))
+    assert not (tmp_path / "api-out" / "specforge" / "train.jsonl").exists()
+    capsys.readouterr()
+    for argv in (["audit", str(run)], ["export", str(run), str(tmp_path / "out"), "--format", "specforge"],
+                 ["records", str(run)]):  # fmt: skip
+        code = cli_main(argv)
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and "Traceback" not in captured.err, (
+            argv,
+            captured.err,
+        )
+        assert a in lines[0] or b in lines[0], lines[0]
+        assert ma not in captured.out and mb not in captured.out  # no pair was written out
 
 
 def test_audit_and_export_of_a_run_with_zero_records(tmp_path):
@@ -344,12 +333,11 @@ def test_audit_and_export_of_a_run_with_zero_records(tmp_path):
 
 def test_audit_flags_counts_that_are_not_counts(tmp_path):
     """Before: a record with completion_tokens -15000 audited as "-15,000 tokens of 400"
-    with no finding; a string count was summed (or crashed the reader)."""
+    with no finding. The runner refuses such counts from a server (kit.run.answers); here
+    they are planted in the database."""
     recs = [make_record(None, "neg", i, f"q{i}", ANSWERS[i], ids=False) for i in range(4)]
     recs[1].completion_tokens = -15000
     recs += [make_record(None, "odd", 10 + i, f"o{i}", ANSWERS[i], ids=False) for i in range(4)]
-    recs[4].completion_tokens = "12"
-    recs[5].completion_tokens = True
     recs[6].completion_tokens = 10**9  # far above max_tokens (64)
     recs[7].output_ids = [5, 6, 7]  # ids present, count differs
     recs[7].completion_tokens = 9
@@ -357,13 +345,14 @@ def test_audit_flags_counts_that_are_not_counts(tmp_path):
     report = kit.audit(run)
     rows = {(f["dataset"], f["check"]): f for f in report.findings.iter_rows(named=True)}
     assert rows[("neg", "bad_count")]["value"] == 1, report.summary()
-    assert rows[("odd", "bad_count")]["value"] == 3, report.summary()
+    assert rows[("odd", "bad_count")]["value"] == 1, report.summary()
     assert rows[("odd", "ids_len_mismatch")]["value"] == 1
     for key in [("neg", "bad_count"), ("odd", "bad_count")]:
         assert rows[key]["severity"] == "error"
-    assert "-15,000" not in report.summary()
+    assert "-15,000" not in report.summary() and "-14," not in report.summary()
     neg = report.datasets.filter(pl.col("dataset") == "neg").row(0, named=True)
-    assert neg["tokens"] >= 0 and neg["records"] == 3
+    assert neg["tokens"] == sum(r.completion_tokens for r in recs[:4] if r.completion_tokens > 0)
+    assert neg["records"] == 4
 
 
 @pytest.mark.server

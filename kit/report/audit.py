@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kit.report.findings import findings, run_findings
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
     AuditThresholds,
     TextSample,
@@ -42,9 +43,7 @@ from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.re
 from kit.report.tokenrows import load_tokenizer_for, strip_end_ids  # noqa: F401 - re-exported
 from kit.run.reader import PROMPT_COLUMNS, record_batches, record_schema
 
-FINDING_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
 KEYS = ["dataset", "prompt_id", "sample"]
-RUN = "(run)"  # the dataset column of findings about the run as a whole
 BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows as Python objects)
 # what the checks read from each record (no prompt_ids, endpoint, attempts, tools)
 READ_COLUMNS = KEYS + ["messages", "completion", "finish_reason", "completion_tokens",
@@ -172,7 +171,7 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
     c = pl.col
     agg = flags.group_by("dataset").agg(
         records=pl.len(),
-        tokens=c("completion_tokens").sum(),
+        tokens=c("completion_tokens").clip(lower_bound=0).sum(),  # a negative count: 0, flagged
         mean=c("completion_tokens").mean(),
         p50=c("completion_tokens").quantile(0.5, "nearest"),
         p90=c("completion_tokens").quantile(0.9, "nearest"),
@@ -230,118 +229,6 @@ def _share(name: str):
     import polars as pl
 
     return pl.col(name) / pl.max_horizontal(pl.col("records"), 1)
-
-
-def _findings(table, th: AuditThresholds, max_tokens: int, run_rows=()):
-    """The findings frame: one row per check a dataset fails, then `run_rows` (the run's)."""
-    import polars as pl
-
-    rows = []
-    for r in table.iter_rows(named=True):
-        if r["records"]:
-            rows += _budget_findings(r, th, max_tokens)
-        else:
-            msg = "no records: nothing was generated for this dataset (or none could be read)"
-            rows.append((r["dataset"], "no_records", 0.0, 0.0, "warn", msg))
-        rows += _share_findings(r, th)
-        rows += _count_findings(r, th, max_tokens)
-        for check in ("ids_len_mismatch", "ids_text_mismatch"):
-            if r[check]:
-                what = "completion_tokens != len(output_ids)" if "len" in check else (
-                    "output_ids do not decode to the stored text"
-                )  # fmt: skip
-                msg = f"{r[check]} of {r['with_ids']} records with ids: {what}"
-                if "text" in check and r["ids_text_checked"] < r["with_ids"]:
-                    msg = (
-                        f"{r[check]} of {r['ids_text_checked']} records with ids checked (a "
-                        f"seeded sample of {r['with_ids']}): {what}"
-                    )
-                rows.append((r["dataset"], check, float(r[check]), 0.0, "error", msg))
-    rows += run_rows
-    schema = dict(zip(FINDING_COLUMNS, [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String], strict=True))  # fmt: skip
-    return pl.DataFrame(rows, schema=schema, orient="row")
-
-
-def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tuple]:
-    name, tokens, budget = r["dataset"], r["tokens"], r["budget"]
-    if not budget:
-        if r["records"]:
-            return [(name, "no_budget", float(tokens), 0.0, "warn", "records but no budget")]
-        return []
-    slack = max(th.over_budget_share * budget, max_tokens)
-    if tokens - budget > slack:
-        msg = (
-            f"{tokens:,} tokens vs budget {budget:,}: over by {tokens - budget:,} (> {slack:,.0f})"
-        )
-        return [(name, "over_budget", float(tokens - budget), float(slack), "error", msg)]
-    left = r["prompts_left"]
-    if tokens < budget and left:
-        msg = f"{tokens:,} of {budget:,} tokens ({tokens / budget:.0%}) with {left} prompts left"
-        return [(name, "under_budget", float(tokens), float(budget), "warn", msg)]
-    return []
-
-
-def _count_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tuple]:
-    """Counts that are no counts; a server that under-reports."""
-    name, out = r["dataset"], []
-    if over := r["count_over_max"]:
-        msg = (
-            f"completion_tokens is not a count in 0..{max_tokens + 1} in {over} records "
-            f"({over} above max_tokens + 1): the server mis-reports counts"
-        )
-        out.append((name, "bad_count", float(over), max_tokens + 1.0, "error", msg))
-    if r["under_reported"]:
-        msg = (
-            f"{r['under_reported']} of {r['count_checked']} records report fewer than "
-            f"{th.under_report_ratio:.0%} of their text's own token count (re-tokenized): "
-            "the server under-reports completion_tokens, so budgets overshoot"
-        )
-        if r["count_checked"] < r["countable"]:
-            msg += f" (checked on a seeded sample of {r['count_checked']} of {r['countable']})"
-        value = float(r["under_reported"])
-        out.append((name, "count_under_reported", value, th.under_report_ratio, "error", msg))
-    return out
-
-
-_SHARE_CHECKS = [  # check, count column, threshold field, severity, what
-    ("truncation", "length", "truncation_share", "warn", "finish_reason length (truncated)"),
-    ("empty", "empty", "empty_share", "warn", "empty responses"),
-    ("duplicate_exact", "dup_exact", "duplicate_share", "warn", "exact duplicate responses"),
-    ("duplicate_near", "dup_near", "near_duplicate_share", "warn", "near-duplicate responses"),
-    ("echo", "echo", "echo_share", "warn", "responses echoing the prompt"),
-    ("finish_other", "other", "other_finish_share", "warn", "finish reasons not stop/length"),
-    (
-        "length_in_reasoning",
-        "length_in_reasoning",
-        "length_in_reasoning_share",
-        "warn",
-        "finish_reason length with an empty answer and non-empty reasoning: the model spent "
-        "every token thinking (raise max_tokens or limit thinking)",
-    ),
-    (
-        "think_markers",
-        "think_markers",
-        "think_marker_share",
-        "warn",
-        "answers holding <think> / </think> markers: the reasoning parser did not split them "
-        "off (start the server with a reasoning parser matching the model)",
-    ),
-    ("retokenized", "retokenized", "retokenized_share", "info", "counts from re-tokenizing"),
-]
-
-
-def _share_findings(r: dict, th: AuditThresholds) -> list[tuple]:
-    out = []
-    n = max(r["records"], 1)
-    for check, col, limit_name, severity, what in _SHARE_CHECKS:
-        share, limit = r[col] / n, getattr(th, limit_name)
-        if r[col] and share > limit:
-            msg = f"{r[col]} of {r['records']} records ({share:.1%}) {what}; threshold {limit:.1%}"
-            out.append((r["dataset"], check, share, float(limit), severity, msg))
-    if r["errors"] and r["error_rate"] > th.error_rate:
-        msg = f"{r['errors']} requests failed every attempt ({r['error_rate']:.1%}); threshold {th.error_rate:.1%}"
-        out.append((r["dataset"], "error_rate", r["error_rate"], th.error_rate, "warn", msg))
-    return out
 
 
 def _finish_table(flags):
@@ -408,44 +295,6 @@ def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[s
     return light.with_columns(found["ids_text_mismatch"], found["under_reported"])
 
 
-def _run_findings(run_dir, problems: list[str]) -> tuple[list[tuple], list[str]]:
-    """(findings, notes) about the run as a whole: SQLite's integrity check (`problems`),
-    duplicate records the database refused, what an import of the JSONL layout skipped."""
-    import json
-
-    from kit.run.db import db_path
-    from kit.run.reader import state
-
-    rows, notes = [], []
-    if problems:
-        path = db_path(run_dir)
-        msg = (
-            f"run database {path} fails SQLite's integrity check ({len(problems)} problems, "
-            f"first: {problems[0]}): what was read from it may be incomplete. Restore it from a "
-            f"copy, or inspect it with `sqlite3 {path} 'PRAGMA integrity_check'` (`.recover` "
-            "salvages what is left into a new file)"
-        )
-        rows.append((RUN, "database_integrity", float(len(problems)), 0.0, "error", msg))
-    if rejected := int(state(run_dir, "rejected") or 0):
-        msg = (
-            f"{rejected} records were refused as duplicates of stored ones (the same dataset, "
-            "prompt_id and sample written twice: two writers, or a runner bug); the first "
-            "copies are kept"
-        )
-        rows.append((RUN, "rejected_duplicates", float(rejected), 0.0, "warn", msg))
-    if text := state(run_dir, "imported"):
-        report = json.loads(text)
-        notes.append(
-            f"imported from kit's JSONL layout: {report['records']} records, "
-            f"{report['errors']} errors"
-        )
-        if skipped := report.get("skipped_lines", 0):
-            listed = "; ".join(report.get("problems", [])[:5])
-            msg = f"{skipped} lines of the JSONL layout were not whole records and were not imported: {listed}"  # fmt: skip
-            rows.append((RUN, "import_skipped_lines", float(skipped), 0.0, "error", msg))
-    return rows, notes
-
-
 def _sample_notes(table) -> list[str]:
     """One note per dataset whose tokenizer checks ran on a sample, not on every record."""
     notes = []
@@ -504,14 +353,14 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
     table = _dataset_table(flags, config, errors_frame(run_dir), totals)
     if tok is not None:
         notes += _sample_notes(table)
-    run_rows, run_notes = _run_findings(run_dir, problems)
+    run_rows, run_notes = run_findings(run_dir, problems)
     return AuditReport(
         run_dir=str(run_dir),
         datasets=table,
         lengths=table.select("dataset", "records", "mean", "p50", "p90", "p99", "max"),
         finish=_finish_table(flags),
         records=flags,
-        findings=_findings(table, th, max_tokens, run_rows),
+        findings=findings(table, th, max_tokens, run_rows),
         thresholds=th,
         notes=notes + run_notes,
     )

@@ -30,7 +30,7 @@ _AUDIT_COLUMNS = ["dataset", "completion_tokens", "prompt_tokens", "finish_reaso
 
 def _records(records_or_report):
     """The records of an AuditReport (its light frame: counts and flags, no text) or a
-    records frame (kit.run.store.records_frame), with the plain columns the charts use.
+    records frame (kit.run.reader.records_frame), with the plain columns the charts use.
     Every chart aggregates them in polars first: its data holds bins, not records."""
     frame = getattr(records_or_report, "records", records_or_report)
     return frame.select([c for c in _AUDIT_COLUMNS if c in frame.columns])
@@ -44,7 +44,7 @@ def token_distributions(records, *, bins: int = 40):
     many records the run has.
 
     Args:
-        records: a records frame (kit.run.store.records_frame) or an AuditReport.
+        records: a records frame (kit.run.reader.records_frame) or an AuditReport.
         bins: histogram bins.
     Returns:
         alt.HConcatChart (histograms faceted by dataset | box plots: rule min-max, bar

@@ -1,6 +1,6 @@
 """Per-record checks of a run: the flag columns kit.audit counts and kit.export filters on.
 
-`flag_records(records)` adds to a records frame (kit.run.store.records_frame) one column per
+`flag_records(records)` adds to a records frame (kit.run.reader.records_frame) one column per
 check: empty, duplicate (exact, near), echo, server ids and their agreement with the counts
 and the text, counts above max_tokens + 1, counts far below the text's own, the finish class
 (a "length" finish with an empty answer and non-empty reasoning is "length_in_reasoning": the
@@ -150,7 +150,7 @@ def _count_flags(recs, max_tokens) -> tuple[list, list]:
         earlier = [(t.get("completion_tokens") or 0, t.get("output_ids")) for t in turns]
         parts = [(count - sum(n for n, _ in earlier), ids), *earlier]
         len_bad.append(any(i is not None and len(i) != n for n, i in parts))
-        over.append(max_tokens is not None and any(n > max_tokens + 1 for n, _ in parts))
+        over.append(max_tokens is not None and any(not 0 <= n <= max_tokens + 1 for n, _ in parts))
     return len_bad, over
 
 
@@ -250,7 +250,7 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
         normalized(recs["completion"]).alias("_norm"),
         normalized(recs.select(last_user.list.last()).to_series()).alias("_user"),
     )
-    over = c("completion_tokens") > max_tokens + 1 if max_tokens is not None else pl.lit(False)
+    over = ~c("completion_tokens").is_between(0, max_tokens + 1) if max_tokens is not None else pl.lit(False)  # fmt: skip
     length_only = (c("finish_reason") == "length") & blank(c("completion"))
     recs = recs.with_columns(
         _echo(recs, th),
@@ -315,14 +315,14 @@ def dup_flags(flags) -> list:
 def flag_records(
     records, *, tokenizer=None, thresholds: AuditThresholds | None = None, max_tokens=None
 ):
-    """Add flag columns to a records frame (kit.run.store.records_frame).
+    """Add flag columns to a records frame (kit.run.reader.records_frame).
 
     Adds: empty, dup_exact (a copy of an earlier completion in its dataset), dup_near (same
     normalized text, not an exact copy), echo, has_ids, ids_len_mismatch (a generated turn's
     count != len(its output_ids)), ids_text_mismatch (null without a tokenizer or ids),
     under_reported (completion_tokens < under_report_ratio x the completion re-tokenized;
     null without a tokenizer or when the count was re-tokenized), count_over_max (a turn's
-    count > max_tokens + 1; False without max_tokens), finish_class (finish_reason, or
+    count outside 0..max_tokens + 1; False without max_tokens), finish_class (finish_reason, or
     "length_in_reasoning"), think_marker (<think> / </think> in the answer), has_reasoning.
     Earlier is by t_done, so the first copy is never flagged. Every record is checked (the
     tokenizer checks too); kit.audit streams a run instead and samples the tokenizer checks.
