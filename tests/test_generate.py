@@ -12,7 +12,9 @@ from faultserver import FaultConfig, FaultServer
 
 import kit
 from kit.run import runner as runner_module
-from kit.run.store import FingerprintMismatch, read_config, records_frame
+from kit.run import reader
+from kit.run.reader import open_db, read_config, records_frame
+from kit.run.store import FingerprintMismatch
 from kit.types import RunConfig, Sampling
 
 
@@ -53,13 +55,13 @@ def totals(run_dir) -> dict[str, int]:
 
 
 def assert_no_duplicates(run_dir) -> int:
-    """Every line of every records file is a distinct key; returns the line count."""
-    keys = []
-    for path in (run_dir / "records").glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            row = pl.read_ndjson(line.encode()).row(0, named=True)
-            keys.append((row["dataset"], row["prompt_id"], row["sample"]))
+    """Every stored record is a distinct key, and the totals equal the records; the count."""
+    f = records_frame(run_dir, prompts=False)
+    keys = list(f.select("dataset", "prompt_id", "sample").iter_rows())
     assert len(keys) == len(set(keys)), Counter(keys).most_common(3)
+    sums = {ds: (n, t) for ds, n, t in f.group_by("dataset").agg(pl.len(), pl.col("completion_tokens").sum()).iter_rows()}  # fmt: skip
+    with open_db(run_dir) as conn:
+        assert {ds: (n, t) for ds, (n, t, _) in reader.totals(conn).items()} == sums
     return len(keys)
 
 
@@ -253,7 +255,8 @@ def test_api_key_never_written(server, tmp_path, monkeypatch):
     kit.generate_sync(prompts({"a": 20}), cfg, run_dir=tmp_path / "run")
     assert server.last_headers["authorization"] == f"Bearer {secret}"  # the key was used
     files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
-    assert len(files) >= 4 and not any(secret.encode() in p.read_bytes() for p in files)
+    assert (tmp_path / "run" / "run.sqlite") in files  # the database, its bytes included
+    assert not any(secret.encode() in p.read_bytes() for p in files)
     assert read_config(tmp_path / "run").api_key_env == "KIT_TEST_KEY"
 
 

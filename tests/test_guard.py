@@ -12,9 +12,11 @@ import pytest
 from faultserver import FaultConfig, FaultServer
 
 import kit
+from kit.run.reader import state
 from kit.run import guard
 from kit.run.guard import model_context
-from kit.run.store import progress, records_frame
+from kit.run.progress import progress
+from kit.run.reader import records_frame, skips_frame
 from kit.tokens import count_prompt_tokens
 from kit.types import RunConfig, Sampling
 
@@ -60,9 +62,7 @@ def test_long_prompts_are_skipped_counted_and_listed(model_dir, tmp_path):
         assert summary["a"]["state"] == "budget_reached" and 0 <= over <= MAX_TOKENS
         assert summary["b"]["state"] == "exhausted" and summary["b"]["samples_done"] == 24
 
-        listed = [
-            orjson.loads(x) for x in (run.run_dir / "skipped.jsonl").read_bytes().splitlines()
-        ]
+        listed = skips_frame(run.run_dir).to_dicts()
         expect = dict(zip(truth["prompt_id"], truth["prompt_tokens"], strict=True))
         assert {r["prompt_id"]: r["prompt_tokens"] for r in listed} == expect
         assert all(r["reason"] == "context" and r["max_context"] == MAX_CONTEXT for r in listed)
@@ -72,13 +72,13 @@ def test_long_prompts_are_skipped_counted_and_listed(model_dir, tmp_path):
             3,
             "exhausted",
         )
-        status = json.loads((run.run_dir / "status.json").read_text())
+        status = json.loads(state(run.run_dir, "status"))
         assert [d["skipped"] for d in status["datasets"]] == [5, 3]
 
-        before = (run.run_dir / "skipped.jsonl").read_bytes()
+        before = skips_frame(run.run_dir)
         again = kit.generate_sync(None, cfg, run_dir=run.run_dir)  # resume: nothing new to send
         assert srv.stats()["requests"] == sent
-        assert (run.run_dir / "skipped.jsonl").read_bytes() == before  # listed once, not per start
+        assert skips_frame(run.run_dir).equals(before)  # listed once, not per start
         assert again.summary()["skipped_context"].to_list() == [5, 3]
 
 
@@ -104,7 +104,7 @@ def test_default_context_comes_from_the_model(model_dir, tmp_path):
         assert srv.stats()["requests"] == 6
     row = run.summary().row(0, named=True)
     assert (row["skipped_context"], row["samples_done"], row["state"]) == (1, 6, "exhausted")
-    listed = orjson.loads((run.run_dir / "skipped.jsonl").read_bytes())
+    (listed,) = skips_frame(run.run_dir).to_dicts()
     assert listed["prompt_id"] == "a-huge" and listed["max_context"] == 8192
     assert listed["prompt_tokens"] > 9000
 
@@ -118,7 +118,7 @@ def test_no_tokenizer_no_guard_and_bad_settings_raise(tmp_path):
         )
         assert srv.stats()["requests"] == 5  # without a tokenizer every prompt is sent
         assert run.summary()["skipped_context"].to_list() == [0]
-        assert not (tmp_path / "run" / "skipped.jsonl").exists()
+        assert skips_frame(tmp_path / "run").height == 0
     for value in (0, 2.5):  # the config refuses these itself
         with pytest.raises(ValueError, match=f"RunConfig.max_context must be .*, got {value}"):
             RunConfig(budgets={"a": 100}, max_context=value, tokenizer="x", **args)
@@ -187,25 +187,23 @@ def test_guard_cache_is_reused_until_what_it_depends_on_changes(tmp_path, render
     prompts = frame({"a": {"short": 6, "long": 2}, "b": {"short": 4, "medium": 3, "long": 1}})
     config, run_dir = guard_config(tok), tmp_path / "run"
     run_dir.mkdir()
-    skips = guard.apply(prompts, config, run_dir, {})
+    skips, listed = guard.apply(prompts, config, run_dir, {})
     assert renders == ["a", "b"] and {k: v[0] for k, v in skips.items()} == truth(prompts, config)
     assert sorted(pid for _, pid in skips) == ["a-long-0", "a-long-1", "b-long-0"]
-    listed = (run_dir / "skipped.jsonl").read_bytes()
 
-    renders.clear()  # nothing changed: nothing rendered, the same answer and file
-    assert guard.apply(prompts, config, run_dir, {}) == skips and renders == []
-    assert (run_dir / "skipped.jsonl").read_bytes() == listed
+    renders.clear()  # nothing changed: nothing rendered, the same answer and rows
+    assert guard.apply(prompts, config, run_dir, {}) == (skips, listed) and renders == []
     done = {("a", "a-long-0", 0): (5, "stop")}  # done samples are not skipped (not cached)
-    assert ("a", "a-long-0") not in guard.apply(prompts, config, run_dir, done) and renders == []
+    assert ("a", "a-long-0") not in guard.apply(prompts, config, run_dir, done)[0] and renders == []
 
     for changed in (dataclasses.replace(config, max_context=500),
                     dataclasses.replace(config, sampling=Sampling(max_tokens=360))):  # fmt: skip
         renders.clear()
-        got = guard.apply(prompts, changed, run_dir, {})
+        got = guard.apply(prompts, changed, run_dir, {})[0]
         assert renders == ["a", "b"] and {k: v[0] for k, v in got.items()} == truth(prompts, changed)  # fmt: skip
     assert {pid for _, pid in got} > {pid for _, pid in skips}  # 360 of 400 for max_tokens: more
     renders.clear()
-    assert guard.apply(prompts, config, run_dir, {}) == skips and renders == [
+    assert guard.apply(prompts, config, run_dir, {})[0] == skips and renders == [
         "a",
         "b",
     ]  # 1 entry per dataset
@@ -217,11 +215,11 @@ def test_guard_cache_is_reused_until_what_it_depends_on_changes(tmp_path, render
         .then(pl.lit([{"role": "user", "content": long_text}]))
         .otherwise(pl.col("messages")).alias("messages")
     )  # fmt: skip
-    got = guard.apply(edited, config, run_dir, {})
+    got = guard.apply(edited, config, run_dir, {})[0]
     assert renders == ["b"] and ("b", "b-short-0") in got
     renders.clear()
     kwargs = dataclasses.replace(config, template_kwargs={"b": {"enable_thinking": False}})
-    guard.apply(edited, kwargs, run_dir, {})
+    guard.apply(edited, kwargs, run_dir, {})[0]
     assert renders == ["b"]  # b's template kwargs changed: b rendered again
 
 
@@ -235,7 +233,7 @@ def test_guard_cache_holds_the_tokenizer_facts_while_its_files_are_unchanged(tmp
         tmp_path / "run",
     )  # context from config.json
     run_dir.mkdir()
-    first = guard.apply(prompts, config, run_dir, {})
+    first = guard.apply(prompts, config, run_dir, {})[0]
     assert list(first) == [("a", "a-long-0")]
     assert guard.template_hash(str(tok), run_dir) == config.chat_template_hash
 
@@ -247,7 +245,7 @@ def test_guard_cache_holds_the_tokenizer_facts_while_its_files_are_unchanged(tmp
         m.setattr(guard, "model_context", refuse)
         assert guard.template_hash(str(tok), run_dir) == config.chat_template_hash
         renders.clear()
-        assert guard.apply(prompts, config, run_dir, {}) == first and renders == []
+        assert guard.apply(prompts, config, run_dir, {})[0] == first and renders == []
 
     tiny_tokenizer(tok, template="[{{ m['role'] }}] {{ m['content'] }}\n")  # a new template
     kit.tokens._load_cached.cache_clear()  # this process holds the old one (a restart would not)
@@ -258,7 +256,7 @@ def test_guard_cache_holds_the_tokenizer_facts_while_its_files_are_unchanged(tmp
     assert renders == ["a"]
     (run_dir / "guard.json").write_bytes(b"\x00garbage")  # a spoiled cache is only a miss
     renders.clear()
-    assert list(guard.apply(prompts, config, run_dir, {})) == [("a", "a-long-0")] and renders == ["a"]  # fmt: skip
+    assert list(guard.apply(prompts, config, run_dir, {})[0]) == [("a", "a-long-0")] and renders == ["a"]  # fmt: skip
 
 
 def test_a_restart_renders_nothing_and_loads_no_tokenizer(tmp_path, monkeypatch):
@@ -270,7 +268,7 @@ def test_a_restart_renders_nothing_and_loads_no_tokenizer(tmp_path, monkeypatch)
         config = RunConfig(model="fake", endpoints=srv.base_url, budgets={"a": 10_000}, tokenizer=str(tok), sampling=Sampling(max_tokens=MAX_TOKENS), max_context=MAX_CONTEXT, retry_base=0.02)  # fmt: skip
         run = kit.generate_sync(prompts, config, run_dir=tmp_path / "run")
         assert srv.stats()["requests"] == 5
-        listed = (tmp_path / "run" / "skipped.jsonl").read_bytes()
+        listed = skips_frame(tmp_path / "run")
 
         def refuse(*args, **kw):
             raise AssertionError("rendered or loaded on a restart")
@@ -279,5 +277,5 @@ def test_a_restart_renders_nothing_and_loads_no_tokenizer(tmp_path, monkeypatch)
         monkeypatch.setattr(kit.tokens, "chat_template_hash", refuse)
         again = kit.generate_sync(None, config, run_dir=run.run_dir)  # resume: nothing to send
         assert srv.stats()["requests"] == 5
-    assert (tmp_path / "run" / "skipped.jsonl").read_bytes() == listed
+    assert skips_frame(tmp_path / "run").equals(listed)
     assert again.summary()["skipped_context"].to_list() == [2]

@@ -4,7 +4,7 @@ Every input is written by the test itself. Item 8 (loading): a too-deep JSON row
 directory load cannot use, a symlink loop, a load that keeps nothing, several undetectable
 files, Alpaca rows with nested `instances`, fields kit cannot place, hostile tool
 definitions (issue 12). Item 9: a plan made from an in-memory frame or a mapped file runs
-from its run directory alone (plan.json records the load spec, run_dir/prompts.parquet
+from its run directory alone (plan.json records the load spec, the run database
 holds the prompts), against the fault server.
 """
 
@@ -22,7 +22,7 @@ from faultserver import FaultServer
 
 import kit
 from kit.data import sources
-from kit.run.store import records_frame
+from kit.run.reader import prompts_frame, records_frame
 from kit.types import RunConfig, Sampling
 
 DEEP = 100_000  # far past Python's recursion limit: json.loads raises RecursionError
@@ -246,7 +246,7 @@ def plan_and_run(tmp_path, prompts, name: str) -> tuple[Path, pl.DataFrame, dict
 def test_plan_from_an_in_memory_frame_runs_from_its_run_dir(tmp_path):
     """plan.json recorded only file paths, so a plan made from an in-memory frame could not
     be run by `kit generate --run-dir` / 02_generate; now write_plan(prompts=) stores the
-    frame as run_dir/prompts.parquet and generate(None, ...) runs it."""
+    frame in the run database and generate(None, ...) runs it."""
     frame = pl.DataFrame(
         {
             "dataset": ["mem"] * 12,
@@ -267,7 +267,7 @@ def test_plan_from_an_in_memory_frame_runs_from_its_run_dir(tmp_path):
 def test_plan_from_a_mapped_file_runs_from_its_run_dir_and_records_its_spec(tmp_path):
     """A plan made from a file loaded with mapping= recorded the path but not the mapping;
     re-loading it failed. Now plan.json holds path, format and mapping per dataset (which
-    re-load the same prompts) and the run uses run_dir/prompts.parquet."""
+    re-load the same prompts) and the run uses the prompts stored in the run database."""
     rows = [{"question": f"What is {i} + {i}?", "sys": "Be brief."} for i in range(10)]
     path = write_jsonl(tmp_path / "qa.jsonl", rows + [{"question": None}])
     loaded = kit.load(path, mapping={"prompt": "question", "system": "sys"})
@@ -286,5 +286,5 @@ def test_plan_from_a_mapped_file_runs_from_its_run_dir_and_records_its_spec(tmp_
     records = records_frame(run_dir)
     assert records.height == 10
     assert sorted(records["prompt_id"]) == sorted(frame["prompt_id"])
-    stored = pl.read_parquet(run_dir / "prompts.parquet")
-    assert stored["messages"].to_list() == frame["messages"].to_list()
+    stored = prompts_frame(run_dir).sort("row")
+    assert stored["messages"].to_list() == frame.sort("row")["messages"].to_list()

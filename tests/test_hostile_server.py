@@ -22,10 +22,13 @@ import pytest
 from faultserver import FaultConfig, FaultServer, free_port
 
 import kit
+from kit.run.reader import state
 from kit.report.monitor import ConsoleMonitor
 from kit.run.backends import OpenAIChat, VLLMChat
 from kit.run.runner import _Runner
-from kit.run.store import progress, read_config, read_errors, records_frame
+from kit.run.progress import progress
+from kit.run.reader import errors_frame as read_errors
+from kit.run.reader import read_config, records_frame
 from kit.types import BackendError, RunConfig, Sampling
 
 KEY_ENV = "KIT_HOSTILE_KEY"
@@ -50,11 +53,8 @@ def config(endpoints, **kw) -> RunConfig:
 
 
 def raw_records(run_dir: Path) -> list[dict]:
-    """Every records line of the run, parsed as written."""
-    rows = []
-    for path in sorted((run_dir / "records").glob("*.jsonl")):
-        rows += [json.loads(line) for line in path.read_bytes().splitlines()]
-    return rows
+    """Every record of the run as stored (no prompt)."""
+    return records_frame(run_dir, prompts=False).to_dicts()
 
 
 def b64_cores(secret: str) -> list[str]:
@@ -127,7 +127,8 @@ def test_api_key_never_lands_in_run_files_exports_or_output(tmp_path, monkeypatc
     }
     blobs |= {"stdout": out.encode(), "stderr": err.encode()}
     blobs |= {f"warning {i}": str(w.message).encode() for i, w in enumerate(caught)}
-    assert {"config.json", "errors.jsonl", "status.json"} <= {Path(n).name for n in blobs}
+    assert "run.sqlite" in {Path(n).name for n in blobs}  # config, errors, status: its pages
+    assert read_errors(run_dir).height and state(run_dir, "status")  # grepped there, in bytes
     hits = [(name, f) for name, data in blobs.items() for f in leak_forms(KEY, PASSWORD, f"{USER}:{PASSWORD}") if f in data]  # fmt: skip
     assert hits == [], hits
 
@@ -243,7 +244,7 @@ def test_systemic_failures_stop_the_run_with_a_reason(tmp_path, mode, cause):
     reason = run.stop_reason
     assert reason and "\n" not in reason and cause in reason and "'a'" in reason, reason
     assert sent < 60, f"{sent} requests for 300 prompts"
-    status = json.loads((run_dir / "status.json").read_text())
+    status = json.loads(state(run_dir, "status"))
     assert status["finished"] and reason in status_texts(status)
     assert run.summary()["errors"][0] == len(read_errors(run_dir)) >= 1
     with pytest.raises(ValueError, match="max_consecutive_failures must be an int >= 1"):
@@ -256,7 +257,7 @@ def test_dead_endpoint_stop_reason_reaches_status_json(tmp_path):
     url = f"http://127.0.0.1:{free_port()}/v1"  # nobody listens
     run = kit.generate_sync(prompts(20), config(url, no_endpoint_timeout=0.5), run_dir=tmp_path)
     assert run.stop_reason and "no healthy endpoint" in run.stop_reason
-    status = json.loads((tmp_path / "status.json").read_text())
+    status = json.loads(state(tmp_path, "status"))
     assert run.stop_reason in status_texts(status)
 
 
@@ -279,6 +280,6 @@ def test_retry_after_over_the_cap_is_shown_and_warned_once(tmp_path, monkeypatch
     assert len(about) == 1 and "3600" in str(about[0].message), [str(w.message) for w in caught]
     assert "Retry-After 3600s" in out.getvalue().splitlines()[-1], out.getvalue()[-500:]
     assert run.summary()["samples_done"][0] == 10 and run.stop_reason is None
-    status = json.loads((tmp_path / "status.json").read_text())
+    status = json.loads(state(tmp_path, "status"))
     assert "Retry-After 3600s" in status_texts(status)
     assert time.time() - status["t"] < 600

@@ -9,7 +9,7 @@ import polars as pl
 from faultserver import FaultConfig, FaultServer
 
 import kit
-from kit.run.store import records_frame
+from kit.run.reader import open_db, records_frame
 from kit.run.turns import slots
 from kit.types import RunConfig, Sampling
 
@@ -38,12 +38,14 @@ def config(url: str, budgets, **kw) -> RunConfig:
 
 
 def raw(run_dir) -> list[dict]:
-    """The records as a reader gives them back: the lines hold no prompt (prompts.parquet
+    """The records as a reader gives them back: a record holds no prompt (the prompts table
     does), the reader rebuilds it with the target's own earlier answers (Record.turns)."""
-    lines = [json.loads(x) for p in (run_dir / "records").glob("*.jsonl") for x in p.read_text().splitlines()]  # fmt: skip
-    assert lines and not any("messages" in r or "tools" in r for r in lines)
+    with open_db(run_dir) as conn:
+        stored = [c for (_, c, *_) in conn.execute("PRAGMA table_info(records)")]
+        n = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+    assert n and "messages" not in stored and "tools" not in stored
     rows = records_frame(run_dir).to_dicts()
-    assert len(rows) == len(lines)
+    assert len(rows) == n
     return [r | {k: json.loads(r[k]) if r[k] else None for k in ("turns", "tools")} for r in rows]
 
 

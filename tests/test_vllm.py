@@ -29,7 +29,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def raw_records(run_dir: Path) -> list[dict]:
     """The records as the reader gives them back: the lines hold no prompt (prompts.parquet
     does; kit.run.batches joins it back, with all_turns the target's earlier answers)."""
-    from kit.run.store import records_frame
+    from kit.run.reader import records_frame
 
     lines = [json.loads(x) for p in sorted((run_dir / "records").glob("*.jsonl")) for x in p.read_text().splitlines()]  # fmt: skip
     assert not any("messages" in r or "tools" in r for r in lines)

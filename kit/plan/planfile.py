@@ -5,7 +5,7 @@ load spec of each dataset (path, format, mapping: plan.json "sources") with the 
 themselves in the run database (run_dir/run.sqlite), so generate needs nothing else:
 not the source files, not the format or mapping they were read with, not data that only
 ever lived in memory. Re-exported as kit.plan.write_plan / read_plan / plan_prompts /
-pilot_means.
+run_started / pilot_means.
 """
 
 from __future__ import annotations
@@ -182,6 +182,21 @@ def plan_prompts(run_dir: str | Path, plan: dict | None = None) -> LoadResult | 
             "stored prompts: write the plan with prompts= (kit.plan.write_plan)"
         )
     return reload(specs)
+
+
+def run_started(run_dir: str | Path) -> bool:
+    """True when a run has started in run_dir (its database holds the run's config), so
+    generate resumes it; False for a plan alone or an empty directory.
+
+    Example: kit.plan.run_started("data/runs/demo") -> True after 02_generate's first run
+    """
+    from kit.run.reader import read_config
+
+    try:
+        read_config(run_dir)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def pilot_means(plan: dict) -> dict[str, float] | None:

@@ -63,10 +63,15 @@ def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
         else:
             conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
     except sqlite3.DatabaseError as e:
-        if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
-            raise
-        raise damaged(path, e) from None
+        if is_damage(e):
+            raise damaged(path, e) from None
+        raise
     return conn
+
+
+def is_damage(e: sqlite3.Error) -> bool:
+    """True for SQLite's "malformed" and "not a database" errors (not for I/O or locks)."""
+    return getattr(e, "sqlite_errorname", "") in ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
 # ---------------------------------------------------------------- schema

@@ -117,7 +117,7 @@ def apply(frame, config, run_dir, done) -> tuple[Skips, list[tuple]]:
     Args:
         frame: the prompt frame; config: the RunConfig (tokenizer, max_context, sampling).
         run_dir: the run directory. done: the records already written, RunStore.done()'s
-            frame.
+            frame (or a set of their keys).
     Returns:
         ({(dataset, prompt_id): (prompt_tokens, samples not yet done)}, rows) for prompts with at
         least one sample still to do. too_long's answers come from run_dir/guard.json when
@@ -133,13 +133,17 @@ def apply(frame, config, run_dir, done) -> tuple[Skips, list[tuple]]:
         return {}, []
     max_tokens, n = config.sampling.max_tokens, config.sampling.n
     check(limit, config.tokenizer, max_tokens)
+    import polars as pl
+
     from kit.run.queues import prompt_text
 
     found: dict[tuple, int] = {}
     for name in frame["dataset"].unique(maintain_order=True).to_list():
         part = prompt_text(frame, run_dir, name)  # a resume reads one dataset's text at a time
-        columns = [c for c in ("dataset", "prompt_id", "messages", "tools") if c in part.columns]
-        part = part.select(columns).unique(subset=["prompt_id"], keep="first", maintain_order=True)
+        if "tools" not in part.columns:  # the same key from a frame and from the database
+            part = part.with_columns(tools=pl.lit(None, dtype=pl.String))
+        part = part.select("dataset", "prompt_id", "messages", "tools")
+        part = part.unique(subset=["prompt_id"], keep="first").sort("prompt_id")
         kwargs = config.sampling_for(name).chat_template_kwargs
         key = cache.key(part, config.chat_template_hash, limit, max_tokens, kwargs)
         hit = cache.get(name, key)
@@ -148,10 +152,9 @@ def apply(frame, config, run_dir, done) -> tuple[Skips, list[tuple]]:
             cache.put(name, key, hit)
         found |= hit
     cache.save()
-    import polars as pl
-
-    rows = done.filter(pl.col("prompt_id").is_in([pid for _, pid in found]))
-    done = set(rows.select("dataset", "prompt_id", "sample").iter_rows())
+    if isinstance(done, pl.DataFrame):  # RunStore.done(): the keys of these prompts only
+        rows = done.filter(pl.col("prompt_id").is_in([pid for _, pid in found]))
+        done = set(rows.select("dataset", "prompt_id", "sample").iter_rows())
     skips: Skips = {}
     for (ds, pid), tokens in found.items():
         todo = sum((ds, pid, s) not in done for s in range(n))

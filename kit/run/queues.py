@@ -86,7 +86,10 @@ class _Dataset:
 def _dataset_paths(prompts, run_dir) -> dict[str, str]:
     """dataset -> source path: from a LoadResult, or the run's recorded ones on resume."""
     if prompts is None and is_run_dir(run_dir):
-        return read_config(run_dir).datasets
+        try:
+            return read_config(run_dir).datasets
+        except FileNotFoundError:  # prompts stored by a plan, no run yet
+            return {}
     return dict(getattr(prompts, "paths", None) or {})
 
 

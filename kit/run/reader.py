@@ -41,7 +41,7 @@ def open_db(run_dir):
     try:
         yield conn
     except sqlite3.DatabaseError as e:
-        if isinstance(e, sqlite3.OperationalError):
+        if not db.is_damage(e):
             raise
         raise db.damaged(db.db_path(run_dir), e) from None
     finally:
@@ -115,8 +115,9 @@ def record_batches(
         run_dir: the run directory.
         datasets: only these datasets (None: all).
         columns: the record columns wanted (RECORD_COLUMNS; None: all).
-        prompts: also each record's prompt, `messages` (list of {role, content}) and
-            `tools` (JSON text), each checked against its prompt_id (PromptMismatch).
+        prompts: also each record's prompt, `messages` (list of {role, content}; with
+            all_turns as sent, holding the target's earlier answers) and `tools` (JSON
+            text), each checked against the hash stored with it (PromptMismatch).
         batch_size: rows per frame.
 
     Example:
@@ -169,6 +170,9 @@ def _frame(rows: list[tuple], cols: list[str], prompts: bool):
         check_prompts(keys, msgs, tools, found)
         data["messages"] = messages_series(msgs)
         data["tools"] = pl.Series("tools", tools, dtype=pl.String)
+        if "turns" in data and data["turns"].is_not_null().any():  # all_turns: as sent
+            sent = [as_sent(m, json.loads(t)) if t else m for m, t in zip(data["messages"].to_list(), data["turns"].to_list(), strict=True)]  # fmt: skip
+            data["messages"] = pl.Series("messages", sent, dtype=schema["messages"])
     return pl.DataFrame(data)
 
 
@@ -234,11 +238,11 @@ def records(run_dir, datasets=None) -> Iterator[Record]:
 
 
 def to_record(row: dict) -> Record:
-    """A record_batches row (with prompts) -> a Record."""
+    """A record_batches row (with prompts: messages already as sent) -> a Record."""
     turns = json.loads(row["turns"]) if row.get("turns") else None
     tools = json.loads(row["tools"]) if row.get("tools") else None
     fields = {k: row[k] for k in RECORD_COLUMNS if k != "turns"}
-    return Record(**fields, messages=as_sent(row["messages"], turns), tools=tools, turns=turns)
+    return Record(**fields, messages=row["messages"], tools=tools, turns=turns)
 
 
 def as_sent(messages: list[dict], turns) -> list[dict]:
@@ -342,6 +346,14 @@ def totals(conn: sqlite3.Connection) -> dict[str, tuple[int, int, int]]:
     """dataset -> (samples, completion tokens, truncated) of its committed records."""
     rows = conn.execute("SELECT dataset, samples, tokens, truncated FROM totals")
     return {ds: (s, t, x) for ds, s, t, x in rows}
+
+
+def has_prompts(run_dir) -> bool:
+    """True when run_dir's database holds prompts (a plan's, or a run's)."""
+    if not is_run_dir(run_dir):
+        return False
+    with open_db(run_dir) as conn:
+        return conn.execute("SELECT 1 FROM prompts LIMIT 1").fetchone() is not None
 
 
 def is_run_dir(run_dir) -> bool:

@@ -285,6 +285,29 @@ class RunStore:
                 self._lock_fd = None
 
 
+def store_prompts(run_dir, frame) -> None:
+    """Store a prompt frame in run_dir's database before any run (kit.plan.write_plan), under
+    the writer's lock; refused over a started run whose prompts are other ones."""
+    store = RunStore(run_dir)
+    store.run_dir.mkdir(parents=True, exist_ok=True)
+    import_old_layout(store.run_dir)
+    try:
+        store.conn = db.connect(store.run_dir, write=True)
+        store._take_lock()
+        if config_doc(store.conn) is not None:
+            from kit.data.sources import source_hashes
+
+            stored = config_doc(store.conn).get("source_hashes") or {}
+            if stored and stored != source_hashes(frame):
+                raise ValueError(
+                    f"{run_dir} holds a run over other prompts: write this plan into a new "
+                    "run directory"
+                )
+        store.add_prompts(frame)
+    finally:
+        store.close()
+
+
 class _Transaction:
     """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception."""
 
