@@ -132,7 +132,7 @@ async def run(args, url: str, model: str) -> None:
     import polars as pl
 
     from kit import RunConfig, Sampling, generate, plan
-    from kit.run.store import records_frame
+    from kit.run.reader import records_frame
 
     prompts = load_prompts()
     budgets = {d: b for d, b in args.budgets.items() if d in set(prompts["dataset"])}
@@ -167,7 +167,7 @@ async def run(args, url: str, model: str) -> None:
         t1 = time.time()
         config = replace(config, sampling=replace(config.sampling, n=n))
         result = await generate(prompts, config, run_dir=run_dir, expected_tokens=means)
-        records = records_frame(run_dir)
+        records = records_frame(run_dir, prompts=False)
         summary = {r["dataset"]: r for r in result.summary().iter_rows(named=True)}
     print(f"run: {records.height} records, {records['completion_tokens'].sum():,} tokens, "
           f"{time.time() - t1:.0f} s; all {time.time() - t0:.0f} s")  # fmt: skip

@@ -369,6 +369,7 @@ def test_plan_prompts_and_write_plan_prompts_checks(tmp_path):
     run_dir = tmp_path / "run"
     plan.write_plan(run_dir, table, config(), prompts=loaded)
     assert plan.plan_prompts(run_dir) is None  # generate runs the prompts in run.sqlite
+    assert not plan.run_started(run_dir) and not plan.run_started(tmp_path / "nowhere")
     (run_dir / "run.sqlite").unlink()  # the spec alone loads the same prompts again
     again = plan.plan_prompts(run_dir)
     assert again.frame["prompt_id"].to_list() == loaded.frame["prompt_id"].to_list()
@@ -382,6 +383,7 @@ def test_plan_prompts_and_write_plan_prompts_checks(tmp_path):
     store = RunStore(run_dir)  # a run started over these prompts: its config stored
     store.init(config(source_hashes=loaded.source_hashes()))
     store.close()
+    assert plan.run_started(run_dir)
     plan.write_plan(run_dir, table, config(), prompts=loaded)  # the same prompts: fine
     other = kit.load({"q": [{"q": "another question"}]}, mapping={"prompt": "q"})
     with pytest.raises(ValueError, match="holds a run over other prompts"):

@@ -247,7 +247,7 @@ def generate_run(run_dir, args):
         config = replace(
             config, budgets=_merged_budgets(config.budgets, parse_budgets(args.budget))
         )
-    resuming = _started(run_dir)
+    resuming = plan.run_started(run_dir)
     prompts = plan.plan_prompts(run_dir, spec)
     start = not args.base_url and _is_embedded(config.model)
     with _embedded(config, start=start, engine=args.engine) as config:
@@ -256,17 +256,6 @@ def generate_run(run_dir, args):
             prompts, config, run_dir=run_dir, progress=ConsoleMonitor(),
             expected_tokens=plan.pilot_means(spec), force=args.force,
         )  # fmt: skip
-
-
-def _started(run_dir: Path) -> bool:
-    """True when a run has stored its config in run_dir's database."""
-    from kit.run.reader import read_config
-
-    try:
-        read_config(run_dir)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 SUMMARY = ["dataset", "state", "budget", "tokens_done", "overshoot", "shortfall", "errors"]

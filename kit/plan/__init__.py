@@ -23,7 +23,7 @@ from kit.plan.pilots import (
     pilot_sample,
     pilot_sync,
 )
-from kit.plan.planfile import pilot_means, plan_prompts, read_plan, write_plan
+from kit.plan.planfile import pilot_means, plan_prompts, read_plan, run_started, write_plan
 
 __all__ = [
     "PILOT_PER_DATASET",
@@ -42,5 +42,6 @@ __all__ = [
     "profile_completions",
     "profile_prompts",
     "read_plan",
+    "run_started",
     "write_plan",
 ]
