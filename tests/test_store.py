@@ -250,6 +250,38 @@ def test_a_second_writer_process_is_refused_naming_the_holder(tmp_path):
     assert len(reader.records_frame(tmp_path)) == 1
 
 
+OTHER_CONNECTION = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("SELECT count(*) FROM records").fetchone()
+conn.close()
+"""
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="RunStore._take_lock closes its fd on run.sqlite when refused: that drops every POSIX lock this process holds on the file, the holder's SQLite locks included")  # fmt: skip
+def test_a_refused_writer_in_the_same_process_leaves_the_holder_whole(tmp_path):
+    """After a second RunStore in the holder's process is refused, another process that
+    opens and closes the database (a refused `kit generate`, a sqlite3 shell) must not take
+    the holder's write-ahead log away: what the holder commits next stays visible and kept."""
+    store = RunStore(tmp_path, flush_every=1000, flush_interval=1e9)
+    store.init(_config(), _prompts())
+    store.append(_record("alpaca", 0))
+    store.flush()
+    with pytest.raises(RunLocked):
+        RunStore(tmp_path).init(_config())
+    subprocess.run([sys.executable, "-c", OTHER_CONNECTION, str(db.db_path(tmp_path))], check=True, timeout=120)  # fmt: skip
+    wal_kept = db.db_path(tmp_path).with_name("run.sqlite-wal").exists()
+    for i in range(1, 4):
+        store.append(_record("alpaca", i))
+    store.flush()
+    try:
+        seen = _sql(tmp_path, "SELECT count(*) FROM records")[0][0]
+    except sqlite3.Error as e:  # what a reader gets today: "disk I/O error"
+        seen = str(e)
+    store.close()
+    assert (wal_kept, seen) == (True, 4)
+
+
 def _writer(run_dir: Path, locked: bool, **kw) -> RunStore:
     store = RunStore(run_dir, **kw)
     if not locked:
