@@ -258,7 +258,6 @@ conn.close()
 """
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="RunStore._take_lock closes its fd on run.sqlite when refused: that drops every POSIX lock this process holds on the file, the holder's SQLite locks included")  # fmt: skip
 def test_a_refused_writer_in_the_same_process_leaves_the_holder_whole(tmp_path):
     """After a second RunStore in the holder's process is refused, another process that
     opens and closes the database (a refused `kit generate`, a sqlite3 shell) must not take

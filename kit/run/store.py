@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,11 @@ from kit.run.db import RECORD_SQL, TOTALS_SQL, prompt_rows, record_row
 from kit.run.legacy import import_old_layout
 from kit.run.reader import config_doc, done_frame
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
+
+# (st_dev, st_ino) of run.sqlite -> this process's lock descriptor (kept open) / held now
+_LOCK_FDS: dict[tuple, int] = {}
+_HELD: set[tuple] = set()
+_LOCKS_GUARD = threading.Lock()
 
 
 class FingerprintMismatch(ValueError):
@@ -150,16 +156,26 @@ class RunStore:
     def _take_lock(self) -> None:
         """Hold an exclusive flock on run.sqlite itself until close(); RunLocked when taken.
 
-        The fd is closed only after the SQLite connection (closing any fd of the file drops
-        the process's POSIX locks, which SQLite's own locking uses)."""
-        fd = os.open(db.db_path(self.run_dir), os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            raise RunLocked(_locked_message(self.run_dir, self._holder())) from None
+        The descriptor is opened once per database file per process and never closed:
+        closing any descriptor of a file drops every POSIX lock the process holds on it,
+        SQLite's own included (another process could then delete a live WAL). Released
+        with LOCK_UN; a second writer in this process is refused from the registry."""
+        st = os.stat(db.db_path(self.run_dir))
+        key = (st.st_dev, st.st_ino)
+        with _LOCKS_GUARD:
+            fd = _LOCK_FDS.get(key)
+            if fd is not None and key in _HELD:
+                raise RunLocked(_locked_message(self.run_dir, self._holder()))
+            if fd is None:
+                fd = _LOCK_FDS[key] = os.open(db.db_path(self.run_dir), os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                raise RunLocked(_locked_message(self.run_dir, self._holder())) from None
+            _HELD.add(key)
+        self._lock_key = key
         self._lock_fd = fd
         since = time.strftime("%Y-%m-%d %H:%M:%S")
         self.set_state("writer", f"pid {os.getpid()} on {socket.gethostname()} since {since}")
@@ -281,7 +297,9 @@ class RunStore:
                 self.conn.close()
                 self.conn = None
             if self._lock_fd is not None:
-                os.close(self._lock_fd)  # after the connection: see _take_lock
+                with _LOCKS_GUARD:  # released, never closed: see _take_lock
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                    _HELD.discard(self._lock_key)
                 self._lock_fd = None
 
 
