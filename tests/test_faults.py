@@ -15,8 +15,8 @@ import pytest
 from faultserver import FaultConfig, FaultServer
 
 import kit
-from kit.run.reader import errors_frame as read_errors
 from kit.run.db import integrity
+from kit.run.reader import errors_frame as read_errors
 from kit.run.reader import records_frame
 from kit.types import RunConfig, Sampling
 
@@ -166,9 +166,9 @@ def test_full_disk_stops_the_run_cleanly(tmp_path):
         a = {"prompts": str(tmp_path / "p.parquet"), "run_dir": str(tmp_path / "run"), "config": cfg.to_dict()}  # fmt: skip
         out = subprocess.run([sys.executable, "-c", FULL_DISK, json.dumps(a)], capture_output=True, text=True,
                              timeout=120, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})  # fmt: skip
-        assert "STOPPED:" in out.stdout and "nothing half-written was kept" in out.stdout, out.stderr[
-            -2000:
-        ]
+        assert "STOPPED:" in out.stdout and "nothing half-written was kept" in out.stdout, (
+            out.stderr[-2000:]
+        )
         n = lines_ok(tmp_path / "run")
         assert 0 < n
         kit.generate_sync(prompts(400), cfg, run_dir=tmp_path / "run")

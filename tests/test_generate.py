@@ -11,8 +11,8 @@ import pytest
 from faultserver import FaultConfig, FaultServer
 
 import kit
-from kit.run import runner as runner_module
 from kit.run import reader
+from kit.run import runner as runner_module
 from kit.run.reader import open_db, read_config, records_frame
 from kit.run.store import FingerprintMismatch
 from kit.types import RunConfig, Sampling

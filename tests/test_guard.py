@@ -6,17 +6,15 @@ import dataclasses
 import json
 import shutil
 
-import orjson
 import polars as pl
 import pytest
 from faultserver import FaultConfig, FaultServer
 
 import kit
-from kit.run.reader import state
 from kit.run import guard
 from kit.run.guard import model_context
 from kit.run.progress import progress
-from kit.run.reader import records_frame, skips_frame
+from kit.run.reader import records_frame, skips_frame, state
 from kit.tokens import count_prompt_tokens
 from kit.types import RunConfig, Sampling
 

@@ -22,13 +22,12 @@ import pytest
 from faultserver import FaultConfig, FaultServer, free_port
 
 import kit
-from kit.run.reader import state
 from kit.report.monitor import ConsoleMonitor
 from kit.run.backends import OpenAIChat, VLLMChat
-from kit.run.runner import _Runner
 from kit.run.progress import progress
 from kit.run.reader import errors_frame as read_errors
-from kit.run.reader import read_config, records_frame
+from kit.run.reader import read_config, records_frame, state
+from kit.run.runner import _Runner
 from kit.types import BackendError, RunConfig, Sampling
 
 KEY_ENV = "KIT_HOSTILE_KEY"
