@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import sys
+import threading
 import time
 from array import array
 from pathlib import Path
@@ -22,6 +24,22 @@ from kit.types import Record
 
 DB_NAME = "run.sqlite"
 BUSY_MS = 30_000  # how long a statement waits for the other side's lock before it fails
+
+
+# The writer's lock registry (kit.run.store): (st_dev, st_ino) of a run.sqlite -> this
+# process's lock descriptor on it (never closed), and which of them a writer holds now
+LOCK_FDS: dict[tuple, int] = {}
+HELD: set[tuple] = set()
+LOCKS_GUARD = threading.Lock()
+
+
+def written_here(run_dir) -> bool:
+    """True while a RunStore of this process holds run_dir's database."""
+    try:
+        st = os.stat(db_path(run_dir))
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) in HELD
 
 
 class DatabaseDamaged(RuntimeError):

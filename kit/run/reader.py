@@ -127,18 +127,10 @@ def record_batches(
     cols = list(columns or RECORD_COLUMNS)
     if bad := [c for c in cols if c not in RECORD_COLUMNS]:
         raise ValueError(f"unknown record columns {bad}; choose from {RECORD_COLUMNS}")
-    select = [f"r.{c}" for c in cols]
+    names = [(f"r.{c}", c) for c in cols]  # (SQL expression, column)
     if prompts:
-        select += [
-            "p.prompt_id IS NOT NULL",
-            "p.messages",
-            "p.tools",
-            "r.dataset",
-            "r.prompt_id",
-            "p.hash",
-            "p.content_id",
-        ]
-    sql = f"SELECT {', '.join(select)} FROM records r"
+        names += [("p.prompt_id IS NOT NULL", "_found"), ("p.messages", "messages"), ("p.tools", "tools"), ("r.dataset", "_dataset"), ("r.prompt_id", "_prompt_id"), ("p.hash", "_hash"), ("p.content_id", "_content_id")]  # fmt: skip
+    sql = f"SELECT {', '.join(f'{e} AS {a}' for e, a in names)} FROM records r"
     if prompts:
         sql += " LEFT JOIN prompts p ON p.dataset = r.dataset AND p.prompt_id = r.prompt_id"
     args: list = []
@@ -147,44 +139,114 @@ def record_batches(
         sql += f" WHERE r.dataset IN ({', '.join('?' * len(datasets))})"
         args = datasets
     sql += " ORDER BY r.rowid"
-    with open_db(run_dir) as conn:
-        cur = conn.execute(sql, args)
-        for rows in _chunks(cur, batch_size):
-            yield _frame(rows, cols, prompts)
+    for raw in sql_frames(run_dir, sql, args, _sql_schema([a for _, a in names]), batch_size):
+        yield _finish(raw, prompts)
 
 
-def _frame(rows: list[tuple], cols: list[str], prompts: bool):
-    """One batch of SQL rows -> a polars frame (ids decoded, prompts checked and decoded)."""
+def _sql_schema(names: list[str]) -> dict:
+    """The polars type of each selected column as SQLite holds it (ids as Binary)."""
     import polars as pl
 
-    schema = record_schema()
-    data = {}
-    for i, c in enumerate(cols):
-        values = [r[i] for r in rows]
-        data[c] = ids_series(values, c) if c in ("output_ids", "prompt_ids") else pl.Series(c, values, dtype=schema[c])  # fmt: skip
-    if prompts:
-        n = len(cols)
-        found = [r[n] for r in rows]
-        msgs, tools = [r[n + 1] for r in rows], [r[n + 2] for r in rows]
-        keys = [(r[n + 3], r[n + 4], r[n + 5], r[n + 6]) for r in rows]
-        check_prompts(keys, msgs, tools, found)
-        data["messages"] = messages_series(msgs)
-        data["tools"] = pl.Series("tools", tools, dtype=pl.String)
-        if "turns" in data and data["turns"].is_not_null().any():  # all_turns: as sent
-            sent = [as_sent(m, json.loads(t)) if t else m for m, t in zip(data["messages"].to_list(), data["turns"].to_list(), strict=True)]  # fmt: skip
-            data["messages"] = pl.Series("messages", sent, dtype=schema["messages"])
-    return pl.DataFrame(data)
+    typed = record_schema() | {"output_ids": pl.Binary, "prompt_ids": pl.Binary, "messages": pl.String}  # fmt: skip
+    typed |= {"_found": pl.Int64, "_dataset": pl.String, "_prompt_id": pl.String, "_hash": pl.String, "_content_id": pl.Int64}  # fmt: skip
+    return {n: typed[n] for n in names}
+
+
+def sql_frames(run_dir, sql: str, args: list, schema: dict, batch_size: int = BATCH) -> Iterator:
+    """A query's rows as polars frames of `schema`, `batch_size` rows at a time.
+
+    Bulk reads go through ADBC's SQLite driver (Arrow batches, ~4x faster than sqlite3's
+    tuples), except while this process writes the database: ADBC brings its own copy of
+    SQLite, and a second copy's open and close of the file would drop the writer's POSIX
+    locks; sqlite3's fetchmany is used then (and where ADBC is not installed).
+    """
+    try:
+        import adbc_driver_sqlite.dbapi as adbc
+    except ImportError:
+        adbc = None
+    if adbc is None or db.written_here(run_dir):
+        yield from _sqlite_frames(run_dir, sql, args, schema, batch_size)
+    else:
+        yield from _adbc_frames(adbc, run_dir, sql, args, schema, batch_size)
+
+
+def _sqlite_frames(run_dir, sql: str, args: list, schema: dict, batch_size: int) -> Iterator:
+    import polars as pl
+
+    with open_db(run_dir) as conn:
+        for rows in _chunks(conn.execute(sql, args), batch_size):
+            yield pl.DataFrame(rows, schema=schema, orient="row")
+
+
+_LITERALS = {"String": "''", "Int64": "0", "Float64": "0.0", "Binary": "X''", "Boolean": "0"}
+
+
+def _adbc_frames(adbc, run_dir, sql: str, args: list, schema: dict, batch_size: int) -> Iterator:
+    """ADBC infers each column's type from its first batch (an all-NULL column becomes
+    int64 and a later text fails), so a first row of typed literals leads, then is cut."""
+    import polars as pl
+
+    with open_db(run_dir):  # the old layout imported, a damaged file reported, first
+        pass
+    first = ", ".join(f"{_LITERALS[str(t)]} AS {n}" for n, t in schema.items())
+    query = f"SELECT {first} UNION ALL SELECT * FROM ({sql})"
+    path = db.db_path(run_dir).resolve()
+    conn = adbc.connect(f"file:{path}?mode=ro")
+    try:
+        cur = conn.cursor()
+        cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(batch_size)})
+        cur.execute(query, args or None)
+        carry = None  # rows read but not yet yielded: every frame but the last is whole
+        for i, batch in enumerate(cur.fetch_record_batch()):
+            frame = pl.from_arrow(batch).cast(schema).slice(1 if i == 0 else 0)
+            carry = frame if carry is None else pl.concat([carry, frame])
+            while carry.height >= batch_size:
+                yield carry.head(batch_size)
+                carry = carry.slice(batch_size)
+        if carry is not None and carry.height:
+            yield carry
+        cur.close()
+    except (adbc.Error, OSError) as e:  # its errors name SQLite's in text only
+        if any(w in str(e) for w in ("malformed", "not a database")):
+            raise db.damaged(path, e) from None
+        raise
+    finally:
+        conn.close()
+
+
+def _finish(raw, prompts: bool):
+    """A frame of SQL columns -> record_batches' frame: ids decoded; prompts checked,
+    decoded and, with all_turns, as sent."""
+    import polars as pl
+
+    out = raw.with_columns(ids_series(raw[c].to_arrow(), c) for c in ("output_ids", "prompt_ids") if c in raw.columns)  # fmt: skip
+    if not prompts:
+        return out
+    keys = list(zip(raw["_dataset"], raw["_prompt_id"], raw["_hash"], raw["_content_id"], strict=True))  # fmt: skip
+    check_prompts(keys, raw["messages"].to_list(), raw["tools"].to_list(), raw["_found"].to_list())
+    out = out.drop("_found", "_dataset", "_prompt_id", "_hash", "_content_id")
+    out = out.with_columns(messages_series(raw["messages"]))
+    if "turns" in out.columns and out["turns"].is_not_null().any():  # all_turns: as sent
+        sent = [as_sent(m, json.loads(t)) if t else m for m, t in zip(out["messages"].to_list(), out["turns"].to_list(), strict=True)]  # fmt: skip
+        out = out.with_columns(pl.Series("messages", sent, dtype=record_schema()["messages"]))
+    return out
 
 
 def check_prompts(keys: list[tuple], messages: list, tools: list, found=None) -> None:
     """Raise PromptMismatch when a prompt is missing, or its text does not hash to the hash
-    stored with it (and, for kit.load's content ids, to its prompt_id).
+    stored with it (and, for kit.load's content ids, to its prompt_id); each distinct
+    prompt is hashed once.
 
     keys: (dataset, prompt_id, stored hash, content_id) per prompt.
     """
-    for i, ((ds, pid, stored, content_id), text, tl) in enumerate(zip(keys, messages, tools, strict=True)):  # fmt: skip
+    seen = set()
+    for i, (key, text, tl) in enumerate(zip(keys, messages, tools, strict=True)):
+        ds, pid, stored, content_id = key
         if found is not None and not found[i]:
             raise PromptMismatch(f"record ({ds!r}, {pid!r}) has no stored prompt in the run database")  # fmt: skip
+        if (ds, pid) in seen:
+            continue
+        seen.add((ds, pid))
         h = db.content_hash(text, tl)
         if h != stored or (content_id and h != pid):
             raise PromptMismatch(
@@ -194,27 +256,36 @@ def check_prompts(keys: list[tuple], messages: list, tools: list, found=None) ->
             )
 
 
-def ids_series(blobs: list, name: str = "ids"):
-    """4-byte token id blobs (or None) -> a polars List(Int64) series, without a Python int
-    per token (numpy over the joined bytes, Arrow offsets)."""
+def ids_series(blobs, name: str = "ids"):
+    """4-byte token id blobs (a list of bytes or None, or an Arrow binary array) -> a polars
+    List(Int64) series, without a Python int per token (numpy over the Arrow buffers).
+
+    Example:
+        >>> ids_series([db.ids_blob([1, 2]), None, b""]).to_list()
+        [[1, 2], None, []]
+    """
     import numpy as np
     import polars as pl
     import pyarrow as pa
 
-    sizes = np.fromiter((0 if b is None else len(b) // 4 for b in blobs), dtype=np.int64, count=len(blobs))  # fmt: skip
-    offsets = np.zeros(len(blobs) + 1, dtype=np.int32)
-    np.cumsum(sizes, out=offsets[1:])
-    values = np.frombuffer(b"".join(b for b in blobs if b is not None), dtype="<u4").astype(np.int64)  # fmt: skip
-    mask = pa.array([b is None for b in blobs])
-    arr = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), mask=mask)
-    return pl.Series(name, arr, dtype=pl.List(pl.Int64))
+    arr = blobs if isinstance(blobs, (pa.Array, pa.ChunkedArray)) else pa.array(blobs, pa.binary())  # fmt: skip
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    arr = arr.cast(pa.large_binary())
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)  # fmt: skip
+    values = np.frombuffer(data[offsets[0] : offsets[-1]].tobytes(), dtype="<u4").astype(np.int64)
+    lists = pa.LargeListArray.from_arrays(pa.array((offsets - offsets[0]) // 4), pa.array(values), mask=arr.is_null())  # fmt: skip
+    return pl.Series(name, lists, dtype=pl.List(pl.Int64))
 
 
-def messages_series(texts: list):
+def messages_series(texts):
     """Stored messages JSON ([[role, content], ...]) -> a list of {role, content} series."""
     import polars as pl
 
-    pairs = pl.Series("messages", texts, dtype=pl.String).str.json_decode(pl.List(pl.List(pl.String)))  # fmt: skip
+    texts = texts if isinstance(texts, pl.Series) else pl.Series("messages", texts, dtype=pl.String)  # fmt: skip
+    pairs = texts.alias("messages").str.json_decode(pl.List(pl.List(pl.String)))
     return pairs.list.eval(pl.struct(role=pl.element().list.get(0), content=pl.element().list.get(1)))  # fmt: skip
 
 

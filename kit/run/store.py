@@ -21,7 +21,6 @@ import json
 import os
 import socket
 import sqlite3
-import threading
 import time
 from pathlib import Path
 
@@ -30,11 +29,6 @@ from kit.run.db import RECORD_SQL, TOTALS_SQL, prompt_rows, record_row
 from kit.run.legacy import import_old_layout
 from kit.run.reader import config_doc, done_frame
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
-
-# (st_dev, st_ino) of run.sqlite -> this process's lock descriptor (kept open) / held now
-_LOCK_FDS: dict[tuple, int] = {}
-_HELD: set[tuple] = set()
-_LOCKS_GUARD = threading.Lock()
 
 
 class FingerprintMismatch(ValueError):
@@ -162,19 +156,19 @@ class RunStore:
         with LOCK_UN; a second writer in this process is refused from the registry."""
         st = os.stat(db.db_path(self.run_dir))
         key = (st.st_dev, st.st_ino)
-        with _LOCKS_GUARD:
-            fd = _LOCK_FDS.get(key)
-            if fd is not None and key in _HELD:
+        with db.LOCKS_GUARD:
+            fd = db.LOCK_FDS.get(key)
+            if fd is not None and key in db.HELD:
                 raise RunLocked(_locked_message(self.run_dir, self._holder()))
             if fd is None:
-                fd = _LOCK_FDS[key] = os.open(db.db_path(self.run_dir), os.O_RDONLY)
+                fd = db.LOCK_FDS[key] = os.open(db.db_path(self.run_dir), os.O_RDONLY)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 raise RunLocked(_locked_message(self.run_dir, self._holder())) from None
-            _HELD.add(key)
+            db.HELD.add(key)
         self._lock_key = key
         self._lock_fd = fd
         since = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -297,9 +291,9 @@ class RunStore:
                 self.conn.close()
                 self.conn = None
             if self._lock_fd is not None:
-                with _LOCKS_GUARD:  # released, never closed: see _take_lock
+                with db.LOCKS_GUARD:  # released, never closed: see _take_lock
                     fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-                    _HELD.discard(self._lock_key)
+                    db.HELD.discard(self._lock_key)
                 self._lock_fd = None
 
 
