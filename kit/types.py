@@ -191,12 +191,12 @@ class RunConfig:
     """The one settings object of a run: what the CLI, the pilot, the notebooks and
     `kit.generate(prompts, config, run_dir=...)` all build. Validates on construction.
 
-    Stored in run_dir/config.json (never an API key, only the NAME of its env var). The
+    Stored in the run database (kit.run.db) (never an API key, only the NAME of its env var). The
     fingerprint covers what changes outputs (model, sampling, chat template, sources);
     budgets, endpoints, concurrency and timeouts may change on resume.
 
     Credentials inside an endpoint URL ("http://user:KEY@host/v1") are sent (HTTP Basic)
-    but never written: to_dict() (config.json, plan.json) keeps "http://host/v1", so a
+    but never written: to_dict() (the run database, plan.json) keeps "http://host/v1", so a
     resume needs the endpoints given again. Better: keep the key in an environment variable
     and pass its name as api_key_env.
 
@@ -316,7 +316,7 @@ class RunConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_dict(self) -> dict:
-        """A plain dict for config.json and plan.json: the key's env var NAME only, endpoints
+        """A plain dict for the run database and plan.json: the key's env var NAME only, endpoints
         without user:password@ (a resume must give such endpoints again)."""
         d = asdict(self)
         d["endpoints"] = [strip_userinfo(u) for u in self.endpoints]
@@ -449,7 +449,7 @@ def _warn_url_credentials(endpoints) -> None:
             _WARNED_URLS.add(url)
             warnings.warn(
                 f"RunConfig.endpoints: the credentials in {strip_userinfo(url)!r} are sent but "
-                "never written (config.json keeps the URL without them), so a resume needs the "
+                "never written (the run database keeps the URL without them), so a resume needs the "
                 "endpoint again; better: put the key in an environment variable, pass api_key_env",
                 stacklevel=4,
             )

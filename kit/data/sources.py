@@ -209,7 +209,7 @@ def reload(specs: dict[str, dict]) -> LoadResult:
     if in_memory := [ds for ds, spec in specs.items() if not spec.get("path")]:
         raise ValueError(
             f"datasets {in_memory} were loaded from memory: no file to load them from again; "
-            "run from the run directory's prompts.parquet (kit.generate(None, config, run_dir=...))"
+            "run from the prompts stored in the run directory (kit.generate(None, config, run_dir=...))"
         )
     items = [
         (check_name(ds), Path(s["path"]), check_format(s.get("format"), s.get("mapping")),

@@ -2,7 +2,7 @@
 
 Used by kit.run.backends; each check raises kit.types.BackendError (the backend redacts
 and cuts the message before it leaves, see _HTTPBackend.complete). `redact` is the one
-helper every error text of kit.run goes through (backends, the runner's errors.jsonl).
+helper every error text of kit.run goes through (backends, the runner's errors table).
 
 Counts are checked, never trusted: a completion-token count (usage, meta_info, the length
 of the ids) must be a plain int in 0..max_tokens + 1 (+1: a server may count the end

@@ -132,11 +132,11 @@ async def generate(
 
     Args:
         prompts: a prompt frame (`kit.load(...).frame` or the LoadResult), or None to resume
-            from run_dir/prompts.parquet.
+            from the prompts stored in run_dir.
         config: the run's settings (kit.RunConfig: model, endpoints, budgets, sampling,
             tokenizer, api, concurrency, policy, timeouts ...). With a tokenizer, prompts whose
             prompt tokens + sampling.max_tokens exceed the context are skipped, counted
-            (summary column `skipped_context`) and listed in run_dir/skipped.jsonl.
+            (summary column `skipped_context`) and listed in the run database (kit.run.reader.skips_frame).
         run_dir: the run directory (created; resumed when it exists).
         progress: callback(list[DatasetProgress]), at most once a second and once at the end.
         background: return at once; the run is a task on the current loop.
