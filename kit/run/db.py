@@ -218,22 +218,20 @@ def content_hash(messages_json: str, tools: str | None) -> str:
 
 def prompt_rows(frame):
     """PROMPT_SQL's rows of a prompt frame, a chunk at a time: dataset, prompt_id, messages
-    as the compact JSON kit.load's prompt_id hashes, tools, n_turns, row, hash, content_id."""
-    has_tools = "tools" in frame.columns
+    as the compact JSON kit.load's prompt_id hashes (encoded by polars, byte for byte
+    json.dumps(ensure_ascii=False)), tools, n_turns, row, hash, content_id."""
+    import polars as pl
+
+    pair = pl.concat_list(pl.element().struct.field("role"), pl.element().struct.field("content"))
+    text = pl.struct(pl.col("messages").list.eval(pair).alias("m")).struct.json_encode()
     for part in frame.iter_slices(PROMPT_CHUNK):
-        cols = [part[c].to_list() if c in part.columns else [None] * part.height for c in ("dataset", "prompt_id", "messages", "n_turns", "row")]  # fmt: skip
-        tools = part["tools"].to_list() if has_tools else [None] * part.height
+        part = part.with_columns(_json=text.str.slice(5).str.strip_suffix("}"))
+        cols = [part[c].to_list() if c in part.columns else [None] * part.height for c in ("dataset", "prompt_id", "_json", "tools", "n_turns", "row")]  # fmt: skip
         out = []
-        for ds, pid, msgs, nt, row, tl in zip(*cols, tools, strict=True):
-            text = _messages_json(msgs)
-            h = content_hash(text, tl)
-            out.append((ds, pid, text, tl, nt, row, h, int(h == pid)))
+        for ds, pid, msgs, tl, nt, row in zip(*cols, strict=True):
+            h = content_hash(msgs, tl)
+            out.append((ds, pid, msgs, tl, nt, row, h, int(h == pid)))
         yield out
-
-
-def _messages_json(messages: list[dict]) -> str:
-    pairs = [[m["role"], m["content"]] for m in messages]
-    return json.dumps(pairs, ensure_ascii=False, separators=(",", ":"))
 
 
 RECORD_SQL = (

@@ -131,6 +131,9 @@ class RunStore:
                     + "\n  ".join(changes)
                     + "\nUse a new run_dir, or pass force=True to resume anyway."
                 )
+        same = old is not None and config.source_hashes and old.get("source_hashes") == config.source_hashes  # fmt: skip
+        if prompts_frame is not None and not same:  # the same prompt ids are stored already
+            self.add_prompts(prompts_frame)  # before the config that says they are
         doc = json.dumps(config.to_dict())
         with self._transaction():
             self.conn.execute(
@@ -138,8 +141,6 @@ class RunStore:
                 "fingerprint = excluded.fingerprint, doc = excluded.doc",
                 (config.fingerprint(), doc),
             )
-        if prompts_frame is not None:
-            self.add_prompts(prompts_frame)
 
     def add_prompts(self, frame) -> None:
         """Add a prompt frame's prompts (kit.load's columns), a chunk per transaction."""
