@@ -12,6 +12,7 @@ import nbformat
 import pytest
 
 from kit.cli import demo
+from kit.run.reader import read_config, records_frame
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,9 +54,8 @@ def test_notebooks_run_cold_in_order(embedded_server, tmp_path):
         assert not errors, f"{name}: {errors[0]}"
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["budgets"] == budgets and plan["config"]["sampling"]["max_tokens"] == 32
-    config = json.loads((run_dir / "config.json").read_text())["config"]
-    assert config["endpoints"] == [embedded_server.base_url]
-    records = [line for p in (run_dir / "records").glob("*.jsonl") for line in p.open()]
-    assert sum(json.loads(r)["completion_tokens"] for r in records) >= sum(budgets.values())
+    assert read_config(run_dir).endpoints == [embedded_server.base_url]
+    records = records_frame(run_dir, prompts=False)
+    assert records["completion_tokens"].sum() >= sum(budgets.values())
     assert (run_dir / "export" / "manifest.json").is_file()
     assert embedded_server.alive(), "a notebook stopped the shared server"
