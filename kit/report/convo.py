@@ -15,6 +15,10 @@ SpecForge reads a conversation the way we write it (sgl-project/SpecForge):
 - specforge/utils.py (safe_conversations_generator) reads a row's `tools` (a list, or a
   JSON string of one) and specforge/data/preprocessing.py (build_eagle3_dataset) passes it
   to the parser as the template's `tools`.
+- the target's tool calls are the last assistant message's `tool_calls` (OpenAI's shape,
+  [{"id", "type": "function", "function": {"name", "arguments"}}]), the field chat templates
+  that render tool calls read (Qwen, Llama 3.1, Hermes: `message.tool_calls`); a template
+  without one leaves them out, as it leaves out `tools`.
 - docs/basic_usage/data_preparation.md ("Multi-turn structured reasoning"): earlier
   assistant turns keep only their visible content; with `train_only_last_turn` (PR #419,
   `--train-only-last-turn`, `data.train_only_last_turn: true`) only the last assistant turn
@@ -46,6 +50,21 @@ def conversation(messages, completion: str, reasoning: str | None = None) -> lis
     if reasoning:
         last["reasoning_content"] = reasoning
     return prompt + [last]
+
+
+def with_tool_calls(conv: list[dict], r: dict) -> list[dict]:
+    """conv with the record's tool calls on its last (assistant) message, if it has any;
+    conv itself is not changed.
+
+    Example:
+        >>> calls = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]
+        >>> with_tool_calls([{"role": "assistant", "content": ""}], {"tool_calls": calls})[-1]["tool_calls"][0]["function"]["name"]
+        'f'
+    """
+    calls = parsed(r.get("tool_calls"))
+    if not calls:
+        return conv
+    return conv[:-1] + [{**conv[-1], "tool_calls": calls}]
 
 
 def parsed(value):
@@ -129,11 +148,11 @@ def find_ids(haystack: list[int], needle: list[int], start: int, stop: int) -> i
 
 def specforge_lines(frame, tools_json=None):
     """The SpecForge JSONL lines of a records frame (dataset, prompt_id, sample, completion,
-    reasoning, and messages or `_frag`: the messages already as SpecForge text, from
-    kit.run.prompts.PromptStore), rendered by polars, each with its newline: exactly
-    json.dumps(row, ensure_ascii=False) of row = {"id": row_id, "conversations":
-    conversation(...)} plus "tools" when `tools_json` (a Series of json.dumps(tools,
-    ensure_ascii=False), null where none) has one.
+    reasoning, tool_calls if the frame has them, and messages or `_frag`: the messages
+    already as SpecForge text, from kit.run.prompts.PromptStore), rendered by polars, each
+    with its newline: exactly json.dumps(row, ensure_ascii=False) of row = {"id": row_id,
+    "conversations": with_tool_calls(conversation(...))} plus "tools" when `tools_json` (a
+    Series of json.dumps(tools, ensure_ascii=False), null where none) has one.
 
     Example: specforge_lines(frame)[0] -> '{"id": "alpaca-9f2c-0", "conversations": [...]}'
     """
@@ -144,9 +163,14 @@ def specforge_lines(frame, tools_json=None):
     c = pl.col
     prompt = c("_frag") if "_frag" in frame.columns else messages_text()
     reasoning = pl.when(c("reasoning").fill_null("") != "")
+    calls = pl.lit(None, pl.String)
+    if "tool_calls" in frame.columns:  # rare: each call list re-dumped as json.dumps writes it
+        text = [json.dumps(v, ensure_ascii=False) if (v := parsed(x)) else None for x in frame["tool_calls"]]  # fmt: skip
+        calls = pl.lit(pl.Series(text, dtype=pl.String))
     last = pl.concat_str(
         pl.lit('{"role": "assistant", "content": '), json_text(c("completion")),
         reasoning.then(pl.concat_str(pl.lit(', "reasoning_content": '), json_text(c("reasoning")))).otherwise(pl.lit("")),
+        pl.when(calls.is_not_null()).then(pl.concat_str(pl.lit(', "tool_calls": '), calls)).otherwise(pl.lit("")),
         pl.lit("}"),
     )  # fmt: skip
     rid = pl.concat_str(c("dataset"), c("prompt_id"), c("sample").cast(pl.String), separator="-")

@@ -26,7 +26,7 @@ specforge/data/parse.py GeneralParser.parse): `id` a non-empty string; `conversa
 list of {"role": "system"|"user"|"assistant", "content": str}; an optional leading system
 message replaces the template's default system prompt; then user/assistant turns, the
 conversation ending with the target's assistant completion, which carries the target's
-thinking as "reasoning_content" when it has any; "tools" (the record's tool definitions)
+thinking as "reasoning_content" and its tool calls as "tool_calls" when it has any; "tools" (the record's tool definitions)
 when present. kit/report/convo.py cites where SpecForge reads each field.
 
 Which assistant turns are trained (RunConfig.turns): "last_turn" (default): only the
@@ -274,7 +274,7 @@ class _Written:
 
 
 _FRAME_COLUMNS = ["dataset", "prompt_id", "sample", "messages", "completion", "finish_reason",
-                  "completion_tokens", "count_source", "reasoning", "tools"]  # fmt: skip
+                  "completion_tokens", "count_source", "reasoning", "tools", "tool_calls"]  # fmt: skip
 
 
 def _columns(kept, opts) -> dict:

@@ -22,7 +22,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.report.convo import conversation, parsed, row_id, tools_of
+from kit.report.convo import conversation, parsed, row_id, tools_of, with_tool_calls
 from kit.report.validate import file_entry
 
 SYNC_EVERY = 64 << 20  # bytes of a JSONL file written before they are synced and dropped
@@ -169,8 +169,9 @@ def write_hf(out_dir: Path, split: str, parquet: Path, files: dict) -> None:
 
 
 def _specforge_row(rid: str, conv: list[dict], r: dict) -> dict:
-    """One SpecForge row: id, conversations, and the record's tools when it has any."""
-    row = {"id": rid, "conversations": conv}
+    """One SpecForge row: id, conversations (the target's tool calls on the last turn), and
+    the record's tools when it has any."""
+    row = {"id": rid, "conversations": with_tool_calls(conv, r)}
     tools = tools_of(r)
     if tools:
         row["tools"] = tools

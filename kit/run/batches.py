@@ -198,7 +198,8 @@ _SUSPECT = '"(?:' + "|".join(_STRINGS) + ')":[^"n]|"(?:messages|tools)":' + r"|\
 def _native(lines: list[bytes], own: dict, schema: dict, checked: bool = False):
     """A batch of lines parsed by polars, or None when any of them may not be a plain
     RunStore record as orjson and record_problem read it (the caller goes line by line):
-    valid UTF-8, nothing _SUSPECT matches, every count >= 0, turns null, one row a line.
+    valid UTF-8, nothing _SUSPECT matches, every count >= 0, turns and tool_calls null, one
+    row a line.
     `schema`: record_schema(). `checked`: the first pass parsed each line with orjson and record_problem, and found
     it plain (no scan then); else it took them from the resume index (kit.report.selection)."""
     import io
@@ -216,13 +217,15 @@ def _native(lines: list[bytes], own: dict, schema: dict, checked: bool = False):
         fields = dict(own)
         if not checked:  # every field of theirs typed: polars is strict on ints, floats, lists
             fields |= {c: schema[c] for c in LINE_ORDER_SHORT}
-        frame = pl.read_ndjson(io.BytesIO(data), schema=fields | {"turns": pl.String})
+        nested = {"turns": pl.String, "tool_calls": pl.String}  # must be null: see `ok`
+        frame = pl.read_ndjson(io.BytesIO(data), schema=fields | nested)
     except pl.exceptions.PolarsError:
         return None
     c = pl.col
     ok = (
         c("dataset").is_not_null() & c("prompt_id").is_not_null() & c("completion").is_not_null()
         & (c("sample") >= 0) & (c("completion_tokens") >= 0) & c("turns").is_null()
+        & c("tool_calls").is_null()
     ).fill_null(False)  # fmt: skip
     if frame.height != len(lines) or not frame.select(ok.all()).item():
         return None

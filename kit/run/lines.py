@@ -130,7 +130,7 @@ def head_problem(row) -> str | None:
 _OPTIONAL_TYPES = {  # field -> accepted types besides None (a record line's other fields)
     "count_source": (str,), "prompt_tokens": (int,), "output_ids": (list,),
     "prompt_ids": (list,), "endpoint": (str,), "latency_s": (int, float), "attempts": (int,),
-    "reasoning": (str,), "tools": (list,), "turns": (list,),
+    "reasoning": (str,), "tools": (list,), "turns": (list,), "tool_calls": (list,),
 }  # fmt: skip
 
 
@@ -155,6 +155,7 @@ def _whole_record(row) -> bool:
         and type(get("endpoint")) in _S and type(get("latency_s")) in _N
         and type(get("attempts")) in _I and type(get("reasoning")) in _S
         and type(get("tools")) in _L and type(get("turns")) in _L
+        and type(get("tool_calls")) in _L
     )  # fmt: skip
 
 
@@ -323,14 +324,15 @@ def record_schema() -> dict:
         "prompt_ids": pl.List(pl.Int64), "endpoint": pl.String, "latency_s": pl.Float64,
         "attempts": pl.Int64, "t_done": pl.Float64, "reasoning": pl.String,
         "tools": pl.String, "turns": pl.String,  # JSON text (free-form nested lists), or null
+        "tool_calls": pl.String,  # JSON text too
     }  # fmt: skip
 
 
-_JSON_COLUMNS = ("tools", "turns")
+_JSON_COLUMNS = ("tools", "turns", "tool_calls")
 
 
 def _cell(row: dict, key: str):
-    """A row's value for its frame column (tools and turns as JSON text)."""
+    """A row's value for its frame column (tools, turns and tool_calls as JSON text)."""
     value = row.get(key)
     if key in _JSON_COLUMNS and value is not None:
         return orjson.dumps(value).decode()
