@@ -355,20 +355,25 @@ class PromptColumns:
 
 def _as_sent(messages: list[dict], turns) -> list[dict]:
     """The prompt as the runner sent its last request: with all_turns (Record.turns), each
-    assistant message holds the target's own earlier answer, in order."""
+    assistant message holds the target's own earlier answer, in order, and a user turn
+    right after another gets the target's answer before it (kit.run.turns)."""
     if not turns and all(len(m) == 2 for m in messages):
         return messages  # {role, content} as the prompt frame holds them
     messages = [{"role": m["role"], "content": m["content"]} for m in messages]
     if not turns:
         return messages
-    answers = iter(turns)
+    answers, out = iter(turns), []
     for m in messages:
-        if m["role"] == "assistant":
+        missing = m["role"] == "user" and out and out[-1]["role"] == "user"
+        if m["role"] == "assistant" or missing:
             turn = next(answers, None)
-            if turn is None:
-                break
-            m["content"] = turn.get("content") or ""
-    return messages
+            if turn is not None:
+                out.append({"role": "assistant", "content": turn.get("content") or ""})
+            elif m["role"] == "assistant":
+                out.append(m)
+        if m["role"] != "assistant":
+            out.append(m)
+    return out
 
 
 def with_earlier_prompts(run_dir: Path, frame):
