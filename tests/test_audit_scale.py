@@ -18,6 +18,7 @@ from test_audit import ANSWERS, T0, make_record, pid
 import kit
 from kit.report import audit as audit_mod
 from kit.report import charts
+from kit.report.findings import findings as audit_findings
 from kit.report.flags import (
     HASH_SEED,
     THINK_MARKERS,
@@ -60,7 +61,7 @@ def old_flags(records, tokenizer, th: AuditThresholds, max_tokens):
     recs = records.with_row_index("_row").sort("t_done", maintain_order=True)
     texts, reasoning = recs["completion"].to_list(), recs["reasoning"].to_list()
     pairs = zip(recs["messages"].to_list(), texts, strict=True)
-    len_bad, over = _count_flags(recs, max_tokens)
+    len_bad, over, n_earlier, n_length = _count_flags(recs, max_tokens)
     fin = zip(recs["finish_reason"].to_list(), texts, reasoning, strict=True)
     recs = recs.with_columns(
         pl.Series("empty", [not t.strip() for t in texts], dtype=pl.Boolean),
@@ -72,8 +73,11 @@ def old_flags(records, tokenizer, th: AuditThresholds, max_tokens):
         pl.Series(
             "think_marker", [any(m in t for m in THINK_MARKERS) for t in texts], dtype=pl.Boolean
         ),
+        pl.Series("earlier_turns", n_earlier, dtype=pl.Int64),
+        pl.Series("earlier_length", n_length, dtype=pl.Int64),
         has_ids=pl.col("output_ids").is_not_null(),
         has_reasoning=pl.col("reasoning").fill_null("").str.strip_chars() != "",
+        has_tool_calls=pl.col("tool_calls").fill_null("") != "",
     )
     first_exact = pl.int_range(pl.len()).over(["dataset", "completion"]) > 0
     first_norm = pl.int_range(pl.len()).over(["dataset", "_norm"]) > 0
@@ -96,7 +100,7 @@ def old_tables(run_dir, tokenizer, th: AuditThresholds):
     flags = old_flags(records, tokenizer, th, max_tokens)
     totals = audit_mod._prompt_totals(run_dir, config.sampling.n)
     table = audit_mod._dataset_table(flags, config, read_errors(run_dir), totals, corrupt)
-    findings = audit_mod._findings(table, th, max_tokens, corrupt)
+    findings = audit_findings(table, th, max_tokens, corrupt)
     return table, audit_mod._finish_table(flags), findings, flags
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.report.findings import findings, thinking_off
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
     AuditThresholds,
     TextSample,
@@ -41,17 +42,17 @@ from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.re
 from kit.report.tokenrows import load_tokenizer_for, strip_end_ids  # noqa: F401 - re-exported
 from kit.run.lines import safe_name
 
-FINDING_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
 KEYS = ["dataset", "prompt_id", "sample"]
 BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows as Python objects)
 # what the checks read from each record (no prompt_ids, endpoint, attempts, tools)
 READ_COLUMNS = KEYS + ["messages", "completion", "finish_reason", "completion_tokens",
                        "count_source", "prompt_tokens", "output_ids", "latency_s", "t_done",
-                       "reasoning", "turns"]  # fmt: skip
+                       "reasoning", "turns", "tool_calls"]  # fmt: skip
 # AuditReport.records: one light row per record
 LIGHT_COLUMNS = KEYS + ["completion_tokens", "prompt_tokens", "finish_reason", "finish_class",
                         "count_source", "t_done", "latency_s", "empty", "echo", "think_marker",
                         "has_reasoning", "has_ids", "ids_len_mismatch", "count_over_max",
+                        "has_tool_calls", "earlier_turns", "earlier_length",
                         "text_hash", "norm_hash"]  # fmt: skip
 
 
@@ -196,6 +197,9 @@ def _dataset_table(flags, config, errors, totals: dict[str, int], corrupt: list[
         length_in_reasoning=(c("finish_class") == "length_in_reasoning").sum(),
         think_markers=c("think_marker").sum(),
         reasoning=c("has_reasoning").sum(),
+        tool_calls=c("has_tool_calls").sum(),
+        earlier_turns=c("earlier_turns").sum(),
+        earlier_length=c("earlier_length").sum(),
         empty=c("empty").sum(),
         dup_exact=c("dup_exact").sum(),
         dup_near=c("dup_near").sum(),
@@ -248,126 +252,6 @@ def _share(name: str):
     import polars as pl
 
     return pl.col(name) / pl.max_horizontal(pl.col("records"), 1)
-
-
-def _findings(table, th: AuditThresholds, max_tokens: int, corrupt: list[dict]):
-    """The findings frame: one row per check a dataset fails."""
-    import polars as pl
-
-    rows = []
-    for r in table.iter_rows(named=True):
-        if r["records"]:
-            rows += _budget_findings(r, th, max_tokens)
-        else:
-            msg = "no records: nothing was generated for this dataset (or none could be read)"
-            rows.append((r["dataset"], "no_records", 0.0, 0.0, "warn", msg))
-        rows += _share_findings(r, th)
-        rows += _count_findings(r, th, max_tokens, corrupt)
-        for check in ("ids_len_mismatch", "ids_text_mismatch"):
-            if r[check]:
-                what = "completion_tokens != len(output_ids)" if "len" in check else (
-                    "output_ids do not decode to the stored text"
-                )  # fmt: skip
-                msg = f"{r[check]} of {r['with_ids']} records with ids: {what}"
-                if "text" in check and r["ids_text_checked"] < r["with_ids"]:
-                    msg = (
-                        f"{r[check]} of {r['ids_text_checked']} records with ids checked (a "
-                        f"seeded sample of {r['with_ids']}): {what}"
-                    )
-                rows.append((r["dataset"], check, float(r[check]), 0.0, "error", msg))
-    schema = dict(zip(FINDING_COLUMNS, [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String], strict=True))  # fmt: skip
-    return pl.DataFrame(rows, schema=schema, orient="row")
-
-
-def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tuple]:
-    name, tokens, budget = r["dataset"], r["tokens"], r["budget"]
-    if not budget:
-        if r["records"]:
-            return [(name, "no_budget", float(tokens), 0.0, "warn", "records but no budget")]
-        return []
-    slack = max(th.over_budget_share * budget, max_tokens)
-    if tokens - budget > slack:
-        msg = (
-            f"{tokens:,} tokens vs budget {budget:,}: over by {tokens - budget:,} (> {slack:,.0f})"
-        )
-        return [(name, "over_budget", float(tokens - budget), float(slack), "error", msg)]
-    left = r["prompts_left"]
-    if tokens < budget and left:
-        msg = f"{tokens:,} of {budget:,} tokens ({tokens / budget:.0%}) with {left} prompts left"
-        return [(name, "under_budget", float(tokens), float(budget), "warn", msg)]
-    return []
-
-
-def _count_findings(r: dict, th: AuditThresholds, max_tokens: int, corrupt) -> list[tuple]:
-    """Lines that are not records; counts that are no counts; a server that under-reports."""
-    from kit.run.lines import describe_corrupt
-
-    name, out = r["dataset"], []
-    if r["corrupt_lines"]:
-        mine = [c for c in corrupt if c["file"] == f"records/{safe_name(name)}.jsonl"]
-        msg = describe_corrupt(mine or corrupt)
-        out.append((name, "corrupt_lines", float(r["corrupt_lines"]), 0.0, "error", msg))
-    over, skipped = r["count_over_max"], r["bad_count_lines"]
-    if over or skipped:
-        parts = [f"{over} above max_tokens + 1"] if over else []
-        parts += [f"{skipped} not an int >= 0 (lines skipped)"] if skipped else []
-        msg = (
-            f"completion_tokens is not a count in 0..{max_tokens + 1} in {over + skipped} "
-            f"records ({', '.join(parts)}): the server mis-reports counts"
-        )
-        out.append((name, "bad_count", float(over + skipped), max_tokens + 1.0, "error", msg))
-    if r["under_reported"]:
-        msg = (
-            f"{r['under_reported']} of {r['count_checked']} records report fewer than "
-            f"{th.under_report_ratio:.0%} of their text's own token count (re-tokenized): "
-            "the server under-reports completion_tokens, so budgets overshoot"
-        )
-        if r["count_checked"] < r["countable"]:
-            msg += f" (checked on a seeded sample of {r['count_checked']} of {r['countable']})"
-        value = float(r["under_reported"])
-        out.append((name, "count_under_reported", value, th.under_report_ratio, "error", msg))
-    return out
-
-
-_SHARE_CHECKS = [  # check, count column, threshold field, severity, what
-    ("truncation", "length", "truncation_share", "warn", "finish_reason length (truncated)"),
-    ("empty", "empty", "empty_share", "warn", "empty responses"),
-    ("duplicate_exact", "dup_exact", "duplicate_share", "warn", "exact duplicate responses"),
-    ("duplicate_near", "dup_near", "near_duplicate_share", "warn", "near-duplicate responses"),
-    ("echo", "echo", "echo_share", "warn", "responses echoing the prompt"),
-    ("finish_other", "other", "other_finish_share", "warn", "finish reasons not stop/length"),
-    (
-        "length_in_reasoning",
-        "length_in_reasoning",
-        "length_in_reasoning_share",
-        "warn",
-        "finish_reason length with an empty answer and non-empty reasoning: the model spent "
-        "every token thinking (raise max_tokens or limit thinking)",
-    ),
-    (
-        "think_markers",
-        "think_markers",
-        "think_marker_share",
-        "warn",
-        "answers holding <think> / </think> markers: the reasoning parser did not split them "
-        "off (start the server with a reasoning parser matching the model)",
-    ),
-    ("retokenized", "retokenized", "retokenized_share", "info", "counts from re-tokenizing"),
-]
-
-
-def _share_findings(r: dict, th: AuditThresholds) -> list[tuple]:
-    out = []
-    n = max(r["records"], 1)
-    for check, col, limit_name, severity, what in _SHARE_CHECKS:
-        share, limit = r[col] / n, getattr(th, limit_name)
-        if r[col] and share > limit:
-            msg = f"{r[col]} of {r['records']} records ({share:.1%}) {what}; threshold {limit:.1%}"
-            out.append((r["dataset"], check, share, float(limit), severity, msg))
-    if r["errors"] and r["error_rate"] > th.error_rate:
-        msg = f"{r['errors']} requests failed every attempt ({r['error_rate']:.1%}); threshold {th.error_rate:.1%}"
-        out.append((r["dataset"], "error_rate", r["error_rate"], th.error_rate, "warn", msg))
-    return out
 
 
 def _finish_table(flags):
@@ -487,13 +371,14 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
     table = _dataset_table(flags, config, errors, totals, corrupt)
     if tok is not None:
         notes += _sample_notes(table)
+    off = thinking_off(config, table, tok)
     return AuditReport(
         run_dir=str(run_dir),
         datasets=table,
         lengths=table.select("dataset", "records", "mean", "p50", "p90", "p99", "max"),
         finish=_finish_table(flags),
         records=flags,
-        findings=_findings(table, th, max_tokens, corrupt),
+        findings=findings(table, th, max_tokens, corrupt, off),
         thresholds=th,
         notes=notes,
         corrupt=corrupt,

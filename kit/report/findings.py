@@ -1,0 +1,198 @@
+"""The findings of kit.audit: one row per check a dataset fails, with its numbers.
+
+`findings(table, thresholds, max_tokens, corrupt, thinking_off)` reads the per-dataset
+table kit.report.audit builds (counts, shares, budget, prompts left) and says what is
+wrong: budget (over_budget, overshoot, under_budget, short_of_budget), shares (truncation,
+empty, duplicates, echoes, finish reasons, thinking, think markers, re-tokenized counts,
+errors), counts (corrupt lines, bad counts, under-reported counts), token ids,
+thinking_not_off (a template that ignored enable_thinking=False) and
+truncation_earlier_turns (all_turns).
+"""
+
+from __future__ import annotations
+
+from kit.report.flags import THINK_MARKERS, AuditThresholds, opens_think_block
+from kit.run.lines import safe_name
+
+FINDING_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
+
+
+def findings(table, th: AuditThresholds, max_tokens: int, corrupt: list[dict], thinking_off=None):
+    """The findings frame: one row per check a dataset fails. `thinking_off`: dataset ->
+    what the template check found (or "") for datasets sent enable_thinking False."""
+    import polars as pl
+
+    rows, thinking_off = [], thinking_off or {}
+    for r in table.iter_rows(named=True):
+        if r["records"]:
+            rows += _budget_findings(r, th, max_tokens)
+        else:
+            msg = "no records: nothing was generated for this dataset (or none could be read)"
+            rows.append((r["dataset"], "no_records", 0.0, 0.0, "warn", msg))
+        ignored = r["dataset"] in thinking_off and r["reasoning"] > 0
+        rows += _share_findings(r, th, skip={"length_in_reasoning"} if ignored else set())
+        if ignored:
+            rows.append(_thinking_finding(r, thinking_off[r["dataset"]]))
+        rows += _earlier_findings(r, th)
+        rows += _count_findings(r, th, max_tokens, corrupt)
+        for check in ("ids_len_mismatch", "ids_text_mismatch"):
+            if r[check]:
+                what = "completion_tokens != len(output_ids)" if "len" in check else (
+                    "output_ids do not decode to the stored text"
+                )  # fmt: skip
+                msg = f"{r[check]} of {r['with_ids']} records with ids: {what}"
+                if "text" in check and r["ids_text_checked"] < r["with_ids"]:
+                    msg = (
+                        f"{r[check]} of {r['ids_text_checked']} records with ids checked (a "
+                        f"seeded sample of {r['with_ids']}): {what}"
+                    )
+                rows.append((r["dataset"], check, float(r[check]), 0.0, "error", msg))
+    schema = dict(zip(FINDING_COLUMNS, [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String], strict=True))  # fmt: skip
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tuple]:
+    name, tokens, budget = r["dataset"], r["tokens"], r["budget"]
+    if not budget:
+        if r["records"]:
+            return [(name, "no_budget", float(tokens), 0.0, "warn", "records but no budget")]
+        return []
+    slack = max(th.over_budget_share * budget, max_tokens)
+    if tokens - budget > slack:
+        msg = (
+            f"{tokens:,} tokens vs budget {budget:,}: over by {tokens - budget:,} (> {slack:,.0f})"
+        )
+        return [(name, "over_budget", float(tokens - budget), float(slack), "error", msg)]
+    over = tokens - budget
+    if over > th.overshoot_share * budget:
+        msg = (
+            f"{tokens:,} tokens vs budget {budget:,}: over by {over:,} (+{over / budget:.1%}, "
+            f"> {th.overshoot_share:.0%}), inside the allowance of {slack:,.0f} (one "
+            f"max_tokens={max_tokens:,}, a large share of a budget this small)"
+        )
+        return [(name, "overshoot", over / budget, th.overshoot_share, "warn", msg)]
+    left = r["prompts_left"]
+    if tokens < budget and left:
+        msg = f"{tokens:,} of {budget:,} tokens ({tokens / budget:.0%}) with {left} prompts left"
+        return [(name, "under_budget", float(tokens), float(budget), "warn", msg)]
+    short = (budget - tokens) / budget
+    if left == 0 and short > th.short_share:
+        msg = (
+            f"ran out of prompts {short:.1%} short of its budget: {tokens:,} of {budget:,} "
+            f"tokens after all {r['prompts_total']:,} samples (add prompts, raise n, or lower "
+            "the budget)"
+        )
+        return [(name, "short_of_budget", short, th.short_share, "warn", msg)]
+    return []
+
+
+def _thinking_finding(r: dict, template: str) -> tuple:
+    """enable_thinking False was sent, yet records hold reasoning: the template ignored it."""
+    share = r["reasoning"] / max(r["records"], 1)
+    msg = (
+        f"enable_thinking=False was sent, yet {r['reasoning']} of {r['records']} records "
+        f"({share:.1%}) hold reasoning ({r['length_in_reasoning']} stopped by length inside "
+        "it, with no answer): the chat template ignored the switch and opened a think block "
+        "anyway" + (f" ({template})" if template else "")
+        + "; use a template that honours enable_thinking, or treat these rows as reasoning rows"
+    )  # fmt: skip
+    return (r["dataset"], "thinking_not_off", share, 0.0, "warn", msg)
+
+
+def _earlier_findings(r: dict, th: AuditThresholds) -> list[tuple]:
+    """all_turns: earlier generated turns cut at max_tokens (the conversation went on)."""
+    n, cut = r["earlier_turns"], r["earlier_length"]
+    if not cut or cut / n <= th.truncation_share:
+        return []
+    msg = (
+        f"{cut} of {n} earlier generated turns ({cut / n:.1%}) stopped at max_tokens "
+        f"(finish_reason length), and the conversation went on after the cut answer; "
+        f"threshold {th.truncation_share:.1%}"
+    )
+    return [(r["dataset"], "truncation_earlier_turns", cut / n, th.truncation_share, "warn", msg)]
+
+
+def _count_findings(r: dict, th: AuditThresholds, max_tokens: int, corrupt) -> list[tuple]:
+    """Lines that are not records; counts that are no counts; a server that under-reports."""
+    from kit.run.lines import describe_corrupt
+
+    name, out = r["dataset"], []
+    if r["corrupt_lines"]:
+        mine = [c for c in corrupt if c["file"] == f"records/{safe_name(name)}.jsonl"]
+        msg = describe_corrupt(mine or corrupt)
+        out.append((name, "corrupt_lines", float(r["corrupt_lines"]), 0.0, "error", msg))
+    over, skipped = r["count_over_max"], r["bad_count_lines"]
+    if over or skipped:
+        parts = [f"{over} above max_tokens + 1"] if over else []
+        parts += [f"{skipped} not an int >= 0 (lines skipped)"] if skipped else []
+        msg = (
+            f"completion_tokens is not a count in 0..{max_tokens + 1} in {over + skipped} "
+            f"records ({', '.join(parts)}): the server mis-reports counts"
+        )
+        out.append((name, "bad_count", float(over + skipped), max_tokens + 1.0, "error", msg))
+    if r["under_reported"]:
+        msg = (
+            f"{r['under_reported']} of {r['count_checked']} records report fewer than "
+            f"{th.under_report_ratio:.0%} of their text's own token count (re-tokenized): "
+            "the server under-reports completion_tokens, so budgets overshoot"
+        )
+        if r["count_checked"] < r["countable"]:
+            msg += f" (checked on a seeded sample of {r['count_checked']} of {r['countable']})"
+        value = float(r["under_reported"])
+        out.append((name, "count_under_reported", value, th.under_report_ratio, "error", msg))
+    return out
+
+
+_SHARE_CHECKS = [  # check, count column, threshold field, severity, what
+    ("truncation", "length", "truncation_share", "warn", "finish_reason length (truncated)"),
+    ("empty", "empty", "empty_share", "warn", "empty responses"),
+    ("duplicate_exact", "dup_exact", "duplicate_share", "warn", "exact duplicate responses"),
+    ("duplicate_near", "dup_near", "near_duplicate_share", "warn", "near-duplicate responses"),
+    ("echo", "echo", "echo_share", "warn", "responses echoing the prompt"),
+    ("finish_other", "other", "other_finish_share", "warn", "finish reasons not stop/length"),
+    (
+        "length_in_reasoning",
+        "length_in_reasoning",
+        "length_in_reasoning_share",
+        "warn",
+        "finish_reason length with an empty answer and non-empty reasoning: the model spent "
+        "every token thinking (raise max_tokens or limit thinking)",
+    ),
+    (
+        "think_markers",
+        "think_markers",
+        "think_marker_share",
+        "warn",
+        "answers holding <think> / </think> markers: the reasoning parser did not split them "
+        "off (start the server with a reasoning parser matching the model)",
+    ),
+    ("retokenized", "retokenized", "retokenized_share", "info", "counts from re-tokenizing"),
+]
+
+
+def _share_findings(r: dict, th: AuditThresholds, skip=frozenset()) -> list[tuple]:
+    out = []
+    n = max(r["records"], 1)
+    for check, col, limit_name, severity, what in _SHARE_CHECKS:
+        if check in skip:
+            continue
+        share, limit = r[col] / n, getattr(th, limit_name)
+        if r[col] and share > limit:
+            msg = f"{r[col]} of {r['records']} records ({share:.1%}) {what}; threshold {limit:.1%}"
+            out.append((r["dataset"], check, share, float(limit), severity, msg))
+    if r["errors"] and r["error_rate"] > th.error_rate:
+        msg = f"{r['errors']} requests failed every attempt ({r['error_rate']:.1%}); threshold {th.error_rate:.1%}"
+        out.append((r["dataset"], "error_rate", r["error_rate"], th.error_rate, "warn", msg))
+    return out
+
+
+def thinking_off(config, table, tok) -> dict[str, str]:
+    """dataset -> what the template says (or "" without a tokenizer), for the datasets
+    whose chat_template_kwargs switch thinking off and whose records hold reasoning."""
+    out = {}
+    for name, reasoning in table.select("dataset", "reasoning").iter_rows():
+        kwargs = config.sampling_for(name).chat_template_kwargs or {}
+        if kwargs.get("enable_thinking") is False and reasoning:
+            opened = tok is not None and opens_think_block(tok, kwargs)
+            out[name] = f"its generation prompt opens {THINK_MARKERS[0]} with these kwargs" if opened else ""  # fmt: skip
+    return out
