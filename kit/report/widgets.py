@@ -133,9 +133,10 @@ def _datasets(samples) -> list[str]:
 
 
 SUMMARY_COLUMNS = [
-    "dataset", "budget", "mean", "samples_needed", "samples_needed_upper",
-    "prompts_available", "shortfall", "hours_to_go", "cap_tokens", "overshoot", "note",
-]  # fmt: skip
+    "dataset", "budget", "mean", "samples_needed", "samples_low", "samples_high",
+    "samples_needed_upper", "prompts_available", "shortfall", "hours_to_go", "hours_low",
+    "hours_high", "cap_tokens", "overshoot", "note",
+]  # fmt: skip  samples_low..samples_high, hours_low..hours_high: the 90% intervals
 
 
 def summary_text(table) -> str:
