@@ -1,8 +1,19 @@
-"""Does the plan predict what a real budgeted run needs? Pilot ~10%, plan, run, compare.
+"""Does the plan predict what a real budgeted run needs? Pilot ~10%, plan, run, compare;
+and how often does the plan's 90% interval (samples_low..samples_high) hold?
 
     python bench/bench_plan_accuracy.py [--url http://127.0.0.1:PORT/v1 --model NAME]
         [--max-tokens 96] [--budgets alpaca_tasks=30000,...] [--pilot-share 0.1]
-        [--min-pilot 32]
+        [--min-pilot 32] [--seeds 200]
+    python bench/bench_plan_accuracy.py --synthetic [--seeds 200]     # no server: seconds
+    python bench/bench_plan_accuracy.py --lengths-from RUN_DIR [--seeds 200]
+
+Interval coverage over repeated seeds (every mode; goal: the 90% interval holds in at
+least 90% of dataset x seed trials): for each dataset, a population of completion lengths
+(the real run's own records; a finished run's with --lengths-from; bench/fleet.py's eight
+lognormal datasets cut at --max-tokens with --synthetic), and per seed a default pilot of
+30 lengths drawn from it, kit.plan.budget's interval, and the samples a run drawing from
+the same population in a seeded order needs to reach the budget. A pilot the plan calls
+censored (over 10% at max_tokens) or without spread gives no interval: counted apart.
 
 On the embedded server (started here, temperature 0.7, unless --url is given), for every
 sample dataset:
@@ -172,6 +183,9 @@ async def run(args, url: str, model: str) -> None:
     print(f"run: {records.height} records, {records['completion_tokens'].sum():,} tokens, "
           f"{time.time() - t1:.0f} s; all {time.time() - t0:.0f} s")  # fmt: skip
     report(table, records, prompts, budgets, n, args, summary)
+    pops = {name: part["completion_tokens"].to_list()
+            for (name,), part in records.group_by("dataset", maintain_order=True)}  # fmt: skip
+    coverage(pops, budgets, args.seeds, args.max_tokens)
 
 
 def report(table, records, prompts, budgets, n, args, summary) -> None:
@@ -202,6 +216,103 @@ def report(table, records, prompts, budgets, n, args, summary) -> None:
     print("share = pilot / actual samples needed; se = the relative standard error the pilot's "
           "spread implies for the prediction, cv * sqrt(1/pilot + 1/needed)")  # fmt: skip
     print(f"worst error {worst:.1%} (goal <= 15%) {'OK' if worst <= 0.15 else 'MISSED'}")
+    inside = []
+    for r in table.iter_rows(named=True):
+        mine = records.filter(pl.col("dataset") == r["dataset"])
+        ids = prompts.filter(pl.col("dataset") == r["dataset"])["prompt_id"].unique().to_list()
+        actual = actual_samples_needed(mine, seeded_order(ids, r["dataset"], args.seed, n), budgets[r["dataset"]])  # fmt: skip
+        if actual and r["samples_low"] is not None:
+            inside.append(r["samples_low"] <= actual <= (r["samples_high"] or math.inf))
+            print(f"{r['dataset']:<15} interval {r['samples_low']}..{r['samples_high']} "
+                  f"actual {actual}: {'inside' if inside[-1] else 'OUTSIDE'}")  # fmt: skip
+    print(f"this run: the interval held on {sum(inside)} of {len(inside)} datasets")
+
+
+def draw_until(rng, lengths: list[int], budget: float) -> int:
+    """Samples drawn (with replacement, in rng's order) until their tokens reach budget."""
+    total, k = 0, 0
+    while total < budget:
+        total += rng.choice(lengths)
+        k += 1
+    return k
+
+
+def coverage(populations: dict[str, list[int]], budgets: dict[str, int], seeds: int,
+             max_tokens: int | None, pilot: int = 30) -> float:  # fmt: skip
+    """Per dataset and in all: how often the actual samples needed fall inside the plan's
+    interval over `seeds` pilots of `pilot` lengths drawn from each population; prints a
+    table and returns the share of trials inside."""
+    import random
+    import statistics
+
+    from kit import plan
+
+    print(f"interval coverage, {seeds} seeds, pilot {pilot} per dataset "
+          f"(level {plan.estimate.PREDICTION:.0%}):")  # fmt: skip
+    print(f"{'dataset':<15}{'budget':>10}{'needed':>8}{'cv':>6}{'trials':>8}{'inside':>8}"
+          f"{'no interval':>12}{'median |err|':>14}{'width':>8}")  # fmt: skip
+    hits = trials = 0
+    for name, lengths in populations.items():
+        inside = n = none = 0
+        errs, widths = [], []
+        for seed in range(seeds):
+            rng = random.Random(f"{name}-{seed}")
+            sample = rng.choices(lengths, k=pilot)
+            row = plan.budget({name: budgets[name]}, {name: sample}, max_tokens=max_tokens,
+                              prompts_available={name: 10**9}).row(0, named=True)  # fmt: skip
+            actual = draw_until(rng, lengths, budgets[name])
+            errs.append(abs(row["samples_needed"] - actual) / actual)
+            if row["samples_low"] is None:
+                none += 1
+                continue
+            high = row["samples_high"] or math.inf
+            inside += row["samples_low"] <= actual <= high
+            n += 1
+            widths.append((high - row["samples_low"]) / row["samples_needed"])
+        hits, trials = hits + inside, trials + n
+        mean = statistics.fmean(lengths)
+        cv = statistics.pstdev(lengths) / mean
+        share = f"{inside / n:.1%}" if n else "n/a"
+        width = f"{statistics.median(widths):.0%}" if widths else "n/a"
+        print(f"{name:<15}{budgets[name]:>10,}{budgets[name] / mean:>8.0f}{cv:>6.2f}{n:>8}"
+              f"{share:>8}{none:>12}{statistics.median(errs):>14.1%}{width:>8}")  # fmt: skip
+    share = hits / trials if trials else 0.0
+    verdict = "OK" if share >= 0.9 else "MISSED"
+    print(
+        f"the 90% interval held in {hits} of {trials} trials ({share:.1%}; goal >= 90%) {verdict}"
+    )
+    return share
+
+
+def synthetic(args) -> None:
+    """bench/fleet.py's eight datasets (lognormal lengths, long tails) cut at --max-tokens."""
+    import random
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from fleet import DATASETS
+
+    rng = random.Random(0)
+    cut = args.max_tokens if args.max_tokens != 96 else 4096  # fleet's max_tokens by default
+    pops = {
+        name: [max(1, min(cut, round(rng.lognormvariate(math.log(median), sigma))))
+               for _ in range(20_000)]
+        for name, (median, sigma) in DATASETS.items()
+    }  # fmt: skip
+    budgets = {name: int(400 * sum(p) / len(p)) for name, p in pops.items()}  # ~400 samples
+    coverage(pops, budgets, args.seeds, cut)
+
+
+def from_run(args) -> None:
+    """The completion lengths of a finished run's records, per dataset, as populations."""
+    from kit.run.reader import read_config, records_frame
+
+    records = records_frame(args.lengths_from, prompts=False)
+    config = read_config(args.lengths_from)
+    pops = {name: part["completion_tokens"].to_list()
+            for (name,), part in records.group_by("dataset", maintain_order=True)}  # fmt: skip
+    budgets = {name: int(sum(p)) // 2 for name, p in pops.items()}  # half of what was made
+    coverage(pops, budgets, args.seeds, config.sampling.max_tokens)
 
 
 def _budgets(text: str) -> dict[str, int]:
@@ -225,7 +336,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="the run's prompt order")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per request")
     parser.add_argument("--temperature", type=float, default=0.7, help="of a server started here")
+    parser.add_argument("--seeds", type=int, default=200, help="pilots per dataset (coverage)")
+    parser.add_argument("--synthetic", action="store_true", help="coverage only, no server")
+    parser.add_argument("--lengths-from", help="coverage only, from this run directory")
     args = parser.parse_args()
+    if args.synthetic:
+        return synthetic(args)
+    if args.lengths_from:
+        return from_run(args)
     if args.url:
         if not args.model:
             parser.error("--url needs --model (the name the server expects)")

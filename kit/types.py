@@ -81,6 +81,10 @@ class Completion:
     # the thinking a reasoning parser split off (`reasoning_content` or `reasoning`); `text`
     # is then the answer only. completion_tokens and output_ids cover both.
     reasoning: str | None = None
+    # the calls a tool-call parser split off (message.tool_calls, OpenAI's shape:
+    # [{"id", "type": "function", "function": {"name", "arguments": JSON text}}]); counted
+    # in completion_tokens and output_ids like the text
+    tool_calls: list[dict] | None = None
 
 
 @dataclass(slots=True)
@@ -106,9 +110,12 @@ class Record:
     tools: list[dict] | None = None  # the tool definitions sent with the prompt
     # RunConfig.turns == "all_turns": the assistant turns the target wrote before the last
     # one, in order, each {"content", "reasoning", "finish_reason", "completion_tokens",
-    # "count_source", "output_ids", "prompt_ids"}; `messages` holds them as the assistant
-    # turns (the dataset's own are gone) and completion_tokens counts every generated turn.
+    # "count_source", "output_ids", "prompt_ids", "tool_calls"}; `messages` holds them as the
+    # assistant turns (the dataset's own are gone, and a user turn the dataset left
+    # unanswered gets one) and completion_tokens counts every generated turn.
     turns: list[dict] | None = None
+    # the tool calls of the last answer (Completion.tool_calls), kept as the server gave them
+    tool_calls: list[dict] | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:

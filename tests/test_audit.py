@@ -234,15 +234,17 @@ def test_resolved_errors_and_missing_tokenizer(tmp_path):
     recs[0].completion_tokens = 3
     # an error that a later resume resolved (its key now has a record) does not count
     errors = [ErrorRecord("d", recs[1].prompt_id, 0, "timeout: 30 s", 5, T0)]
-    run = plant_run(tmp_path / "r", recs, budgets={"d": 10_000})
+    # every stored prompt is used: a budget the records meet (no short_of_budget)
+    budgets = {"d": sum(r.completion_tokens for r in recs)}
+    run = plant_run(tmp_path / "r", recs, budgets=budgets)
     report = kit.audit(run)
     assert report.findings.height == 0
     assert any("no tokenizer" in n for n in report.notes)
     assert report.records["ids_text_mismatch"].null_count() == 3
-    resolved = kit.audit(plant_run(tmp_path / "r2", recs, budgets={"d": 10_000}, errors=errors))
+    resolved = kit.audit(plant_run(tmp_path / "r2", recs, budgets=budgets, errors=errors))
     assert resolved.datasets["errors"].to_list() == [0] and resolved.findings.height == 0
     errors.append(ErrorRecord("d", pid("never answered"), 0, "timeout: 30 s", 5, T0))
-    unresolved = kit.audit(plant_run(tmp_path / "r3", recs, budgets={"d": 10_000}, errors=errors))
+    unresolved = kit.audit(plant_run(tmp_path / "r3", recs, budgets=budgets, errors=errors))
     assert unresolved.datasets["errors"].to_list() == [1]
     assert unresolved.findings["check"].to_list() == ["error_rate"]
 
@@ -250,7 +252,8 @@ def test_resolved_errors_and_missing_tokenizer(tmp_path):
 def test_refused_duplicates_are_a_finding(tmp_path):
     """A second copy of a stored record is refused by the database and counted: the audit says so."""
     recs = [make_record(None, "d", i, f"q{i}", ANSWERS[i], ids=False) for i in range(3)]
-    run = plant_run(tmp_path / "r", recs, budgets={"d": 10_000})
+    budgets = {"d": sum(r.completion_tokens for r in recs)}  # met: no budget finding
+    run = plant_run(tmp_path / "r", recs, budgets=budgets)
     store = RunStore(run)
     store.init(read_config(run))
     for r in recs[:2]:  # written again, as a second writer or a runner bug would

@@ -61,7 +61,7 @@ def old_flags(records, tokenizer, th: AuditThresholds, max_tokens):
     recs = records.with_row_index("_row").sort("t_done", maintain_order=True)
     texts, reasoning = recs["completion"].to_list(), recs["reasoning"].to_list()
     pairs = zip(recs["messages"].to_list(), texts, strict=True)
-    len_bad, over = _count_flags(recs, max_tokens)
+    len_bad, over, n_earlier, n_length = _count_flags(recs, max_tokens)
     fin = zip(recs["finish_reason"].to_list(), texts, reasoning, strict=True)
     recs = recs.with_columns(
         pl.Series("empty", [not t.strip() for t in texts], dtype=pl.Boolean),
@@ -73,8 +73,11 @@ def old_flags(records, tokenizer, th: AuditThresholds, max_tokens):
         pl.Series(
             "think_marker", [any(m in t for m in THINK_MARKERS) for t in texts], dtype=pl.Boolean
         ),
+        pl.Series("earlier_turns", n_earlier, dtype=pl.Int64),
+        pl.Series("earlier_length", n_length, dtype=pl.Int64),
         has_ids=pl.col("output_ids").is_not_null(),
         has_reasoning=pl.col("reasoning").fill_null("").str.strip_chars() != "",
+        has_tool_calls=pl.col("tool_calls").fill_null("") != "",
     )
     first_exact = pl.int_range(pl.len()).over(["dataset", "completion"]) > 0
     first_norm = pl.int_range(pl.len()).over(["dataset", "_norm"]) > 0

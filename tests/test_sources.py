@@ -47,7 +47,7 @@ def test_sharegpt_roles_system_and_cut(tmp_path):
     assert msgs(res.frame) == [
         [
             {"role": "system", "content": "Be kind."},
-            user("Hi there"),
+            user("Hi there "),  # content as the dataset has it
             {"role": "assistant", "content": "Hello!"},
             user("Tell me a joke."),
         ]
@@ -307,10 +307,13 @@ def test_non_object_rows_in_json_and_memory(tmp_path):
 
 def test_duplicates_dropped_and_counted_first_row_kept(tmp_path):
     rows = [{"input": "same"}, {"input": "other"}, {"input": "same  "}, {"input": " same"}]
-    res = kit.load(write_jsonl(tmp_path / "d.jsonl", rows))
+    res = kit.load(write_jsonl(tmp_path / "d.jsonl", rows), strip=True)
     assert res.frame["row"].to_list() == [0, 1]
     assert res.duplicates == {"d": 3 - 1}
     assert res.summary()["duplicates"].to_list() == [2]
+    assert res.stripped == {"d": 2}
+    kept = kit.load(write_jsonl(tmp_path / "d.jsonl", rows))  # as given: four prompts
+    assert kept.frame["row"].to_list() == [0, 1, 2, 3] and kept.duplicates == {"d": 0}
 
 
 def test_same_prompt_in_two_datasets_kept_in_both(tmp_path):
@@ -350,7 +353,8 @@ def test_prompt_id_is_the_documented_hash_of_stripped_messages():
     assert (
         sources.prompt_id(messages) == hashlib.blake2b(payload.encode(), digest_size=8).hexdigest()
     )
-    res = kit.load({"x": [{"messages": [{"role": "system", "content": "S\n"}, user("  Hello ")]}]})
+    rows = [{"messages": [{"role": "system", "content": "S\n"}, user("  Hello ")]}]
+    res = kit.load({"x": rows}, strip=True)
     assert res.frame["prompt_id"].to_list() == [sources.prompt_id(messages)]
 
 

@@ -4,7 +4,9 @@ Issue 12's figures come from here (`pytest -s tests/test_vllm.py` prints them):
 token-exact rows (the server's own ids, verbatim), counts equal to the ids, the rows where
 kit's rendering of the prompt differs from the server's prompt ids, a reasoning run whose
 thinking is kept in the record, its count and both exports, and an all_turns run whose
-every assistant turn was written by the target.
+every assistant turn was written by the target, and a tool dataset (function definitions
+in `tools`) whose answers come back as message.tool_calls through the server's tool-call
+parser (kit.serve.vllm: xlam).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 import kit
@@ -27,15 +30,13 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def raw_records(run_dir: Path) -> list[dict]:
-    """The records as the reader gives them back: the lines hold no prompt (prompts.parquet
-    does; kit.run.batches joins it back, with all_turns the target's earlier answers)."""
+    """The records as the reader gives them back (kit.run.reader: each prompt joined from the
+    run database, with all_turns as sent: the target's earlier answers), JSON cells parsed."""
     from kit.run.reader import records_frame
 
-    lines = [json.loads(x) for p in sorted((run_dir / "records").glob("*.jsonl")) for x in p.read_text().splitlines()]  # fmt: skip
-    assert not any("messages" in r or "tools" in r for r in lines)
     rows = records_frame(run_dir).to_dicts()
-    assert len(rows) == len(lines)
-    return [r | {k: json.loads(r[k]) if r[k] else None for k in ("turns", "tools")} for r in rows]
+    names = ("turns", "tools", "tool_calls")
+    return [r | {k: json.loads(r[k]) if r[k] else None for k in names} for r in rows]
 
 
 def vllm_config(server, budgets, **kw) -> kit.RunConfig:
@@ -167,3 +168,70 @@ def test_vllm_all_turns_every_assistant_turn_is_the_targets(vllm_server, tmp_pat
         assert exported == [*(t["content"] for t in r["turns"] or []), r["completion"]]
     print(f"\nvLLM all_turns run: {len(records)} conversations ({len(multi)} with earlier turns), "
           f"{total} tokens for a {budget} budget; every exported assistant turn is the target's")  # fmt: skip
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}  # fmt: skip
+CITIES = ["Paris", "Lima", "Cairo", "Tokyo", "Quito", "Delhi", "Perth", "Dakar"]
+
+
+def tool_rows() -> list[dict]:
+    """A function-calling set in OpenAI messages with `tools` (Hermes / OpenAI fine-tuning
+    files): SmolLM2's call format shown in the history (the assistant answering with a JSON
+    list of {"name", "arguments"}, as its own function-calling data does), then a new ask.
+    The history holds the calls as text: no tool_calls or tool-result turns to skip."""
+    rows = []
+    for i, city in enumerate(CITIES):
+        shots = []
+        for other in CITIES[i + 1 :][:2] + CITIES[:1] * (i >= 6):
+            call = json.dumps([{"name": "get_weather", "arguments": {"city": other}}])
+            shots += [{"role": "user", "content": f"Weather in {other}?"},
+                      {"role": "assistant", "content": call}]  # fmt: skip
+        rows.append({"messages": [*shots, {"role": "user", "content": f"Weather in {city}?"}],
+                     "tools": [WEATHER]})  # fmt: skip
+    return rows
+
+
+def test_vllm_tool_dataset_end_to_end(vllm_server, tmp_path):
+    """Issue 24 item 1: requests with `tools` got HTTP 400 on the embedded vLLM (no tool-call
+    parser) and kit never read message.tool_calls. Now the server parses calls (xlam) and
+    each record keeps them, counted by the server's ids, exported to SpecForge's assistant
+    `tool_calls` and to token-id rows from the server's ids."""
+    from kit.run.reader import errors_frame
+
+    loaded = kit.load({"function_calling": tool_rows()})
+    assert loaded.summary()["with_tools"].to_list() == [len(CITIES)]
+    cfg = vllm_config(vllm_server, {"function_calling": 10_000}, concurrency=8,
+                      sampling=kit.Sampling(max_tokens=48, temperature=0.0, seed=1))  # fmt: skip
+    run = kit.generate_sync(loaded, cfg, run_dir=tmp_path / "run")
+    assert run.stop_reason is None, run.stop_reason
+    errors = errors_frame(tmp_path / "run")
+    assert errors.height == 0, errors["error"].to_list()  # no HTTP 400 "auto tool choice ..."
+    records = raw_records(tmp_path / "run")
+    assert len(records) == len(CITIES) and all(r["tools"] == [WEATHER] for r in records)
+    called = [r for r in records if r["tool_calls"]]
+    tok = kit.tokens.load_tokenizer(vllm_server.tokenizer_path)
+    for r in called:  # counted as the server counts: its ids, which hold the call as written
+        assert r["completion_tokens"] == len(r["output_ids"]) and r["finish_reason"] == "stop"
+        assert all(c["function"]["name"] in tok.decode(r["output_ids"]) for c in r["tool_calls"])
+    print(f"\nvLLM tool run: {len(called)}/{len(records)} records answered with tool calls "
+          f"({sum(r['completion_tokens'] for r in called)} tokens, counted from the ids); "
+          f"first: {called[0]['tool_calls'] if called else None}")  # fmt: skip
+    assert len(called) >= len(records) // 2, [r["completion"][:60] for r in records]
+    out = tmp_path / "out"
+    result = kit.export(tmp_path / "run", out, formats=("specforge", "token_ids"))
+    assert kit.validate(out).ok
+    sf = {r["id"]: r for r in specforge_rows(out)}
+    tr = {r["id"]: r for r in token_rows(out)}
+    for r in records:
+        key = f"{r['dataset']}-{r['prompt_id']}-{r['sample']}"
+        assert sf[key]["conversations"][-1].get("tool_calls") == r["tool_calls"]
+        assert sf[key]["tools"] == [WEATHER]
+        assert tr[key]["input_ids"] == r["prompt_ids"] + r["output_ids"]
+    assert result.manifest["token_rows"]["function_calling"]["exact"] == len(records)
+    report = kit.audit(tmp_path / "run")
+    assert report.datasets["tool_calls"].to_list() == [len(called)]
+    bad = report.findings.filter(pl.col("check").is_in(["empty", "ids_text_mismatch"]))
+    assert bad.height == 0, bad

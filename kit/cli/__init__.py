@@ -110,14 +110,28 @@ def parser() -> argparse.ArgumentParser:
     pl_.add_argument("--samples", nargs="+", default=[str(SAMPLES)], help="files or folders")
     pl_.add_argument(
         "--format",
-        choices=FORMATS,
-        help="force one prompt format for every source (default: detect)",
+        nargs="+",
+        metavar="[NAME=]FORMAT",
+        help=f"force one prompt format ({', '.join(FORMATS)}) for every source, or NAME=FORMAT "
+        "for a dataset (named by its file stem) (default: detect)",
     )
     pl_.add_argument(
         "--mapping",
-        help='JSON column mapping for the sources, e.g. \'{"prompt": "question", "system": "sys"}\' '
-        'or \'{"messages": "dialog"}\'',
+        nargs="+",
+        metavar="[NAME=]JSON",
+        help='JSON column mapping for every source, e.g. \'{"prompt": "question", "system": "sys"}\', '
+        '\'{"messages": "dialog"}\' or \'{"turns": "turns"}\' (a list of user turns); or one per '
+        'dataset: gsm8k=\'{"prompt": "question"}\' humaneval=\'{"prompt": "prompt"}\'',
     )
+    pl_.add_argument(
+        "--strip", action="store_true",
+        help="strip leading and trailing whitespace from message contents (default: as given)",
+    )  # fmt: skip
+    pl_.add_argument(
+        "--turns", choices=["last_turn", "all_turns"], default="last_turn",
+        help="multi-turn prompts: generate the last assistant turn only, or every one in order "
+        "(all_turns; needed by lists of user turns such as MT-bench); kept in plan.json",
+    )  # fmt: skip
     pl_.add_argument("--run-dir", required=True)
     pl_.add_argument("--budget", nargs="+", required=True, help=BUDGET_HELP)
     pl_.add_argument("--max-tokens", type=int, default=512)

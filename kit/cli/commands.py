@@ -55,6 +55,54 @@ def parse_mapping(text: str | None) -> dict | None:
     return mapping
 
 
+def _named(item: str) -> tuple[str | None, str]:
+    """'NAME=VALUE' -> (NAME, VALUE); a value alone (JSON, a format) -> (None, it)."""
+    name, sep, value = item.partition("=")
+    if sep and name and not name.lstrip().startswith(("{", "[")):
+        return name.strip(), value
+    return None, item
+
+
+def parse_mappings(values: list[str] | None) -> dict | None:
+    """--mapping values -> kit.load's mapping=: one JSON mapping for every source, or
+    NAME=JSON for each dataset (a dataset is named by its file's stem).
+
+    Example:
+        >>> parse_mappings(['gsm8k={"prompt": "question"}', 'humaneval={"prompt": "prompt"}'])
+        {'gsm8k': {'prompt': 'question'}, 'humaneval': {'prompt': 'prompt'}}
+    """
+    if not values:
+        return None
+    pairs = [_named(v) for v in values]
+    if len(pairs) == 1 and pairs[0][0] is None:
+        return parse_mapping(pairs[0][1])
+    if any(name is None for name, _ in pairs):
+        raise ValueError(
+            "--mapping takes one JSON mapping for every source, or NAME=JSON for each "
+            f"dataset, not both; got {values}"
+        )
+    return {name: parse_mapping(text) for name, text in pairs}
+
+
+def parse_formats(values: list[str] | None) -> str | dict | None:
+    """--format values -> kit.load's format=: FORMAT for every source, or NAME=FORMAT each."""
+    from kit.data.formats import FORMATS
+
+    if not values:
+        return None
+    pairs = [_named(v) for v in values]
+    for _, fmt in pairs:
+        if fmt not in FORMATS:
+            raise ValueError(f"--format takes one of {FORMATS} (or NAME=FORMAT), got {fmt!r}")
+    if len(pairs) == 1 and pairs[0][0] is None:
+        return pairs[0][1]
+    if any(name is None for name, _ in pairs):
+        raise ValueError(
+            f"--format takes FORMAT for every source or NAME=FORMAT each, got {values}"
+        )
+    return dict(pairs)
+
+
 def _tokens(flag: str, value: str) -> int:
     """A positive token count from '5000' or '1e7'."""
     try:
@@ -150,8 +198,10 @@ def _counter(label: str):
 # ------------------------------------------------------------------------------ plan
 
 
-def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample_cap=None):
-    """Profile prompts, pilot, plan the budgets and write plan.json (storing `config`)."""
+def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample_cap=None,
+             server=None):  # fmt: skip
+    """Profile prompts, pilot, plan the budgets and write plan.json (storing `config` and
+    `server`: whether its endpoints are an embedded server this command started)."""
     from kit import plan
     from kit.report.widgets import summary_text
 
@@ -180,7 +230,7 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
         sample_cap=sample_cap,
     )
     print(summary_text(table))
-    path = plan.write_plan(run_dir, table, config, pilot=result, prompts=loaded)
+    path = plan.write_plan(run_dir, table, config, pilot=result, prompts=loaded, server=server)
     print(f"plan written: {path}")
     return path
 
@@ -196,8 +246,9 @@ def cmd_plan(args) -> int:
     budgets = parse_budgets(args.budget)
     loaded = kit.load(
         [str(Path(p).resolve()) for p in args.samples],
-        format=args.format,
-        mapping=parse_mapping(args.mapping),
+        format=parse_formats(args.format),
+        mapping=parse_mappings(args.mapping),
+        strip=args.strip,
     )
     print(loaded)
     # the server flags may be missing (embedded server): placeholders until it has started
@@ -213,16 +264,19 @@ def cmd_plan(args) -> int:
         policy=args.policy,
         timeout=args.timeout,
         seed=args.seed,
+        turns=args.turns,
         datasets=loaded.paths,
     )
     config.budgets_for(sorted(loaded.frame["dataset"].unique().to_list()))  # before the pilot
     from kit.serve import DEFAULT_ENGINE
 
     engine = args.engine or DEFAULT_ENGINE
-    with _embedded(config, start=not args.base_url, engine=engine) as config:
+    embedded = not args.base_url
+    server = {"embedded": embedded, "engine": engine if embedded else None}
+    with _embedded(config, start=embedded, engine=engine) as config:
         plan_run(
             loaded, config, args.run_dir, per_dataset=args.pilot_per_dataset,
-            throughput=args.throughput, sample_cap=args.sample_cap,
+            throughput=args.throughput, sample_cap=args.sample_cap, server=server,
         )  # fmt: skip
     return 0
 
@@ -249,13 +303,27 @@ def generate_run(run_dir, args):
         )
     resuming = plan.run_started(run_dir)
     prompts = plan.plan_prompts(run_dir, spec)
-    start = not args.base_url and _is_embedded(config.model)
-    with _embedded(config, start=start, engine=args.engine) as config:
+    start, engine = _start_embedded(spec.get("server"), config, args)
+    with _embedded(config, start=start, engine=engine) as config:
         print(f"{'resuming' if resuming else 'starting'} the run in {run_dir}", file=sys.stderr)
         return kit.generate_sync(
             prompts, config, run_dir=run_dir, progress=ConsoleMonitor(),
             expected_tokens=plan.pilot_means(spec), force=args.force,
         )  # fmt: skip
+
+
+def _start_embedded(server: dict | None, config, args) -> tuple[bool, str | None]:
+    """(start an embedded server?, its engine) for `kit generate`: never with --base-url;
+    with --engine, always; else only when the plan was made on an embedded server (plan.json
+    "server"; a plan without that record: when its model is the embedded model). A plan
+    made with --base-url keeps its endpoints, whatever model they serve."""
+    if args.base_url:
+        return False, None
+    if args.engine is not None:
+        return True, args.engine
+    if server is None:
+        return _is_embedded(config.model), None
+    return bool(server.get("embedded")), server.get("engine")
 
 
 SUMMARY = ["dataset", "state", "budget", "tokens_done", "overshoot", "shortfall", "errors"]

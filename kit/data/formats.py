@@ -16,7 +16,16 @@ import polars as pl
 from kit.data.readers import Skip
 from kit.data.tools import tool_turn
 
-FORMATS = ("sharegpt", "openai", "ultrachat", "alpaca", "magicoder", "opencodeinstruct", "mapping")
+FORMATS = (
+    "sharegpt",
+    "openai",
+    "ultrachat",
+    "alpaca",
+    "magicoder",
+    "opencodeinstruct",
+    "turns",
+    "mapping",
+)
 _DETECT_ROWS = 200  # rows whose keys decide the format
 _ROLES = {
     "user": "user",
@@ -74,6 +83,7 @@ def detect(rows: list | pl.DataFrame, label: str) -> str | None:
         ("magicoder", {"problem"}),
         ("magicoder", {"instruction"}),
         ("opencodeinstruct", {"input"}),
+        ("turns", {"turns"}),  # MT-bench: user turns only
     ):
         if needs <= cols:
             return fmt
@@ -90,6 +100,7 @@ _FIELDS = {  # format -> the columns its rows are read from (and checked)
     "sharegpt": ["conversations"],
     "openai": ["messages"],
     "ultrachat": ["data"],
+    "turns": ["turns"],
     **dict.fromkeys(_READS, list(_PROMPT_FIELDS)),
 }
 
@@ -236,6 +247,21 @@ def _ultrachat(row: dict) -> list:
     return [("user" if i % 2 == 0 else "assistant", text) for i, text in enumerate(data)]
 
 
+def _user_turns(row: dict, key: str) -> list:
+    """A list of user turns (MT-bench `turns`: ["first question", "second question"]) ->
+    [(user, text), ...]; an element that is a turn object is read as one."""
+    value = _field(row, key)
+    if not isinstance(value, list):
+        raise Skip("bad_type", f"{key!r} is a {type(value).__name__}, not a list")
+    return [_turn(t) if isinstance(t, dict) else ("user", t) for t in value]
+
+
+def user_runs(fmt: str | None, mapping: dict | None) -> bool:
+    """True when the format's prompts are user turns the target answers in turn (no
+    assistant turns between them): the turns format or mapping={"turns": column}."""
+    return fmt == "turns" or (fmt == "mapping" and "turns" in (mapping or {}))
+
+
 def raw_prompts(row: dict, fmt: str, mapping: dict | None) -> list:
     """Row -> the raw turn lists of its prompts: one, or one per instance of an Alpaca seed
     task (a broken instance is a Skip in its place). A broken row raises Skip.
@@ -270,17 +296,26 @@ def raw_turns(row: dict, fmt: str, mapping: dict | None) -> list:
         return _magicoder(row)
     if fmt == "opencodeinstruct":
         return _single(row, "input")
+    if fmt == "turns":
+        return _user_turns(row, "turns")
+    if "turns" in mapping:
+        return _system(row, mapping.get("system")) + _user_turns(row, mapping["turns"])
     if "messages" in mapping:
         return _system(row, mapping.get("system")) + _turn_list(row, mapping["messages"])
     return _single(row, mapping["prompt"], mapping.get("system"))
 
 
-def prompt(turns: list) -> list[dict]:
+def prompt(turns: list, *, strip: bool = False, user_runs: bool = False) -> list[dict]:
     """Raw turns -> the prompt: cut at the last user turn, check what is kept (a Skip says
-    why not), return the stripped messages.
+    why not), return the messages with their content as given (str.strip()-ed with strip).
+
+    user_runs: user turns may follow each other (a list of user turns, each answered by the
+    target in turn with RunConfig.turns "all_turns").
 
     Example:
         >>> prompt([("user", " Hi "), ("assistant", "Hello!")])
+        [{'role': 'user', 'content': ' Hi '}]
+        >>> prompt([("user", " Hi ")], strip=True)
         [{'role': 'user', 'content': 'Hi'}]
     """
     last = next((i for i in range(len(turns) - 1, -1, -1) if turns[i][0] == "user"), -1)
@@ -295,17 +330,18 @@ def prompt(turns: list) -> list[dict]:
             raise Skip("non_string_content", f"turn {i} content is a {type(content).__name__}")
         if not content.strip():
             raise Skip("empty_content", f"turn {i} ({role}) is empty")
-        messages.append({"role": role, "content": content.strip()})
-    _check_order([m["role"] for m in messages])
+        messages.append({"role": role, "content": content.strip() if strip else content})
+    _check_order([m["role"] for m in messages], user_runs)
     return messages
 
 
-def _check_order(roles: list[str]) -> None:
-    """One optional system turn first, then user/assistant alternating from user."""
+def _check_order(roles: list[str], user_runs: bool = False) -> None:
+    """One optional system turn first, then user/assistant alternating from user (with
+    user_runs, a user turn may also follow a user turn)."""
     body = roles[1:] if roles[0] == "system" else roles
     expected = "user"
     for i, role in enumerate(body):
-        if role != expected:
+        if role != expected and not (user_runs and role == "user" and i and body[i - 1] == "user"):
             raise Skip(
                 "bad_order", f"{role} at turn {i + len(roles) - len(body)}, {expected} expected"
             )

@@ -25,17 +25,48 @@ def check_format(format, mapping) -> str | None:
         return format
     if not isinstance(mapping, dict) or not mapping:
         raise ValueError(f"mapping must be a non-empty dict, got {mapping!r}")
-    unknown = set(mapping) - {"prompt", "system", "messages", "tools"}
-    if unknown or ("prompt" in mapping) == ("messages" in mapping):
+    unknown = set(mapping) - {"prompt", "system", "messages", "turns", "tools"}
+    if unknown or sum(k in mapping for k in ("prompt", "messages", "turns")) != 1:
         raise ValueError(
-            "mapping needs exactly one of 'prompt' or 'messages' (plus optional 'system' "
-            f"and 'tools'), got {mapping!r}"
+            "mapping needs exactly one of 'prompt', 'messages' or 'turns' (a list of user "
+            f"turns) plus optional 'system' and 'tools', got {mapping!r}"
         )
     if not all(isinstance(v, str) and v for v in mapping.values()):
         raise ValueError(f"mapping values must be column names, got {mapping!r}")
     if format not in (None, "mapping"):
         raise ValueError(f"format={format!r} conflicts with mapping={mapping!r}")
     return "mapping"
+
+
+def per_source(value) -> bool:
+    """True for a per-dataset dict of load() arguments: {dataset: format or mapping}, told
+    from one column mapping ({"prompt": "question"}) by its values (dicts or formats).
+
+    Example:
+        >>> per_source({"gsm8k": {"prompt": "question"}}), per_source({"prompt": "question"})
+        (True, False)
+    """
+    if not isinstance(value, dict) or not value:
+        return False
+    return all(isinstance(v, dict) or v is None for v in value.values())
+
+
+def for_each(names: list[str], format, mapping) -> dict[str, tuple[str | None, dict | None]]:
+    """dataset -> (format, mapping) it loads with, from load()'s format= and mapping= (one
+    for every source, or a dict per dataset name); checked, naming any unknown dataset.
+
+    Example:
+        >>> for_each(["gsm8k", "humaneval"], None, {"gsm8k": {"prompt": "question"}})
+        {'gsm8k': ('mapping', {'prompt': 'question'}), 'humaneval': (None, None)}
+    """
+    formats = format if isinstance(format, dict) else dict.fromkeys(names, format)
+    mappings = mapping if per_source(mapping) else dict.fromkeys(names, mapping)
+    for what, given in (("format", formats), ("mapping", mappings)):
+        if unknown := sorted(set(given) - set(names)):
+            raise ValueError(
+                f"{what}= names datasets {unknown} that are not among the sources {names}"
+            )
+    return {n: (check_format(formats.get(n), mappings.get(n)), mappings.get(n)) for n in names}
 
 
 def sources(spec, name) -> tuple[list[tuple[str, object]], list[dict]]:

@@ -15,10 +15,20 @@ Formats (detected from the row keys, or forced with `format=`):
 Turn lists accept both from/value and role/content keys; roles human/gpt/chatgpt/model
 are read as user/assistant.
 
+    turns             {"turns": ["first question", "second question"]}  (MT-bench: user
+                      turns only, or mapping={"turns": column}); each user turn is answered
+                      by the target in turn, so these prompts run with turns="all_turns"
+
+format= and mapping= apply to every source, or per dataset as {dataset: format} and
+{dataset: mapping} (GSM8K's `question` and HumanEval's `prompt` in one load).
+
 The prompt is the conversation up to and including its LAST user turn; turns after it
 (the old answer) are dropped before any check, so a broken answer never costs a prompt.
-Each kept turn's content is `str.strip()`-ed. A prompt is valid when it is: at most one
-system turn, first; then user/assistant strictly alternating, starting with user.
+Each kept turn's content is kept as the dataset has it (leading and trailing whitespace
+included); strip=True `str.strip()`s it and counts the prompts that changed
+(LoadResult.stripped). A prompt is valid when it is: at most one system turn, first; then
+user/assistant strictly alternating, starting with user (the turns format: user turns
+only).
 
 Tool-call datasets (kit.data.tools): a row's tool definitions (`tools`, OpenAI's legacy
 `functions`, or mapping={"tools": column}) are carried in an extra frame column `tools`, a
@@ -28,7 +38,7 @@ sent are a bad_tools skip; a prompt whose history holds tool calls or tool resul
 (which {role, content} messages cannot carry) is a tool_turns skip.
 
 prompt_id = blake2b (8-byte digest, 16 hex chars) of the compact JSON of
-[[role, content], ...] for the stored (stripped) prompt; for a prompt with tools, of
+[[role, content], ...] for the stored prompt; for a prompt with tools, of
 {"messages": [[role, content], ...], "tools": <its tools column string>}, so two rows that
 differ only in their tools are two prompts. It does not depend on the dataset name, the
 file, or the row order, so it is stable across re-loads.
@@ -42,7 +52,7 @@ sub-directories, symlink loops, broken symlinks) is listed in LoadResult.ignored
 Sources that cannot be read or whose format cannot be detected are reported together in
 one error. A dataset that keeps 0 prompts is a warning naming its file and the reasons.
 
-LoadResult.specs records how each dataset was loaded (path, format, mapping); reload(specs)
+LoadResult.specs records how each dataset was loaded (path, format, mapping, strip); reload(specs)
 loads the same prompts again, and kit.plan.write_plan stores it in plan.json.
 """
 
@@ -58,8 +68,16 @@ from pathlib import Path
 
 import polars as pl
 
-from kit.data.formats import FORMATS, Undetectable, detect, frame_rows, prompt, raw_prompts
-from kit.data.inputs import check_format, check_mapping_columns, check_name, sources
+from kit.data.formats import (
+    FORMATS,
+    Undetectable,
+    detect,
+    frame_rows,
+    prompt,
+    raw_prompts,
+    user_runs,
+)
+from kit.data.inputs import check_format, check_mapping_columns, check_name, for_each, sources
 from kit.data.readers import BLANK, Skip, read
 from kit.data.tools import row_tools
 
@@ -104,11 +122,14 @@ class LoadResult:
     rows: dict[str, int] = field(default_factory=dict)  # dataset -> rows read
     skipped_rows: pl.DataFrame | None = None  # dataset, row, reason, detail (first MAX_SKIP_ROWS)
     ignored_files: list[dict] = field(default_factory=list)  # [{"path", "reason"}] not loaded
-    specs: dict[str, dict] = field(default_factory=dict)  # dataset -> {"path", "format", "mapping"}
+    specs: dict[str, dict] = field(
+        default_factory=dict
+    )  # dataset -> {"path", "format", "mapping", "strip"}
+    stripped: dict[str, int] = field(default_factory=dict)  # dataset -> prompts strip changed
 
     def summary(self) -> pl.DataFrame:
         """One row per dataset: format, rows read, prompts kept (with_tools: how many carry
-        tool definitions), duplicates, skips by reason. (Directory entries not loaded are in
+        tool definitions), duplicates, (strip=True) stripped, skips by reason. (Directory entries not loaded are in
         `ignored_files` and the repr.)"""
         kept = Counter(self.frame["dataset"].to_list())
         tooled = Counter(
@@ -132,7 +153,11 @@ class LoadResult:
                     "skip_reasons": reasons,
                 }
             )
-        return pl.DataFrame(out, schema_overrides={"format": pl.String})
+        frame = pl.DataFrame(out, schema_overrides={"format": pl.String})
+        if self.stripped:  # strip=True: the prompts it changed
+            stripped = [self.stripped.get(name, 0) for name in self.formats]
+            frame = frame.insert_column(6, pl.Series("stripped", stripped, dtype=pl.Int64))
+        return frame
 
     def source_hashes(self) -> dict[str, str]:
         """dataset -> 16-hex hash of its sorted prompt_ids (RunConfig.source_hashes)."""
@@ -162,17 +187,21 @@ class LoadResult:
         return f"<p><b>{self._headline()}</b></p>{ignored}{self.summary()._repr_html_()}"
 
 
-def load(paths_or_mapping, *, format=None, name=None, mapping=None) -> LoadResult:
+def load(paths_or_mapping, *, format=None, name=None, mapping=None, strip=False) -> LoadResult:
     """Load prompt datasets into one prompt frame.
 
     Args:
         paths_or_mapping: a path, a directory (its .jsonl/.ndjson/.json/.parquet files), a
             list of those, or {dataset_name: path or in-memory rows}
             (a list of dicts, a polars DataFrame, a Hugging Face `datasets.Dataset`).
-        format: force one of FORMATS for every source; None detects it per source.
+        format: force one of FORMATS for every source, or {dataset: format} for some;
+            None detects it per source.
         name: dataset name for a single source (default: the file stem, sanitized).
-        mapping: {"prompt": column, "system": column (optional)} or {"messages": column};
-            either may add "tools": column (default: the `tools` column, if any).
+        mapping: {"prompt": column, "system": column (optional)}, {"messages": column} or
+            {"turns": column} (a list of user turns); any may add "tools": column (default:
+            the `tools` column, if any). One for every source, or {dataset: mapping}.
+        strip: str.strip() each message's content (off: content as the dataset has it);
+            the prompts it changes are counted in LoadResult.stripped.
 
     Returns:
         LoadResult with `.frame` (dataset, prompt_id, messages, n_turns, row, and `tools`
@@ -191,9 +220,11 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None) -> LoadResul
         >>> res.summary().select("dataset", "format", "prompts", "skipped").row(0)
         ('chat_general', 'openai', 80, 0)
     """
-    fmt = check_format(format, mapping)
     pairs, ignored = sources(paths_or_mapping, name)
-    return _load([(ds, source, fmt, mapping) for ds, source in pairs], ignored)
+    how = for_each([ds for ds, _ in pairs], format, mapping)
+    if not isinstance(strip, bool):
+        raise ValueError(f"strip must be True or False, got {strip!r}")
+    return _load([(ds, source, *how[ds], strip) for ds, source in pairs], ignored)
 
 
 def reload(specs: dict[str, dict]) -> LoadResult:
@@ -213,19 +244,20 @@ def reload(specs: dict[str, dict]) -> LoadResult:
         )
     items = [
         (check_name(ds), Path(s["path"]), check_format(s.get("format"), s.get("mapping")),
-         s.get("mapping"))
+         s.get("mapping"), bool(s.get("strip")))
         for ds, s in specs.items()
     ]  # fmt: skip
     return _load(items, [])
 
 
 def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
-    """Load [(dataset, source, format or None, mapping or None)]; raise every failure at once."""
+    """Load [(dataset, source, format or None, mapping or None, strip)]; raise every
+    failure at once."""
     cols: dict[str, list] = {key: [] for key in [*SCHEMA, TOOLS]}
     result = LoadResult(frame=pl.DataFrame(schema=SCHEMA), ignored_files=ignored)
     skip_rows: list[dict] = []
     failures: list[Exception] = []
-    for ds, source, fmt, mapping in items:
+    for ds, source, fmt, mapping, strip in items:
         try:
             rows, fmt, columnar = _read_source(ds, source, fmt, mapping)
         except (ValueError, OSError) as exc:
@@ -234,7 +266,9 @@ def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
         result.formats[ds] = fmt
         result.paths[ds] = str(source) if isinstance(source, Path) else ""
         result.specs[ds] = {"path": result.paths[ds], "format": fmt, "mapping": mapping}
-        _convert(ds, rows, fmt, mapping, columnar, cols, result, skip_rows)
+        if strip:
+            result.specs[ds]["strip"] = True
+        _convert(ds, rows, (fmt, mapping, strip), columnar, cols, result, skip_rows)
     _raise_failures(failures)
     result.frame = _frame(cols)
     result.skipped_rows = pl.DataFrame(
@@ -355,12 +389,15 @@ def _row_prompts(row, fmt: str | None, mapping: dict | None) -> list:
         return [skip]
 
 
-def _convert(ds, rows, fmt, mapping, columnar, cols, result: LoadResult, skip_rows) -> None:
-    """Append the prompts of one dataset to cols; count skips and duplicates in result.
-    A row's tools are read once its prompt is valid: a prompt problem is named first."""
+def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> None:
+    """Append the prompts of one dataset to cols; count skips, duplicates and (strip on)
+    stripped prompts in result. how: (format, mapping, strip). A row's tools are read once
+    its prompt is valid: a prompt problem is named first."""
+    fmt, mapping, strip = how
+    runs = user_runs(fmt, mapping)
     seen: set[str] = set()
     skips: Counter = Counter()
-    dups = n_rows = 0
+    dups = n_rows = stripped = 0
     for i, row in enumerate(rows):
         if row is BLANK:
             continue
@@ -369,8 +406,10 @@ def _convert(ds, rows, fmt, mapping, columnar, cols, result: LoadResult, skip_ro
             try:
                 if isinstance(turns, Skip):
                     raise turns
-                messages = prompt(turns)
+                messages = prompt(turns, strip=strip, user_runs=runs)
                 tools = row_tools(row, mapping, columnar)
+                if strip:
+                    stripped += messages != prompt(turns, user_runs=runs)
             except Skip as skip:
                 skips[skip.reason] += 1
                 if skips.total() <= MAX_SKIP_ROWS:
@@ -390,3 +429,5 @@ def _convert(ds, rows, fmt, mapping, columnar, cols, result: LoadResult, skip_ro
     result.skipped[ds] = {r: skips[r] for r in REASONS if skips[r]}
     result.duplicates[ds] = dups
     result.rows[ds] = n_rows
+    if strip:
+        result.stripped[ds] = stripped

@@ -6,6 +6,15 @@ dataset's completion-token budget needs (with an upper confidence bound), whethe
 prompts suffice, how long the run takes, and what a naive per-dataset sample cap would
 produce instead. Re-exported as kit.plan.budget, kit.plan.TOTAL.
 
+Every dataset's samples and hours come with a PREDICTION-level (90%) interval:
+samples_low..samples_high is where the samples the run needs should fall (the pilot mean's
+own error and the run's sampling of the same lengths, cv * sqrt(1/n_pilot + 1/needed), on
+a Student-t with the pilot's spread widened to its 75% upper bound, as 30 skewed lengths
+mostly show too little of their tail); hours_low..hours_high spans the time between a
+token-bound server (time follows the tokens: the budget) and a request-bound one (time
+follows the samples). bench/bench_plan_accuracy.py measures how often the actual run lands
+inside, over repeated seeds.
+
 A plan does not claim what its pilot cannot show: a censored pilot (more than
 CENSORED_SHARE of it hit max_tokens) or one with no spread gives no upper bound, a pilot
 of fewer than 30 says it is weak, and a time estimate from a throughput measured at
@@ -39,6 +48,8 @@ TOTAL = "TOTAL"  # the dataset name of the summary row
 # CV ~1); and above 10% of 30 means 4 or more cut, while a 5% threshold would fire on 2 of
 # 30, a share too noisy to act on (its 95% interval runs from 1% to 22%).
 CENSORED_SHARE = 0.10
+PREDICTION = 0.90  # two-sided level of samples_low..samples_high and hours_low..hours_high
+SPREAD_LEVEL = 0.75  # the pilot's std is widened to this upper confidence bound (chi-square)
 
 
 def t_quantile(confidence: float, dof: int) -> float:
@@ -58,6 +69,38 @@ def t_quantile(confidence: float, dof: int) -> float:
         (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
     ]
     return z + sum(gi / dof ** (i + 1) for i, gi in enumerate(g))
+
+
+def spread_factor(n: int, level: float = SPREAD_LEVEL) -> float:
+    """sqrt((n-1) / chi2_{1-level}(n-1)): a sample std times this is its `level` upper
+    confidence bound (Wilson-Hilferty's chi-square quantile).
+
+    Example:
+        >>> round(spread_factor(30), 3)
+        1.109
+    """
+    k = n - 1
+    if k < 1:
+        return math.inf
+    z = NormalDist().inv_cdf(1 - level)
+    q = k * (1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3
+    return math.sqrt(k / q) if q > 0 else math.inf
+
+
+def samples_interval(remaining: float, mean: float, std: float, n: int,
+                     level: float = PREDICTION) -> tuple[int, int | None]:  # fmt: skip
+    """(low, high) of the samples that reach `remaining` tokens at this pilot (mean, std of
+    n lengths), a two-sided `level` prediction interval; high None when unbounded.
+
+    Example:
+        >>> samples_interval(10_000, 100.0, 80.0, 30)
+        (77, 146)
+    """
+    needed = math.ceil(remaining / mean)
+    t = t_quantile(1 - (1 - level) / 2, n - 1)
+    h = t * std * spread_factor(n) * math.sqrt(1 / n + 1 / max(needed, 1))
+    high = math.ceil(remaining / (mean - h)) if mean - h > 0 else None
+    return math.ceil(remaining / (mean + h)), high
 
 
 # ---------------------------------------------------------------- budget
@@ -101,9 +144,11 @@ def budget(
         One row per dataset plus a "TOTAL" row: budget, n_pilot, mean, std, p50, p90, p99,
         truncated_share, mean_lower, samples_done, tokens_done, tokens_remaining,
         samples_needed (ceil(remaining / mean)), samples_needed_upper (ceil(remaining /
-        mean_lower)), prompts_available, shortfall, max_tokens_available, hours_to_go, cap,
-        cap_tokens, overshoot (cap_tokens / budget), cap_hours, recommended_max_tokens, note.
-        mean_lower and samples_needed_upper are null when the pilot cannot bound the mean:
+        mean_lower)), samples_low, samples_high (the PREDICTION interval, see the module
+        docstring), prompts_available, shortfall, max_tokens_available, hours_to_go,
+        hours_low, hours_high, cap, cap_tokens, overshoot (cap_tokens / budget), cap_hours,
+        recommended_max_tokens, note. mean_lower, samples_needed_upper and the intervals
+        are null when the pilot cannot bound the mean:
         fewer than 2 samples, no spread, or censored (truncated_share > CENSORED_SHARE:
         the lengths were cut at max_tokens, the note says by how much and what to re-pilot
         with; cap_tokens, max_tokens_available and cap_hours are then lower bounds).
@@ -184,8 +229,8 @@ def _rate(throughput: Any, concurrency: int | None) -> tuple[float | None, str |
 _PLAN_COLUMNS = """dataset:String budget:Float64 n_pilot:Int64 mean:Float64 std:Float64 p50:Float64
     p90:Float64 p99:Float64 truncated_share:Float64 mean_lower:Float64 samples_done:Int64
     tokens_done:Int64 tokens_remaining:Float64 samples_needed:Int64 samples_needed_upper:Int64
-    prompts_available:Int64 shortfall:Boolean max_tokens_available:Float64 hours_to_go:Float64
-    cap:Int64 cap_tokens:Float64 overshoot:Float64 cap_hours:Float64 recommended_max_tokens:Int64
+    samples_low:Int64 samples_high:Int64 prompts_available:Int64 shortfall:Boolean
+    max_tokens_available:Float64 hours_to_go:Float64 hours_low:Float64 hours_high:Float64 cap:Int64 cap_tokens:Float64 overshoot:Float64 cap_hours:Float64 recommended_max_tokens:Int64
     note:String"""  # name:polars dtype, the budget() table in order
 
 
@@ -230,12 +275,26 @@ def _plan_row(
     cap_tokens = cap * mean
     recommend = _recommend_max_tokens(max_tokens, st["max"], p99_uncensored) if censored else None
     note = _note(st, needed, upper, left, t_done + left * mean, remaining, recommend, max_tokens)
+    low, high = samples_interval(remaining, mean, std, n) if bounded and needed else (None, None)
+    hours = _hours(expected, throughput)
+    h_low, h_high = _hours_interval(hours, needed, low, high, left)
     return (
         name, float(target), n, mean, std, st["p50"], st["p90"], st["p99"], st["truncated_share"], lower,
-        s_done, t_done, remaining, needed, upper, available, shortfall, t_done + left * mean,
-        _hours(expected, throughput), cap, cap_tokens, cap_tokens / target, _hours(cap_tokens, throughput),
+        s_done, t_done, remaining, needed, upper, low, high, available, shortfall, t_done + left * mean,
+        hours, h_low, h_high, cap, cap_tokens, cap_tokens / target, _hours(cap_tokens, throughput),
         recommend, note,
     )  # fmt: skip
+
+
+def _hours_interval(hours, needed, low, high, left) -> tuple[float | None, float | None]:
+    """hours_low..hours_high: from the token-bound time (hours) to the request-bound one
+    (hours scaled by the samples the run sends, at most the prompts left)."""
+    if hours is None or low is None or not needed:
+        return None, None
+    sent = min(needed, left) or 1
+    low_f = min(low, left) / sent
+    high_f = min(high, left) / sent if high is not None else None
+    return hours * min(1.0, low_f), (hours * max(1.0, high_f) if high_f is not None else None)
 
 
 def _hours(tokens: float, throughput: float | None) -> float | None:
@@ -299,10 +358,12 @@ def _total_row(table: pl.DataFrame, throughput: float | None) -> pl.DataFrame:
     s = table.sum()
     needed = s["samples_needed"][0]
     upper = None if table["samples_needed_upper"].null_count() else s["samples_needed_upper"][0]
+    whole = {c: None if table[c].null_count() else s[c][0] for c in ("samples_low", "samples_high", "hours_low", "hours_high")}  # fmt: skip
     values = {
         "dataset": TOTAL,
         "mean": s["tokens_remaining"][0] / needed if needed else None,
         "samples_needed_upper": upper,
+        **whole,  # each dataset's interval summed: wider than the TOTAL's own (not independent)
         "shortfall": bool(table["shortfall"].any()),
         "overshoot": s["cap_tokens"][0] / s["budget"][0],
         "hours_to_go": s["hours_to_go"][0] if throughput else None,

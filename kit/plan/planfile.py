@@ -35,6 +35,7 @@ def write_plan(
     budgets: dict[str, float] | None = None,
     pilot: PilotResult | None = None,
     prompts: pl.DataFrame | LoadResult | None = None,
+    server: dict | None = None,
 ) -> Path:
     """Write run_dir/plan.json: the planned budgets and the run's RunConfig, which the
     generate stage (02_generate, `kit generate`) reads back with read_plan().
@@ -50,6 +51,9 @@ def write_plan(
             ("sources"; config.datasets from it): kit.generate(None, config, run_dir=...)
             then runs the plan from the run directory alone. The planned budgets must
             name exactly its datasets.
+        server: what the plan's endpoints are, {"embedded": bool, "engine": str | None}:
+            `kit generate` starts a fresh embedded server only for a plan made on one
+            (config.endpoints is then a server that is gone), else it uses the endpoints.
 
     Returns:
         The path of plan.json.
@@ -80,6 +84,7 @@ def write_plan(
         "budgets": config.budgets,
         "config": config.to_dict(),
         "sources": specs,
+        "server": server,
         "pilot": pilot.summary() if pilot is not None else None,
         "table": plan_frame.to_dicts(),
     }
@@ -130,7 +135,8 @@ def _plan_budgets(plan_frame: pl.DataFrame) -> dict[str, float]:
 
 def read_plan(run_dir: str | Path) -> dict:
     """Read run_dir/plan.json: `budgets`, `config` (a RunConfig), `sources` (dataset -> load
-    spec, None when the plan was written without prompts), `pilot`, `table` (a frame).
+    spec, None when the plan was written without prompts), `server` ({"embedded",
+    "engine"}, or None), `pilot`, `table` (a frame).
 
     A plan.json from before version 2 (no "config") is refused: make it again.
 
@@ -153,6 +159,7 @@ def read_plan(run_dir: str | Path) -> dict:
     table = plan.get("table")
     plan["table"] = pl.DataFrame(table) if table else pl.DataFrame(schema=plan_schema())
     plan.setdefault("sources", None)
+    plan.setdefault("server", None)  # plans made before it say nothing of their server
     return plan
 
 

@@ -1,6 +1,7 @@
 """Stage 4, report: what a run produced, checked, shown and exported.
 
-Modules: `audit` (kit.audit), `flags` (audit thresholds and per-record checks), `export`
+Modules: `audit` (kit.audit), `flags` (audit thresholds and per-record checks),
+`textchecks` (the checks that need the tokenizer), `findings` (the audit's findings), `export`
 (kit.export), `manifest` (the export's manifest and summary), `convo` (a record's
 conversation, tools and generated turns), `validate` (kit.validate), `tokenrows`
 (token-id rows with loss masks), `charts` (altair builders), `monitor` (live progress,

@@ -12,8 +12,11 @@ as a whole: SQLite's integrity check of the database, duplicate records the data
 finding per dataset. Thinking models: a "length" finish with an empty answer
 and non-empty reasoning is its own finish class, "length_in_reasoning" (in `finish` and a
 finding), and answers holding <think> / </think> markers are counted and flagged per dataset
-("think_markers": the server's reasoning parser did not split them off). The per-record
-checks live in kit/report/flags.py.
+("think_markers": the server's reasoning parser did not split them off); with
+enable_thinking=False sent, reasoning in the records is "thinking_not_off" instead. Answers
+that are tool calls are counted and never empty; all_turns' earlier turns cut at max_tokens
+are counted. The per-record checks live in kit/report/flags.py (those that need the
+tokenizer in kit/report/textchecks.py), the findings in kit/report/findings.py.
 
 The records are streamed batch by batch (kit.run.reader.record_batches): each batch is
 flagged in polars and only a light row per record is kept (keys, counts, finish, timing,
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kit.report.findings import findings, run_findings
+from kit.report.findings import findings, run_findings, thinking_off
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
     AuditThresholds,
     TextSample,
@@ -48,11 +51,12 @@ BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows 
 # what the checks read from each record (no prompt_ids, endpoint, attempts, tools)
 READ_COLUMNS = KEYS + ["messages", "completion", "finish_reason", "completion_tokens",
                        "count_source", "prompt_tokens", "output_ids", "latency_s", "t_done",
-                       "reasoning", "turns"]  # fmt: skip
+                       "reasoning", "turns", "tool_calls"]  # fmt: skip
 # AuditReport.records: one light row per record
 LIGHT_COLUMNS = KEYS + ["completion_tokens", "prompt_tokens", "finish_reason", "finish_class",
                         "count_source", "t_done", "latency_s", "empty", "echo", "think_marker",
                         "has_reasoning", "has_ids", "ids_len_mismatch", "count_over_max",
+                        "has_tool_calls", "earlier_turns", "earlier_length",
                         "text_hash", "norm_hash"]  # fmt: skip
 
 
@@ -182,6 +186,9 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
         length_in_reasoning=(c("finish_class") == "length_in_reasoning").sum(),
         think_markers=c("think_marker").sum(),
         reasoning=c("has_reasoning").sum(),
+        tool_calls=c("has_tool_calls").sum(),
+        earlier_turns=c("earlier_turns").sum(),
+        earlier_length=c("earlier_length").sum(),
         empty=c("empty").sum(),
         dup_exact=c("dup_exact").sum(),
         dup_near=c("dup_near").sum(),
@@ -354,13 +361,14 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
     if tok is not None:
         notes += _sample_notes(table)
     run_rows, run_notes = run_findings(run_dir, problems)
+    off = thinking_off(config, table, tok)
     return AuditReport(
         run_dir=str(run_dir),
         datasets=table,
         lengths=table.select("dataset", "records", "mean", "p50", "p90", "p99", "max"),
         finish=_finish_table(flags),
         records=flags,
-        findings=findings(table, th, max_tokens, run_rows),
+        findings=findings(table, th, max_tokens, run_rows, off),
         thresholds=th,
         notes=notes + run_notes,
     )

@@ -2,7 +2,7 @@
 chat template's rendering of them (with the record's tools and the dataset's template kwargs).
 
 A row here is one record as a dict (a row of kit.run.reader.record_batches with prompts):
-`tools` and `turns` are JSON text there (or lists, or null); `reasoning` is the thinking the
+`tools`, `turns` and `tool_calls` are JSON text there (or lists, or null); `reasoning` is the thinking the
 server's reasoning parser split off the answer.
 
 SpecForge reads a conversation the way we write it (sgl-project/SpecForge):
@@ -15,6 +15,10 @@ SpecForge reads a conversation the way we write it (sgl-project/SpecForge):
 - specforge/utils.py (safe_conversations_generator) reads a row's `tools` (a list, or a
   JSON string of one) and specforge/data/preprocessing.py (build_eagle3_dataset) passes it
   to the parser as the template's `tools`.
+- the target's tool calls are the last assistant message's `tool_calls` (OpenAI's shape,
+  [{"id", "type": "function", "function": {"name", "arguments"}}]), the field chat templates
+  that render tool calls read (Qwen, Llama 3.1, Hermes: `message.tool_calls`); a template
+  without one leaves them out, as it leaves out `tools`.
 - docs/basic_usage/data_preparation.md ("Multi-turn structured reasoning"): earlier
   assistant turns keep only their visible content; with `train_only_last_turn` (PR #419,
   `--train-only-last-turn`, `data.train_only_last_turn: true`) only the last assistant turn
@@ -46,6 +50,21 @@ def conversation(messages, completion: str, reasoning: str | None = None) -> lis
     if reasoning:
         last["reasoning_content"] = reasoning
     return prompt + [last]
+
+
+def with_tool_calls(conv: list[dict], r: dict) -> list[dict]:
+    """conv with the record's tool calls on its last (assistant) message, if it has any;
+    conv itself is not changed.
+
+    Example:
+        >>> calls = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]
+        >>> with_tool_calls([{"role": "assistant", "content": ""}], {"tool_calls": calls})[-1]["tool_calls"][0]["function"]["name"]
+        'f'
+    """
+    calls = parsed(r.get("tool_calls"))
+    if not calls:
+        return conv
+    return conv[:-1] + [{**conv[-1], "tool_calls": calls}]
 
 
 def parsed(value):
@@ -144,8 +163,9 @@ def messages_text():
 
 
 def tools_json(texts) -> list[str | None]:
-    """Stored tools (JSON text, or null) as SpecForge writes them, json.dumps(tools,
-    ensure_ascii=False); None where there are none ("[]" is none). One parse per distinct text.
+    """Stored tools or tool calls (JSON text, or null) as SpecForge writes them,
+    json.dumps(value, ensure_ascii=False); None where there are none ("[]" is none). One
+    parse per distinct text.
 
     Example:
         >>> tools_json(['[{"a":1}]', None, "[]"])
@@ -160,9 +180,10 @@ def tools_json(texts) -> list[str | None]:
 
 def specforge_lines(frame):
     """The SpecForge JSONL lines of a records frame (dataset, prompt_id, sample, messages,
-    completion, reasoning, and `tools_json`: tools_json() of its tools, null where none),
-    rendered by polars, each with its newline: exactly json.dumps(row, ensure_ascii=False)
-    of row = {"id": row_id, "conversations": conversation(...)} plus "tools" when it has any.
+    completion, reasoning, and `tools_json`: tools_json() of its tools, null where none;
+    optionally `tool_calls_json`: tools_json() of its tool calls), rendered by polars, each
+    with its newline: exactly json.dumps(row, ensure_ascii=False) of row = {"id": row_id,
+    "conversations": with_tool_calls(conversation(...))} plus "tools" when it has any.
 
     Example: specforge_lines(frame)[0] -> '{"id": "alpaca-9f2c-0", "conversations": [...]}\\n'
     """
@@ -171,9 +192,11 @@ def specforge_lines(frame):
     c = pl.col
     prompt = messages_text()
     reasoning = pl.when(c("reasoning").fill_null("") != "")
+    calls = c("tool_calls_json") if "tool_calls_json" in frame.columns else pl.lit(None, pl.String)
     last = pl.concat_str(
         pl.lit('{"role": "assistant", "content": '), json_text(c("completion")),
         reasoning.then(pl.concat_str(pl.lit(', "reasoning_content": '), json_text(c("reasoning")))).otherwise(pl.lit("")),
+        pl.when(calls.is_not_null()).then(pl.concat_str(pl.lit(', "tool_calls": '), calls)).otherwise(pl.lit("")),
         pl.lit("}"),
     )  # fmt: skip
     sep = pl.when(prompt != "").then(pl.lit(", ")).otherwise(pl.lit(""))

@@ -32,8 +32,9 @@ specforge/data/parse.py GeneralParser.parse): `id` a non-empty string; `conversa
 list of {"role": "system"|"user"|"assistant", "content": str}; an optional leading system
 message replaces the template's default system prompt; then user/assistant turns, the
 conversation ending with the target's assistant completion, which carries the target's
-thinking as "reasoning_content" when it has any; "tools" (the record's tool definitions)
-when present. kit/report/convo.py cites where SpecForge reads each field.
+thinking as "reasoning_content" and its tool calls as "tool_calls" when it has any; "tools"
+(the record's tool definitions) when present. kit/report/convo.py cites where SpecForge
+reads each field.
 
 Which assistant turns are trained (RunConfig.turns): "last_turn" (default): only the
 generated one; a prompt's earlier assistant turns are the dataset's. Token-id rows mask them
@@ -130,7 +131,7 @@ BATCH = 5_000  # records per batch of the writing pass: bounds its memory
 TOKEN_BATCH = 1_000  # with token_ids: each row's ids are Python ints, ~36 bytes apiece
 WRITES_IN_FLIGHT = 4  # batches rendered and queued for the writer thread
 _READ = ["dataset", "prompt_id", "sample", "completion", "reasoning", "finish_reason",
-         "completion_tokens", "count_source", "turns"]  # fmt: skip
+         "completion_tokens", "count_source", "turns", "tool_calls"]  # fmt: skip
 
 
 def _targets(formats) -> list[str]:
@@ -315,8 +316,8 @@ def _kept(batch, kept, at: int):
 
 def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
     """A batch ready to write: messages as the runner sent them (all_turns: the target's own
-    earlier answers), `tools_json`, and with token ids the token rows (columns, and dicts);
-    rows the template cannot split are left out."""
+    earlier answers), `tools_json` and `tool_calls_json`, and with token ids the token rows
+    (columns, and dicts); rows the template cannot split are left out."""
     import polars as pl
 
     from kit.report.convo import tools_json
@@ -325,7 +326,10 @@ def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
     if frame["turns"].is_not_null().any():
         msgs = [as_sent(m, json.loads(t)) if t else m for m, t in zip(frame["messages"].to_list(), frame["turns"], strict=True)]  # fmt: skip
         frame = frame.with_columns(messages=pl.Series(msgs, dtype=record_schema()["messages"]))
-    frame = frame.with_columns(tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String))  # fmt: skip
+    frame = frame.with_columns(
+        tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String),
+        tool_calls_json=pl.Series(tools_json(frame["tool_calls"].to_list()), dtype=pl.String),
+    )
     if not tokens:
         return frame, []
     kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731

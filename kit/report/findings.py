@@ -1,32 +1,41 @@
 """The audit's findings: one row per check a dataset (or the run) fails, with its message.
 
 `findings` turns kit.audit's per-dataset table into rows (dataset, check, value, threshold,
-severity, message): budget adherence, shares over their AuditThresholds, counts that are
-no counts, ids that disagree with counts or text. `run_findings` adds those of the run as
-a whole (dataset "(run)"): SQLite's integrity check, duplicate records the database
-refused, lines a JSONL-layout import could not take.
+severity, message): budget (over_budget, overshoot, under_budget, short_of_budget), shares
+over their AuditThresholds (truncation, empty, duplicates, echoes, finish reasons,
+thinking, think markers, re-tokenized counts, errors), counts that are no counts, ids that
+disagree with counts or text, thinking_not_off (a template that ignored
+enable_thinking=False) and truncation_earlier_turns (all_turns). `run_findings` adds those
+of the run as a whole (dataset "(run)"): SQLite's integrity check, duplicate records the
+database refused, lines a JSONL-layout import could not take.
 """
 
 from __future__ import annotations
 
-from kit.report.flags import AuditThresholds
+from kit.report.flags import THINK_MARKERS, AuditThresholds, opens_think_block
 
 FINDING_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
 RUN = "(run)"  # the dataset column of findings about the run as a whole
 
 
-def findings(table, th: AuditThresholds, max_tokens: int, run_rows=()):
-    """The findings frame: one row per check a dataset fails, then `run_rows` (the run's)."""
+def findings(table, th: AuditThresholds, max_tokens: int, run_rows=(), thinking_off=None):
+    """The findings frame: one row per check a dataset fails, then `run_rows` (the run's).
+    `thinking_off`: dataset -> what the template check found (or "") for datasets sent
+    enable_thinking False."""
     import polars as pl
 
-    rows = []
+    rows, thinking_off = [], thinking_off or {}
     for r in table.iter_rows(named=True):
         if r["records"]:
             rows += _budget_findings(r, th, max_tokens)
         else:
             msg = "no records: nothing was generated for this dataset (or none could be read)"
             rows.append((r["dataset"], "no_records", 0.0, 0.0, "warn", msg))
-        rows += _share_findings(r, th)
+        ignored = r["dataset"] in thinking_off and r["reasoning"] > 0
+        rows += _share_findings(r, th, skip={"length_in_reasoning"} if ignored else set())
+        if ignored:
+            rows.append(_thinking_finding(r, thinking_off[r["dataset"]]))
+        rows += _earlier_findings(r, th)
         rows += _count_findings(r, th, max_tokens)
         for check in ("ids_len_mismatch", "ids_text_mismatch"):
             if r[check]:
@@ -57,11 +66,53 @@ def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tupl
             f"{tokens:,} tokens vs budget {budget:,}: over by {tokens - budget:,} (> {slack:,.0f})"
         )
         return [(name, "over_budget", float(tokens - budget), float(slack), "error", msg)]
+    over = tokens - budget
+    if over > th.overshoot_share * budget:
+        msg = (
+            f"{tokens:,} tokens vs budget {budget:,}: over by {over:,} (+{over / budget:.1%}, "
+            f"> {th.overshoot_share:.0%}), inside the allowance of {slack:,.0f} (one "
+            f"max_tokens={max_tokens:,}, a large share of a budget this small)"
+        )
+        return [(name, "overshoot", over / budget, th.overshoot_share, "warn", msg)]
     left = r["prompts_left"]
     if tokens < budget and left:
         msg = f"{tokens:,} of {budget:,} tokens ({tokens / budget:.0%}) with {left} prompts left"
         return [(name, "under_budget", float(tokens), float(budget), "warn", msg)]
+    short = (budget - tokens) / budget
+    if left == 0 and short > th.short_share:
+        msg = (
+            f"ran out of prompts {short:.1%} short of its budget: {tokens:,} of {budget:,} "
+            f"tokens after all {r['prompts_total']:,} samples (add prompts, raise n, or lower "
+            "the budget)"
+        )
+        return [(name, "short_of_budget", short, th.short_share, "warn", msg)]
     return []
+
+
+def _thinking_finding(r: dict, template: str) -> tuple:
+    """enable_thinking False was sent, yet records hold reasoning: the template ignored it."""
+    share = r["reasoning"] / max(r["records"], 1)
+    msg = (
+        f"enable_thinking=False was sent, yet {r['reasoning']} of {r['records']} records "
+        f"({share:.1%}) hold reasoning ({r['length_in_reasoning']} stopped by length inside "
+        "it, with no answer): the chat template ignored the switch and opened a think block "
+        "anyway" + (f" ({template})" if template else "")
+        + "; use a template that honours enable_thinking, or treat these rows as reasoning rows"
+    )  # fmt: skip
+    return (r["dataset"], "thinking_not_off", share, 0.0, "warn", msg)
+
+
+def _earlier_findings(r: dict, th: AuditThresholds) -> list[tuple]:
+    """all_turns: earlier generated turns cut at max_tokens (the conversation went on)."""
+    n, cut = r["earlier_turns"], r["earlier_length"]
+    if not cut or cut / n <= th.truncation_share:
+        return []
+    msg = (
+        f"{cut} of {n} earlier generated turns ({cut / n:.1%}) stopped at max_tokens "
+        f"(finish_reason length), and the conversation went on after the cut answer; "
+        f"threshold {th.truncation_share:.1%}"
+    )
+    return [(r["dataset"], "truncation_earlier_turns", cut / n, th.truncation_share, "warn", msg)]
 
 
 def _count_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tuple]:
@@ -113,10 +164,12 @@ _SHARE_CHECKS = [  # check, count column, threshold field, severity, what
 ]
 
 
-def _share_findings(r: dict, th: AuditThresholds) -> list[tuple]:
+def _share_findings(r: dict, th: AuditThresholds, skip=frozenset()) -> list[tuple]:
     out = []
     n = max(r["records"], 1)
     for check, col, limit_name, severity, what in _SHARE_CHECKS:
+        if check in skip:
+            continue
         share, limit = r[col] / n, getattr(th, limit_name)
         if r[col] and share > limit:
             msg = f"{r[col]} of {r['records']} records ({share:.1%}) {what}; threshold {limit:.1%}"
@@ -124,6 +177,18 @@ def _share_findings(r: dict, th: AuditThresholds) -> list[tuple]:
     if r["errors"] and r["error_rate"] > th.error_rate:
         msg = f"{r['errors']} requests failed every attempt ({r['error_rate']:.1%}); threshold {th.error_rate:.1%}"
         out.append((r["dataset"], "error_rate", r["error_rate"], th.error_rate, "warn", msg))
+    return out
+
+
+def thinking_off(config, table, tok) -> dict[str, str]:
+    """dataset -> what the template says (or "" without a tokenizer), for the datasets
+    whose chat_template_kwargs switch thinking off and whose records hold reasoning."""
+    out = {}
+    for name, reasoning in table.select("dataset", "reasoning").iter_rows():
+        kwargs = config.sampling_for(name).chat_template_kwargs or {}
+        if kwargs.get("enable_thinking") is False and reasoning:
+            opened = tok is not None and opens_think_block(tok, kwargs)
+            out[name] = f"its generation prompt opens {THINK_MARKERS[0]} with these kwargs" if opened else ""  # fmt: skip
     return out
 
 

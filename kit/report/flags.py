@@ -5,16 +5,19 @@ check: empty, duplicate (exact, near), echo, server ids and their agreement with
 and the text, counts above max_tokens + 1, counts far below the text's own, the finish class
 (a "length" finish with an empty answer and non-empty reasoning is "length_in_reasoning": the
 model spent every token thinking), and <think> / </think> markers left in the answer (the
-server's reasoning parser did not split them off). Multi-turn records (Record.turns) are
-checked per generated turn: completion_tokens counts all of them, output_ids the last.
+server's reasoning parser did not split them off). A record whose answer is tool calls
+(Record.tool_calls) is not empty, and its calls are part of its duplicate key. Multi-turn
+records (Record.turns) are checked per generated turn: completion_tokens counts all of
+them, output_ids the last; their earlier turns cut at max_tokens are counted
+(earlier_length of earlier_turns).
 
 The checks are polars expressions over a whole batch (kit.audit streams a run batch by
 batch): `record_flags` flags one batch and hashes its texts (the near-duplicate key is the
 hash of the normalized text, so no text is kept), `dup_flags` finds the duplicates over the
 hashes of a whole run, and only a few rows ever go through Python: echo candidates (first a
 longest-common-subsequence bound, then difflib only where it cannot rule an echo out) and
-records with `turns`. The tokenizer checks decode and re-encode each record: kit.audit runs
-them on a seeded sample per dataset (TextSample).
+records with `turns`. The tokenizer checks (kit/report/textchecks.py) decode and re-encode
+each record: kit.audit runs them on a seeded sample per dataset (TextSample).
 """
 
 from __future__ import annotations
@@ -26,7 +29,16 @@ import unicodedata
 from dataclasses import dataclass, fields
 
 from kit.report.convo import parsed
-from kit.report.tokenrows import strip_end_ids
+from kit.report.textchecks import (  # noqa: F401 - re-exported: kit.report.flags names them
+    HASH_SEED,
+    THINK_MARKERS,
+    TextSample,
+    ids_match_text,
+    ids_text_flags,
+    opens_think_block,
+    under_reported_flags,
+    with_optional,
+)
 
 _PUNCT_DIGITS = re.compile(r"[\d\W_]+", re.UNICODE)
 # The same class for polars (Rust regex): Python's [\d\W_] is every character that is not a
@@ -36,22 +48,25 @@ _PUNCT_DIGITS = re.compile(r"[\d\W_]+", re.UNICODE)
 _W = r"\p{L}\p{Nl}\p{No}"
 _NOT_WORD_RUNS = rf"[^{_W}]*(?:[^{_W} ]|  )[^{_W}]*"
 _SPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace())  # what str.strip() strips
-THINK_MARKERS = ("<think>", "</think>")
-HASH_SEED = 0x6B6974  # polars .hash() seed of text_hash / norm_hash (stable within a version)
 
 
 @dataclass(slots=True)
 class AuditThresholds:
     """What counts as a problem. Shares are fractions of a dataset's records (0 = any).
 
-    A dataset is over budget when its tokens exceed the budget by more than
-    max(over_budget_share * budget, max_tokens); under budget when below it with prompts left.
+    A dataset is over budget (an error) when its tokens exceed the budget by more than
+    max(over_budget_share * budget, max_tokens); overshoot (a warning) when over by more than
+    overshoot_share of it, inside that allowance (one max_tokens is a large share of a small
+    budget); under budget when below it with prompts left; short when its prompts ran out
+    more than short_share below it.
     The tokenizer checks (ids decode to the text, counts not under-reported) decode and
     re-encode each record, so kit.audit runs them on a seeded sample of `text_check_sample`
     records per dataset (every record when a dataset has fewer; None: always every record).
     """
 
     over_budget_share: float = 0.01
+    overshoot_share: float = 0.05  # over budget by this share, even inside the allowance
+    short_share: float = 0.01  # prompts ran out this far below the budget
     truncation_share: float = 0.05
     empty_share: float = 0.0
     duplicate_share: float = 0.0  # exact duplicates (copies beyond the first)
@@ -141,9 +156,10 @@ def finish_class(finish: str | None, completion: str, reasoning: str | None) -> 
     return finish
 
 
-def _count_flags(recs, max_tokens) -> tuple[list, list]:
-    """(ids_len_mismatch, count_over_max) per record, each generated turn checked alone."""
-    len_bad, over = [], []
+def _count_flags(recs, max_tokens) -> tuple[list, list, list, list]:
+    """(ids_len_mismatch, count_over_max, earlier_turns, earlier_length) per record, each
+    generated turn checked alone; earlier_length: earlier turns with finish_reason length."""
+    len_bad, over, n_earlier, n_length = [], [], [], []
     cols = ("completion_tokens", "output_ids", "turns")
     for count, ids, turns in recs.select(cols).iter_rows():
         turns = parsed(turns) or []
@@ -151,20 +167,9 @@ def _count_flags(recs, max_tokens) -> tuple[list, list]:
         parts = [(count - sum(n for n, _ in earlier), ids), *earlier]
         len_bad.append(any(i is not None and len(i) != n for n, i in parts))
         over.append(max_tokens is not None and any(not 0 <= n <= max_tokens + 1 for n, _ in parts))
-    return len_bad, over
-
-
-def _with_optional(records):
-    """Columns of newer kit versions, null in frames written before them."""
-    import polars as pl
-
-    for name in ("reasoning", "tools", "turns"):
-        if name not in records.columns:
-            records = records.with_columns(pl.lit(None, pl.String).alias(name))
-    if "messages" not in records.columns:
-        msg = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
-        records = records.with_columns(pl.lit(None, msg).alias("messages"))
-    return records
+        n_earlier.append(len(turns))
+        n_length.append(sum(t.get("finish_reason") == "length" for t in turns))
+    return len_bad, over, n_earlier, n_length
 
 
 def lcs_len(a: str, b: str) -> int:
@@ -232,9 +237,11 @@ def _echo(frame, th: AuditThresholds):
 
 def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=None):
     """The per-record flags of one batch of records, computed in polars: the batch plus
-    empty, echo, ids_len_mismatch, count_over_max, finish_class, think_marker, has_ids,
-    has_reasoning, text_hash (hash of the completion) and norm_hash (hash of its normalized
-    text; null when that is empty). Duplicates need the whole run: see dup_flags.
+    empty, has_tool_calls, echo, ids_len_mismatch, count_over_max, finish_class,
+    think_marker, has_ids, has_reasoning, text_hash (hash of the completion, and of its tool
+    calls when it has any), norm_hash (hash of its normalized text; null when that is
+    empty), earlier_turns and earlier_length (all_turns: earlier generated turns, and those
+    of them cut at max_tokens). Duplicates need the whole run: see dup_flags.
 
     Example: record_flags(batch, AuditThresholds(), 1024).select("prompt_id", "echo", "norm_hash")
     """
@@ -242,7 +249,7 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
 
     th = thresholds or AuditThresholds()
     c = pl.col
-    recs = _with_optional(records)
+    recs = with_optional(records)
     last_user = c("messages").list.eval(
         pl.element().filter(pl.element().struct.field("role") == "user").struct.field("content")
     )
@@ -252,9 +259,12 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
     )
     over = ~c("completion_tokens").is_between(0, max_tokens + 1) if max_tokens is not None else pl.lit(False)  # fmt: skip
     length_only = (c("finish_reason") == "length") & blank(c("completion"))
+    calls = c("tool_calls").fill_null("") != ""
+    text = pl.when(calls).then(pl.concat_str(c("completion"), pl.lit("\x00"), c("tool_calls")))
     recs = recs.with_columns(
         _echo(recs, th),
-        empty=blank(c("completion")),
+        empty=blank(c("completion")) & ~calls,
+        has_tool_calls=calls,
         ids_len_mismatch=(c("output_ids").list.len() != c("completion_tokens")).fill_null(False),
         count_over_max=over,
         finish_class=pl.when(length_only & ~blank(c("reasoning")))
@@ -265,16 +275,20 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
         ),
         has_ids=c("output_ids").is_not_null(),
         has_reasoning=c("reasoning").fill_null("").str.strip_chars() != "",
-        text_hash=c("completion").hash(HASH_SEED),
+        text_hash=text.otherwise(c("completion")).hash(HASH_SEED),
         norm_hash=pl.when(c("_norm") != "").then(c("_norm").hash(HASH_SEED)),
+        earlier_turns=pl.lit(0, pl.Int64),
+        earlier_length=pl.lit(0, pl.Int64),
     ).drop("_norm", "_user")
     turned = recs["turns"].is_not_null() & (recs["turns"] != "")
     rows = turned.arg_true()
     if len(rows):  # multi-turn records: each generated turn's count checked alone, in Python
-        len_bad, over_max = _count_flags(recs[rows], max_tokens)
+        len_bad, over_max, n_earlier, n_length = _count_flags(recs[rows], max_tokens)
         recs = recs.with_columns(
             recs["ids_len_mismatch"].scatter(rows, pl.Series(len_bad, dtype=pl.Boolean)),
             recs["count_over_max"].scatter(rows, pl.Series(over_max, dtype=pl.Boolean)),
+            recs["earlier_turns"].scatter(rows, pl.Series(n_earlier, dtype=pl.Int64)),
+            recs["earlier_length"].scatter(rows, pl.Series(n_length, dtype=pl.Int64)),
         )
     return recs
 
@@ -337,161 +351,3 @@ def flag_records(
         under_reported_flags(recs, tokenizer, th.under_report_ratio),
     )
     return recs.drop("text_hash", "norm_hash")
-
-
-def ids_match_text(tokenizer, ids: list[int], text: str, reasoning: str | None = None) -> bool:
-    """True when the ids decode to the text (a trailing EOS / end-of-turn is allowed). With
-    reasoning, the ids hold the thinking and then the answer: the decoded text must contain
-    the reasoning and end with the answer (the parser's markers and spacing between them
-    are not checked).
-    """
-    decoded = [
-        tokenizer.decode(strip_end_ids(tokenizer, ids), skip_special_tokens=False),
-        tokenizer.decode(ids, skip_special_tokens=True),
-    ]
-    if not (reasoning or "").strip():
-        return text in decoded
-    want = reasoning.strip()
-    return any(want in d and d.rstrip().endswith(text.strip()) for d in decoded)
-
-
-def ids_text_flags(recs, tokenizer):
-    """ids_text_mismatch as a Series: null where there are no ids or no tokenizer."""
-    import polars as pl
-
-    values = [None] * recs.height
-    if tokenizer is not None:
-        reasoning = recs["reasoning"] if "reasoning" in recs.columns else [None] * recs.height
-        rows = zip(recs["output_ids"].to_list(), recs["completion"].to_list(), reasoning, strict=True)  # fmt: skip
-        for i, (ids, text, why) in enumerate(rows):
-            if ids is not None:
-                values[i] = not ids_match_text(tokenizer, ids, text, why)
-    return pl.Series("ids_text_mismatch", values, dtype=pl.Boolean)
-
-
-def under_reported_flags(recs, tokenizer, ratio: float):
-    """under_reported as a Series: the server's count far below the text's own token count."""
-    import polars as pl
-
-    values = [None] * recs.height
-    if tokenizer is not None and recs.height:
-        from kit.tokens import encode_lengths
-
-        lengths = encode_lengths(tokenizer, recs["completion"].to_list())
-        rows = zip(recs["completion_tokens"], recs["count_source"], lengths, strict=True)
-        values = [None if src == "retokenized" else n < ratio * k for n, src, k in rows]
-    return pl.Series("under_reported", values, dtype=pl.Boolean)
-
-
-class TextSample:
-    """A seeded sample, per dataset, of the records the tokenizer checks look at.
-
-    For each check (ids decode to the text: records with output_ids; counts not
-    under-reported: records whose count was not re-tokenized) and each dataset, the `size`
-    records with the smallest hash of (dataset, prompt_id, sample) are kept: the same records
-    whatever the batch order, every record when a dataset has fewer. `size` None keeps every
-    record (and so all of their text). Only the kept rows' text stays in memory.
-
-    `check(tok, ratio, datasets)` checks the kept rows of datasets read to their end (so the
-    tokenizer works while later files are read); `checks` checks the rest and gives the
-    results of the rows the sample ends with (a row checked and later pushed out is dropped).
-
-    Example:
-        sample = TextSample(500)
-        for batch in batches: sample.add(batch)
-        sample.checks(tok, 0.5)  # dataset, prompt_id, sample, ids_text_mismatch, under_reported
-    """
-
-    COLUMNS = ["dataset", "prompt_id", "sample", "completion", "reasoning", "output_ids",
-               "completion_tokens", "count_source"]  # fmt: skip
-    KEYS = ["dataset", "prompt_id", "sample"]
-
-    def __init__(self, size: int | None, seed: int = HASH_SEED) -> None:
-        self.size, self.seed = size, seed
-        self.kept: dict = {}  # dataset -> its kept rows
-        self.bound: dict = {"_ids": {}, "_count": {}}  # check -> dataset -> prio to be under
-        self.done = None  # keys + ids_text_mismatch + under_reported of the rows checked
-
-    def _picked(self, check: str):
-        import polars as pl
-
-        if self.size is None:
-            return pl.col(check)
-        rank = pl.when(pl.col(check)).then(pl.col("_prio")).rank("ordinal").over("dataset")
-        return (rank <= self.size).fill_null(False)
-
-    def _keep(self, rows):
-        return rows.filter(self._picked("_ids") | self._picked("_count"))
-
-    def _may_enter(self, check: str):
-        """A row can still enter a full sample only under its size-th smallest hash."""
-        import polars as pl
-
-        bound = pl.col("dataset").replace_strict(self.bound[check], default=None, return_dtype=pl.UInt64)  # fmt: skip
-        return pl.col(check) & (bound.is_null() | (pl.col("_prio") < bound))
-
-    def add(self, batch) -> None:
-        """Offer one batch of records (record columns; reasoning may be missing)."""
-        import polars as pl
-
-        c = pl.col
-        rows = _with_optional(batch).select(
-            *self.COLUMNS,
-            _prio=pl.struct(self.KEYS).hash(self.seed),
-            _ids=c("output_ids").is_not_null(),
-            _count=c("count_source").ne_missing("retokenized"),
-        )
-        rows = self._keep(rows.filter(self._may_enter("_ids") | self._may_enter("_count")))
-        # copy the kept texts out of the batch's buffers (a filtered string column still
-        # holds the whole batch's text), so memory stays the sample's, not the run's
-        rows = rows.with_columns(
-            pl.Series(name, rows[name].to_list(), dtype=pl.String)
-            for name in ("completion", "reasoning")
-        )
-        for (name,), part in rows.partition_by("dataset", as_dict=True).items():
-            if name in self.kept:
-                part = self._keep(pl.concat([self.kept[name], part]))
-            self.kept[name] = part
-            for check, bound in self.bound.items():
-                prio = part.filter(check)["_prio"]
-                if self.size is not None and len(prio) >= self.size:
-                    bound[name] = prio.sort()[self.size - 1]
-
-    def check(self, tokenizer, ratio: float, datasets=None) -> None:
-        """Check the kept rows (of `datasets`; default all) not checked yet."""
-        import polars as pl
-
-        if not self.kept:
-            return
-        rows = pl.concat(self.kept.values())
-        rows = rows.with_columns(_ids=self._picked("_ids"), _count=self._picked("_count"))
-        if datasets is not None:
-            rows = rows.filter(pl.col("dataset").is_in(list(datasets)))
-        if self.done is not None:
-            rows = rows.join(self.done, on=self.KEYS, how="anti")
-        ids, counts = rows.filter("_ids"), rows.filter("_count")
-        ids = ids.select(self.KEYS).with_columns(ids_text_flags(ids, tokenizer))
-        counts = counts.select(self.KEYS).with_columns(under_reported_flags(counts, tokenizer, ratio))  # fmt: skip
-        new = rows.select(self.KEYS).join(ids, on=self.KEYS, how="left")
-        new = new.join(counts, on=self.KEYS, how="left")
-        self.done = new if self.done is None else pl.concat([self.done, new])
-
-    def checks(self, tokenizer, ratio: float):
-        """The final sample's ids_text_mismatch and under_reported (null: not checked).
-
-        Returns a frame: dataset, prompt_id, sample, ids_text_mismatch, under_reported.
-        """
-        import polars as pl
-
-        self.check(tokenizer, ratio)
-        if not self.kept:
-            keys = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64}
-            return pl.DataFrame(schema=keys | dict.fromkeys(["ids_text_mismatch", "under_reported"], pl.Boolean))  # fmt: skip
-        rows = pl.concat(self.kept.values())
-        rows = rows.select(*self.KEYS, _ids=self._picked("_ids"), _count=self._picked("_count"))
-        rows = rows.join(self.done, on=self.KEYS, how="left")
-        return rows.select(
-            *self.KEYS,
-            ids_text_mismatch=pl.when("_ids").then("ids_text_mismatch"),
-            under_reported=pl.when("_count").then("under_reported"),
-        )

@@ -5,7 +5,9 @@ Sections besides the run's settings and the files: `counts` (dataset -> records,
 train, validation), `token_rows` (dataset -> how its token-id rows were made: "exact" from
 the server's prompt_ids + output_ids, "retokenized" from rendered text, and the exceptions
 counted by kit.report.tokenrows), `turns` (which assistant turns are trained, and per
-dataset how many rows hold earlier ones), `specforge` (the trainer setting the rows need).
+dataset how many rows hold earlier ones), `specforge` (the trainer setting the rows need),
+`thinking` (for datasets sent {"enable_thinking": False}: whether the chat template ignores
+the switch and opens a think block anyway, so their rows hold the target's thinking).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ _EXCEPTIONS = {  # token_rows count -> what the summary says about those rows
     "prompt_render_differs": "the server's prompt ids differ from kit's rendering; the server's ids are used",
     "end_of_turn_appended": "stop without an end-of-turn id in output_ids: the template's end-of-turn id was appended",
     "reasoning_not_rendered": "re-tokenized, and the chat template drops reasoning_content: their thinking is not in the token row",
+    "tool_calls_not_rendered": "re-tokenized, and the chat template drops tool_calls: the target's tool calls are not in the token row",
     "earlier_turns_fallback": "an earlier turn's tokens were not found in the server's prompt ids: re-tokenized instead",
     "earlier_turns_missing": "an earlier turn could not be located in the rendering: left out of every format",
 }  # fmt: skip
@@ -57,6 +60,30 @@ def specforge_section(mode: str) -> dict:
            "turns") if on else ("leave train_only_last_turn off: every assistant turn is the "
                                 "target's and is trained")  # fmt: skip
     return {"train_only_last_turn": on, "how": how}
+
+
+def thinking_section(config, tok, names) -> dict:
+    """dataset -> {"enable_thinking": False, "template_opens_think", "note"} for the datasets
+    whose chat_template_kwargs switch thinking off (template checked with the run's
+    tokenizer; null when there is none)."""
+    from kit.report.flags import opens_think_block
+    from kit.report.tokenrows import load_tokenizer_for
+
+    off = {n: k for n in names if (k := config.sampling_for(n).chat_template_kwargs or {}).get("enable_thinking") is False}  # fmt: skip
+    if off and tok is None:
+        try:
+            tok = load_tokenizer_for(None, config)
+        except (OSError, ValueError):
+            tok = None
+    out = {}
+    for name, kwargs in off.items():
+        opens = opens_think_block(tok, kwargs) if tok is not None else None
+        note = {True: "the chat template ignores enable_thinking=False and opens a think block "
+                      "anyway: these rows hold the target's thinking",
+                False: "the chat template honours enable_thinking=False",
+                None: "not checked: no tokenizer"}[opens]  # fmt: skip
+        out[name] = {"enable_thinking": False, "template_opens_think": opens, "note": note}
+    return out
 
 
 def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opts, files) -> dict:
@@ -97,6 +124,7 @@ def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opt
         "token_rows": by_dataset,
         "token_rows_sources": TOKEN_SOURCES,
         "turns": turns_section(earlier, config.turns),
+        "thinking": thinking_section(config, tok, list(counts)),
         "options": dict(dataclasses.asdict(opts)) | {"formats": list(opts.formats)},
         "files": files,
     }
@@ -112,6 +140,9 @@ def summary_lines(manifest: dict) -> list[str]:
         lines.append(f"  {name}: token rows {c.get('exact', 0)} exact (server ids), "
                      f"{c.get('retokenized', 0)} {TOKEN_SOURCES['retokenized']}")  # fmt: skip
         lines += [f"  {name}: {c[k]} rows: {what}" for k, what in _EXCEPTIONS.items() if c.get(k)]
+    for name, t in manifest.get("thinking", {}).items():
+        if t.get("template_opens_think"):
+            lines.append(f"  {name}: enable_thinking=False was sent, but {t['note'].removeprefix('the ')}")  # fmt: skip
     turns = manifest.get("turns", {})
     for name, n in turns.get("rows_with_earlier_turns", {}).items():
         if n and turns.get("earlier_trained"):

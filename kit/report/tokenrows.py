@@ -18,7 +18,11 @@ tokenized) + the template's tail after it (SmolLM2: "<|im_end|>\\n"). The assist
 what the template writes for the answer: with reasoning it is rendered from an assistant
 message carrying `reasoning_content` (SpecForge's field, see kit/report/convo.py), so a
 Qwen3-style template gives "<think>\\n{reasoning}\\n</think>\\n\\n{answer}"; a template with no
-place for reasoning drops it, and such rows are counted ("reasoning_not_rendered").
+place for reasoning drops it, and such rows are counted ("reasoning_not_rendered"). The
+target's tool calls (Record.tool_calls) are rendered by the template from the assistant
+message's `tool_calls`, after the answer, and trained up to the end-of-turn; a template that
+does not render them (SmolLM2's) leaves them out of the row, and such rows are counted
+("tool_calls_not_rendered"); exact rows hold them as the server generated them.
 loss_mask is 1 on the assistant text, plus the end-of-turn token when the model emitted it
 (finish_reason "stop"), as SpecForge's GeneralParser (sgl-project/SpecForge
 specforge/data/parse.py) counts end_of_turn_token inside the assistant span; after a
@@ -38,10 +42,12 @@ from kit.report.convo import (
     conversation,
     earlier_turns,
     find_ids,
+    parsed,
     render_all,
     render_one,
     row_id,
     tools_of,
+    with_tool_calls,
 )
 
 _MARK = "\ue000kit-answer\ue000"  # stands in for the answer to find where the template puts it
@@ -102,6 +108,7 @@ def token_rows(
             prompt_tokenized / skipped (updated in place).
         by_dataset: dataset -> counts (updated in place): exact, retokenized, skipped,
             prompt_render_differs, end_of_turn_appended, reasoning_not_rendered,
+            tool_calls_not_rendered,
             earlier_turns_trained, earlier_turns_rendered, earlier_turns_fallback,
             earlier_turns_missing.
         turns: RunConfig.turns ("all_turns" trains the prompt's earlier assistant turns).
@@ -121,7 +128,7 @@ def token_rows(
     special = set(tok.all_special_ids)
     kw = [(kwargs_for(r["dataset"]) if kwargs_for else None) or {} for r in rows]
     tools = [tools_of(r) for r in rows]
-    convs = [conversation(r["messages"], r["completion"], r.get("reasoning")) for r in rows]
+    convs = [with_tool_calls(conversation(r["messages"], r["completion"], r.get("reasoning")), r) for r in rows]  # fmt: skip
     prompts = render_all(tok, [c[:-1] for c in convs], True, tools, kw)
     fulls = render_all(tok, convs, False, tools, kw)
     tok = _Encoding(tok)  # the texts most rows encode, encoded in one batch
@@ -189,9 +196,10 @@ def _text_row(tok, r, ctx, earlier, eot, stats, ds) -> dict | None:
     gen = strip_end_ids(tok, r["output_ids"]) if r.get("output_ids") else None
     c_ids = _pick(gen, lead + r["completion"], tok, stats, "output_ids")
     tail = tok.encode(f_text[len(head) :], add_special_tokens=False)
-    closed = r["finish_reason"] == "stop" and eot is not None and tail[:1] == [eot]
+    calls = _rendered_calls(r, f_text[len(head) :], tail, eot, ds)  # tail tokens that are calls
+    closed = r["finish_reason"] == "stop" and eot is not None and tail[calls : calls + 1] == [eot]
     ids = p_ids + c_ids + tail
-    mask = [0] * len(p_ids) + [1] * len(c_ids) + [int(closed and i == 0) for i in range(len(tail))]
+    mask = [0] * len(p_ids) + [1] * len(c_ids) + [int(i < calls or (closed and i == calls)) for i in range(len(tail))]  # fmt: skip
     if earlier and not _mask_earlier(
         tok, ids, mask, len(p_ids), earlier, eot, ds, "earlier_turns_missing"
     ):
@@ -200,6 +208,19 @@ def _text_row(tok, r, ctx, earlier, eot, stats, ds) -> dict | None:
     if r.get("reasoning") and r["reasoning"].strip() not in lead:
         _count(ds, "reasoning_not_rendered")
     return {"id": row_id(r), "input_ids": ids, "loss_mask": mask, "ids_source": "retokenized"}
+
+
+def _rendered_calls(r, tail_text: str, tail: list[int], eot, ds) -> int:
+    """How many tokens at the head of the tail are the record's tool calls as the template
+    rendered them (those before its end-of-turn); 0, counted as tool_calls_not_rendered,
+    when the template left a call out."""
+    calls = parsed(r.get("tool_calls"))
+    if not calls:
+        return 0
+    if not all(c["function"]["name"] in tail_text for c in calls) or eot not in tail:
+        _count(ds, "tool_calls_not_rendered")
+        return 0
+    return tail.index(eot)
 
 
 def _lead(tok, r, conv, p_text, f_text, tools, kw) -> str | None:

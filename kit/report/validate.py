@@ -78,6 +78,11 @@ def _check_specforge(row) -> str | None:
             return f"conversations[{j}] is a system message after the first turn"
         if "reasoning_content" in m and not isinstance(m["reasoning_content"], str):
             return f"conversations[{j}].reasoning_content must be a string"
+        calls = m.get("tool_calls")
+        if "tool_calls" in m and not (isinstance(calls, list) and calls and all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls
+        )):  # fmt: skip
+            return f"conversations[{j}].tool_calls must be a non-empty list of tool calls"
     if conv[-1]["role"] != "assistant":
         return "the last message must be the assistant completion"
     tools = row.get("tools")

@@ -132,9 +132,11 @@ def _datasets(samples) -> list[str]:
     return sorted(frame["dataset"].unique().to_list())
 
 
+# samples_low..samples_high and hours_low..hours_high: the plan's 90% intervals
 SUMMARY_COLUMNS = [
-    "dataset", "budget", "mean", "samples_needed", "samples_needed_upper",
-    "prompts_available", "shortfall", "hours_to_go", "cap_tokens", "overshoot", "note",
+    "dataset", "budget", "mean", "samples_needed", "samples_low", "samples_high",
+    "samples_needed_upper", "prompts_available", "shortfall", "hours_to_go", "hours_low",
+    "hours_high", "cap_tokens", "overshoot", "note",
 ]  # fmt: skip
 
 

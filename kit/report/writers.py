@@ -176,10 +176,11 @@ class Split:
 
     def write(self, frame, token_rows: list[dict], later) -> None:
         """One batch of the split: a records frame with prompts (kit.run.reader), its
-        `tools_json` (kit.report.convo.tools_json) and, with token ids, its token rows
-        (input_ids, loss_mask, ids_source columns, and as dicts). `later(fn, *args)` runs
-        the JSONL writes and line hashes in call order (kit.report.export hands them to one
-        writer thread), so the caller renders the next batch meanwhile."""
+        `tools_json` and `tool_calls_json` (kit.report.convo.tools_json) and, with token ids,
+        its token rows (input_ids, loss_mask, ids_source columns, and as dicts).
+        `later(fn, *args)` runs the JSONL writes and line hashes in call order
+        (kit.report.export hands them to one writer thread), so the caller renders the next
+        batch meanwhile."""
         if "specforge" in self.jsonl:
             later(self.jsonl["specforge"].write_rendered, *rendered(specforge_lines(frame)))
         if "token_ids" in self.jsonl:

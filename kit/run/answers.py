@@ -15,6 +15,9 @@ usage count, the text is re-tokenized and a count below it by more than max(4, 2
 A chat answer's message is read by `message_parts`: `content` is the answer and the thinking
 a server's reasoning parser split off is `reasoning` (vLLM 0.3x, ChatMessage.reasoning) or
 `reasoning_content` (SGLang, DeepSeek's API, older vLLM); counts cover both parts.
+The calls a server's tool-call parser split off are `message.tool_calls` (read by
+`tool_calls_of`; OpenAI's legacy `function_call` is read as one such call); counts cover
+them too, as the server counts them.
 """
 
 from __future__ import annotations
@@ -63,10 +66,21 @@ def status_error(status: int, text: str, retry_after: str | None, url: str) -> B
     return BackendError("http_4xx", msg, status=status, retryable=status in _RETRYABLE_4XX)
 
 
+_STOPS = {"tool_calls": "stop", "function_call": "stop"}  # the turn ended in tool calls
+
+
 def normalize_finish(reason: Any) -> str:
-    """Normalize a finish reason: SGLang's {"type": "length", ...} -> "length"; None -> "unknown"."""
+    """Normalize a finish reason: SGLang's {"type": "length", ...} -> "length"; None ->
+    "unknown"; OpenAI's "tool_calls" (and legacy "function_call") -> "stop": the model ended
+    its turn, with calls (the record keeps them in tool_calls).
+
+    Example:
+        >>> normalize_finish({"type": "length", "length": 9}), normalize_finish("tool_calls")
+        ('length', 'stop')
+    """
     if isinstance(reason, dict):
         reason = reason.get("type")
+    reason = _STOPS.get(reason, reason) if isinstance(reason, str) else reason
     return str(reason)[:64] if reason else "unknown"
 
 
@@ -133,12 +147,64 @@ def message_parts(data: Any, url: str) -> tuple[dict, str, str | None]:
             )
     reasoning = message.get("reasoning")
     reasoning = message.get("reasoning_content") if reasoning is None else reasoning
-    if "content" not in message and reasoning is None:
+    calls = message.get("tool_calls") or message.get("function_call")
+    if "content" not in message and reasoning is None and not calls:
         raise BackendError("malformed", f"no choices[0].message.content from {url}")
     text = message.get("content")
     if text is not None and not isinstance(text, str):
         raise BackendError("malformed", f"choices[0].message.content from {url} is no text")
     return choice, text or "", reasoning
+
+
+def tool_calls_of(choice: dict, url: str) -> list[dict] | None:
+    """The tool calls of a chat answer's message (None without any), as the server gave
+    them; OpenAI's legacy `function_call` becomes one {"type": "function", "function": ...}.
+    A call without a function name, or whose arguments are not text, is `malformed`.
+
+    Example:
+        >>> call = {"id": "c1", "type": "function",
+        ...         "function": {"name": "add", "arguments": '{"a": 1}'}}
+        >>> tool_calls_of({"message": {"content": None, "tool_calls": [call]}}, "http://h/v1")[0]["id"]
+        'c1'
+        >>> tool_calls_of({"message": {"content": "Hi", "tool_calls": []}}, "http://h/v1") is None
+        True
+    """
+    message = choice.get("message") or {}
+    calls = message.get("tool_calls")
+    if not calls and isinstance(message.get("function_call"), dict):
+        calls = [{"type": "function", "function": message["function_call"]}]
+    if not calls:
+        return None
+    if not isinstance(calls, list):
+        raise BackendError("malformed", f"choices[0].message.tool_calls from {url} is not a list")
+    for i, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        ok = isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]
+        if not ok or not isinstance(fn.get("arguments", ""), str):
+            shown = repr(call)[:80]
+            msg = f"choices[0].message.tool_calls[{i}]={shown} from {url} is no function call"
+            raise BackendError("malformed", msg)
+    return calls
+
+
+def calls_text(calls: list[dict] | None) -> str | None:
+    """The calls as the text a model writes them (name and arguments, JSON), to re-tokenize.
+
+    Example:
+        >>> calls_text([{"function": {"name": "add", "arguments": '{"a": 1}'}}])
+        '[{"name": "add", "arguments": {"a": 1}}]'
+    """
+    if not calls:
+        return None
+    out = []
+    for call in calls:
+        fn = call["function"]
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            args = fn.get("arguments")
+        out.append({"name": fn["name"], "arguments": args})
+    return json.dumps(out, ensure_ascii=False)
 
 
 def check_count(value: Any, what: str, url: str, sampling: Sampling) -> int:

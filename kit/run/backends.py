@@ -14,7 +14,9 @@ Every backend: `await b.complete(messages, sampling, *, timeout, tools=None) -> 
     the body as "tools", or to apply_chat_template(tools=...).
     Thinking split off by the server's reasoning parser (message.reasoning or
     message.reasoning_content, see kit.run.answers.message_parts) is Completion.reasoning and
-    Completion.text is the answer alone; completion_tokens covers both.
+    Completion.text is the answer alone; completion_tokens covers both. Tool calls split
+    off by the server's tool-call parser (message.tool_calls) are Completion.tool_calls,
+    counted as the server counts them (its ids or usage; re-tokenized: their JSON text).
 
 Every failure is a kit.types.BackendError with `kind`:
     http_429 (retryable, retry_after from Retry-After), http_5xx (retryable),
@@ -55,6 +57,7 @@ import aiohttp
 import orjson
 
 from kit.run.answers import (
+    calls_text,
     check_ids,
     check_usage,
     ids_ok,
@@ -65,6 +68,7 @@ from kit.run.answers import (
     parse_retry_after,
     redact,
     status_error,
+    tool_calls_of,
     url_secrets,
 )
 from kit.run.pool import EndpointPool  # re-exported: kit.backends.EndpointPool
@@ -226,7 +230,7 @@ class _HTTPBackend:
             self._session = None
 
     def _retokenize(self, *parts: str | None) -> int:
-        """Tokens of the text parts (thinking, answer), each encoded alone and summed.
+        """Tokens of the text parts (thinking, answer, tool calls), each encoded alone and summed.
 
         Approximate for a split answer: the markers the reasoning parser took out (such as
         "<think>" and "</think>") are not in either part, so this is what count_source
@@ -287,7 +291,9 @@ class OpenAIChat(_HTTPBackend):
                         tools: list[dict] | None = None) -> Completion:  # fmt: skip
         data = await self._post(self.path, self._body(messages, sampling, tools), timeout)
         choice, text, reasoning = message_parts(data, self.url)
-        return self._completion(data, choice, text, reasoning, sampling)
+        comp = self._completion(data, choice, text, reasoning, sampling)
+        comp.tool_calls = tool_calls_of(choice, self.url)
+        return comp
 
     def _completion(self, data: dict, choice: dict, text: str, reasoning: str | None,
                     sampling: Sampling) -> Completion:  # fmt: skip
@@ -295,10 +301,11 @@ class OpenAIChat(_HTTPBackend):
         finish = normalize_finish(choice.get("finish_reason"))
         prompt_tokens = optional_count(usage.get("prompt_tokens"))
         count = usage.get("completion_tokens")
+        parts = (reasoning, text, calls_text(tool_calls_of(choice, self.url)))
         if count is not None:
-            n = self._usage(count, "usage.completion_tokens", (reasoning, text), sampling)
+            n = self._usage(count, "usage.completion_tokens", parts, sampling)
             return Completion(text, finish, n, "usage", prompt_tokens, reasoning=reasoning)
-        n = self._retokenize(reasoning, text)
+        n = self._retokenize(*parts)
         return Completion(text, finish, n, "retokenized", prompt_tokens, reasoning=reasoning)
 
 

@@ -132,6 +132,7 @@ CREATE TABLE records (
     attempts INTEGER NOT NULL,
     t_done REAL NOT NULL,
     turns TEXT,                        -- all_turns: the earlier generated turns, JSON
+    tool_calls TEXT,                   -- the answer's tool calls, JSON (OpenAI's shape)
     PRIMARY KEY (dataset, prompt_id, sample)
 );
 CREATE TABLE errors (
@@ -237,8 +238,8 @@ def prompt_rows(frame):
 RECORD_SQL = (
     "INSERT OR IGNORE INTO records (dataset, prompt_id, sample, completion, reasoning, "
     "finish_reason, completion_tokens, count_source, prompt_tokens, output_ids, prompt_ids, "
-    "endpoint, latency_s, attempts, t_done, turns) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "endpoint, latency_s, attempts, t_done, turns, tool_calls) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 TOTALS_SQL = (
     "INSERT INTO totals (dataset, samples, tokens, truncated) VALUES (?, ?, ?, ?) "
@@ -248,11 +249,12 @@ TOTALS_SQL = (
 
 
 def record_row(r: Record) -> tuple:
-    turns = json.dumps(r.turns, ensure_ascii=False) if r.turns is not None else None
+    """RECORD_SQL's row of a record: ids as blobs, turns and tool_calls as JSON (or NULL)."""
+    turns, calls = (None if v is None else json.dumps(v, ensure_ascii=False) for v in (r.turns, r.tool_calls))  # fmt: skip
     return (
         r.dataset, r.prompt_id, r.sample, r.completion, r.reasoning, r.finish_reason,
         r.completion_tokens, r.count_source, r.prompt_tokens, ids_blob(r.output_ids),
-        ids_blob(r.prompt_ids), r.endpoint, r.latency_s, r.attempts, r.t_done, turns,
+        ids_blob(r.prompt_ids), r.endpoint, r.latency_s, r.attempts, r.t_done, turns, calls,
     )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from kit.run import db
 from kit.types import ErrorRecord, Record
 
 _FIELDS = set(Record.__slots__) - {"messages", "tools"}
+_LISTS = ("output_ids", "prompt_ids", "turns", "tool_calls")  # JSON lists in a record line
 _ERROR_FIELDS = ("dataset", "prompt_id", "sample", "error", "attempts", "t")
 _SKIP_FIELDS = ("dataset", "prompt_id", "prompt_tokens", "max_tokens", "max_context", "samples", "reason")  # fmt: skip
 
@@ -67,6 +68,8 @@ def _fill(conn, run_dir: Path) -> dict:
     n_records = 0
     for path, lineno, row in _in_t_done_order(sorted((run_dir / "records").glob("*.jsonl")), problems):  # fmt: skip
         try:
+            if bad := [k for k in _LISTS if row.get(k) is not None and not isinstance(row[k], list)]:  # fmt: skip
+                raise ValueError(f"{bad[0]} is not a list")
             rec = Record(messages=[], **{k: row[k] for k in _FIELDS if k in row})
             added = conn.execute(db.RECORD_SQL, db.record_row(rec)).rowcount
         except (TypeError, ValueError, OverflowError) as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -86,9 +87,23 @@ class EndpointPool:
         return [ep.backend for ep in self._eps]
 
     async def start(self) -> None:
-        """Check every endpoint's health once, then probe in the background."""
+        """Check every endpoint's health once, then probe in the background. An endpoint
+        that fails this first check is named in a warning at once (with none healthy, the
+        run waits no_endpoint_timeout for one before it stops: say so now, not then)."""
         await asyncio.gather(*(self._probe(ep) for ep in self._eps))
+        if dead := [ep.backend.url for ep in self._eps if not ep.healthy]:
+            warnings.warn(self._dead_message(dead), stacklevel=2)
         self._ensure_task()
+
+    def _dead_message(self, dead: list[str]) -> str:
+        which = ", ".join(dead)
+        if len(dead) < len(self._eps):
+            return f"kit: no answer from {which} (health check): requests go to the other endpoints"
+        return (
+            f"kit: no answer from {which} (health check: GET /health, then /models): waiting "
+            f"up to {self.no_endpoint_timeout:g} s for it to come up before the run stops; "
+            "check the URL (--base-url) and that the server runs"
+        )
 
     def _ensure_task(self) -> None:
         if self._task is None or self._task.done():

@@ -23,7 +23,7 @@ BATCH = 10_000  # records per frame a reader yields
 RECORD_COLUMNS = (
     "dataset", "prompt_id", "sample", "completion", "reasoning", "finish_reason",
     "completion_tokens", "count_source", "prompt_tokens", "output_ids", "prompt_ids",
-    "endpoint", "latency_s", "attempts", "t_done", "turns",
+    "endpoint", "latency_s", "attempts", "t_done", "turns", "tool_calls",
 )  # fmt: skip
 PROMPT_COLUMNS = ("messages", "tools")  # joined onto records with prompts=True
 
@@ -101,7 +101,8 @@ def record_schema() -> dict:
         "reasoning": pl.String, "finish_reason": pl.String, "completion_tokens": pl.Int64,
         "count_source": pl.String, "prompt_tokens": pl.Int64, "output_ids": ids, "prompt_ids": ids,
         "endpoint": pl.String, "latency_s": pl.Float64, "attempts": pl.Int64, "t_done": pl.Float64,
-        "turns": pl.String, "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
+        "turns": pl.String, "tool_calls": pl.String,  # JSON text, or null
+        "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
         "tools": pl.String,
     }  # fmt: skip
 
@@ -310,24 +311,38 @@ def records(run_dir, datasets=None) -> Iterator[Record]:
 
 def to_record(row: dict) -> Record:
     """A record_batches row (with prompts: messages already as sent) -> a Record."""
-    turns = json.loads(row["turns"]) if row.get("turns") else None
+    json_cols = ("turns", "tool_calls")
+    turns, calls = (json.loads(row[k]) if row.get(k) else None for k in json_cols)
     tools = json.loads(row["tools"]) if row.get("tools") else None
-    fields = {k: row[k] for k in RECORD_COLUMNS if k != "turns"}
-    return Record(**fields, messages=row["messages"], tools=tools, turns=turns)
+    fields = {k: row[k] for k in RECORD_COLUMNS if k not in json_cols}
+    return Record(**fields, messages=row["messages"], tools=tools, turns=turns, tool_calls=calls)
 
 
 def as_sent(messages: list[dict], turns) -> list[dict]:
     """The prompt as the runner sent its last request: with all_turns (Record.turns), each
-    assistant message holds the target's own earlier answer, in order."""
+    assistant message holds the target's own earlier answer, in order, and a user turn
+    right after another gets the target's answer before it (kit.run.turns).
+
+    Example:
+        >>> as_sent([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+        ...         [{"content": "A"}])[1]
+        {'role': 'assistant', 'content': 'A'}
+    """
     messages = [{"role": m["role"], "content": m["content"]} for m in messages]
-    answers = iter(turns or ())
+    if not turns:
+        return messages
+    answers, out = iter(turns), []
     for m in messages:
-        if m["role"] == "assistant" and turns:
+        missing = m["role"] == "user" and out and out[-1]["role"] == "user"
+        if m["role"] == "assistant" or missing:
             turn = next(answers, None)
-            if turn is None:
-                break
-            m["content"] = turn.get("content") or ""
-    return messages
+            if turn is not None:
+                out.append({"role": "assistant", "content": turn.get("content") or ""})
+            elif m["role"] == "assistant":
+                out.append(m)
+        if m["role"] != "assistant":
+            out.append(m)
+    return out
 
 
 # ---------------------------------------------------------------- prompts, errors, skips

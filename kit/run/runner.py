@@ -47,6 +47,8 @@ class _Runner:
     ) -> _Runner:
         """Check the prompts against the config, open the store, build the queues."""
         frame = _prompt_frame(prompts, run_dir)
+        if config.turns != "all_turns":
+            _refuse_user_runs(frame)
         names = frame["dataset"].unique(maintain_order=True).to_list()
         _guard.check(config.max_context, config.tokenizer, config.sampling.max_tokens)
         # kept in run_dir/guard.json while the tokenizer's files are unchanged: no load
@@ -348,6 +350,24 @@ class _Runner:
                 await self.pool.aclose()
 
 
+def _refuse_user_runs(frame) -> None:
+    """Prompts with user turns in a row (a list of user turns: the turns format) are
+    answered turn by turn only with turns="all_turns"; sent whole they are no chat."""
+    import polars as pl
+
+    if "messages" not in frame.columns:  # a resume: the fingerprint holds the turns mode
+        return
+    user = pl.element().struct.field("role") == "user"
+    runs = pl.col("messages").list.eval(user & user.shift(1)).list.any().fill_null(False)
+    names = frame.filter(runs)["dataset"].unique(maintain_order=True).to_list()
+    if names:
+        raise ValueError(
+            f"datasets {names} hold lists of user turns (the turns format, e.g. MT-bench): "
+            "each turn must be answered by the target in turn, so run them with "
+            "RunConfig(turns='all_turns') (kit plan --turns all_turns)"
+        )
+
+
 def _record(dataset, prompt_id, sample, messages, comp, backend, t0, attempt) -> Record:
     """Completion -> Record."""
     return Record(
@@ -357,4 +377,5 @@ def _record(dataset, prompt_id, sample, messages, comp, backend, t0, attempt) ->
         prompt_tokens=comp.prompt_tokens, output_ids=comp.output_ids, prompt_ids=comp.prompt_ids,
         endpoint=getattr(backend, "url", ""), latency_s=round(time.monotonic() - t0, 4),
         attempts=attempt, t_done=time.time(), reasoning=comp.reasoning,
+        tool_calls=comp.tool_calls,
     )  # fmt: skip

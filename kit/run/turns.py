@@ -1,7 +1,8 @@
 """Multi-turn regeneration (RunConfig.turns == "all_turns"): every assistant turn by the target.
 
 A prompt frame's `messages` end at the last user turn and may hold the source dataset's
-earlier assistant turns. With turns="last_turn" (the default) only the last assistant turn
+earlier assistant turns, or (a list of user turns, MT-bench's `turns`) user turns with no
+answer between them: with all_turns the target answers each of those too, in order. With turns="last_turn" (the default) only the last assistant turn
 is generated; the earlier ones stay the dataset's and the exports never train on them.
 With turns="all_turns" the conversation is replayed in order: at each assistant turn of the
 source, the target answers the conversation so far (its own earlier answers in place of the
@@ -10,6 +11,7 @@ whole conversation is done (a failed turn fails the sample; a resume starts it a
 `completion_tokens` counts every generated turn, so the budget does too.
 
     slots(messages)            how many assistant turns a conversation makes the target write
+    user_runs(messages)        whether user turns follow each other (all_turns only)
     regenerate(complete, ...)  the replay: earlier turns as Record.turns, the last Completion
 
 Example:
@@ -26,8 +28,30 @@ from kit.types import Completion, Message
 
 
 def slots(messages: list[Message]) -> int:
-    """Generated turns for one conversation: its assistant turns plus the final answer."""
-    return 1 + sum(m.get("role") == "assistant" for m in messages)
+    """Generated turns for one conversation: its assistant turns, the answers missing
+    between two user turns, and the final answer.
+
+    Example:
+        >>> slots([{"role": "user", "content": "Hi"}, {"role": "user", "content": "Bye"}])
+        2
+    """
+    return 1 + sum(_answered(messages, i) for i in range(len(messages)))
+
+
+def _answered(messages: list[Message], i: int) -> bool:
+    """True where the target writes a turn before messages[i] is added: an assistant turn
+    (the dataset's, replaced), or a user turn right after another (an answer is missing)."""
+    role = messages[i].get("role")
+    return role == "assistant" or (
+        role == "user" and i > 0 and messages[i - 1].get("role") == "user"
+    )
+
+
+def user_runs(messages: list[Message]) -> bool:
+    """True when two user turns follow each other (only all_turns can run such a prompt)."""
+    return any(
+        messages[i].get("role") == "user" and _answered(messages, i) for i in range(len(messages))
+    )
 
 
 def turn_dict(comp: Completion) -> dict:
@@ -36,6 +60,7 @@ def turn_dict(comp: Completion) -> dict:
         "content": comp.text, "reasoning": comp.reasoning, "finish_reason": comp.finish_reason,
         "completion_tokens": comp.completion_tokens, "count_source": comp.count_source,
         "output_ids": comp.output_ids, "prompt_ids": comp.prompt_ids,
+        "tool_calls": comp.tool_calls,
     }  # fmt: skip
 
 
@@ -57,13 +82,13 @@ async def regenerate(
     prompt: list[Message] = []
     turns: list[dict] = []
     total = 0
-    for message in messages:
+    for i, message in enumerate(messages):
+        if _answered(messages, i):
+            comp = await complete(list(prompt))
+            turns.append(turn_dict(comp))
+            total += comp.completion_tokens
+            prompt.append({"role": "assistant", "content": comp.text})
         if message.get("role") != "assistant":
             prompt.append(message)
-            continue
-        comp = await complete(list(prompt))
-        turns.append(turn_dict(comp))
-        total += comp.completion_tokens
-        prompt.append({"role": "assistant", "content": comp.text})
     last = await complete(prompt)
     return prompt, turns, last, total + last.completion_tokens

