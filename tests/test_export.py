@@ -583,8 +583,16 @@ def test_export_writes_what_was_there_when_it_began(tmp_path, monkeypatch):
 def test_specforge_lines_are_json_dumps_byte_for_byte():
     """The polars rendering against json.dumps(row, ensure_ascii=False) on the strings that
     tell escapers apart: every control character, quotes, backslashes, slashes, U+2028,
-    non-BMP characters, empty texts, no prompt messages, reasoning or none, tools."""
-    from kit.report.convo import conversation, rendered, row_id, specforge_lines, tools_json
+    non-BMP characters, empty texts, no prompt messages, reasoning or none, tools, the
+    target's tool calls or none."""
+    from kit.report.convo import (
+        conversation,
+        rendered,
+        row_id,
+        specforge_lines,
+        tools_json,
+        with_tool_calls,
+    )
 
     odd = "".join(chr(c) for c in range(0x20)) + '"\\/\x7f\u2028\u00e9\U0001f600 \\n'
     rows = [
@@ -598,10 +606,16 @@ def test_specforge_lines_are_json_dumps_byte_for_byte():
          "messages": [{"role": "user", "content": "hi"}]},
     ]  # fmt: skip
     stored = [json.dumps(TOOLS, separators=(",", ":")), None, json.dumps([{"x": 1.5e-05, "é": odd}]), "[]"]  # fmt: skip
-    frame = pl.DataFrame(rows).with_columns(tools_json=pl.Series(tools_json(stored), dtype=pl.String))  # fmt: skip
+    call = {"id": "c\u2028", "type": "function", "function": {"name": "f", "arguments": json.dumps({"q": odd})}}  # fmt: skip
+    calls = [json.dumps([call], ensure_ascii=False), None, json.dumps([call, call]), "[]"]
+    frame = pl.DataFrame(rows).with_columns(
+        tools_json=pl.Series(tools_json(stored), dtype=pl.String),
+        tool_calls_json=pl.Series(tools_json(calls), dtype=pl.String),
+    )
     want = []
-    for r, t in zip(rows, stored, strict=True):
-        row = {"id": row_id(r), "conversations": conversation(r["messages"], r["completion"], r["reasoning"])}  # fmt: skip
+    for r, t, tc in zip(rows, stored, calls, strict=True):
+        conv = conversation(r["messages"], r["completion"], r["reasoning"])
+        row = {"id": row_id(r), "conversations": with_tool_calls(conv, {"tool_calls": tc})}
         if t and json.loads(t):
             row["tools"] = json.loads(t)
         want.append(json.dumps(row, ensure_ascii=False) + "\n")

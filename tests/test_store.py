@@ -114,7 +114,8 @@ def test_round_trip(tmp_path):
     store.init(_config(), _prompts())
     store.append(_record("alpaca", 0, 12, output_ids=[5, 6, 2**32 - 1], prompt_ids=[1, 2]))
     store.append(_record("alpaca", 1, 30, finish="length", reasoning="hmm"))
-    store.append(_record("chat", 0, 7))
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"é": 1}'}}]
+    store.append(_record("chat", 0, 7, tool_calls=calls))
     store.close()
 
     done = RunStore(tmp_path)
@@ -129,10 +130,14 @@ def test_round_trip(tmp_path):
     assert frame["output_ids"].to_list() == [[5, 6, 2**32 - 1], None, None]
     assert frame["prompt_ids"].to_list()[0] == [1, 2]
     assert frame["reasoning"].to_list() == [None, "hmm", None]
+    assert [c and json.loads(c) for c in frame["tool_calls"]] == [None, None, calls]  # JSON text
+    assert _sql(tmp_path, "SELECT count(*) FROM records WHERE tool_calls IS NULL") == [(2,)]
     assert frame["messages"].to_list()[0] == _messages("alpaca", 0)
     assert reader.records_frame(tmp_path, datasets=["chat"])["dataset"].to_list() == ["chat"]
     back = {r.key: r for r in reader.records(tmp_path)}
     assert back[("alpaca", _pid("alpaca", 1), 0)].completion == "word " * 30
+    assert back[("chat", _pid("chat", 0), 0)].tool_calls == calls
+    assert back[("alpaca", _pid("alpaca", 0), 0)].tool_calls is None
     assert reader.read_config(tmp_path) == _config()
     prompts = reader.prompts_frame(tmp_path).sort("dataset", "row")
     assert prompts.select("dataset", "prompt_id", "messages").rows() == _prompts().select("dataset", "prompt_id", "messages").rows()  # fmt: skip
@@ -429,6 +434,25 @@ def test_a_run_of_the_jsonl_layout_is_imported_once(tmp_path):
     assert len(reader.records_frame(run_dir)) == 13
     assert db.db_path(run_dir).stat().st_ino == inode
     assert (run_dir / "records" / "chat.jsonl").exists()  # the old files are left alone
+
+
+def test_old_lines_with_tool_calls_are_imported_with_them(tmp_path):
+    """Lines of the JSONL layout may carry the answer's tool calls (a list): imported into
+    the tool_calls column; a line whose tool_calls is no list is not a whole record."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(OLD_LAYOUT, run_dir)
+    path = run_dir / "records" / "chat.jsonl"
+    first = _jsonl(path)[0]
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    extra = [first | {"sample": 7, "tool_calls": calls}, first | {"sample": 8, "tool_calls": "f()"}]
+    with open(path, "a") as f:
+        f.writelines(json.dumps(row) + "\n" for row in extra)
+    got = {r.key: r for r in reader.records(run_dir)}
+    assert got[(first["dataset"], first["prompt_id"], 7)].tool_calls == calls
+    assert got[(first["dataset"], first["prompt_id"], 0)].tool_calls is None
+    assert (first["dataset"], first["prompt_id"], 8) not in got
+    report = json.loads(reader.state(run_dir, "imported"))
+    assert report["skipped_lines"] == 1 and "tool_calls is not a list" in report["problems"][0]
 
 
 def test_an_import_killed_midway_is_done_again_whole(tmp_path):
