@@ -645,3 +645,25 @@ def test_the_export_reads_bounded_batches_and_selects_without_text(tmp_path, mon
     assert selection and all(not cols & {"completion", "reasoning", "messages"} for cols in selection)  # fmt: skip
     writing = [n for prompts, n, _ in reads if prompts]
     assert max(writing) <= 7 and sum(writing) == 36
+
+
+def test_drop_duplicates_keys_tool_calls_as_the_audit_does(tmp_path):
+    """An answer of tool calls (empty text) is not empty: a copy of the same calls is an
+    exact duplicate, other calls are not; the export drops what the audit counts."""
+
+    def call(city: str) -> list[dict]:
+        args = json.dumps({"city": city})
+        return [{"id": "c", "type": "function", "function": {"name": "weather", "arguments": args}}]  # fmt: skip
+
+    recs = [
+        make_record(None, "fc", i, f"q{i}", "", ids=False, completion_tokens=9, tool_calls=c)
+        for i, c in enumerate([call("Oslo"), call("Oslo"), call("Rome")])
+    ]
+    run = plant_run(tmp_path / "run", recs, budgets={"fc": 27})
+    report = kit.audit(run)
+    assert report.records["empty"].sum() == 0 and report.datasets["dup_exact"].to_list() == [1]
+    result = export(run, tmp_path / "out", formats=("specforge",), drop_duplicates=True)
+    assert result.dropped["duplicates"] == 1
+    rows = read_jsonl(tmp_path / "out" / "specforge" / "train.jsonl")
+    kept = sorted(r["conversations"][-1]["tool_calls"][0]["function"]["arguments"] for r in rows)
+    assert kept == ['{"city": "Oslo"}', '{"city": "Rome"}']

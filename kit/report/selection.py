@@ -2,10 +2,11 @@
 
 light_frame(run_dir, opts) reads every record once through kit.run.reader, in commit order,
 keeping no text: key, count, finish reason, `_pos` (its place in that order) and, with
-drop_duplicates, 64-bit hashes of its completion and of its normalized text. select()
-applies the drop / trim / mix options to it, split_by_prompt() adds the validation split.
-The writing pass then reads the records again in the same order and writes the kept ones,
-so memory holds one batch of text and one small row per record, however large the run.
+drop_duplicates, 64-bit hashes of its completion (with its tool calls) and of its
+normalized text. select() applies the drop / trim / mix options to it, split_by_prompt()
+adds the validation split. The writing pass then reads the records again in the same
+order and writes the kept ones, so memory holds one batch of text and one small row per
+record, however large the run.
 """
 
 from __future__ import annotations
@@ -52,13 +53,14 @@ def light_frame(run_dir, opts):
 
     from kit.run.reader import record_batches, record_schema
 
-    columns = _LIGHT + (["completion"] if opts.drop_duplicates else [])
+    columns = _LIGHT + (["completion", "tool_calls"] if opts.drop_duplicates else [])
     schema = record_schema()
     empty = pl.DataFrame(schema={c: schema[c] for c in columns})  # a run without records
     parts = []
     for batch in itertools.chain([empty], record_batches(run_dir, columns=columns)):
         if opts.drop_duplicates:
-            batch = batch.with_columns(_duplicate_keys(batch["completion"])).drop("completion")
+            keys = _duplicate_keys(batch["completion"], batch["tool_calls"])
+            batch = batch.with_columns(keys).drop("completion", "tool_calls")
         parts.append(batch)
     light = pl.concat(parts).with_row_index("_pos")
     if opts.drop_duplicates:
@@ -66,20 +68,22 @@ def light_frame(run_dir, opts):
     return light
 
 
-def _duplicate_keys(text) -> list:
-    """empty, and 64-bit hashes of each completion (a String series) and of its normalized
-    text, as the audit computes them (kit.report.flags: blank, normalized)."""
+def _duplicate_keys(text, calls) -> list:
+    """empty, and 64-bit hashes of each completion (a String series; with its tool calls,
+    JSON text, when it has any) and of its normalized text, as the audit computes them
+    (kit.report.flags: blank, normalized; an answer of tool calls is not empty)."""
     import polars as pl
 
     from kit.report.flags import blank, normalized
 
+    c = pl.col
     norm = normalized(text)
-    return [
-        pl.select(blank(pl.lit(text))).to_series().alias("empty"),
-        text.hash().alias("_exact"),
-        norm.hash().alias("_near"),
-        (norm == "").alias("_near_empty"),
-    ]
+    has_calls = c("calls").fill_null("") != ""
+    exact = pl.when(has_calls).then(pl.concat_str(c("text"), pl.lit("\x00"), c("calls")))
+    keys = pl.DataFrame({"text": text, "calls": calls}).select(
+        empty=blank(c("text")) & ~has_calls, _exact=exact.otherwise(c("text")).hash()
+    )
+    return [keys["empty"], keys["_exact"], norm.hash().alias("_near"), (norm == "").alias("_near_empty")]  # fmt: skip
 
 
 def _duplicate_flags() -> list:
