@@ -27,14 +27,16 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def raw_records(run_dir: Path) -> list[dict]:
-    """The records as the reader gives them back: the lines hold no prompt (prompts.parquet
-    does; kit.run.batches joins it back, with all_turns the target's earlier answers)."""
-    from kit.run.reader import records_frame
+    """The records as the reader gives them back: a record holds no prompt (the prompts
+    table does; the reader joins it back, with all_turns the target's earlier answers)."""
+    from kit.run.reader import open_db, records_frame
 
-    lines = [json.loads(x) for p in sorted((run_dir / "records").glob("*.jsonl")) for x in p.read_text().splitlines()]  # fmt: skip
-    assert not any("messages" in r or "tools" in r for r in lines)
+    with open_db(run_dir) as conn:
+        stored = [c for (_, c, *_) in conn.execute("PRAGMA table_info(records)")]
+        n = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+    assert "messages" not in stored and "tools" not in stored
     rows = records_frame(run_dir).to_dicts()
-    assert len(rows) == len(lines)
+    assert len(rows) == n
     return [r | {k: json.loads(r[k]) if r[k] else None for k in ("turns", "tools")} for r in rows]
 
 
