@@ -30,11 +30,16 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def raw_records(run_dir: Path) -> list[dict]:
-    """The records as the reader gives them back (kit.run.reader: each prompt joined from the
-    run database, with all_turns as sent: the target's earlier answers), JSON cells parsed."""
-    from kit.run.reader import records_frame
+    """The records as the reader gives them back: a record holds no prompt (the prompts
+    table does; the reader joins it back, with all_turns the target's earlier answers)."""
+    from kit.run.reader import open_db, records_frame
 
+    with open_db(run_dir) as conn:
+        stored = [c for (_, c, *_) in conn.execute("PRAGMA table_info(records)")]
+        n = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+    assert "messages" not in stored and "tools" not in stored
     rows = records_frame(run_dir).to_dicts()
+    assert len(rows) == n
     names = ("turns", "tools", "tool_calls")
     return [r | {k: json.loads(r[k]) if r[k] else None for k in names} for r in rows]
 

@@ -205,11 +205,13 @@ def _interrupt(signum, frame) -> None:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that mean "fix your input", shown as one line without a traceback."""
+    from kit.report.export import ExportInvalid
+    from kit.report.staging import ExportBusy
     from kit.run.db import DatabaseDamaged
     from kit.run.store import RunLocked
     from kit.serve import ServerError
 
-    return (ValueError, FileNotFoundError, FileExistsError, ServerError, DatabaseDamaged, RunLocked)  # fmt: skip
+    return (ValueError, FileNotFoundError, FileExistsError, ServerError, DatabaseDamaged, RunLocked, ExportBusy, ExportInvalid)  # fmt: skip
 
 
 ADVICE = {"pass force=True": "pass --force", "pass overwrite=True": "pass --overwrite"}

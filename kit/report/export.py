@@ -56,10 +56,10 @@ from pathlib import Path
 
 from kit.report import manifest as _manifest
 from kit.report.selection import light_frame, select, split_by_prompt
+from kit.report.staging import Staged
 from kit.report.tokenrows import token_rows
 from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re-exported
     ValidationResult,
-    clear_export,
     owned_files,
     validate,
 )
@@ -146,11 +146,8 @@ def _targets(formats) -> list[str]:
     return out
 
 
-def _discard(out_dir: Path, formats) -> None:
-    """A failed export's files (its own: owned_files found none of anyone's there) and the
-    folders they leave empty."""
-    paths = [out_dir / rel for rel in _targets(formats)]
-    clear_export(out_dir, [q for p in paths for q in ([p] if p.is_file() else p.rglob("*")) if q.is_file()])  # fmt: skip
+class ExportInvalid(RuntimeError):
+    """A staged export failed kit.validate: it was not swapped in."""
 
 
 def export(
@@ -192,23 +189,23 @@ def export(
 
     opts = ExportOptions(formats, drop_truncated, drop_errors, drop_duplicates, trim_to_budget, mix, val_fraction, seed)  # fmt: skip
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    owned = owned_files(out_dir, overwrite, _targets(opts.formats))  # refuse before any work
-    config = read_config(run_dir)
-    tok = _tokenizer(tokenizer, config, opts)
-    light = light_frame(run_dir, opts)
-    kept, dropped = select(light, config.budgets, opts)
-    kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
-    clear_export(out_dir, owned)
-    files: dict[str, dict] = {}
-    try:
-        written = _write(run_dir, out_dir, kept, config, tok, opts, files, dropped)
-    except BaseException:
-        _discard(out_dir, opts.formats)  # no half export (e.g. a PromptMismatch), no manifest
-        raise
-    notes = [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
-    manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files)  # fmt: skip
-    manifest["notes"] = notes
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    with Staged(out_dir) as stage:  # written beside out_dir, swapped in only when validated
+        owned_files(out_dir, overwrite, _targets(opts.formats))  # refuse before any work
+        config = read_config(run_dir)
+        tok = _tokenizer(tokenizer, config, opts)
+        light = light_frame(run_dir, opts)
+        kept, dropped = select(light, config.budgets, opts)
+        kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
+        files: dict[str, dict] = {}
+        written = _write(run_dir, stage.path, kept, config, tok, opts, files, dropped)
+        notes = stage.notes + ([] if written.rows else [_manifest.empty_note(run_dir, light.height)])  # fmt: skip
+        manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files)  # fmt: skip
+        manifest["notes"] = notes
+        (stage.path / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        check = validate(stage.path)
+        if not check.ok:
+            raise ExportInvalid(f"export: the new export failed validation, {out_dir} was left as it was: {'; '.join(check.problems[:3])}")  # fmt: skip
+        stage.swap_in(owned_files(out_dir, overwrite, _targets(opts.formats)))
     return ExportResult(
         out_dir=out_dir,
         files={p: e["sha256"] for p, e in files.items()},

@@ -1,5 +1,5 @@
 """Read an export back and check it against its manifest and its formats (kit.validate);
-which files of an existing export are kit's own to replace (owned_files, clear_export)."""
+which files of an existing export are kit's own to replace (owned_files)."""
 
 from __future__ import annotations
 
@@ -344,16 +344,3 @@ def _own_file(out_dir: Path, rel: str, entry) -> Path | None:
             "move it away or delete it, then export again"
         )
     return path
-
-
-def clear_export(out_dir: Path, owned: list[Path]) -> None:
-    """Delete the old export's own files, then the folders that left empty, then its manifest."""
-    for path in owned:
-        path.unlink()
-    parents = {p for path in owned for p in path.parents if p != out_dir and out_dir in p.parents}
-    for folder in sorted(parents, key=lambda p: len(p.parts), reverse=True):
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
-    if _old_files(out_dir) is not None:
-        (out_dir / "manifest.json").unlink()
-    out_dir.mkdir(parents=True, exist_ok=True)
