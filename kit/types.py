@@ -234,8 +234,11 @@ class RunConfig:
     timeout: float | None = None  # read timeout per request (None: 120 s + 0.5 s per max_token)
     retry_base: float = 0.5  # first backoff delay (s), doubled per attempt with jitter
     no_endpoint_timeout: float = 120.0  # s with no healthy endpoint before the run stops
-    # a dataset's answers failing in a row (non-retryable or malformed) before the run stops
+    # a dataset's answers failing in a row (non-retryable or malformed) before it fails
     max_consecutive_failures: int = 20
+    # s in which every attempt failed (429s aside; none older still running) before the run
+    # stops (at least max(8, concurrency) failed), or, while others succeed, a dataset fails (8)
+    stall_timeout: float = 60.0
     # multi-turn prompts: "last_turn" generates the last assistant turn only (earlier ones are
     # the dataset's and are never trained on); "all_turns" regenerates every assistant turn in
     # order, each conditioned on the target's own earlier answers
@@ -372,12 +375,16 @@ def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
         "retry_base": (_is_pos(c.retry_base), "seconds > 0"),
         "no_endpoint_timeout": (_is_pos(c.no_endpoint_timeout), "seconds > 0"),
         "max_consecutive_failures": (_is_int(c.max_consecutive_failures, 1), "an int >= 1"),
+        "stall_timeout": (_is_pos(c.stall_timeout), "seconds > 0"),
         "turns": (c.turns in TURNS, f"one of {TURNS}"),
         "template_kwargs": (isinstance(c.template_kwargs, dict) and all(
             isinstance(k, str) and isinstance(v, dict) for k, v in c.template_kwargs.items()),
             "a dict dataset -> chat_template_kwargs dict"),
         "tokenizer": (c.tokenizer is None or isinstance(c.tokenizer, str), "None or a local path"),
     }  # fmt: skip
+
+
+DatasetState = Literal["waiting", "running", "budget_reached", "exhausted", "stopped", "failed"]
 
 
 @dataclass(slots=True)
@@ -396,8 +403,9 @@ class DatasetProgress:
     truncated: int = 0  # records with finish_reason "length"
     skipped: int = 0  # samples never sent: their prompt + max_tokens exceeds the context
     tokens_per_s: float = 0.0  # recent rate
-    state: Literal["waiting", "running", "budget_reached", "exhausted", "stopped"] = "waiting"
-    note: str = ""  # for the user, next to the dataset: why the run stopped, a long Retry-After
+    # failed: none of its requests can succeed (its note says why); the others went on
+    state: DatasetState = "waiting"
+    note: str = ""  # for the user: why it failed or the run stopped, a long Retry-After
 
     @property
     def mean_completion(self) -> float:
