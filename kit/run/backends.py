@@ -27,9 +27,10 @@ Every failure is a kit.types.BackendError with `kind`:
 The API key is read from the environment variable named by api_key_env at each request
 and sent as "Authorization: Bearer ..."; it is never stored, printed or pickled.
 Credentials in a base URL ("http://user:KEY@host/v1") are sent as HTTP Basic to that
-endpoint (they win over api_key_env there); `backend.url`, and so everything kit writes,
-is the URL without them. Every error leaving complete() is redacted (kit.run.answers.redact: the
-key and the URL credentials in any case, base64 or URL-encoded) and cut to 400 characters.
+endpoint (they win over api_key_env there); a base URL's query string ("?api_key=KEY") is
+sent with every request to it; `backend.url`, and so everything kit writes, is the URL
+without either. Every error leaving complete() is redacted (kit.run.answers.redact: the
+key and the URL credentials in any case, escaped, base64 or URL-encoded) and cut to 400 characters.
 
 EndpointPool, as the runner uses it:
     pool = EndpointPool([OpenAIChat(u, model) for u in urls], per_endpoint_concurrency=64)
@@ -76,6 +77,7 @@ from kit.types import (
     Sampling,
     strip_userinfo,
     url_credentials,
+    url_query,
 )
 
 MESSAGE_CHARS = 400  # an error message is cut to this, after redaction
@@ -107,6 +109,7 @@ class _HTTPBackend:
         basic = creds and base64.b64encode(":".join(creds).encode()).decode()
         self._basic = f"Basic {basic}" if basic else None
         self._url_secrets = url_secrets(base_url)
+        self._params = url_query(base_url) or None  # "?api_key=...": sent with every request
         self._tokenizer_src = tokenizer
         self._tokenizer = None
         self._session: aiohttp.ClientSession | None = None
@@ -189,7 +192,7 @@ class _HTTPBackend:
         headers = self._headers()
         try:
             async with self._get_session().post(
-                url, data=orjson.dumps(body), headers=headers,
+                url, data=orjson.dumps(body), headers=headers, params=self._params,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:  # fmt: skip
                 raw = await resp.read()
@@ -206,8 +209,9 @@ class _HTTPBackend:
     async def _get_ok(self, url: str, timeout: float) -> bool:
         try:
             async with self._get_session().get(
-                url, headers=self._headers(), timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as resp:
+                url, headers=self._headers(), params=self._params,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:  # fmt: skip
                 await resp.read()
                 return resp.status < 400
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError, BackendError):
