@@ -20,6 +20,7 @@ TOKEN_SOURCES = {
     "retokenized": "approximate: re-tokenized text (the chat template's rendering)",
 }
 _EXCEPTIONS = {  # token_rows count -> what the summary says about those rows
+    "ids_text_differ": "the server's output ids do not spell its text: re-tokenized, not exact",
     "prompt_render_differs": "the server's prompt ids differ from kit's rendering; the server's ids are used",
     "end_of_turn_appended": "stop without an end-of-turn id in output_ids: the template's end-of-turn id was appended",
     "reasoning_not_rendered": "re-tokenized, and the chat template drops reasoning_content: their thinking is not in the token row",

@@ -6,9 +6,12 @@ helper every error text of kit.run goes through (backends, the runner's errors.j
 
 Counts are checked, never trusted: a completion-token count (usage, meta_info, the length
 of the ids) must be a plain int in 0..max_tokens + 1 (+1: a server may count the end
-token); a bool, float, string or anything out of range is `malformed`. When the server
-gives token ids and a count, they must agree; the ids are kept (they are what a record
-stores and export trains on; count_source "server_ids"). With a tokenizer and only a
+token), and not 0 for a non-empty answer; a bool, float, string or anything out of range
+is `malformed`. When the server gives token ids and a count, they must agree; the ids are
+kept (they are what a record stores and export trains on; count_source "server_ids").
+With a tokenizer, the ids must also spell the text (`ids_spell`); ids that do not are
+kept but not believed: the count is the re-tokenized text's, count_source "retokenized"
+(so the export re-tokenizes the row and counts it, kit.report.tokenrows). With a tokenizer and only a
 usage count, the text is re-tokenized and a count below it by more than max(4, 25%) is
 `malformed`: the server under-reports, or tokenizer= is not the target's.
 
@@ -159,9 +162,9 @@ def check_count(value: Any, what: str, url: str, sampling: Sampling) -> int:
     raise BackendError("malformed", msg)
 
 
-def check_ids(ids: Any, count: Any, what: str, url: str, sampling: Sampling) -> int:
+def check_ids(ids: Any, count: Any, what: str, url: str, sampling: Sampling, text: str = "") -> int:
     """len(ids) when ids is a list of token ids of a valid length agreeing with the server's
-    count (None: no count given); else `malformed`."""
+    count (None: no count given), and not empty for a non-empty `text`; else `malformed`."""
     if not ids_ok(ids):
         raise BackendError("malformed", f"{what} from {url} is not a list of token ids")
     n = check_count(len(ids), f"len({what})", url, sampling)
@@ -170,13 +173,32 @@ def check_ids(ids: Any, count: Any, what: str, url: str, sampling: Sampling) -> 
         if count != n:
             msg = f"completion_tokens={count} from {url} disagrees with len({what})={n}"
             raise BackendError("malformed", msg)
+    if n == 0 and text.strip():
+        raise BackendError("malformed", f"{what} from {url} is empty for a non-empty answer")
     return n
 
 
-def check_usage(value: Any, what: str, url: str, sampling: Sampling, retokenized) -> int:
-    """A server's count that is valid and, when retokenized() gives the text's length with
-    the tokenizer (None without one), not below it by more than max(4, 25%)."""
+def ids_spell(decoded: str, *parts: str | None) -> bool:
+    """True when every text part (thinking, answer) is in the decoded ids, whitespace aside
+    (a reasoning parser takes out its markers and may trim; a stop string is cut from the
+    text, not from the ids).
+
+    Example:
+        >>> ids_spell("<think>\\nHm.\\n</think>\\n\\nYes.", "Hm.", "Yes."), ids_spell("No.", None, "Yes.")
+        (True, False)
+    """
+    squeeze = "".join(decoded.split())
+    return all("".join(p.split()) in squeeze for p in parts if p)
+
+
+def check_usage(value: Any, what: str, url: str, sampling: Sampling, retokenized,
+                text: str = "") -> int:  # fmt: skip
+    """A server's count that is valid, not 0 for a non-empty `text` and, when retokenized()
+    gives the text's length with the tokenizer (None without one), not below it by more
+    than max(4, 25%)."""
     n = check_count(value, what, url, sampling)
+    if n == 0 and text.strip():
+        raise BackendError("malformed", f"{what}=0 from {url} for a non-empty answer")
     actual = retokenized()
     if actual is not None and n + max(4, actual // 4) < actual:
         msg = (f"{what}={n} from {url} under-reports: the text is {actual} tokens with the "

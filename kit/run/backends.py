@@ -59,6 +59,7 @@ from kit.run.answers import (
     check_ids,
     check_usage,
     ids_ok,
+    ids_spell,
     message_parts,
     normalize_finish,
     optional_count,
@@ -246,7 +247,23 @@ class _HTTPBackend:
         """The server's count, checked (and against the text parts when there is a tokenizer)."""
         has_tokenizer = self._tokenizer_src is not None
         retokenized = (lambda: self._retokenize(*parts)) if has_tokenizer else (lambda: None)
-        return check_usage(value, what, self.url, sampling, retokenized)
+        text = "".join(p for p in parts if p)
+        return check_usage(value, what, self.url, sampling, retokenized, text)
+
+    def _with_ids(self, comp: Completion, parts: tuple) -> Completion:
+        """comp (count_source "server_ids") as it is when its ids spell the text parts or no
+        tokenizer is at hand; else the ids kept but not believed: the count is the text's,
+        re-tokenized, count_source "retokenized" (the export re-tokenizes such a row)."""
+        decode = (
+            getattr(self.tokenizer, "decode", None) if self._tokenizer_src is not None else None
+        )
+        if decode is None or not comp.output_ids:  # no tokenizer (or one that cannot decode)
+            return comp
+        decoded = decode(comp.output_ids, skip_special_tokens=True)
+        if ids_spell(decoded, *parts):
+            return comp
+        comp.completion_tokens, comp.count_source = self._retokenize(*parts), "retokenized"
+        return comp
 
 
 class OpenAIChat(_HTTPBackend):
@@ -335,12 +352,19 @@ class VLLMChat(OpenAIChat):
             return super()._completion(data, choice, text, reasoning, sampling)
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         count = usage.get("completion_tokens")
-        n = check_ids(ids, count, "choices[0].token_ids", self.url, sampling)
+        n = check_ids(ids, count, "choices[0].token_ids", self.url, sampling, (reasoning or "") + text)  # fmt: skip
         prompt_ids = data.get("prompt_token_ids")
         prompt_ids = prompt_ids if ids_ok(prompt_ids) else None
         finish = normalize_finish(choice.get("finish_reason"))
         n_prompt = len(prompt_ids) if prompt_ids is not None else None
-        return Completion(text, finish, n, "server_ids", n_prompt, ids, prompt_ids, reasoning)
+        comp = Completion(text, finish, n, "server_ids", n_prompt, ids, prompt_ids, reasoning)
+        return self._with_ids(comp, (reasoning, text))
+
+
+def _think_parts(text: str) -> tuple[str, ...]:
+    """A raw /generate text cut at its <think> markers (they may be special tokens, which a
+    decode with skip_special_tokens=True leaves out)."""
+    return tuple(text.replace("</think>", "<think>").split("<think>"))
 
 
 _RENDER_OWN = {"conversation", "tools", "add_generation_prompt", "tokenize", "return_dict"}
@@ -428,8 +452,9 @@ class SGLangGenerate(_HTTPBackend):
         finish = normalize_finish(meta.get("finish_reason"))
         count = meta.get("completion_tokens")
         if out_ids is not None:
-            n = check_ids(out_ids, count, "output_ids", self.url, sampling)
-            return Completion(text, finish, n, "server_ids", len(ids), out_ids, ids)
+            n = check_ids(out_ids, count, "output_ids", self.url, sampling, text)
+            comp = Completion(text, finish, n, "server_ids", len(ids), out_ids, ids)
+            return self._with_ids(comp, _think_parts(text))
         if count is not None:
             n = self._usage(count, "meta_info.completion_tokens", (text,), sampling)
             return Completion(text, finish, n, "usage", len(ids), None, ids)
