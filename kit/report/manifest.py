@@ -86,6 +86,7 @@ def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opt
         "tokenizer": {
             "path": str(config.tokenizer or getattr(tok, "name_or_path", "") or ""),
             "chat_template_hash": chat_template_hash(tok) if tok is not None else None,
+            "vocab_size": len(tok) if tok is not None else None,  # token ids are below it
             "run_chat_template_hash": config.chat_template_hash,
             "end_of_turn": {
                 "id": eot_id,
