@@ -24,7 +24,7 @@ import math
 import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal, Protocol
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 CountSource = Literal["server_ids", "usage", "retokenized"]
 FinishReason = str  # "stop" | "length" | "cancelled" | server-specific
@@ -202,9 +202,10 @@ class RunConfig:
     fingerprint covers what changes outputs (model, sampling, chat template, sources);
     budgets, endpoints, concurrency and timeouts may change on resume.
 
-    Credentials inside an endpoint URL ("http://user:KEY@host/v1") are sent (HTTP Basic)
-    but never written: to_dict() (the run database, plan.json) keeps "http://host/v1", so a
-    resume needs the endpoints given again. Better: keep the key in an environment variable
+    Credentials inside an endpoint URL ("http://user:KEY@host/v1" is sent as HTTP Basic,
+    "http://host/v1?api_key=KEY" as that query string) are sent but never written: to_dict()
+    (the run database, plan.json) keeps "http://host/v1", so a resume needs the endpoints
+    given again. Better: keep the key in an environment variable
     and pass its name as api_key_env.
 
     Example:
@@ -234,8 +235,11 @@ class RunConfig:
     timeout: float | None = None  # read timeout per request (None: 120 s + 0.5 s per max_token)
     retry_base: float = 0.5  # first backoff delay (s), doubled per attempt with jitter
     no_endpoint_timeout: float = 120.0  # s with no healthy endpoint before the run stops
-    # a dataset's answers failing in a row (non-retryable or malformed) before the run stops
+    # a dataset's answers failing in a row (non-retryable or malformed) before it fails
     max_consecutive_failures: int = 20
+    # s in which every attempt failed (429s aside; none older still running) before the run
+    # stops (at least max(8, concurrency) failed), or, while others succeed, a dataset fails (8)
+    stall_timeout: float = 60.0
     # multi-turn prompts: "last_turn" generates the last assistant turn only (earlier ones are
     # the dataset's and are never trained on); "all_turns" regenerates every assistant turn in
     # order, each conditioned on the target's own earlier answers
@@ -372,12 +376,16 @@ def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
         "retry_base": (_is_pos(c.retry_base), "seconds > 0"),
         "no_endpoint_timeout": (_is_pos(c.no_endpoint_timeout), "seconds > 0"),
         "max_consecutive_failures": (_is_int(c.max_consecutive_failures, 1), "an int >= 1"),
+        "stall_timeout": (_is_pos(c.stall_timeout), "seconds > 0"),
         "turns": (c.turns in TURNS, f"one of {TURNS}"),
         "template_kwargs": (isinstance(c.template_kwargs, dict) and all(
             isinstance(k, str) and isinstance(v, dict) for k, v in c.template_kwargs.items()),
             "a dict dataset -> chat_template_kwargs dict"),
         "tokenizer": (c.tokenizer is None or isinstance(c.tokenizer, str), "None or a local path"),
     }  # fmt: skip
+
+
+DatasetState = Literal["waiting", "running", "budget_reached", "exhausted", "stopped", "failed"]
 
 
 @dataclass(slots=True)
@@ -396,8 +404,9 @@ class DatasetProgress:
     truncated: int = 0  # records with finish_reason "length"
     skipped: int = 0  # samples never sent: their prompt + max_tokens exceeds the context
     tokens_per_s: float = 0.0  # recent rate
-    state: Literal["waiting", "running", "budget_reached", "exhausted", "stopped"] = "waiting"
-    note: str = ""  # for the user, next to the dataset: why the run stopped, a long Retry-After
+    # failed: none of its requests can succeed (its note says why); the others went on
+    state: DatasetState = "waiting"
+    note: str = ""  # for the user: why it failed or the run stopped, a long Retry-After
 
     @property
     def mean_completion(self) -> float:
@@ -423,16 +432,18 @@ ProgressCallback = "Callable[[list[DatasetProgress]], None]"  # called at most o
 
 
 def strip_userinfo(url: str) -> str:
-    """The URL without user:password@ (what kit writes anywhere).
+    """The URL without its credentials: user:password@ and the query string (a key passed as
+    "?api_key=..."); what kit writes or shows anywhere.
 
     Example:
-        >>> strip_userinfo("http://alice:s3cret@gpu:8000/v1")
+        >>> strip_userinfo("http://alice:s3cret@gpu:8000/v1?api_key=sk-1")
         'http://gpu:8000/v1'
     """
     parts = urlsplit(url)
-    if "@" not in parts.netloc:
+    if "@" not in parts.netloc and not parts.query and not parts.fragment:
         return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=netloc, query="", fragment=""))
 
 
 def url_credentials(url: str) -> tuple[str, str] | None:
@@ -444,19 +455,34 @@ def url_credentials(url: str) -> tuple[str, str] | None:
     return unquote(user), unquote(password)
 
 
+def url_query(url: str) -> list[tuple[str, str]]:
+    """A URL's query parameters, decoded (sent with every request; each value is treated as
+    a credential: never written, redacted from every message).
+
+    Example:
+        >>> url_query("http://gpu/v1?api_key=sk%2F1&x=")
+        [('api_key', 'sk/1'), ('x', '')]
+    """
+    return parse_qsl(urlsplit(url).query, keep_blank_values=True)
+
+
 _WARNED_URLS: set[str] = set()
 
 
 def _warn_url_credentials(endpoints) -> None:
-    """Warn once per endpoint that its URL credentials are used but never stored."""
+    """Warn once per endpoint that its URL credentials are used but never stored (the
+    warning shows the URL without them)."""
     if not isinstance(endpoints, list):
         return
     for url in endpoints:
-        if isinstance(url, str) and url_credentials(url) and url not in _WARNED_URLS:
+        if not isinstance(url, str) or url in _WARNED_URLS:
+            continue
+        if url_credentials(url) or urlsplit(url).query:
             _WARNED_URLS.add(url)
             warnings.warn(
-                f"RunConfig.endpoints: the credentials in {strip_userinfo(url)!r} are sent but "
-                "never written (the run database keeps the URL without them), so a resume needs the "
-                "endpoint again; better: put the key in an environment variable, pass api_key_env",
+                f"RunConfig.endpoints: the credentials (user:password@ or query string) of "
+                f"{strip_userinfo(url)!r} are sent but never written (the run database keeps the "
+                "URL without them), so a resume needs the endpoint again; better: put the key in "
+                "an environment variable, pass api_key_env",
                 stacklevel=4,
             )

@@ -34,13 +34,18 @@ Hostile modes (a broken or malicious server; tests/test_hostile_server.py):
     usage_half  usage.completion_tokens is -n / 10**9 / true / "n" / n.0 / 1 / n // 2
                 (text and ids stay true)
     reasoning_number  message.reasoning is a number (a thinking field that is no text)
+    usage_zero     usage.completion_tokens is 0 (a non-empty answer)
     ids_mismatch   vLLM fields present but usage.completion_tokens = len(token_ids) // 2
+    ids_lie        vLLM / SGLang token ids rotated by one: as many as the count says, but they
+                   spell another text (with `tokenizer`, a real one)
                    (/generate: meta_info.completion_tokens likewise)
     error_200      200 with an OpenAI error body and no choices
     sse            200 with a text/event-stream body (a streaming-only server)
     echo           a rotation of 200 error bodies, 200 non-JSON text, 400, 401 and 500, each
                    body echoing the Authorization header (as sent, lower/upper case, base64,
-                   URL-encoded, the decoded Basic credentials)
+                   URL-encoded, the decoded Basic credentials) and the request target (its
+                   query string as sent and decoded), also JSON-escaped as PHP ("\\/") and
+                   Java ("\\u003d") write it
 
 In a test:
     with FaultServer(FaultConfig(mode="429", first_k=2)) as srv:
@@ -56,6 +61,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import os
 import random
@@ -65,7 +71,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import orjson
 
@@ -73,9 +79,9 @@ MODES = ("ok", "429", "500", "400", "reset", "hang", "malformed", "nousage", "do
 BAD_USAGE = {
     "usage_negative": lambda n: -n, "usage_huge": lambda n: 10**9, "usage_bool": lambda n: True,
     "usage_string": lambda n: str(n), "usage_float": lambda n: float(n), "usage_low": lambda n: 1,
-    "usage_half": lambda n: n // 2,
+    "usage_half": lambda n: n // 2, "usage_zero": lambda n: 0,
 }  # fmt: skip
-MODES += (*BAD_USAGE, "ids_mismatch", "error_200", "sse", "echo", "reasoning_number")
+MODES += (*BAD_USAGE, "ids_mismatch", "ids_lie", "error_200", "sse", "echo", "reasoning_number")
 REASONING_FIELDS = (None, "reasoning", "reasoning_content")
 ECHO_KINDS = ("error_200", "text_200", "400", "401", "500")
 VOCAB = [
@@ -102,6 +108,10 @@ class FaultConfig:
     seed: int = 0
     reasoning: str | None = None  # one of REASONING_FIELDS: answer as a thinking model
     truncate_in_reasoning: bool = False  # with reasoning: cut inside the thinking ("length")
+    # a local tokenizer path: token ids (and counts) are the text's own ids with it, cut at
+    # max_tokens (then the text is their decode); not with `reasoning`
+    tokenizer: str | None = None
+    refuse_tools: bool = False  # a request with "tools" gets 400 (a server without tool calling)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -112,6 +122,8 @@ class FaultConfig:
             raise ValueError(f"FaultConfig words range is bad: {self.min_words}..{self.max_words}")
         if self.reasoning not in REASONING_FIELDS:
             raise ValueError(f"FaultConfig.reasoning must be one of {REASONING_FIELDS}")
+        if self.reasoning and self.tokenizer:
+            raise ValueError("FaultConfig.tokenizer does not go with reasoning")
 
 
 def _digest(*parts: object) -> int:
@@ -149,6 +161,26 @@ def _think(words: list[int], limit: int | None, cfg: FaultConfig):
     return kept, finish, kept[:half], None if inside else kept[half:]
 
 
+@functools.lru_cache(maxsize=2)
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _answer(words: list[int], limit: int | None, cfg: FaultConfig) -> tuple[list[int], str, str]:
+    """(token ids, text, finish) of an answer without thinking: ids are vocabulary index + 100,
+    or with cfg.tokenizer the text's real ids, cut at the limit (the text is then their decode)."""
+    if not cfg.tokenizer:
+        words, finish = _finish(words, limit)
+        return [100 + w for w in words], _text(words), finish
+    tok = _tokenizer(cfg.tokenizer)
+    ids = tok.encode(_text(words), add_special_tokens=False)
+    if limit is not None and len(ids) > limit:
+        return ids[:limit], tok.decode(ids[:limit]), "length"
+    return ids, _text(words), "stop"
+
+
 def chat_response(body: dict, cfg: FaultConfig, *, usage: bool = True) -> dict:
     """OpenAI chat.completion for a request body (vLLM token-id fields when asked)."""
     messages = body.get("messages") or []
@@ -159,9 +191,9 @@ def chat_response(body: dict, cfg: FaultConfig, *, usage: bool = True) -> dict:
         words, finish, thinking, answer = _think(words, body.get("max_tokens"), cfg)
         message |= {"content": None if answer is None else _text(answer)}
         message[cfg.reasoning] = _text(thinking)
+        ids = [100 + w for w in words]
     else:
-        words, finish = _finish(words, body.get("max_tokens"))
-        message["content"] = _text(words)
+        ids, message["content"], finish = _answer(words, body.get("max_tokens"), cfg)
     n_prompt = len(prompt_text.split())
     choice = {"index": 0, "message": message, "finish_reason": finish}
     out = {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time())}
@@ -169,12 +201,12 @@ def chat_response(body: dict, cfg: FaultConfig, *, usage: bool = True) -> dict:
     if usage:
         out["usage"] = {
             "prompt_tokens": n_prompt,
-            "completion_tokens": len(words),
-            "total_tokens": n_prompt + len(words),
+            "completion_tokens": len(ids),
+            "total_tokens": n_prompt + len(ids),
         }
     if body.get("return_token_ids"):
         out["prompt_token_ids"] = [100 + _digest(w) % 1000 for w in prompt_text.split()]
-        choice["token_ids"] = [100 + w for w in words]
+        choice["token_ids"] = ids
     return out
 
 
@@ -187,31 +219,47 @@ def generate_response(body: dict, cfg: FaultConfig, *, mismatch: bool = False) -
     if cfg.reasoning:  # raw text, thinking inline: /generate has no reasoning parser
         words, finish, thinking, answer = _think(words, limit, cfg)
         text = "<think>" + _text(thinking) + ("" if answer is None else "</think>" + _text(answer))
+        out_ids = [100 + w for w in words]
     else:
-        words, finish = _finish(words, limit)
-        text = _text(words)
+        out_ids, text, finish = _answer(words, limit, cfg)
     reason = (
-        {"type": "length", "length": len(words)}
+        {"type": "length", "length": len(out_ids)}
         if finish == "length"
         else {"type": "stop", "matched": 2}
     )
     meta = {"id": "fault", "finish_reason": reason, "prompt_tokens": len(ids)}
-    meta["completion_tokens"] = len(words) // 2 if mismatch else len(words)
-    return {"text": text, "output_ids": [100 + w for w in words], "meta_info": meta}
+    meta["completion_tokens"] = len(out_ids) // 2 if mismatch else len(out_ids)
+    return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
 
-def echo_body(headers: dict) -> dict:
-    """An error body echoing the Authorization header in every form a leak could take."""
+def _rotated(ids: list[int]) -> list[int]:
+    """The ids rotated by one (as many, another text), plus one when all are alike."""
+    out = ids[1:] + ids[:1]
+    return [i + 1 for i in out] if out == ids else out
+
+
+def echo_body(headers: dict) -> bytes:
+    """An error body echoing the Authorization header and the request target (a key in the
+    query string) in every form a leak could take, JSON-escaped as PHP ("\\/") and Java
+    ("\\u003d") encoders write it too."""
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     try:
         decoded = base64.b64decode(token).decode() if scheme.lower() == "basic" else ""
     except ValueError:
         decoded = ""
+    target = headers.get(":target", "")
+    query = unquote(target.partition("?")[2])
     echo = {"as_sent": auth, "lower": auth.lower(), "upper": auth.upper(), "token": token,
             "b64": base64.b64encode(auth.encode()).decode(), "quoted": quote(token, safe=""),
-            "token_b64": base64.b64encode(token.encode()).decode(), "decoded": decoded}  # fmt: skip
-    return {"error": {"message": f"denied for {auth}", "type": "auth", "echo": echo}}
+            "token_b64": base64.b64encode(token.encode()).decode(), "decoded": decoded,
+            "target": target, "query": query}  # fmt: skip
+    out = orjson.dumps({"error": {"message": f"denied for {auth} at {target}", "type": "auth", "echo": echo}})  # fmt: skip
+    php = orjson.dumps(f"{token} {query}").replace(b"/", b"\\/")
+    java = orjson.dumps(f"{token} {query}")
+    for c in b"=+/":
+        java = java.replace(bytes([c]), b"\\u%04x" % c)
+    return out[:-2] + b',"php":' + php + b',"java":' + java + b"}}"
 
 
 def sse_body(body: dict, cfg: FaultConfig) -> bytes:
@@ -301,8 +349,9 @@ class _Conn(asyncio.Protocol):
                 return
             body = self.buf[end + 4 : end + 4 + n]
             self.buf = self.buf[end + 4 + n :]
-            method, path = head[0].split(" ")[:2]
-            self.handle(method, path, headers, body)
+            method, target = head[0].split(" ")[:2]
+            headers[":target"] = target  # as sent, query string included (echo mode shows it)
+            self.handle(method, target.partition("?")[0], headers, body)
 
     def send(self, payload: bytes) -> None:
         if not self.transport.is_closing():
@@ -326,6 +375,9 @@ class _Conn(asyncio.Protocol):
             return self.answer("bad_json", _http(400, b'{"error": "bad json"}'))
         if st.cfg.hang_after is not None and st.requests > st.cfg.hang_after:
             return self.answer("hang", None)
+        if st.cfg.refuse_tools and isinstance(st.last_body, dict) and "tools" in st.last_body:
+            err = b'{"error": {"message": "tool choice requires --enable-auto-tool-choice"}}'
+            return self.answer("tools_refused", _http(400, err))
         mode = st.cfg.mode if st.faulted(body) else "ok"
         if mode == "ok" and path not in ("/v1/chat/completions", "/generate"):
             return self.answer("not_found", _http(404, b'{"error": "not found"}'))
@@ -357,11 +409,15 @@ class _Conn(asyncio.Protocol):
             return self.answer("malformed", _http(200, b'{"choices": [{"mess'))
         if path == "/generate":
             out = generate_response(body, st.cfg, mismatch=mode == "ids_mismatch")
-            outcome = mode if mode == "ids_mismatch" else "ok"
+            if mode == "ids_lie":
+                out["output_ids"] = _rotated(out["output_ids"])
+            outcome = mode if mode in ("ids_mismatch", "ids_lie") else "ok"
             return self.answer(outcome, _http(200, orjson.dumps(out)))
         out = chat_response(body, st.cfg, usage=mode != "nousage")
         if mode == "ids_mismatch" and "token_ids" in out["choices"][0]:
             out["usage"]["completion_tokens"] = len(out["choices"][0]["token_ids"]) // 2
+        if mode == "ids_lie" and "token_ids" in out["choices"][0]:
+            out["choices"][0]["token_ids"] = _rotated(out["choices"][0]["token_ids"])
         self.answer(mode, _http(200, orjson.dumps(out)))
 
     def hostile(self, mode: str, path: str) -> None:
@@ -387,7 +443,7 @@ class _Conn(asyncio.Protocol):
             return self.answer(mode, _http(200, orjson.dumps(err)))
         kind = ECHO_KINDS[st.echoes % len(ECHO_KINDS)]
         st.echoes += 1
-        echo = orjson.dumps(echo_body(st.last_headers))
+        echo = echo_body(st.last_headers)
         if kind == "text_200":
             return self.answer("echo_" + kind, _http(200, b"denied: " + echo, ctype="text/plain"))
         status = 200 if kind == "error_200" else int(kind)

@@ -137,7 +137,7 @@ def test_sglang_renders_template_and_parses_meta(srv, model_dir):
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     b = SGLangGenerate(srv.root_url, "m", tokenizer=tok)
-    srv.configure(min_words=40, max_words=40)
+    srv.configure(min_words=40, max_words=40, tokenizer=str(model_dir))  # ids that spell the text
     c = run(complete(b, Sampling(max_tokens=16, temperature=0.5, top_p=0.8, seed=3)))
     body = srv.last_body
     expected = tok.apply_chat_template(

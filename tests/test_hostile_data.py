@@ -288,3 +288,45 @@ def test_plan_from_a_mapped_file_runs_from_its_run_dir_and_records_its_spec(tmp_
     assert sorted(records["prompt_id"]) == sorted(frame["prompt_id"])
     stored = prompts_frame(run_dir).sort("row")
     assert stored["messages"].to_list() == frame.sort("row")["messages"].to_list()
+
+
+# ---------------------------------------------------------------- issue 23, item 6
+
+
+def nested_schema(levels: int) -> dict:
+    """A JSON schema `levels` objects deep (2 JSON levels each)."""
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+def test_bad_unicode_and_too_deep_tools_are_skipped_at_load_and_the_run_sends_the_rest(tmp_path):
+    """Issue 23, item 6: one row holding a lone surrogate ("\\ud800", valid JSON, invalid
+    Unicode) aborted the whole kit.load with a UnicodeEncodeError naming no file or line;
+    tools nested past 255 levels loaded, then every request with them failed (kit's JSON
+    encoder refuses them). Now both are counted skips, the surrogate's naming its file and
+    line, and a real run sends every other prompt: records == prompts kept, no error."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": nested_schema(10)}}
+    deep_tool = {"type": "function", "function": {"name": "g", "parameters": nested_schema(200)}}
+    rows = [json.dumps({"messages": [user(f"fine {i}")]}) for i in range(10)]
+    rows[3] = '{"messages": [{"role": "user", "content": "bad \\ud800 text"}]}'
+    rows[7] = '{"messages": [{"role": "system", "content": "\\udfff"}, {"role": "user", "content": "q"}]}'  # fmt: skip
+    rows += [json.dumps({"messages": [user("tool ok")], "tools": [tool]})]
+    rows += [json.dumps({"messages": [user("tool deep")], "tools": [deep_tool]})]
+    path = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    res = kit.load(path)
+    assert res.skipped["mixed"] == {"bad_tools": 1, "bad_unicode": 2}
+    skipped = {r["row"]: r for r in res.skipped_rows.to_dicts()}
+    assert skipped[3]["detail"] == f"{path} line 4: a lone surrogate \\ud800 (not valid Unicode)"
+    assert skipped[7]["detail"] == f"{path} line 8: a lone surrogate \\udfff (not valid Unicode)"
+    assert "nested deeper than 254 levels" in skipped[11]["detail"]
+    assert res.frame.height == 9
+    with FaultServer() as srv:
+        cfg = RunConfig(model="m", endpoints=srv.base_url, budgets=10**6,
+                        sampling=Sampling(max_tokens=20), retry_base=0.01)  # fmt: skip
+        run = kit.generate_sync(res, cfg, run_dir=tmp_path / "run")
+        assert srv.stats()["requests"] == 9
+    assert run.summary()["errors"][0] == 0 and run.stop_reason is None and not run.failed
+    records = records_frame(tmp_path / "run")
+    assert sorted(records["prompt_id"]) == sorted(res.frame["prompt_id"])  # every one, once

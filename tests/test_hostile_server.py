@@ -188,7 +188,8 @@ def test_ids_and_count_that_disagree_are_malformed(api, model_dir):
     kinds = {"vllm": (VLLMChat, {}), "sglang": (kit.run.backends.SGLangGenerate, {"tokenizer": model_dir})}  # fmt: skip
     cls, kw = kinds[api]
     msgs = [{"role": "user", "content": "hi"}]
-    with FaultServer(FaultConfig(mode="ids_mismatch")) as srv:
+    real = {"tokenizer": str(model_dir)} if api == "sglang" else {}  # ids that spell the text
+    with FaultServer(FaultConfig(mode="ids_mismatch", **real)) as srv:
         url = srv.base_url if api == "vllm" else srv.root_url
         err = asyncio.run(_error(cls(url, "m", **kw), msgs))
         srv.configure(mode="ok")

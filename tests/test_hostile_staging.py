@@ -77,7 +77,7 @@ def test_a_second_exporter_is_refused_and_a_killed_one_is_replaced(run, tmp_path
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     staging = tmp_path / ".out.kit-staging"
-    assert (staging / "specforge" / "train.jsonl").exists()  # the killed export's half
+    assert (staging / "export" / "specforge" / "train.jsonl").exists()  # the killed export's half
     again = cli_export(run, out)
     assert again.returncode == 0, again.stderr
     assert "replaced a half export" in again.stdout + again.stderr

@@ -7,14 +7,17 @@ resumes; `kit demo` executes the four notebooks against the embedded server.
 
 A user error is one line on stderr (`kit: error: <what and the fix>`, exit 2), and so is
 a damaged run database (kit.run.db.DatabaseDamaged: what to do) and a run directory held
-by another writer; a run that stops early says why and exits 1; anything unexpected keeps
-its traceback.
+by another writer; a failure of the machine (a full disk, a read-only or unreadable path)
+is one line too, exit 1; a run that stops early, or with a failed dataset, says why and
+exits 1; anything unexpected keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import re
 import signal
 import sys
 
@@ -225,6 +228,33 @@ def error_line(exc: BaseException) -> str:
     return f"kit: error: {message}"
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (polars) word an OSError
+_ADVICE = {
+    errno.ENOSPC: "free some space (or choose another directory), then run it again",
+    errno.EDQUOT: "free some space (or choose another directory), then run it again",
+    errno.EROFS: "choose a writable directory",
+    errno.EACCES: "check its permissions",
+    errno.EPERM: "check its permissions",
+}
+
+
+def system_error_line(exc: BaseException) -> str | None:
+    """`kit: error: <what the system said> (<file>): <advice>` for an OSError, or an error
+    of a library that wraps one (polars: "... (os error 28)"); None for anything else."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        code, what = exc.errno, exc.strerror or str(exc)
+        where = f" ({exc.filename})" if exc.filename else ""
+    elif match := _OS_ERROR.search(str(exc)):
+        code, where = int(match.group(1)), ""
+        what = (
+            f"{os.strerror(code)} ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})"
+        )
+    else:
+        return None
+    advice = _ADVICE.get(code, "")
+    return f"kit: error: {what}{where}" + (f": {advice}" if advice else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kit` console script."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -240,4 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except NotebookFailed as exc:  # the demo's notebooks: the cell's error, not nbclient's
         print(error_line(exc), file=sys.stderr)
+        return 1
+    except Exception as exc:
+        line = system_error_line(exc)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
         return 1

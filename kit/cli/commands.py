@@ -339,6 +339,10 @@ def cmd_generate(args) -> int:
             file=sys.stderr,
         )
         return 1
+    if run.failed:
+        for name, why in run.failed.items():
+            print(f"kit: dataset {name!r} failed: {why}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -94,7 +94,8 @@ REASONS = (
     "bad_order",  # roles out of order: assistant first, two in a row, system not first
     "conflicting_fields",  # two prompt fields hold a value where the format reads one
     "tool_turns",  # a tool call or tool result in the prompt's history (kit.data.tools)
-    "bad_tools",  # tool definitions that are not JSON, not a list of tools, or unnamed
+    "bad_tools",  # tool definitions that are not JSON, not a list of tools, unnamed, or too deep
+    "bad_unicode",  # text holding a lone surrogate ("\\ud800"): not valid Unicode, cannot be sent
 )
 MESSAGE_TYPE = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
 SCHEMA = {
@@ -389,6 +390,13 @@ def _row_prompts(row, fmt: str | None, mapping: dict | None) -> list:
         return [skip]
 
 
+def _skip(skip: Skip, ds: str, row: int, skips: Counter, skip_rows: list) -> None:
+    """Count a skip; keep its row (the first MAX_SKIP_ROWS of a dataset)."""
+    skips[skip.reason] += 1
+    if skips.total() <= MAX_SKIP_ROWS:
+        skip_rows.append({"dataset": ds, "row": row, "reason": skip.reason, "detail": skip.detail})
+
+
 def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> None:
     """Append the prompts of one dataset to cols; count skips, duplicates and (strip on)
     stripped prompts in result. how: (format, mapping, strip). A row's tools are read once
@@ -411,13 +419,17 @@ def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> No
                 if strip:
                     stripped += messages != prompt(turns, user_runs=runs)
             except Skip as skip:
-                skips[skip.reason] += 1
-                if skips.total() <= MAX_SKIP_ROWS:
-                    skip_rows.append(
-                        {"dataset": ds, "row": i, "reason": skip.reason, "detail": skip.detail}
-                    )
+                _skip(skip, ds, i, skips, skip_rows)
                 continue
-            pid = prompt_id(messages, tools)
+            try:
+                pid = prompt_id(messages, tools)
+            except UnicodeEncodeError as exc:  # a lone surrogate: every later step would fail
+                where = result.paths.get(ds) or f"in-memory dataset {ds!r}"
+                at = f"line {i + 1}" if where.endswith((".jsonl", ".ndjson")) else f"row {i}"
+                bad = exc.object[exc.start : exc.end].encode("unicode_escape").decode()
+                skip = Skip("bad_unicode", f"{where} {at}: a lone surrogate {bad} (not valid Unicode)")  # fmt: skip
+                _skip(skip, ds, i, skips, skip_rows)
+                continue
             if pid in seen:
                 dups += 1
                 continue

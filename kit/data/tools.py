@@ -15,8 +15,9 @@ names), in the shapes real datasets use:
 
 null, a blank string, "[]" and [] are no tools. The tools are stored as compact JSON (key
 order kept) in the frame's `tools` column, a JSON array of OpenAI tool definitions, and that
-string is part of the prompt id. Tools that are not valid JSON, not a list of objects, or
-whose functions lack a name are a counted `bad_tools` skip naming the tool; a row holding
+string is part of the prompt id. Tools that are not valid JSON, not a list of objects,
+whose functions lack a name, or nested too deep for a request body (MAX_DEPTH) are a
+counted `bad_tools` skip naming the tool; a row holding
 both `tools` and `functions` is a `conflicting_fields` skip. In a columnar source (a Parquet
 struct column, a datasets.Dataset) a missing key and a null are the same thing, so null
 values are dropped from tools held there as structs (drop_nulls); JSON strings are kept
@@ -33,12 +34,15 @@ from __future__ import annotations
 
 import json
 
+import orjson
+
 from kit.data.readers import Skip
 
 TOOL_ROLES = frozenset(  # tool results and calls as turns (OpenAI, Hermes, LLaMA-Factory, Llama 3)
     ("tool", "function", "function_call", "observation", "ipython", "tool_call", "tool_response")
 )
 TOOL_TURNS = "tool-call turns in the history are not supported yet"
+MAX_DEPTH = 254  # of tool definitions: kit's JSON encoder (orjson) nests at most 255 levels
 
 
 def tool_turn(obj: dict, raw_role) -> Skip | None:
@@ -131,9 +135,15 @@ def _tools(value, where: str, columnar: bool) -> str | None:
         raise Skip("bad_tools", f"{where} is a {type(value).__name__}, not a list of tools")
     tools = [_tool(t, f"{where} tool {i}") for i, t in enumerate(value)]
     try:
-        return json.dumps(tools, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(tools, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (ValueError, RecursionError) as exc:
         raise Skip("bad_tools", f"{where} cannot be sent as JSON ({exc})") from None
+    try:  # a request body holds them one level down; kit's JSON encoder stops at 255
+        orjson.dumps({"tools": tools})
+    except orjson.JSONEncodeError:
+        msg = f"{where} is nested deeper than {MAX_DEPTH} levels: no request could carry it"
+        raise Skip("bad_tools", msg) from None
+    return text
 
 
 def _tool(tool, where: str) -> dict:

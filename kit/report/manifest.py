@@ -21,6 +21,7 @@ TOKEN_SOURCES = {
     "retokenized": "approximate: re-tokenized text (the chat template's rendering)",
 }
 _EXCEPTIONS = {  # token_rows count -> what the summary says about those rows
+    "ids_text_differ": "the server's output ids do not spell its text: re-tokenized, not exact",
     "prompt_render_differs": "the server's prompt ids differ from kit's rendering; the server's ids are used",
     "end_of_turn_appended": "stop without an end-of-turn id in output_ids: the template's end-of-turn id was appended",
     "reasoning_not_rendered": "re-tokenized, and the chat template drops reasoning_content: their thinking is not in the token row",
@@ -110,6 +111,7 @@ def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opt
         "tokenizer": {
             "path": str(config.tokenizer or getattr(tok, "name_or_path", "") or ""),
             "chat_template_hash": chat_template_hash(tok) if tok is not None else None,
+            "vocab_size": len(tok) if tok is not None else None,  # token ids are below it
             "run_chat_template_hash": config.chat_template_hash,
             "end_of_turn": {
                 "id": eot_id,

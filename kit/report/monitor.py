@@ -28,7 +28,7 @@ from pathlib import Path
 
 from kit.types import DatasetProgress
 
-DONE_STATES = ("budget_reached", "exhausted")
+DONE_STATES = ("budget_reached", "exhausted", "failed")
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -73,7 +73,7 @@ def totals(progress: Sequence[DatasetProgress]) -> DatasetProgress:
     for f in _SUMMED:
         setattr(tot, f, sum(getattr(p, f) for p in progress))
     tot.tokens_per_s = sum(p.tokens_per_s for p in progress)
-    order = ("running", "waiting", "stopped", "exhausted", "budget_reached")
+    order = ("running", "waiting", "stopped", "failed", "exhausted", "budget_reached")
     states = {p.state for p in progress}
     tot.state = next((s for s in order if s in states), "waiting")
     return tot
@@ -329,7 +329,7 @@ def _bar_style(p: DatasetProgress) -> str:
     """'success' at budget, else 'danger' with errors, 'warning' when exhausted, else ''."""
     if p.state == "budget_reached" or p.tokens_done >= p.budget:
         return "success"
-    if p.errors:
+    if p.errors or p.state == "failed":
         return "danger"
     return "warning" if p.state == "exhausted" else ""
 

@@ -2,7 +2,8 @@
 
 `Staged(out_dir)` owns `.<name>.kit-staging/` next to out_dir: it holds an exclusive flock
 on that folder for the export's life (a second exporter on the same target is refused in
-one line naming the holder), the export is written and validated there, and only then are
+one line naming the holder), the export is written and validated in its `export/` folder
+(beside kit's mark, so what is validated is exactly what is swapped in), and only then are
 the previous export's own files moved aside (`.<name>.kit-previous/`), the new ones moved
 in (manifest.json last) and the previous ones deleted. A failure before the swap (a
 damaged run, a full disk, a validation problem) leaves the previous export as it was. A
@@ -50,14 +51,15 @@ class Staged:
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = Path(out_dir)
-        self.path = side(self.out_dir, "staging")
+        self.root = side(self.out_dir, "staging")  # the lock and MARK
+        self.path = self.root / "export"  # the export, nothing else
         self.notes: list[str] = []  # what was found and replaced (a killed export's folders)
         self._fd: int | None = None
 
     def __enter__(self) -> Staged:
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.path.mkdir(exist_ok=True)
-        fd = os.open(self.path, os.O_RDONLY)
+        self.root.mkdir(exist_ok=True)
+        fd = os.open(self.root, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -67,18 +69,19 @@ class Staged:
             raise ExportBusy(f"export: another kit export is writing {self.out_dir} ({self._holder()}); wait for it to end") from None  # fmt: skip
         self._fd = fd
         self._restore_previous()  # under the lock: no other exporter is swapping now
-        if any(p.name != MARK for p in self.path.iterdir()):
-            if not _is_ours(self.path, self.out_dir):
+        if any(p.name != MARK for p in self.root.iterdir()):
+            if not _is_ours(self.root, self.out_dir):
                 self._release()
-                raise FileExistsError(f"export: {self.path} is in the way and was not written by kit; move it away, then export again")  # fmt: skip
-            self.notes.append(f"replaced a half export left at {self.path} by an earlier kill")
-            self._empty(self.path)
-        (self.path / MARK).write_text(f"{self.out_dir.resolve()}\npid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")  # fmt: skip
+                raise FileExistsError(f"export: {self.root} is in the way and was not written by kit; move it away, then export again")  # fmt: skip
+            self.notes.append(f"replaced a half export left at {self.root} by an earlier kill")
+            self._empty(self.root)
+        self.path.mkdir()
+        (self.root / MARK).write_text(f"{self.out_dir.resolve()}\npid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")  # fmt: skip
         return self
 
     def _holder(self) -> str:
         try:
-            return (self.path / MARK).read_text().splitlines()[1]
+            return (self.root / MARK).read_text().splitlines()[1]
         except (OSError, IndexError):
             return "holder unknown"
 
@@ -108,7 +111,7 @@ class Staged:
                 dst = prev / path.relative_to(self.out_dir)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(path, dst)
-        staged = sorted((p for p in self.path.rglob("*") if p.is_file() and p.name != MARK), key=lambda p: p.name == "manifest.json")  # fmt: skip
+        staged = sorted((p for p in self.path.rglob("*") if p.is_file()), key=lambda p: p.name == "manifest.json")  # fmt: skip
         for src in staged:  # manifest.json last: the export is whole when it appears
             dst = self.out_dir / src.relative_to(self.path)
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -138,8 +141,8 @@ class Staged:
 
     def __exit__(self, *exc) -> None:
         try:
-            if self.path.exists() and _is_ours(self.path, self.out_dir):
-                shutil.rmtree(self.path)  # kit's staging: whatever is left is not an export
+            if self.root.exists() and _is_ours(self.root, self.out_dir):
+                shutil.rmtree(self.root)  # kit's staging: whatever is left is not an export
         finally:
             self._release()
 

@@ -10,7 +10,12 @@ rendered by kit (the chat template with the record's tools and the dataset's tem
 kwargs) and compared with the server's prompt_ids: rows that differ are counted
 ("prompt_render_differs"), never hidden; the server's ids are the row.
 
-Re-tokenized rows (no server ids, or only one side of them): the chat template applied to
+Server ids are believed only when they were counted as the record's tokens (count_source
+"server_ids": kit.run.answers found they spell the text, or had no tokenizer to check) and
+they spell the completion and its thinking here too; ids that do not are re-tokenized and
+counted ("ids_text_differ"), never exported as exact.
+
+Re-tokenized rows (no server ids, only one side of them, or ids that do not spell the text): the chat template applied to
 prompt + completion. input_ids = the prompt (the server's prompt_ids when they decode to the
 rendered prompt, else the rendered prompt tokenized) + the assistant text (the target's own
 output_ids, without a trailing end-of-turn / EOS, when they decode to it, else the text
@@ -107,7 +112,7 @@ def token_rows(
         stats: counts where ids came from: output_ids / completion_retokenized / prompt_ids /
             prompt_tokenized / skipped (updated in place).
         by_dataset: dataset -> counts (updated in place): exact, retokenized, skipped,
-            prompt_render_differs, end_of_turn_appended, reasoning_not_rendered,
+            ids_text_differ, prompt_render_differs, end_of_turn_appended, reasoning_not_rendered,
             tool_calls_not_rendered,
             earlier_turns_trained, earlier_turns_rendered, earlier_turns_fallback,
             earlier_turns_missing.
@@ -134,12 +139,15 @@ def token_rows(
     tok = _Encoding(tok)  # the texts most rows encode, encoded in one batch
     texts = [r["completion"] for r in rows if not (r.get("prompt_ids") and r.get("output_ids"))]
     tok.prefill([p for p in prompts if p is not None] + texts)
+    believed = _believed(tok, rows)
     out = []
     for i, r in enumerate(rows):
         ds = by_dataset.setdefault(r["dataset"], {})
         earlier = earlier_turns(r) if turns == "all_turns" else []
         row = None
-        if r.get("prompt_ids") and r.get("output_ids"):
+        if r.get("prompt_ids") and r.get("output_ids") and not believed[i]:
+            _count(ds, "ids_text_differ")
+        elif r.get("prompt_ids") and r.get("output_ids"):
             row = _server_row(tok, r, prompts[i], earlier, eot, special, stats, ds)
         if row is None:
             ctx = (convs[i], prompts[i], fulls[i], tools[i], kw[i])
@@ -148,6 +156,22 @@ def token_rows(
             _count(stats, "skipped")
             _count(ds, "skipped")
         out.append(row)
+    return out
+
+
+def _believed(tok, rows: list[dict]) -> list[bool]:
+    """Per row: whether its output_ids may be the exact row (True without ids): counted by
+    the server's ids at generation (count_source "server_ids", or no count_source) and
+    spelling the completion and its thinking when decoded (kit.run.answers.ids_spell)."""
+    from kit.run.answers import ids_spell
+
+    todo = [i for i, r in enumerate(rows) if r.get("output_ids")]
+    decoded = tok.batch_decode([list(rows[i]["output_ids"]) for i in todo], skip_special_tokens=True)  # fmt: skip
+    out = [True] * len(rows)
+    for i, text in zip(todo, decoded, strict=True):
+        r = rows[i]
+        counted = r.get("count_source") in (None, "server_ids")
+        out[i] = counted and ids_spell(text, r.get("reasoning"), r["completion"])
     return out
 
 

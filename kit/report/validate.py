@@ -12,8 +12,8 @@ from pathlib import Path
 
 import orjson
 
-ROLES = ("system", "user", "assistant")
-FOLDERS = ("specforge", "token_ids", "parquet", "hf", "linehashes")  # where an export writes
+from kit.report.checks import CHECKS, FOLDERS, Rules, is_int, read_manifest
+
 MAX_PER_FILE = 20  # problems listed per file before "... and N more"
 
 
@@ -61,58 +61,6 @@ def file_entry(path: Path, rows: int | None, *, line_hashes: str | None = None, 
     return entry
 
 
-def _check_specforge(row) -> str | None:
-    if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
-        return "'id' must be a non-empty string"
-    conv = row.get("conversations")
-    if not isinstance(conv, list) or not conv:
-        return "'conversations' must be a non-empty list"
-    for j, m in enumerate(conv):
-        if (
-            not isinstance(m, dict)
-            or m.get("role") not in ROLES
-            or not isinstance(m.get("content"), str)
-        ):
-            return f"conversations[{j}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.80}"
-        if m["role"] == "system" and j:
-            return f"conversations[{j}] is a system message after the first turn"
-        if "reasoning_content" in m and not isinstance(m["reasoning_content"], str):
-            return f"conversations[{j}].reasoning_content must be a string"
-        calls = m.get("tool_calls")
-        if "tool_calls" in m and not (isinstance(calls, list) and calls and all(
-            isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls
-        )):  # fmt: skip
-            return f"conversations[{j}].tool_calls must be a non-empty list of tool calls"
-    if conv[-1]["role"] != "assistant":
-        return "the last message must be the assistant completion"
-    tools = row.get("tools")
-    if "tools" in row and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        return "'tools' must be a list of tool definitions (dicts)"
-    return None
-
-
-def _is_int(x) -> bool:
-    return type(x) is int
-
-
-def _check_token_ids(row) -> str | None:
-    if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
-        return "'id' must be a non-empty string"
-    ids, mask = row.get("input_ids"), row.get("loss_mask")
-    if not isinstance(ids, list) or not ids or not all(map(_is_int, ids)):
-        return "'input_ids' must be a non-empty list of ints"
-    if not isinstance(mask, list) or any(x not in (0, 1) or not _is_int(x) for x in mask):
-        return "'loss_mask' must be a list of 0/1 ints"
-    if len(mask) != len(ids):
-        return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
-    if "ids_source" in row and row["ids_source"] not in ("server", "retokenized"):
-        return f"'ids_source' must be 'server' or 'retokenized', got {row['ids_source']!r:.40}"
-    return None
-
-
-_CHECKS = {"specforge": _check_specforge, "token_ids": _check_token_ids}
-
-
 class _Ids:
     """The ids of one JSONL file's rows, kept as a count and a digest, not a list (an
     export of a million rows is checked in constant memory)."""
@@ -136,9 +84,9 @@ def _row_id(line: str):
     return row.get("id") if isinstance(row, dict) else None
 
 
-def _check_jsonl(root: Path, rel: str, result: ValidationResult) -> _Ids:
+def _check_jsonl(root: Path, rel: str, result: ValidationResult, rules: Rules) -> _Ids:
     """Parse and check every line of one JSONL export file, streaming; returns its ids."""
-    check, ids, problems = _CHECKS[rel.split("/")[0]], _Ids(), []
+    check, ids, problems = CHECKS[rel.split("/")[0]], _Ids(), []
     with open(root / rel, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             try:
@@ -149,7 +97,7 @@ def _check_jsonl(root: Path, rel: str, result: ValidationResult) -> _Ids:
                 except json.JSONDecodeError as e:
                     problems.append(f"{rel} line {n}: not valid JSON ({e.msg} at column {e.colno})")  # fmt: skip
                     continue
-            what = check(row)
+            what = check(row, rules)
             if what:
                 problems.append(f"{rel} line {n}: {what}")
             ids.add(row.get("id") if isinstance(row, dict) else None)
@@ -184,29 +132,45 @@ def _changed_lines(root: Path, rel: str, entry: dict) -> list[str]:
     return out or [f"{rel}: bytes changed after export (sha256 differs; lines unchanged)"]
 
 
-def _check_files(root: Path, files: dict, result: ValidationResult) -> dict[str, _Ids]:
+def _check_files(root: Path, files: dict, rules: Rules, result: ValidationResult) -> dict[str, _Ids]:  # fmt: skip
     """Existence, hashes, row counts and formats of every listed file; returns ids per JSONL."""
     ids = {}
     for rel, entry in files.items():
         path = root / rel
-        if not path.is_file():
+        if not path.is_file() or path.is_symlink():
             result.problems.append(f"{rel}: missing (listed in manifest.json)")
             continue
         result.files_checked += 1
         if sha256_file(path) != entry["sha256"]:
             _add(result, _changed_lines(root, rel, entry))
-        if rel.split("/")[0] in _CHECKS:
-            ids[rel] = _check_jsonl(root, rel, result)
+        hashes = entry.get("line_hashes")
+        if hashes is not None and (hashes not in files or files[hashes].get("rows") != entry.get("rows")):  # fmt: skip
+            result.problems.append(f"{rel}: its line-hash file {hashes} is not listed with {entry.get('rows')} rows in manifest.json")  # fmt: skip
+        if rel.split("/")[0] in CHECKS:
+            ids[rel] = _check_jsonl(root, rel, result, rules)
             rows = ids[rel].n
         elif rel.endswith(".parquet") and rel.startswith("parquet/"):
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            rows = pq.ParquetFile(path).metadata.num_rows
+            try:
+                rows = pq.ParquetFile(path).metadata.num_rows
+            except (pa.ArrowException, OSError) as e:
+                result.problems.append(f"{rel}: not a readable Parquet file ({e})")
+                continue
+        elif rel.startswith("linehashes/"):
+            rows = _line_count(path)
         else:
             continue
         if entry.get("rows") is not None and rows != entry["rows"]:
             result.problems.append(f"{rel}: {rows} rows, manifest.json says {entry['rows']}")
     return ids
+
+
+def _line_count(path: Path) -> int:
+    """Newlines in a file, read in 1 MiB chunks."""
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
 def _first_different_id(root: Path, a: str, b: str) -> int:
@@ -219,10 +183,20 @@ def _first_different_id(root: Path, a: str, b: str) -> int:
 
 
 def _check_counts(manifest: dict, ids: dict[str, _Ids], result: ValidationResult) -> None:
-    """Rows per split agree with manifest counts, and formats hold the same ids in order."""
-    counts = manifest.get("counts", {})
+    """Rows per split agree with manifest counts, every format asked for has a file for every
+    split with rows, and formats hold the same ids in order."""
+    counts, files = manifest["counts"], manifest["files"]
+    formats = manifest["options"]["formats"]
     for split in ("train", "validation"):
         want = sum(c.get(split, 0) for c in counts.values())
+        expected = {"specforge": f"specforge/{split}.jsonl", "token_ids": f"token_ids/{split}.jsonl",
+                    "parquet": f"parquet/{split}.parquet", "hf": f"hf/{split}/"}  # fmt: skip
+        for fmt in formats if want else ():
+            rel = expected.get(fmt)
+            if rel and not any(
+                f == rel or (rel.endswith("/") and f.startswith(rel)) for f in files
+            ):
+                result.problems.append(f"manifest.json: counts say {want} {split} rows, but it lists no {rel} ({fmt} was asked for)")  # fmt: skip
         found = {rel: v for rel, v in ids.items() if rel.endswith(f"/{split}.jsonl")}
         for rel, v in found.items():
             if v.n != want:
@@ -240,11 +214,16 @@ def _check_counts(manifest: dict, ids: dict[str, _Ids], result: ValidationResult
 def validate(path) -> ValidationResult:
     """Read an export back and check it against manifest.json and its formats.
 
-    Checks: every listed file exists with its sha256 (an edited JSONL line is named by file
-    and line); every JSONL line parses with the right fields and types (SpecForge
-    conversations, a string reasoning_content, a list of tool dicts; token ids are ints,
-    loss_mask is 0/1 and as long as input_ids, ids_source "server" or "retokenized"); row
-    counts match the manifest; SpecForge and token-id files hold the same ids in order.
+    Checks: the manifest is well formed (a malformed one is a problem, never a traceback);
+    it lists every file of the export and every listed file exists with its sha256 (an
+    edited JSONL line is named by file and line, through its line-hash file, which must be
+    listed with the same row count); every JSONL line parses with the right fields and
+    types (SpecForge conversations, a string reasoning_content, a list of tool dicts; token
+    ids are ints below tokenizer.vocab_size, loss_mask is 0/1, as long as input_ids, trains
+    something but never the first token, in one stretch for last_turn exports, ids_source
+    "server" or "retokenized" and as many of each as token_rows says); row counts match the
+    manifest and every format asked for has its file for every split with rows; SpecForge
+    and token-id files hold the same ids in order.
 
     Args:
         path: the export directory (holding manifest.json).
@@ -256,18 +235,55 @@ def validate(path) -> ValidationResult:
     """
     root = Path(path)
     result = ValidationResult(path=root)
-    try:
-        manifest = json.loads((root / "manifest.json").read_text())
-        files = manifest["files"]
-    except FileNotFoundError:
-        result.problems.append(f"{root / 'manifest.json'}: missing (not an export directory?)")
+    manifest = read_manifest(root, result.problems)
+    if manifest is None:
         return result
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        result.problems.append(f"manifest.json: unreadable ({e})")
-        return result
-    ids = _check_files(root, files, result)
+    _check_listing(root, manifest["files"], result)
+    rules = _rules(manifest, result)
+    ids = _check_files(root, manifest["files"], rules, result)
     _check_counts(manifest, ids, result)
+    _check_sources(manifest, rules, ids, result)
     return result
+
+
+def _rules(manifest: dict, result: ValidationResult) -> Rules:
+    """The token-row rules from the manifest (a token-id export must name its vocabulary)."""
+    tok = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else {}
+    vocab = tok.get("vocab_size")
+    if "token_ids" in manifest["options"]["formats"] and not (is_int(vocab) and vocab > 0):
+        result.problems.append("manifest.json: tokenizer.vocab_size missing or not a positive int: token ids cannot be checked")  # fmt: skip
+        vocab = None
+    turns = manifest.get("turns") if isinstance(manifest.get("turns"), dict) else {}
+    return Rules(vocab_size=vocab, one_span=turns.get("mode", "last_turn") == "last_turn")
+
+
+def _check_sources(manifest: dict, rules: Rules, ids: dict, result: ValidationResult) -> None:
+    """The token rows' ids_source agree with manifest.json's token_rows (exact = server)."""
+    if not any(rel.startswith("token_ids/") for rel in ids):
+        return
+    made = manifest.get("token_rows")
+    if not isinstance(made, dict) or not all(isinstance(c, dict) for c in made.values()):
+        result.problems.append("manifest.json: token_rows missing or malformed")
+        return
+    want = {"server": sum(c.get("exact", 0) for c in made.values()),
+            "retokenized": sum(c.get("retokenized", 0) for c in made.values())}  # fmt: skip
+    got = {k: rules.sources.get(k, 0) for k in want}
+    if got != want:
+        result.problems.append(
+            f"token_ids: ids_source of the rows {got} disagrees with manifest.json token_rows "
+            f"(exact: {want['server']}, retokenized: {want['retokenized']})"
+        )
+
+
+def _check_listing(root: Path, files: dict, result: ValidationResult) -> None:
+    """Every file of the export is listed in the manifest (nothing extra, nothing outside)."""
+    found = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() or p.is_symlink():
+            rel = p.relative_to(root).as_posix()
+            if rel != "manifest.json" and rel not in files:
+                found.append(f"{rel}: not listed in manifest.json (a file the export did not write)")  # fmt: skip
+    _add(result, found)
 
 
 # ---------------------------------------------------------------- what kit may replace

@@ -6,11 +6,15 @@ helper every error text of kit.run goes through (backends, the runner's errors t
 
 Counts are checked, never trusted: a completion-token count (usage, meta_info, the length
 of the ids) must be a plain int in 0..max_tokens + 1 (+1: a server may count the end
-token); a bool, float, string or anything out of range is `malformed`. When the server
-gives token ids and a count, they must agree; the ids are kept (they are what a record
-stores and export trains on; count_source "server_ids"). With a tokenizer and only a
-usage count, the text is re-tokenized and a count below it by more than max(4, 25%) is
-`malformed`: the server under-reports, or tokenizer= is not the target's.
+token), and not 0 for a non-empty answer; a bool, float, string or anything out of range
+is `malformed`. When the server gives token ids and a count, they must agree; the ids are
+kept (they are what a record stores and export trains on; count_source "server_ids").
+With a tokenizer, the ids must also spell the text (`ids_spell`); ids that do not are
+kept but not believed: the count is the re-tokenized text's, count_source "retokenized"
+(so the export re-tokenizes the row and counts it, kit.report.tokenrows). With a
+tokenizer and only a usage count, the text is re-tokenized and a count below it by more
+than max(4, 25%) is `malformed`: the server under-reports, or tokenizer= is not the
+target's.
 
 A chat answer's message is read by `message_parts`: `content` is the answer and the thinking
 a server's reasoning parser split off is `reasoning` (vLLM 0.3x, ChatMessage.reasoning) or
@@ -30,14 +34,15 @@ import re
 import time
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import quote, quote_plus, urlsplit
+from urllib.parse import urlsplit
 
 import orjson
 
-from kit.types import BackendError, Sampling, url_credentials
+from kit.types import BackendError, Sampling, url_credentials, url_query
 
 _RETRYABLE_4XX = {408, 409}
 BODY_CHARS = 2000  # of a server's body kept in a message before redaction (then cut shorter)
+MIN_QUERY_SECRET = 4  # a base URL's query values this long or longer are redacted as secrets
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -225,9 +230,9 @@ def check_count(value: Any, what: str, url: str, sampling: Sampling) -> int:
     raise BackendError("malformed", msg)
 
 
-def check_ids(ids: Any, count: Any, what: str, url: str, sampling: Sampling) -> int:
+def check_ids(ids: Any, count: Any, what: str, url: str, sampling: Sampling, text: str = "") -> int:
     """len(ids) when ids is a list of token ids of a valid length agreeing with the server's
-    count (None: no count given); else `malformed`."""
+    count (None: no count given), and not empty for a non-empty `text`; else `malformed`."""
     if not ids_ok(ids):
         raise BackendError("malformed", f"{what} from {url} is not a list of token ids")
     n = check_count(len(ids), f"len({what})", url, sampling)
@@ -236,13 +241,32 @@ def check_ids(ids: Any, count: Any, what: str, url: str, sampling: Sampling) -> 
         if count != n:
             msg = f"completion_tokens={count} from {url} disagrees with len({what})={n}"
             raise BackendError("malformed", msg)
+    if n == 0 and text.strip():
+        raise BackendError("malformed", f"{what} from {url} is empty for a non-empty answer")
     return n
 
 
-def check_usage(value: Any, what: str, url: str, sampling: Sampling, retokenized) -> int:
-    """A server's count that is valid and, when retokenized() gives the text's length with
-    the tokenizer (None without one), not below it by more than max(4, 25%)."""
+def ids_spell(decoded: str, *parts: str | None) -> bool:
+    """True when every text part (thinking, answer) is in the decoded ids, whitespace aside
+    (a reasoning parser takes out its markers and may trim; a stop string is cut from the
+    text, not from the ids).
+
+    Example:
+        >>> ids_spell("<think>\\nHm.\\n</think>\\n\\nYes.", "Hm.", "Yes."), ids_spell("No.", None, "Yes.")
+        (True, False)
+    """
+    squeeze = "".join(decoded.split())
+    return all("".join(p.split()) in squeeze for p in parts if p)
+
+
+def check_usage(value: Any, what: str, url: str, sampling: Sampling, retokenized,
+                text: str = "") -> int:  # fmt: skip
+    """A server's count that is valid, not 0 for a non-empty `text` and, when retokenized()
+    gives the text's length with the tokenizer (None without one), not below it by more
+    than max(4, 25%)."""
     n = check_count(value, what, url, sampling)
+    if n == 0 and text.strip():
+        raise BackendError("malformed", f"{what}=0 from {url} for a non-empty answer")
     actual = retokenized()
     if actual is not None and n + max(4, actual // 4) < actual:
         msg = (f"{what}={n} from {url} under-reports: the text is {actual} tokens with the "
@@ -255,28 +279,53 @@ def check_usage(value: Any, what: str, url: str, sampling: Sampling, retokenized
 
 
 def url_secrets(url: str) -> list[str]:
-    """The secrets a URL carries: its password and user:password (decoded and as written)."""
+    """The secrets a URL carries: its password and user:password (decoded and as written),
+    and the values of its query string ("?api_key=...": decoded and as written)."""
+    out = []
     creds = url_credentials(url)
-    if creds is None:
-        return []
-    user, password = creds
-    return [password, f"{user}:{password}", urlsplit(url).netloc.rpartition("@")[0]]
+    if creds is not None:
+        user, password = creds
+        out += [password, f"{user}:{password}", urlsplit(url).netloc.rpartition("@")[0]]
+    query = urlsplit(url).query
+    values = [v for _, v in url_query(url) if len(v) >= MIN_QUERY_SECRET]
+    out += values + ([query] if values else [])
+    return [s for s in out if s]
+
+
+def _char_forms(c: str) -> str:
+    """A regex for one character of a secret in any way a server's text may write it: as is,
+    backslash-escaped (PHP's "\\/"; any number of backslashes: escaped again), a JSON
+    \\u escape (Java's "\\u003d"), an HTML entity, or percent-encoded (once or twice; "+"
+    for a space).
+
+    Example:
+        >>> bool(re.fullmatch(_char_forms("/"), "\\/")), bool(re.fullmatch(_char_forms("="), "%3d"))
+        (True, True)
+    """
+    code = ord(c)
+    forms = [re.escape(c), r"\\+" + re.escape(c), rf"&\#(?:x0*{code:x}|0*{code});"]
+    if code <= 0xFFFF:
+        forms.append(rf"\\+u{code:04x}")
+    forms.append("".join(f"%(?:25)?{b:02x}" for b in c.encode()))
+    if c == " ":
+        forms.append(r"\+")
+    return "(?:" + "|".join(forms) + ")"
 
 
 def secret_forms(secret: str) -> set[str]:
-    """How a secret can show up in a server's text: as is (matched in any case), URL-encoded,
-    JSON-escaped, base64 (standard and URL-safe; whole, and the characters the secret alone
-    fixes at each of the 3 alignments it can have inside a longer encoded string, such as
-    base64 of "Bearer KEY")."""
-    forms = {secret, quote(secret, safe=""), quote_plus(secret), json.dumps(secret)[1:-1]}
-    data = secret.encode()
-    forms.add(base64.b64encode(data).decode())
+    """Regexes for how a secret can show up in a server's text: its characters each written
+    as is (matched in any case) or escaped or encoded in any mix (see _char_forms: JSON,
+    PHP, Java, HTML, URL-encoded); base64 (standard and URL-safe; whole, and the characters
+    the secret alone fixes at each of the 3 alignments it can have inside a longer encoded
+    string, such as base64 of "Bearer KEY")."""
+    forms = {"".join(map(_char_forms, secret))}
+    data, encoded = secret.encode(), {base64.b64encode(secret.encode()).decode()}
     for pad in range(3):
         enc = base64.b64encode(b"\0" * pad + data).decode()
         core = enc[-(-8 * pad // 6) : 8 * (pad + len(data)) // 6]
         if len(core) >= 6:
-            forms |= {core, core.replace("+", "-").replace("/", "_")}
-    return {f for f in forms if f}
+            encoded |= {core, core.replace("+", "-").replace("/", "_")}
+    return forms | {re.escape(f) for f in encoded if f}
 
 
 @functools.lru_cache(maxsize=64)
@@ -284,8 +333,7 @@ def _secrets_pattern(secrets: tuple[str, ...]) -> re.Pattern | None:
     forms = set().union(*(secret_forms(s) for s in secrets))
     if not forms:
         return None
-    alternatives = "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))
-    return re.compile(alternatives, re.IGNORECASE)
+    return re.compile("|".join(sorted(forms, key=len, reverse=True)), re.IGNORECASE)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -294,6 +342,8 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     Example:
         >>> redact("denied for Bearer SK-ABC123xyz (c2stYWJjMTIzeHl6)", ["sk-abc123xyz"])
         'denied for Bearer *** (***)'
+        >>> redact('{"key": "sk-a\\/b\\u002bc%3D"}', ["sk-a/b+c="])
+        '{"key": "***"}'
     """
     pattern = _secrets_pattern(tuple(sorted({s for s in secrets if s})))
     return text if pattern is None else pattern.sub("***", text)

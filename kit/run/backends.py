@@ -29,9 +29,10 @@ Every failure is a kit.types.BackendError with `kind`:
 The API key is read from the environment variable named by api_key_env at each request
 and sent as "Authorization: Bearer ..."; it is never stored, printed or pickled.
 Credentials in a base URL ("http://user:KEY@host/v1") are sent as HTTP Basic to that
-endpoint (they win over api_key_env there); `backend.url`, and so everything kit writes,
-is the URL without them. Every error leaving complete() is redacted (kit.run.answers.redact: the
-key and the URL credentials in any case, base64 or URL-encoded) and cut to 400 characters.
+endpoint (they win over api_key_env there); a base URL's query string ("?api_key=KEY") is
+sent with every request to it; `backend.url`, and so everything kit writes, is the URL
+without either. Every error leaving complete() is redacted (kit.run.answers.redact: the
+key and the URL credentials in any case, escaped, base64 or URL-encoded) and cut to 400 characters.
 
 EndpointPool, as the runner uses it:
     pool = EndpointPool([OpenAIChat(u, model) for u in urls], per_endpoint_concurrency=64)
@@ -61,6 +62,7 @@ from kit.run.answers import (
     check_ids,
     check_usage,
     ids_ok,
+    ids_spell,
     message_parts,
     normalize_finish,
     optional_count,
@@ -80,6 +82,7 @@ from kit.types import (
     Sampling,
     strip_userinfo,
     url_credentials,
+    url_query,
 )
 
 MESSAGE_CHARS = 400  # an error message is cut to this, after redaction
@@ -111,6 +114,7 @@ class _HTTPBackend:
         basic = creds and base64.b64encode(":".join(creds).encode()).decode()
         self._basic = f"Basic {basic}" if basic else None
         self._url_secrets = url_secrets(base_url)
+        self._params = url_query(base_url) or None  # "?api_key=...": sent with every request
         self._tokenizer_src = tokenizer
         self._tokenizer = None
         self._session: aiohttp.ClientSession | None = None
@@ -193,7 +197,7 @@ class _HTTPBackend:
         headers = self._headers()
         try:
             async with self._get_session().post(
-                url, data=orjson.dumps(body), headers=headers,
+                url, data=orjson.dumps(body), headers=headers, params=self._params,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:  # fmt: skip
                 raw = await resp.read()
@@ -210,8 +214,9 @@ class _HTTPBackend:
     async def _get_ok(self, url: str, timeout: float) -> bool:
         try:
             async with self._get_session().get(
-                url, headers=self._headers(), timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as resp:
+                url, headers=self._headers(), params=self._params,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:  # fmt: skip
                 await resp.read()
                 return resp.status < 400
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError, BackendError):
@@ -246,7 +251,25 @@ class _HTTPBackend:
         """The server's count, checked (and against the text parts when there is a tokenizer)."""
         has_tokenizer = self._tokenizer_src is not None
         retokenized = (lambda: self._retokenize(*parts)) if has_tokenizer else (lambda: None)
-        return check_usage(value, what, self.url, sampling, retokenized)
+        text = "".join(p for p in parts if p)
+        return check_usage(value, what, self.url, sampling, retokenized, text)
+
+    def _with_ids(self, comp: Completion, parts: tuple, calls: str | None = None) -> Completion:
+        """comp (count_source "server_ids") as it is when its ids spell the text parts or no
+        tokenizer is at hand; else the ids kept but not believed: the count is the text's and
+        the tool calls' (`calls`, calls_text), re-tokenized, count_source "retokenized" (the
+        export re-tokenizes such a row). Calls are not spelled: a model writes them in its
+        own format, which its server's parser reads."""
+        decode = (
+            getattr(self.tokenizer, "decode", None) if self._tokenizer_src is not None else None
+        )
+        if decode is None or not comp.output_ids:  # no tokenizer (or one that cannot decode)
+            return comp
+        decoded = decode(comp.output_ids, skip_special_tokens=True)
+        if ids_spell(decoded, *parts):
+            return comp
+        comp.completion_tokens, comp.count_source = self._retokenize(*parts, calls), "retokenized"
+        return comp
 
 
 class OpenAIChat(_HTTPBackend):
@@ -338,12 +361,19 @@ class VLLMChat(OpenAIChat):
             return super()._completion(data, choice, text, reasoning, sampling)
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         count = usage.get("completion_tokens")
-        n = check_ids(ids, count, "choices[0].token_ids", self.url, sampling)
+        n = check_ids(ids, count, "choices[0].token_ids", self.url, sampling, (reasoning or "") + text)  # fmt: skip
         prompt_ids = data.get("prompt_token_ids")
         prompt_ids = prompt_ids if ids_ok(prompt_ids) else None
         finish = normalize_finish(choice.get("finish_reason"))
         n_prompt = len(prompt_ids) if prompt_ids is not None else None
-        return Completion(text, finish, n, "server_ids", n_prompt, ids, prompt_ids, reasoning)
+        comp = Completion(text, finish, n, "server_ids", n_prompt, ids, prompt_ids, reasoning)
+        return self._with_ids(comp, (reasoning, text), calls_text(tool_calls_of(choice, self.url)))
+
+
+def _think_parts(text: str) -> tuple[str, ...]:
+    """A raw /generate text cut at its <think> markers (they may be special tokens, which a
+    decode with skip_special_tokens=True leaves out)."""
+    return tuple(text.replace("</think>", "<think>").split("<think>"))
 
 
 _RENDER_OWN = {"conversation", "tools", "add_generation_prompt", "tokenize", "return_dict"}
@@ -431,8 +461,9 @@ class SGLangGenerate(_HTTPBackend):
         finish = normalize_finish(meta.get("finish_reason"))
         count = meta.get("completion_tokens")
         if out_ids is not None:
-            n = check_ids(out_ids, count, "output_ids", self.url, sampling)
-            return Completion(text, finish, n, "server_ids", len(ids), out_ids, ids)
+            n = check_ids(out_ids, count, "output_ids", self.url, sampling, text)
+            comp = Completion(text, finish, n, "server_ids", len(ids), out_ids, ids)
+            return self._with_ids(comp, _think_parts(text))
         if count is not None:
             n = self._usage(count, "meta_info.completion_tokens", (text,), sampling)
             return Completion(text, finish, n, "usage", len(ids), None, ids)

@@ -18,11 +18,15 @@ stop (run.stop(), a cancelled task, Ctrl-C) cancels in-flight requests and flush
 Resume = the same call again, or `resume(run_dir)`. A foreground run on the main thread
 takes SIGTERM as that same clean stop (stop_reason "stopped by SIGTERM").
 
-A run where nothing can succeed stops by itself: once one dataset's last
-`RunConfig.max_consecutive_failures` (20) answers were all malformed or not retryable (a
-4xx, a 200 with an error body, an event stream, no usage and no tokenizer, a token count
-kit cannot believe, see kit.run.answers), `run.stop_reason` names the dataset and the last
-error. Dead endpoints stop it too (no_endpoint_timeout).
+A dataset none of whose requests can succeed fails (`run.failed` names it with the reason;
+state "failed") while the others go on: its last `RunConfig.max_consecutive_failures` (20)
+answers were all malformed or not retryable (a 4xx such as tools refused, a 200 with an
+error body, an event stream, no usage and no tokenizer, a token count kit cannot believe,
+see kit.run.answers), or its prompts ran out with every request failed, or every attempt of
+it failed for `stall_timeout` s. A run where nothing can succeed stops by itself, with
+`run.stop_reason` naming the cause and the last error: every dataset failed, or every
+attempt failed for `stall_timeout` (60 s; a server answering 5xx while /health says 200),
+or dead endpoints (no_endpoint_timeout). kit.runner's docstring has the exact rules.
 """
 
 from __future__ import annotations
@@ -88,11 +92,17 @@ class Run:
 
     @property
     def stop_reason(self) -> str | None:
-        """Why the run stopped early, one line (None when it ran to the end): a dataset whose
-        last RunConfig.max_consecutive_failures answers all failed (malformed or not
-        retryable) with the last error, dead endpoints, "stopped by user", "interrupted (...)".
+        """Why the run stopped early, one line (None when it ran to the end): every dataset
+        failed (each with its reason, see `failed`), no attempt succeeded for stall_timeout s
+        (with the last error), dead endpoints, "stopped by user", "interrupted (...)".
         Also each unfinished dataset's note in the run's status ("run stopped: <reason>")."""
         return self._runner.stop_reason
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """dataset -> why it failed (none of its requests can succeed), for the datasets that
+        did; the others went on. The CLI exits 1 naming them."""
+        return {d.name: d.failed for d in self._runner.datasets.values() if d.failed}
 
     def status(self) -> Status:
         """The live (or final) state per dataset."""

@@ -104,6 +104,8 @@ def _apply_live(p: DatasetProgress, live: dict | None) -> None:
             p.note = live["note"]  # e.g. "run stopped: stopped by SIGTERM", or a Retry-After cap
     if p.budget and p.tokens_done >= p.budget:
         p.state = "budget_reached"
+    elif live and live.get("state") == "failed":  # the runner's verdict outlives the run
+        p.state = "failed"
     elif p.prompts_total and p.samples_done + p.errors + p.skipped >= p.prompts_total:
         p.state = "exhausted"
     elif live and not live.get("stale"):

@@ -19,6 +19,29 @@ from kit.types import DatasetProgress, RunConfig
 
 
 @dataclass
+class Stall:
+    """Attempts failing with none succeeding: since when, and how many (a success resets)."""
+
+    since: float | None = None  # monotonic time of the first failure after the last success
+    failed: int = 0
+    last: str = ""  # the last failure's message
+
+    def ok(self) -> None:
+        self.since, self.failed, self.last = None, 0, ""
+
+    def fail(self, now: float, message: str) -> None:
+        self.since = now if self.since is None else self.since
+        self.failed, self.last = self.failed + 1, message
+
+    def stalled(self, now: float, window: float, least: int, oldest: float | None) -> bool:
+        """Every attempt failed for `window` s, at least `least` of them, and no attempt still
+        running started before the first failure (`oldest`: the oldest running attempt's start)."""
+        if self.since is None or self.failed < least or now - self.since < window:
+            return False
+        return oldest is None or oldest >= self.since
+
+
+@dataclass
 class _Dataset:
     """Live state of one dataset in a run."""
 
@@ -37,6 +60,9 @@ class _Dataset:
     stopped: bool = False
     skipped: int = 0  # samples never sent (prompt too long for the context)
     streak: int = 0  # answers in a row that were malformed or not retryable
+    succeeded: int = 0  # requests that succeeded in this run (samples_done counts earlier runs)
+    failed: str = ""  # why none of its requests can succeed (then it is fed no more)
+    stall: Stall = field(default_factory=lambda: Stall())
     note: str = ""  # shown next to the dataset (stop reason, Retry-After over the cap)
     sampling: object = None  # its Sampling (RunConfig.sampling_for), n=1: what a request sends
     tools: dict = field(default_factory=dict)  # prompt_id -> tool definitions (list) sent with it
@@ -66,6 +92,8 @@ class _Dataset:
     def state(self) -> str:
         if self.tokens_done >= self.budget:
             return "budget_reached"
+        if self.failed:
+            return "failed"
         if not self.queue and not self.tasks:
             return "exhausted"
         if self.stopped:

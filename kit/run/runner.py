@@ -5,11 +5,22 @@ Budget rule (see kit.generate): a dataset is fed while tokens_done + in_flight *
 budget + max(1% of budget, max_tokens), which bounds the final overshoot whatever the
 completions turn out to be.
 
+A dataset fails (state "failed", its note "failed: <why>", run.failed; it is fed no more
+while the others go on) when none of its requests can succeed:
+- RunConfig.max_consecutive_failures answers in a row were malformed or not retryable (a
+  4xx such as tools refused, no usage and no tokenizer, a 200 with an error body, an event
+  stream, a count kit cannot believe), none succeeded in between;
+- its prompts ran out with every request failed and no record ever written;
+- for stall_timeout s every attempt of it failed (at least 8; 429s aside) while no attempt
+  of it that started earlier is still running.
+
 Stops (run.stop_reason, one line; each unfinished dataset's DatasetProgress.note, hence
 its status, says "run stopped: <reason>"):
-- nothing can succeed: RunConfig.max_consecutive_failures answers in a row for one dataset
-  were malformed or not retryable (a 4xx, no usage and no tokenizer, a 200 with an error
-  body, an event stream, a count kit cannot believe), none succeeded in between;
+- every dataset failed;
+- nothing can succeed: for stall_timeout s (60) every attempt failed, at least max(8,
+  concurrency) of them (429s aside), and no attempt that started earlier is still running
+  (a server answering 5xx while its /health says 200): the stop comes within stall_timeout
+  + 1 s of the first failure once that many failed, or one request timeout if they hang;
 - the endpoints are dead: no healthy endpoint within no_endpoint_timeout, or max(8,
   concurrency) requests in a row failed to connect or timed out;
 - run.stop(), a cancelled task, Ctrl-C.
@@ -30,7 +41,7 @@ from kit.data.sources import source_hashes
 from kit.run import guard as _guard
 from kit.run import turns as _turns
 from kit.run.answers import redact
-from kit.run.queues import _Dataset, _dataset_paths, _datasets, _prompt_frame
+from kit.run.queues import Stall, _Dataset, _dataset_paths, _datasets, _prompt_frame
 from kit.run.store import RunStore
 from kit.types import BackendError, Completion, DatasetProgress, ErrorRecord, Record, RunConfig
 
@@ -80,6 +91,8 @@ class _Runner:
         self._stop_requested = False
         self._last_progress = 0.0
         self._failures = 0  # consecutive requests that failed every attempt
+        self._stall = Stall()  # attempts failing, over every dataset
+        self._attempts: dict = {}  # task -> (dataset, monotonic start) of attempts running
         self._warned_retry_after = False
         return self
 
@@ -93,7 +106,7 @@ class _Runner:
             self._stop_requested = True
             self.stop_reason = " ".join(reason.split())  # one line
             for d in self.datasets.values():
-                if d.state() not in ("budget_reached", "exhausted"):
+                if d.state() not in ("budget_reached", "exhausted", "failed"):
                     d.note = f"run stopped: {self.stop_reason}"
         if self._wake is not None:
             self._wake.set()
@@ -139,6 +152,7 @@ class _Runner:
             done, self._done = self._done, []
             for task in done:
                 self._finish(task)
+            self._check_stalls()
             self.store.maybe_flush()
             self._report()
 
@@ -163,7 +177,7 @@ class _Runner:
 
     def _admissible(self, d: _Dataset) -> bool:
         """Whether one more request for d keeps the budget promise."""
-        if not d.queue or d.stopped or d.committed >= d.budget:
+        if not d.queue or d.stopped or d.failed or d.committed >= d.budget:
             return False
         if self.config.policy == "cancel":
             return True
@@ -205,8 +219,10 @@ class _Runner:
 
     async def _complete(self, d: _Dataset, messages: list, sampling, tools):
         """One request with retries -> (Completion, backend, attempt); raises the last error."""
+        task = asyncio.current_task()
         for attempt in range(1, self.config.max_attempts + 1):
             backend = None
+            self._attempts[task] = (d, time.monotonic())
             try:
                 async with self.pool.acquire() as backend:
                     comp = await backend.complete(
@@ -214,6 +230,8 @@ class _Runner:
                     )
                 self.pool.report(backend, True)
                 d.streak = 0
+                d.stall.ok()
+                self._stall.ok()
                 return comp, backend, attempt
             except BackendError as e:
                 if backend is not None:
@@ -228,19 +246,26 @@ class _Runner:
                 ):
                     raise
                 d.retries += 1
-                await asyncio.sleep(self._backoff(attempt, e.retry_after))
+                wait = self._backoff(attempt, e.retry_after)
+            finally:
+                self._attempts.pop(task, None)
+            await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
     def _judge(self, d: _Dataset, e: BackendError, backend) -> None:
-        """Count answers that cannot succeed; stop the run when a dataset has only those.
-        Note (and warn once about) a Retry-After over the cap."""
+        """Count failed attempts (the stall rules) and answers that cannot succeed (a dataset
+        with only those fails). Note (and warn once about) a Retry-After over the cap."""
+        if e.kind != "http_429":  # a server asking to wait is alive
+            now = time.monotonic()
+            d.stall.fail(now, str(e))
+            self._stall.fail(now, str(e))
         if e.kind == "malformed" or (not e.retryable and e.kind != "no_endpoint"):
             d.streak += 1
             if d.streak >= self.config.max_consecutive_failures:
-                self.request_stop(
-                    f"dataset {d.name!r}: {d.streak} answers in a row failed and none succeeded "
-                    f"(malformed or not retryable), so nothing can; last error: {e}"
-                )
+                self._fail_dataset(
+                    d, f"{d.streak} answers in a row failed and none succeeded "
+                    f"(malformed or not retryable), so none can; last error: {e}",
+                )  # fmt: skip
         if e.retry_after is not None and e.retry_after > self.retry_after_cap:
             url, cap = getattr(backend, "url", "the server"), self.retry_after_cap
             d.note = d.note or (
@@ -254,6 +279,42 @@ class _Runner:
                     f"{cap:g}s between retries (said once per run)",
                     stacklevel=2,
                 )
+
+    def _fail_dataset(self, d: _Dataset, reason: str) -> None:
+        """Feed d no more (state "failed", the reason in its note); stop the run when every
+        dataset failed."""
+        if d.failed:
+            return
+        d.failed = " ".join(reason.split())[:600]
+        d.note = f"failed: {d.failed}"
+        if all(x.failed for x in self.datasets.values()):
+            why = "; ".join(f"dataset {x.name!r}: {x.failed}" for x in self.datasets.values())
+            self.request_stop(f"every dataset failed: {why}")
+
+    def _check_stalls(self) -> None:
+        """The stall rules (module docstring): stop the run, or fail a dataset, when every
+        attempt failed for stall_timeout s and none that started earlier is still running."""
+        failing = [d for d in self.datasets.values() if d.stall.since is not None]
+        if not failing:  # the run's stall implies a dataset's (the hot path: no failures)
+            return
+        now, window = time.monotonic(), self.config.stall_timeout
+        starts = list(self._attempts.values())
+        oldest = min((t for _, t in starts), default=None)
+        s = self._stall
+        if s.stalled(now, window, max(8, self.config.concurrency), oldest):
+            self.request_stop(
+                f"no request succeeded for {now - s.since:.0f}s (stall_timeout {window:g}s): "
+                f"{s.failed} attempts in a row failed, so nothing can; last error: {s.last}"
+            )
+            return
+        for d in failing:
+            mine = min((t for x, t in starts if x is d), default=None)
+            if not d.failed and d.stall.stalled(now, window, 8, mine):
+                self._fail_dataset(
+                    d, f"no request succeeded for {now - d.stall.since:.0f}s (stall_timeout "
+                    f"{window:g}s): {d.stall.failed} attempts in a row failed; last error: "
+                    f"{d.stall.last}",
+                )  # fmt: skip
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         """Exponential backoff with jitter; a server's Retry-After wins when given (capped)."""
@@ -282,6 +343,7 @@ class _Runner:
         self.store.append(record)
         d.tokens_done += record.completion_tokens
         d.samples_done += 1
+        d.succeeded += 1
         d.truncated += record.finish_reason == "length"
         d.recent.append((record.t_done, record.completion_tokens))
         if self.config.policy == "cancel" and d.tokens_done >= d.budget:
@@ -306,6 +368,10 @@ class _Runner:
         dead = kind in ("connect", "timeout") and self._failures >= max(8, self.config.concurrency)
         if dead or kind == "no_endpoint":
             self.request_stop(f"{self._failures} requests in a row failed, last: {message[:200]}")
+        elif not d.queue and not d.tasks and d.samples_done == 0:
+            self._fail_dataset(
+                d, f"all {d.errors} requests failed and none succeeded; last error: {message[:300]}"
+            )
 
     def _report(self, final: bool = False) -> None:
         """Progress callback + the status row, at most once a second (and once at the end)."""

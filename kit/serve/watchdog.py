@@ -1,0 +1,116 @@
+"""The embedded server's keeper: its whole process tree ends when kit does, by any signal.
+
+kit starts this script (standard library only: it runs without kit on its path) as the
+leader of a new session, with the read end of a pipe whose write end only kit holds, and
+the server's command line in KIT_WATCHDOG_ARGV (JSON). The keeper makes itself the child
+subreaper (PR_SET_CHILD_SUBREAPER: processes the server's children leave behind are
+re-parented to it, not to init), starts the server in its own process group, then waits:
+
+- kit's end of the pipe closes (kit exited, or died by kill -9): SIGKILL to every process
+  of the group and every descendant, until none is left, then exit (the server holds no
+  data; an orphaned vLLM's EngineCore and Workers held ~3.5 GB each, and a GPU's memory);
+- the server exits (or kit's stop() SIGTERMed the group: the keeper ignores SIGTERM and
+  SIGINT, the server does not): what it left behind gets SIGTERM, then SIGKILL after 5 s,
+  and the keeper exits with the server's code.
+
+    python watchdog.py FD      (FD: the pipe's read end; KIT_WATCHDOG_ARGV: the server argv)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ARGV_ENV = "KIT_WATCHDOG_ARGV"
+GRACE = 5.0  # s between SIGTERM and SIGKILL for what a server that exited left behind
+
+
+def _prctl(option: int, value: int) -> None:
+    """prctl(option, value) on Linux; nothing elsewhere."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
+
+
+def tree(root: int) -> set[int]:
+    """Live (non-zombie) pids in root's process group or descending from root, from /proc."""
+    parent, group, live = {}, set(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        pid = int(stat.parent.name)
+        parent[pid] = int(fields[1])
+        if fields[0] != "Z":
+            live.add(pid)
+            if int(fields[2]) == root:
+                group.add(pid)
+    found, todo = set(), [root]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in found]
+        found.update(kids)
+        todo += kids
+    return (found | group) & live - {os.getpid()}
+
+
+def _reap() -> None:
+    """Collect every exited child (the subreaper adopts the tree's orphans)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def end_tree(grace: float) -> None:
+    """SIGTERM the tree (none when grace is 0), then SIGKILL it until nothing is left."""
+    me = os.getpid()
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        if wait <= 0:
+            continue
+        deadline = time.monotonic() + wait
+        while (pids := tree(me)) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            _reap()
+            time.sleep(0.05)
+        if not pids:
+            return
+
+
+def main(argv: list[str]) -> int:
+    fd = int(argv[1])
+    server_argv = json.loads(os.environ.pop(ARGV_ENV))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stop() SIGTERMs the group: the server goes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    server = subprocess.Popen(
+        server_argv, stdin=subprocess.DEVNULL, preexec_fn=lambda: _prctl(1, signal.SIGKILL)
+    )  # PR_SET_PDEATHSIG: SIGKILL the server if the keeper itself is killed
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready and not os.read(fd, 1):  # EOF: kit is gone
+            end_tree(0.0)
+            return 137
+        code = server.poll()
+        if code is not None:
+            end_tree(GRACE)
+            return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
