@@ -220,6 +220,16 @@ class _HTTPBackend:
             return True
         return root != self.url and await self._get_ok(self.url + "/models", timeout)
 
+    async def get_json(self, url: str, timeout: float = 5.0) -> Any:
+        """GET url with this endpoint's credentials -> its JSON on a 200, else None (never raises)."""
+        try:
+            async with self._get_session().get(
+                url, headers=self._headers(), timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                return orjson.loads(await resp.read()) if resp.status == 200 else None
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError, BackendError, ValueError):
+            return None
+
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()

@@ -11,7 +11,10 @@ status.json, says "run stopped: <reason>"):
   were malformed or not retryable (a 4xx, no usage and no tokenizer, a 200 with an error
   body, an event stream, a count kit cannot believe), none succeeded in between;
 - the endpoints are dead: no healthy endpoint within no_endpoint_timeout, or max(8,
-  concurrency) requests in a row failed to connect or timed out;
+  concurrency) requests in a row failed every attempt (connect, timeout or 5xx: a gateway
+  with no live worker answers 503);
+Before the first request, an endpoint whose /models lists other models than the run's is
+refused (ValueError naming them, kit.run.served).
 - run.stop(), a cancelled task, Ctrl-C.
 A Retry-After over `retry_after_cap` (300 s) is waited for only that long, noted on the
 dataset (the monitor shows it) and warned about once per run.
@@ -33,6 +36,10 @@ from kit.run.answers import redact
 from kit.run.queues import _Dataset, _dataset_paths, _datasets, _prompt_frame
 from kit.run.store import RunStore
 from kit.types import BackendError, Completion, DatasetProgress, ErrorRecord, Record, RunConfig
+
+# a request that failed every attempt with one of these, max(8, concurrency) in a row: the
+# endpoints are dead (a gateway with no live worker answers 503 to everything, at once)
+_DEAD_KINDS = ("connect", "timeout", "http_5xx")
 
 
 class _Runner:
@@ -101,6 +108,7 @@ class _Runner:
     # -- main loop
     async def run(self) -> None:
         from kit.run.backends import EndpointPool, make_backend
+        from kit.run.served import check_models
 
         cfg = self.config
         backends = [
@@ -116,6 +124,7 @@ class _Runner:
         )
         self._wake, self._done = asyncio.Event(), []
         try:
+            await check_models(self.pool.backends)
             await self.pool.start()
             await self._schedule()
         except BaseException as e:
@@ -301,7 +310,7 @@ class _Runner:
         d.errors += 1
         self._failures += 1
         kind = getattr(exc, "kind", "")
-        dead = kind in ("connect", "timeout") and self._failures >= max(8, self.config.concurrency)
+        dead = kind in _DEAD_KINDS and self._failures >= max(8, self.config.concurrency)
         if dead or kind == "no_endpoint":
             self.request_stop(f"{self._failures} requests in a row failed, last: {message[:200]}")
 
