@@ -4,19 +4,21 @@ kit talks to a gateway like to any one server: its single URL is RunConfig.endpo
 runs `smg launch` in its own process group (tests/test_gateway.py, bench/bench_fleet.py), the
 way a user runs it on a head node:
 
-    smg launch --backend openai --worker-urls http://node1:8000 http://node2:8000 \\
+    smg launch --backend vllm --worker-urls http://node1:8000 http://node2:8000 \\
         --policy round_robin --health-check-interval-secs 5 --host 127.0.0.1 --port 30000
 
-Facts about smg 1.13.0 in front of vLLM workers, measured here:
-- `--backend openai` passes the request body through: `return_token_ids` reaches vLLM and its
+Facts about smg 1.13.0 over HTTP workers, measured here (vLLM and fault-server workers):
+- `--backend vllm` or `sglang` (its default) balances: 32 requests, 8 in flight, went 16/16
+  to two workers; `--backend openai` (meant for one external provider) sent all 32 to one;
+- the request body passes through: `return_token_ids` reaches vLLM and its
   `prompt_token_ids` / `choices[].token_ids` come back, so api="vllm" keeps exact ids;
-- without an API key for the workers it registers them as wildcards (any model name is
-  forwarded) and its /v1/models lists nothing; GET /workers lists them (kit reads it to check
-  each worker's model: kit.run.served);
-- a worker that dies costs the requests routed to it one HTTP 503 `upstream_error` each
-  (kit retries them), then the gateway routes around it; with no live worker it answers 503
-  `service_unavailable` at once, while its own /health still says OK (its worker checks run
-  every --health-check-interval-secs, 60 s by default);
+- /v1/models lists the workers' models (`--backend openai` lists none: wildcard workers, any
+  model name forwarded); GET /workers lists the workers (kit checks each one's model too:
+  kit.run.served);
+- a worker that dies mid-request: the gateway retries those requests on a live worker
+  (`--backend openai` answers each a 503 `upstream_error` instead, which kit retries); with
+  no live worker it answers 5xx at once (500 `call_upstream_connection_failed`; openai: 503
+  `service_unavailable`) while its own /health still says OK;
 - SIGTERM waits for in-flight requests up to --shutdown-grace-period-secs (180 s by default).
 """
 
@@ -100,7 +102,7 @@ def start(
     *,
     port: int | None = None,
     host: str = "127.0.0.1",
-    backend: str = "openai",
+    backend: str = "vllm",
     extra_args: Sequence[str] = (),
     timeout: float = 60.0,
     log_path: str | os.PathLike | None = None,
@@ -111,7 +113,8 @@ def start(
         worker_urls: the workers' URLs ("http://h:8000" or "http://h:8000/v1").
         port: the gateway's port (None: a free one).
         host: its listen address.
-        backend: smg's --backend; "openai" passes kit's body (token ids asked) through.
+        backend: smg's --backend: "vllm" or "sglang" (the workers' engine; both balance and
+            pass kit's body through, token ids asked); "openai" does not balance.
         extra_args: more `smg launch` flags; they come after DEFAULT_ARGS and win.
         timeout: seconds to wait for every worker to be listed healthy.
         log_path: the gateway's log (None: a temporary file under data/models/logs).
