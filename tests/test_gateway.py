@@ -9,7 +9,7 @@ Bad input, on fault servers behind the same gateway: no live worker -> one line 
 non-zero exit within NO_WORKER_BOUND seconds; a worker serving another model -> refused,
 naming the model.
 
-Records are read in one place, `exported()` (token-id export + manifest, public API).
+Records are read in one place, `records()` (kit.audit and the token-id export: public API).
 """
 
 from __future__ import annotations
