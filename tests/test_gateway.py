@@ -27,7 +27,6 @@ import pytest
 from faultserver import FaultConfig, FaultServer
 
 import kit
-from conftest import VLLM_TIMEOUT
 from kit.serve import gateway
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +90,7 @@ def workers(request, model_dir):
 
     def start_own() -> None:
         try:
-            own["server"] = start(model_dir, engine="vllm", timeout=VLLM_TIMEOUT)
+            own["server"] = start(model_dir, engine="vllm")  # 1200 s to start, as vllm_server
         except BaseException as e:  # noqa: BLE001 - raised in the test's thread below
             own["error"] = e
 
