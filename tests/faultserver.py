@@ -9,7 +9,7 @@ Routes:
                                 fields (top-level prompt_token_ids, choices[0].token_ids)
     POST /generate              SGLang shape: text, output_ids, meta_info{finish_reason dict,
                                 prompt_tokens, completion_tokens}
-    GET  /health, /v1/models    200 unless the server is "down"
+    GET  /health, /v1/models    200 unless the server is "down"; /v1/models lists `models`
     GET  /stats                 {"requests": n, "outcomes": {outcome: n}, "paths": {path: n},
                                  "auth": {"Bearer" | "Basic" | "none": n}}
     GET  /last                  the last POST body and its headers (lower-cased names)
@@ -112,6 +112,7 @@ class FaultConfig:
     # max_tokens (then the text is their decode); not with `reasoning`
     tokenizer: str | None = None
     refuse_tools: bool = False  # a request with "tools" gets 400 (a server without tool calling)
+    models: list[str] | None = None  # what GET /v1/models lists (None: an empty list)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -363,7 +364,9 @@ class _Conn(asyncio.Protocol):
             return self.send(_http(200, orjson.dumps(self.admin(path, body))))
         if method == "GET":
             ok = st.cfg.mode != "down" and path in ("/health", "/v1/models", "/v1/health")
-            return self.send(_http(200 if ok else 503, b'{"data": []}'))
+            listed = [{"id": m, "object": "model"} for m in st.cfg.models or ()]
+            body = orjson.dumps({"object": "list", "data": listed if path == "/v1/models" else []})
+            return self.send(_http(200 if ok else 503, body))
         st.requests += 1
         if st.cfg.die_after is not None and st.requests > st.cfg.die_after:
             return _die(st)
@@ -581,7 +584,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     for f in fields(FaultConfig):
-        kind = {"int | None": int, "float": float, "int": int}.get(str(f.type), str)
+        kinds = {"int | None": int, "float": float, "int": int, "list[str] | None": lambda v: v.split(",")}  # fmt: skip
+        kind = kinds.get(str(f.type), str)
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type == "bool" else kind
         p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
     args = vars(p.parse_args(argv))

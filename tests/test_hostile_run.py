@@ -126,6 +126,22 @@ def test_systemic_failure_stops_in_bounded_time_and_failed_datasets_exit_non_zer
     assert kit.watch(run_dir, until_done=True, monitor=lambda p: None)[1].state == "failed"
 
 
+def test_requests_failing_every_attempt_with_5xx_stop_before_stall_timeout(tmp_path):
+    """The runner's two run-level rules for a server that answers only 5xx, as one set
+    (issues 23 and 26): with retries left the stall rule stops the run after stall_timeout
+    (above); requests that used up their attempts on 5xx, max(8, concurrency) in a row, stop
+    it at once as dead endpoints (a gateway with no live worker), long before stall_timeout."""
+    with FaultServer(FaultConfig(mode="500")) as srv:
+        cfg = config(srv.base_url, ["a"], stall_timeout=600.0, max_attempts=2)
+        t0 = time.monotonic()
+        run = kit.generate_sync(prompts({"a": 200}), cfg, run_dir=tmp_path)
+        took = time.monotonic() - t0
+    assert took < 60, took
+    assert re.match(r"\d+ requests in a row failed, last: http_5xx: HTTP 500", run.stop_reason)
+    records, errors, unsent = accounted(run, tmp_path, 200)
+    assert records == 0 and 8 <= errors < 20 and not run.failed  # the dataset is not to blame
+
+
 def test_cli_exits_non_zero_naming_a_failed_dataset(tmp_path, capsys):
     """Item 3, through `kit plan` + `kit generate`: a dataset whose tools the server refuses
     fails, the other finishes, exit 1, one line per failed dataset on stderr."""

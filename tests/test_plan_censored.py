@@ -216,3 +216,22 @@ def test_the_planner_widget_keeps_the_measured_concurrency():
     assert "extrapolated" in (row(planner.table, "a")["note"] or "")
     planner.throughput.value = 150.0
     assert "extrapolated" not in (row(planner.table, "a")["note"] or "")
+
+
+def test_throughput_per_endpoint_and_what_n_servers_would_give():
+    two = timed_frame().with_columns(endpoint=pl.Series(["http://a/v1", "http://b/v1"] * 3 + ["http://a/v1"]))  # fmt: skip
+    res = PilotResult(frame=two, wall_s=5.0, sampling=Sampling(), concurrency=2)
+    measured = res.throughput  # both endpoints together: 200 tok/s over 2
+    assert measured == Throughput(200.0, 2, 3.0, endpoints=2) and measured.per_endpoint == 100.0
+    per = res.per_endpoint  # each endpoint alone, with its share (1) of the concurrency
+    assert set(per) == {"http://a/v1", "http://b/v1"}
+    assert per["http://b/v1"] == Throughput(100.0, 1, 3.0)
+    assert res.summary()["per_endpoint"] == {u: m.tokens_per_s for u, m in per.items()}
+    samples = {"a": spread(300)}
+    eight = plan.budget(720_000, samples, prompts_available={"a": 10_000}, throughput=measured,
+                        concurrency=8, servers=8)  # fmt: skip
+    assert row(eight, plan.TOTAL)["hours_to_go"] == pytest.approx(720_000 / 800 / 3600)
+    assert "time for 8 servers: 100.0 tok/s per endpoint (measured over 2) x 8" in row(eight, "a")["note"]  # fmt: skip
+    assert "extrapolated" not in row(eight, "a")["note"]  # 8 in flight = 1 per server, as piloted
+    with pytest.raises(ValueError, match="servers=2 scales a measured Throughput"):
+        plan.budget(1000, samples, prompts_available={"a": 10}, throughput=100.0, servers=2)

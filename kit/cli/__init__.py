@@ -148,6 +148,10 @@ def parser() -> argparse.ArgumentParser:
     )
     pl_.add_argument("--throughput", type=float, help="tokens/s of the real run (default: pilot's)")
     pl_.add_argument("--sample-cap", type=int, help="naive samples-per-dataset cap to compare")
+    pl_.add_argument(
+        "--servers", type=int,
+        help="time the run on N endpoints: the pilot's tok/s per endpoint x N (default: as piloted)",
+    )  # fmt: skip
     _server_args(pl_, many=True)
     _run_args(pl_, lambda v: v)
     pl_.set_defaults(fn=cmd_plan)

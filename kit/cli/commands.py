@@ -199,9 +199,10 @@ def _counter(label: str):
 
 
 def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample_cap=None,
-             server=None):  # fmt: skip
-    """Profile prompts, pilot, plan the budgets and write plan.json (storing `config` and
-    `server`: whether its endpoints are an embedded server this command started)."""
+             server=None, servers=None):  # fmt: skip
+    """Profile prompts, pilot, plan the budgets (timed on `servers` endpoints) and write
+    plan.json (storing `config` and `server`: whether its endpoints are an embedded server
+    this command started)."""
     from kit import plan
     from kit.report.widgets import summary_text
 
@@ -221,6 +222,9 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
             "failed, see above): check the server (--base-url, --model), or raise --timeout"
         )
     print(_table(result.profile()))
+    for url, measured in result.per_endpoint.items():
+        print(f"pilot throughput at {url}: {measured.tokens_per_s:,.1f} tok/s "
+              f"({measured.concurrency} in flight)")  # fmt: skip
     table = plan.budget(
         budgets,
         result,
@@ -228,6 +232,7 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
         throughput=throughput or result.throughput,
         concurrency=config.concurrency,
         sample_cap=sample_cap,
+        servers=servers,
     )
     print(summary_text(table))
     path = plan.write_plan(run_dir, table, config, pilot=result, prompts=loaded, server=server)
@@ -277,6 +282,7 @@ def cmd_plan(args) -> int:
         plan_run(
             loaded, config, args.run_dir, per_dataset=args.pilot_per_dataset,
             throughput=args.throughput, sample_cap=args.sample_cap, server=server,
+            servers=args.servers,
         )  # fmt: skip
     return 0
 

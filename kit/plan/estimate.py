@@ -117,6 +117,7 @@ def budget(
     max_tokens: int | None = None,
     confidence: float = 0.95,
     sample_cap: int | None = None,
+    servers: int | None = None,
 ) -> pl.DataFrame:
     """Samples each completion-token budget needs, with bounds, shortfall, time and a cap's cost.
 
@@ -139,6 +140,8 @@ def budget(
         confidence: one-sided level of samples_needed_upper (Student-t on the mean).
         sample_cap: the naive alternative to compare: this many samples per dataset
             (default: every prompt).
+        servers: time the run on this many endpoints instead of the pilot's: a Throughput's
+            per-endpoint rate times servers (Throughput.servers; the note says so).
 
     Returns:
         One row per dataset plus a "TOTAL" row: budget, n_pilot, mean, std, p50, p90, p99,
@@ -166,7 +169,9 @@ def budget(
     if concurrency is None and isinstance(samples, PilotResult):
         concurrency = samples.concurrency
     _positive(concurrency, "concurrency")
+    throughput, servers_note = _servers(throughput, servers)
     rate, time_note = _rate(throughput, concurrency)
+    time_note = "; ".join(n for n in (servers_note, time_note) if n) or None
     frame = _samples_frame(samples)
     stats = {
         row["dataset"]: row for row in profile(frame, max_tokens=max_tokens).iter_rows(named=True)
@@ -200,6 +205,20 @@ def budget(
         joined = pl.concat_str([pl.col("note"), pl.lit(time_note)], separator="; ")
         table = table.with_columns(note=pl.coalesce(joined, pl.lit(time_note)))
     return table
+
+
+def _servers(throughput: Any, servers: int | None) -> tuple[Any, str | None]:
+    """(throughput for `servers` endpoints, note); unchanged without servers."""
+    if servers is None:
+        return throughput, None
+    _positive(servers, "servers")
+    if not isinstance(throughput, Throughput):
+        raise ValueError(
+            f"servers={servers} scales a measured Throughput (a pilot's), got throughput={throughput!r}"
+        )
+    note = (f"time for {servers} servers: {throughput.per_endpoint:,.1f} tok/s per endpoint "
+            f"(measured over {throughput.endpoints}) x {servers}")  # fmt: skip
+    return throughput.servers(servers), note
 
 
 def _rate(throughput: Any, concurrency: int | None) -> tuple[float | None, str | None]:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import polars as pl
 
 _COLUMNS = """dataset:String prompt_id:String completion_tokens:Int64 finish_reason:String
-    count_source:String prompt_tokens:Int64 latency_s:Float64 t_done:Float64"""  # name:polars dtype
+    count_source:String prompt_tokens:Int64 latency_s:Float64 t_done:Float64 endpoint:String"""  # name:polars dtype
 
 # Completions per dataset a pilot takes by default, and below which it warns: the t bound
 # on a mean needs ~30 to be near its nominal level for skewed lengths, and a pilot of 4
@@ -45,6 +45,24 @@ class Throughput:
     tokens_per_s: float
     concurrency: int  # requests in flight during the measured window
     window_s: float  # seconds measured
+    endpoints: int = 1  # the endpoints those requests were spread over (a gateway is one)
+
+    @property
+    def per_endpoint(self) -> float:
+        """Tokens/s one endpoint gave."""
+        return self.tokens_per_s / self.endpoints
+
+    def servers(self, n: int) -> Throughput:
+        """What n endpoints like these would give: per_endpoint x n, with as many requests in
+        flight per endpoint. Assumes servers add linearly (same model, hardware and prompts;
+        the client is not the bottleneck: bench/bench_client.py).
+
+        Example:
+            >>> Throughput(200.0, 16, 30.0, endpoints=2).servers(8)
+            Throughput(tokens_per_s=800.0, concurrency=64, window_s=30.0, endpoints=8)
+        """
+        k = max(1, round(self.concurrency * n / self.endpoints))
+        return Throughput(self.per_endpoint * n, k, self.window_s, n)
 
 
 @dataclass(slots=True)
@@ -75,11 +93,23 @@ class PilotResult:
         flight (sum of latency_s / wall_s); None without latency_s either.
         """
         measured = measure_throughput(self.frame, self.concurrency)
+        k = self.frame["endpoint"].n_unique() if "endpoint" in self.frame.columns else 1
         if measured is not None or "latency_s" not in self.frame.columns or self.wall_s <= 0:
-            return measured
+            return measured if measured is None else replace(measured, endpoints=k)
         busy = float(self.frame["latency_s"].fill_null(0).sum())
         in_flight = max(1, round(busy / self.wall_s))
-        return Throughput(self.tokens_per_s, in_flight, self.wall_s) if busy > 0 else None
+        return Throughput(self.tokens_per_s, in_flight, self.wall_s, k) if busy > 0 else None
+
+    @property
+    def per_endpoint(self) -> dict[str, Throughput]:
+        """Each endpoint's own throughput (its records alone, its share of the concurrency):
+        url -> Throughput; {} without an endpoint column."""
+        if "endpoint" not in self.frame.columns:
+            return {}
+        groups = self.frame.partition_by("endpoint", as_dict=True)
+        share = max(1, round((self.concurrency or 0) / len(groups))) if self.concurrency else None
+        out = {key[0]: measure_throughput(part, share) for key, part in sorted(groups.items())}
+        return {url: m for url, m in out.items() if m is not None}
 
     def profile(self) -> pl.DataFrame:
         """Completion-length profile per dataset (kit.plan.profile)."""
@@ -102,6 +132,7 @@ class PilotResult:
                 "concurrency": measured.concurrency,
                 "window_s": round(measured.window_s, 3),
             },
+            "per_endpoint": {url: round(m.tokens_per_s, 2) for url, m in self.per_endpoint.items()},
             "sampling": asdict(self.sampling),
         }  # fmt: skip
 
@@ -125,7 +156,7 @@ def measure_throughput(frame: pl.DataFrame, concurrency: int | None = None) -> T
         >>> f = pl.DataFrame({"completion_tokens": [100, 100, 100, 100, 100],
         ...     "latency_s": [1.0, 1.0, 1.0, 1.0, 2.0], "t_done": [1.0, 1.0, 2.0, 2.0, 4.0]})
         >>> measure_throughput(f, concurrency=2)  # 2 in flight for 2 s, then 1 for 2 s
-        Throughput(tokens_per_s=200.0, concurrency=2, window_s=2.0)
+        Throughput(tokens_per_s=200.0, concurrency=2, window_s=2.0, endpoints=1)
     """
     need = ("completion_tokens", "latency_s", "t_done")
     if any(name not in frame.columns for name in need):

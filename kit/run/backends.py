@@ -34,17 +34,7 @@ sent with every request to it; `backend.url`, and so everything kit writes, is t
 without either. Every error leaving complete() is redacted (kit.run.answers.redact: the
 key and the URL credentials in any case, escaped, base64 or URL-encoded) and cut to 400 characters.
 
-EndpointPool, as the runner uses it:
-    pool = EndpointPool([OpenAIChat(u, model) for u in urls], per_endpoint_concurrency=64)
-    await pool.start()                       # first health check + background prober
-    async with pool.acquire() as backend:    # least-loaded healthy endpoint with a free slot
-        try:
-            completion = await backend.complete(messages, sampling, timeout=600)
-            pool.report(backend, True)
-        except BackendError as err:
-            pool.report(backend, False, err)  # connect/timeout/5xx count toward take-out
-    pool.stats()    # {url: {"in_flight", "healthy", "requests", "failures", "consecutive"}}
-    await pool.aclose()                      # stops the prober, closes every backend
+EndpointPool (kit.run.pool, re-exported here) spreads requests over several backends.
 """
 
 from __future__ import annotations
@@ -211,16 +201,20 @@ class _HTTPBackend:
             raise BackendError("connect", f"{type(e).__name__} talking to {url}: {e}") from e
         return parse_body(raw, url, stream)
 
-    async def _get_ok(self, url: str, timeout: float) -> bool:
+    async def _get(self, url: str, timeout: float) -> tuple[int, bytes] | None:
+        """GET url with this endpoint's credentials -> (status, body); None when unreachable."""
         try:
             async with self._get_session().get(
                 url, headers=self._headers(), params=self._params,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:  # fmt: skip
-                await resp.read()
-                return resp.status < 400
+                return resp.status, await resp.read()
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError, BackendError):
-            return False
+            return None
+
+    async def _get_ok(self, url: str, timeout: float) -> bool:
+        got = await self._get(url, timeout)
+        return got is not None and got[0] < 400
 
     async def health(self, timeout: float = 5.0) -> bool:
         """True when GET /health at the server root (or {base}/models) answers 2xx."""
@@ -228,6 +222,14 @@ class _HTTPBackend:
         if await self._get_ok(root + "/health", timeout):
             return True
         return root != self.url and await self._get_ok(self.url + "/models", timeout)
+
+    async def get_json(self, url: str, timeout: float = 5.0) -> Any:
+        """GET url with this endpoint's credentials -> its JSON on a 200, else None (never raises)."""
+        got = await self._get(url, timeout)
+        try:
+            return orjson.loads(got[1]) if got is not None and got[0] == 200 else None
+        except ValueError:
+            return None
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -1,6 +1,16 @@
 """EndpointPool: spread requests over several backends, take dead ones out, bring them back.
 
-Re-exported as kit.backends.EndpointPool; the usage contract is in kit/backends.py.
+Re-exported as kit.run.backends.EndpointPool; as the runner uses it:
+    pool = EndpointPool([OpenAIChat(u, model) for u in urls], per_endpoint_concurrency=64)
+    await pool.start()                       # first health check + background prober
+    async with pool.acquire() as backend:    # least-loaded healthy endpoint with a free slot
+        try:
+            completion = await backend.complete(messages, sampling, timeout=600)
+            pool.report(backend, True)
+        except BackendError as err:
+            pool.report(backend, False, err)  # connect/timeout/5xx count toward take-out
+    pool.stats()    # {url: {"in_flight", "healthy", "requests", "failures", "consecutive"}}
+    await pool.aclose()                      # stops the prober, closes every backend
 """
 
 from __future__ import annotations

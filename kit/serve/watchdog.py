@@ -14,6 +14,10 @@ re-parented to it, not to init), starts the server in its own process group, the
   and the keeper exits with the server's code.
 
     python watchdog.py FD      (FD: the pipe's read end; KIT_WATCHDOG_ARGV: the server argv)
+
+`spawn(argv, env, log_path)` is kit's side: it starts a command under this keeper (the
+embedded server, kit.serve.server; the gateway, kit.serve.gateway) and returns the keeper's
+process and kit's end of the pipe.
 """
 
 from __future__ import annotations
@@ -90,6 +94,30 @@ def end_tree(grace: float) -> None:
             time.sleep(0.05)
         if not pids:
             return
+
+
+def spawn(argv: list[str], env: dict, log_path: Path) -> tuple[subprocess.Popen, int]:
+    """Start argv under a keeper leading a new session, output to log_path -> (the keeper's
+    process, the pipe's write end: kit holds it; closing it, or kit dying, ends the tree)."""
+    env = {**env, ARGV_ENV: json.dumps(argv)}
+    read_end, write_end = os.pipe()  # only kit holds the write end (not inherited)
+    try:
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), str(read_end)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                pass_fds=(read_end,),
+            )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return process, write_end
 
 
 def main(argv: list[str]) -> int:

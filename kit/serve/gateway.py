@@ -1,0 +1,178 @@
+"""The SGLang Model Gateway (`smg`, from PyPI: a Rust router inside the wheel) in front of workers.
+
+kit talks to a gateway like to any one server: its single URL is RunConfig.endpoints. start()
+runs `smg launch` in its own process group, under the embedded server's keeper (kit dying
+by any signal ends it: kit/serve/watchdog.py), for tests/test_gateway.py and
+bench/bench_fleet.py, the way a user runs it on a head node:
+
+    smg launch --backend vllm --worker-urls http://node1:8000 http://node2:8000 \\
+        --policy round_robin --health-check-interval-secs 5 --host 127.0.0.1 --port 30000
+
+Facts about smg 1.13.0 over HTTP workers, measured here (vLLM and fault-server workers):
+- `--backend vllm` or `sglang` (its default) balances: 32 requests, 8 in flight, went 16/16
+  to two workers; `--backend openai` (meant for one external provider) sent all 32 to one;
+- the request body passes through: `return_token_ids` reaches vLLM and its
+  `prompt_token_ids` / `choices[].token_ids` come back, so api="vllm" keeps exact ids;
+- /v1/models lists the workers' models (`--backend openai` lists none: wildcard workers, any
+  model name forwarded); GET /workers lists the workers (kit checks each one's model too:
+  kit.run.served);
+- a worker that dies mid-request: the gateway retries those requests on a live worker
+  (`--backend openai` answers each a 503 `upstream_error` instead, which kit retries); with
+  no live worker it answers 5xx at once (500 `call_upstream_connection_failed`; openai: 503
+  `service_unavailable`) while its own /health still says OK;
+- SIGTERM waits for in-flight requests up to --shutdown-grace-period-secs (180 s by default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.serve import watchdog
+from kit.serve.server import ServerError, _kill_group, _tail, free_port
+
+# a worker checked every 5 s, taken out after 2 failed checks; SIGTERM waits 2 s at most
+DEFAULT_ARGS: tuple[str, ...] = (
+    "--policy", "round_robin", "--health-check-interval-secs", "5",
+    "--health-failure-threshold", "2", "--shutdown-grace-period-secs", "2", "--log-level", "warn",
+)  # fmt: skip
+
+
+def smg_command() -> str:
+    """The `smg` executable: next to this interpreter (the project's .venv), else on PATH.
+
+    Raises:
+        FileNotFoundError: it is not installed, with the command that installs it.
+    """
+    local = Path(sys.executable).with_name("smg")
+    found = str(local) if local.is_file() else shutil.which("smg")
+    if not found:
+        raise FileNotFoundError(
+            "no `smg` (SGLang Model Gateway): `make setup` installs it (the dev extra), "
+            "or `pip install smg==1.13.0`"
+        )
+    return found
+
+
+@dataclass(eq=False)
+class Gateway:
+    """A running `smg launch`; stop() it or use it as a context manager."""
+
+    port: int
+    host: str
+    workers: list[str]  # worker root URLs, as the gateway was given them
+    log_path: Path
+    process: subprocess.Popen = field(repr=False)  # the keeper (kit/serve/watchdog.py)
+    lifeline: int | None = field(default=None, repr=False)  # kit's end of the keeper's pipe
+
+    @property
+    def base_url(self) -> str:
+        """The one URL kit is given, e.g. "http://127.0.0.1:30000/v1"."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def workers_state(self) -> list[dict]:
+        """The gateway's view of its workers (GET /workers): url, is_healthy, load, ..."""
+        return _get_json(f"http://{self.host}:{self.port}/workers", 5.0).get("workers", [])
+
+    def log_tail(self, n: int = 40) -> str:
+        return _tail(self.log_path, n)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL after `grace` seconds."""
+        _kill_group(self.process, grace)
+        if self.lifeline is not None:
+            os.close(self.lifeline)
+            self.lifeline = None
+
+    def __enter__(self) -> Gateway:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start(
+    worker_urls: Sequence[str],
+    *,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    backend: str = "vllm",
+    extra_args: Sequence[str] = (),
+    timeout: float = 60.0,
+    log_path: str | os.PathLike | None = None,
+) -> Gateway:
+    """Start `smg launch` in front of worker_urls and wait until it lists them all healthy.
+
+    Args:
+        worker_urls: the workers' URLs ("http://h:8000" or "http://h:8000/v1").
+        port: the gateway's port (None: a free one).
+        host: its listen address.
+        backend: smg's --backend: "vllm" or "sglang" (the workers' engine; both balance and
+            pass kit's body through, token ids asked); "openai" does not balance.
+        extra_args: more `smg launch` flags; they come after DEFAULT_ARGS and win.
+        timeout: seconds to wait for every worker to be listed healthy.
+        log_path: the gateway's log (None: a temporary file under data/models/logs).
+
+    Returns:
+        A running Gateway (`.base_url` is what RunConfig.endpoints takes).
+
+    Raises:
+        ServerError: smg exited or was not ready in time (with its log tail).
+
+    Example (two workers already running):
+        with start(["http://127.0.0.1:8001", "http://127.0.0.1:8002"]) as gw:
+            gw.base_url   # 'http://127.0.0.1:41873/v1'
+    """
+    from kit.serve.prepare import models_root
+
+    workers = [u.rstrip("/").removesuffix("/v1") for u in worker_urls]
+    port = port or free_port(host)
+    log_path = Path(log_path) if log_path else models_root() / "logs" / f"smg-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [smg_command(), "launch", "--host", host, "--port", str(port), "--backend", backend]
+    # its metrics listener binds 0.0.0.0:29000 unless told: this host, a free port
+    argv += ["--prometheus-host", host, "--prometheus-port", str(free_port(host))]
+    argv += ["--worker-urls", *workers, *DEFAULT_ARGS, *extra_args]
+    process, lifeline = watchdog.spawn(argv, dict(os.environ), log_path)
+    gateway = Gateway(port, host, workers, log_path, process, lifeline)
+    try:
+        _wait_ready(gateway, timeout)
+    except BaseException:
+        gateway.stop(grace=1.0)
+        raise
+    return gateway
+
+
+def _wait_ready(gateway: Gateway, timeout: float) -> None:
+    """Poll until the gateway lists every worker as healthy (GET /workers)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if gateway.process.poll() is not None:
+            raise ServerError(f"smg exited with code {gateway.process.returncode}",
+                              gateway.log_tail())  # fmt: skip
+        try:
+            state = gateway.workers_state()
+            if len(state) == len(gateway.workers) and all(w.get("is_healthy") for w in state):
+                return
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            raise ServerError(f"smg not ready after {timeout:.0f} s", gateway.log_tail())
+        time.sleep(0.25)
+
+
+def _get_json(url: str, timeout: float) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - a local URL
+        return json.loads(response.read())
