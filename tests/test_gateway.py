@@ -123,8 +123,9 @@ def test_worker_killed_mid_run_behind_the_gateway(workers, gw, tmp_path):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() - t0 < 300, "the victim served too little in 300 s"
         time.sleep(0.1)
+    at_kill, wall_kill = served(survivor), time.time()  # both sampled before the kill
     os.killpg(victim.pid, signal.SIGKILL)  # the worker's whole process group, no goodbye
-    killed_at, wall_kill, at_kill = time.monotonic() - t0, time.time(), served(survivor)
+    killed_at = time.monotonic() - t0
     out, err = proc.communicate(timeout=600)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, err
@@ -142,7 +143,11 @@ def test_worker_killed_mid_run_behind_the_gateway(workers, gw, tmp_path):
         assert progress[row["dataset"]].samples_done == row["records"], row
     retries = sum(p.retries for p in progress.values())
     after = (recs["t_done"] > wall_kill).sum()
-    assert served(survivor) - at_kill >= after > 0, "the surviving worker did not finish the run"
+    # every record answered after the kill came from the survivor, except answers the victim
+    # had already sent when it died (at most the 16 in flight; kit logs t_done a moment later)
+    assert served(survivor) - at_kill >= after - 16 and after > 16, (
+        "the survivor did not finish the run"
+    )
     # token ids: the server's own, through the gateway, and kit's rendering agrees with them
     assert set(recs["count_source"]) == {"server_ids"}
     assert all(r["ids_source"] == "server" for r in rows)

@@ -69,7 +69,9 @@ def test_kill_9_of_kit_generate_ends_the_embedded_vllm_tree(tmp_path, model_dir)
     assert code == 0
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     kit = subprocess.Popen(
-        [sys.executable, "-c", KIT, "generate", "--run-dir", str(run_dir), "--concurrency", "8"],
+        # --engine: the plan was made against the fault server (its pilot), and a plan's
+        # endpoints are used unless told otherwise (issue 24 item 8): start the embedded vLLM
+        [sys.executable, "-c", KIT, "generate", "--run-dir", str(run_dir), "--concurrency", "8", "--engine", "vllm"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     tree: dict[int, float] = {}
