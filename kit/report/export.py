@@ -312,18 +312,14 @@ def _kept(batch, kept, at: int):
 
 
 def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
-    """A batch ready to write: messages as the runner sent them (all_turns: the target's own
-    earlier answers), `tools_json` and `tool_calls_json`, and with token ids the token rows
+    """A batch ready to write (messages as the reader gives them: as the runner sent them),
+    `tools_json` and `tool_calls_json`, and with token ids the token rows
     (columns, and dicts); rows the template cannot split are left out."""
     import polars as pl
 
     from kit.report.convo import tools_json
-    from kit.run.reader import as_sent, record_schema
 
-    if frame["turns"].is_not_null().any():
-        msgs = [as_sent(m, json.loads(t)) if t else m for m, t in zip(frame["messages"].to_list(), frame["turns"], strict=True)]  # fmt: skip
-        frame = frame.with_columns(messages=pl.Series(msgs, dtype=record_schema()["messages"]))
-    frame = frame.with_columns(
+    frame = frame.with_columns(  # messages come as sent already (kit.run.reader)
         tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String),
         tool_calls_json=pl.Series(tools_json(frame["tool_calls"].to_list()), dtype=pl.String),
     )
