@@ -524,15 +524,18 @@ def test_the_export_is_the_same_in_any_batch_size_with_or_without_token_rows(tmp
     """SpecForge lines (the one renderer: polars), tables and counts do not depend on the
     batch size or on which formats go along: reasoning, tools, all_turns answers, options."""
     records = _stored_run(tmp_path / "run")
-    got = []
-    for formats, batch in [(("specforge", "token_ids", "parquet"), 10_000), (("specforge", "parquet"), 10_000), (("specforge", "parquet"), 3)]:  # fmt: skip
+    got, token_files = [], []
+    for formats, batch in [(("specforge", "token_ids", "parquet"), 10_000), (("specforge", "parquet"), 10_000), (("specforge", "parquet"), 3), (("specforge", "token_ids", "parquet"), 3)]:  # fmt: skip
         monkeypatch.setattr(export_mod, "BATCH", batch)
-        monkeypatch.setattr(export_mod, "TOKEN_BATCH", batch)
         out = tmp_path / f"out-{len(formats)}-{batch}"
         result = export(tmp_path / "run", out, formats=formats, tokenizer=model_dir, **opts)
         assert validate(out).ok and not result.dropped.pop("template_mismatch", 0)
         tables = {p.stem: pl.read_parquet(p).drop("input_ids", "loss_mask", "ids_source", strict=False) for p in (out / "parquet").glob("*.parquet")}  # fmt: skip
         got.append((_files(out, "specforge"), tables, result.counts, result.dropped))
+        if "token_ids" in formats:  # token rows too: the same in any batch size
+            token_files.append((_files(out, "token_ids"), result.manifest["token_rows"]))
+    assert token_files[0] == token_files[1] and token_files[0][0]
+    got.pop()
     assert got[0][0] == got[1][0] == got[2][0] and got[0][2:] == got[1][2:] == got[2][2:]
     assert got[0][1].keys() == got[1][1].keys() == got[2][1].keys()
     for s, table in got[0][1].items():

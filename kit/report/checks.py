@@ -12,7 +12,6 @@ whose `options.formats` is a list.
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,19 +63,23 @@ class Rules:
     sources: dict = field(default_factory=dict)  # ids_source -> rows seen
 
 
-def _check_token_ids(row, rules: Rules) -> str | None:
+def _check_token_ids(row, rules: Rules, plain: bool = False) -> str | None:
+    """plain: the row's line holds no JSON true/false, so a list numpy reads as ints holds
+    no bool: ids and mask are then checked by numpy, not walked in Python."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
         return "'id' must be a non-empty string"
     ids, mask = row.get("input_ids"), row.get("loss_mask")
-    if not isinstance(ids, list) or not ids or not all(is_int(i) and i >= 0 for i in ids):
+    a = _ints(ids, plain)
+    if a is None or not len(a) or a.min() < 0:
         return "'input_ids' must be a non-empty list of ints >= 0"
-    if rules.vocab_size is not None and max(ids) >= rules.vocab_size:
-        return f"token id {max(ids)} is not below the vocabulary size {rules.vocab_size}"
-    if not isinstance(mask, list) or any(x not in (0, 1) or not is_int(x) for x in mask):
+    if rules.vocab_size is not None and a.max() >= rules.vocab_size:
+        return f"token id {a.max()} is not below the vocabulary size {rules.vocab_size}"
+    m = _ints(mask, plain)
+    if m is None or (len(m) and (m.min() < 0 or m.max() > 1)):
         return "'loss_mask' must be a list of 0/1 ints"
-    if len(mask) != len(ids):
-        return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
-    if what := _mask_problem(mask, rules.one_span):
+    if len(m) != len(a):
+        return f"loss_mask length {len(m)} != input_ids length {len(a)}"
+    if what := _mask_problem(m, rules.one_span):
         return what
     source = row.get("ids_source")
     if source not in ("server", "retokenized"):
@@ -85,20 +88,45 @@ def _check_token_ids(row, rules: Rules) -> str | None:
     return None
 
 
-def _mask_problem(mask: list[int], one_span: bool) -> str | None:
-    """Why a loss mask cannot be on completion tokens only, or None: it trains nothing, or
-    the first token (a prompt always comes first), or (one_span) more than one stretch."""
-    if 1 not in mask:
+def _ints(values, plain: bool):
+    """values as an int64 array when it is a list of ints (not bools), else None."""
+    import numpy as np
+
+    if not isinstance(values, list):
+        return None
+    if not plain and not all(is_int(v) for v in values):
+        return None
+    try:
+        a = np.array(values)
+    except (OverflowError, ValueError):
+        a = None
+    if (
+        a is None or a.ndim != 1 or (a.dtype.kind != "i" and len(values))
+    ):  # a float, a string, a list, an int past 64 bits
+        return np.array(values, dtype=object) if all(is_int(v) for v in values) else None
+    return a.astype(np.int64, copy=False) if len(values) else np.zeros(0, np.int64)
+
+
+def _mask_problem(mask, one_span: bool) -> str | None:
+    """Why a loss mask (an array of 0/1) cannot be on completion tokens only, or None: it
+    trains nothing, or the first token (a prompt always comes first), or (one_span) more
+    than one stretch."""
+    import numpy as np
+
+    if not mask.any():
         return "loss_mask is all 0: the row trains nothing"
     if mask[0] == 1:
         return "loss_mask is 1 on the first token: the prompt is trained"
-    spans = sum(1 for a, b in itertools.pairwise(mask) if (a, b) == (0, 1))
+    spans = int(np.count_nonzero(np.diff(mask.astype(np.int8)) == 1))
     if one_span and spans > 1:
         return f"loss_mask has {spans} stretches of 1s: only the last assistant turn is trained"
     return None
 
 
-CHECKS = {"specforge": lambda row, rules: _check_specforge(row), "token_ids": _check_token_ids}
+CHECKS = {
+    "specforge": lambda row, rules, plain: _check_specforge(row),
+    "token_ids": _check_token_ids,
+}
 
 
 def read_manifest(root: Path, problems: list[str]) -> dict | None:

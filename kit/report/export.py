@@ -55,9 +55,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.report import manifest as _manifest
+from kit.report.exactrows import Checks, token_columns
 from kit.report.selection import light_frame, select, split_by_prompt
 from kit.report.staging import Staged
-from kit.report.tokenrows import token_rows
 from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re-exported
     ValidationResult,
     owned_files,
@@ -128,7 +128,6 @@ class ExportResult:
 # ---------------------------------------------------------------- writing
 
 BATCH = 5_000  # records per batch of the writing pass: bounds its memory
-TOKEN_BATCH = 1_000  # with token_ids: each row's ids are Python ints, ~36 bytes apiece
 WRITES_IN_FLIGHT = 4  # batches rendered and queued for the writer thread
 _READ = ["dataset", "prompt_id", "sample", "completion", "reasoning", "finish_reason",
          "completion_tokens", "count_source", "turns", "tool_calls"]  # fmt: skip
@@ -201,6 +200,8 @@ def export(
         notes = stage.notes + ([] if written.rows else [_manifest.empty_note(run_dir, light.height)])  # fmt: skip
         manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files)  # fmt: skip
         manifest["notes"] = notes
+        if "token_ids" in opts.formats:
+            manifest["token_checks"] = written.checks.section()
         (stage.path / "manifest.json").write_text(json.dumps(manifest, indent=2))
         check = validate(stage.path)
         if not check.ok:
@@ -226,6 +227,7 @@ class _Written:
         self.earlier: dict[str, int] = {}
         self.stats: dict[str, int] = {}
         self.by_dataset: dict[str, dict] = {}
+        self.checks = Checks()  # the sampled checks of the exact token rows
 
     def add(self, frame, split: str) -> None:
         """Count a written batch of a split (dataset, completion_tokens, messages)."""
@@ -264,7 +266,7 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped) -> _Writte
     done, pending = _Written(), deque()
     splits = {s: Split(out_dir, s, opts, tokens and kept.height > 0) for s in SPLITS[:1]}
     columns = _READ + (["prompt_ids", "output_ids"] if tokens else [])
-    batches = record_batches(run_dir, columns=columns, prompts=True, batch_size=TOKEN_BATCH if tokens else BATCH)  # fmt: skip
+    batches = record_batches(run_dir, columns=columns, prompts=True, batch_size=BATCH)
     with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool:
 
         def later(fn, *args) -> None:
@@ -276,15 +278,14 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped) -> _Writte
         for batch in batches:
             frame, at = _kept(batch, kept, at), at + batch.height
             found += frame.height
-            frame, rows = _prepared(frame, config, tok, tokens, done, dropped)
+            frame = _prepared(frame, config, tok, tokens, done, dropped)
             for split in SPLITS:
                 part = frame.filter(frame["split"] == split)
                 if not part.height:
                     continue
                 if split not in splits:
                     splits[split] = Split(out_dir, split, opts, tokens)
-                mine = [r for r, s in zip(rows, frame["split"], strict=True) if s == split] if rows else []  # fmt: skip
-                splits[split].write(part, mine, later)
+                splits[split].write(part, later)
                 done.add(part, split)
         while pending:
             pending.popleft().result()
@@ -313,8 +314,8 @@ def _kept(batch, kept, at: int):
 
 def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
     """A batch ready to write (messages as the reader gives them: as the runner sent them),
-    `tools_json` and `tool_calls_json`, and with token ids the token rows
-    (columns, and dicts); rows the template cannot split are left out."""
+    `tools_json` and `tool_calls_json`, and with token ids the token-id columns
+    (kit.report.exactrows); rows the template cannot split are left out."""
     import polars as pl
 
     from kit.report.convo import tools_json
@@ -324,18 +325,11 @@ def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
         tool_calls_json=pl.Series(tools_json(frame["tool_calls"].to_list()), dtype=pl.String),
     )
     if not tokens:
-        return frame, []
+        return frame
     kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
-    made = token_rows(tok, frame.to_dicts(), done.stats, done.by_dataset, turns=config.turns, kwargs_for=kwargs_for)  # fmt: skip
-    ok = [m is not None for m in made]
-    dropped["template_mismatch"] += ok.count(False)
-    rows = [m for m in made if m is not None]
-    frame = frame.filter(pl.Series(ok, dtype=pl.Boolean)).with_columns(
-        input_ids=pl.Series([r["input_ids"] for r in rows], dtype=pl.List(pl.Int64)),
-        loss_mask=pl.Series([r["loss_mask"] for r in rows], dtype=pl.List(pl.Int8)),
-        ids_source=pl.Series([r["ids_source"] for r in rows], dtype=pl.String),
-    )
-    return frame, rows
+    frame, lost = token_columns(tok, frame, done.stats, done.by_dataset, done.checks, turns=config.turns, kwargs_for=kwargs_for)  # fmt: skip
+    dropped["template_mismatch"] += lost
+    return frame
 
 
 def _tokenizer(tokenizer, config, opts: ExportOptions):

@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 
 from kit.report.convo import rendered, row_ids, specforge_lines
+from kit.report.exactrows import token_lines
 from kit.report.validate import file_entry
 
 SYNC_EVERY = 64 << 20  # bytes of a JSONL file written before they are synced and dropped
@@ -174,17 +175,17 @@ class Split:
         tabular = "parquet" in opts.formats or "hf" in opts.formats
         self.parquet = ParquetSink(out_dir, split) if tabular else None
 
-    def write(self, frame, token_rows: list[dict], later) -> None:
+    def write(self, frame, later) -> None:
         """One batch of the split: a records frame with prompts (kit.run.reader), its
         `tools_json` and `tool_calls_json` (kit.report.convo.tools_json) and, with token ids,
-        its token rows (input_ids, loss_mask, ids_source columns, and as dicts).
+        its input_ids, loss_mask and ids_source columns (kit.report.exactrows).
         `later(fn, *args)` runs the JSONL writes and line hashes in call order
         (kit.report.export hands them to one writer thread), so the caller renders the next
         batch meanwhile."""
         if "specforge" in self.jsonl:
             later(self.jsonl["specforge"].write_rendered, *rendered(specforge_lines(frame)))
         if "token_ids" in self.jsonl:
-            later(self.jsonl["token_ids"].write, token_rows)
+            later(self.jsonl["token_ids"].write_rendered, *rendered(token_lines(frame)))
         if self.parquet is not None:
             self.parquet.write(table(frame, self.token_ids))
 

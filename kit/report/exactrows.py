@@ -1,0 +1,193 @@
+"""Token-id rows of a batch of records in polars: the server's ids made into rows without a
+Python int per id, the other rows handed to kit.report.tokenrows.token_rows.
+
+An exact row is tokenrows' (see its docstring): input_ids = prompt_ids + output_ids, plus the
+template's end-of-turn id after a "stop" whose ids do not end with a special id; loss_mask 1
+on what was generated. Eligible: both id lists, counted by the server's ids (count_source
+"server_ids" or none), turns "last_turn" (all_turns rows need their earlier turns found).
+
+Checked on a stated sample: the first CHECK_SAMPLE eligible rows of each dataset in commit
+order (prompts are drawn in a seeded random order: a random sample) have their output_ids
+decoded, which must spell the text (else the row is re-tokenized and counted
+ids_text_differ), and their prompt rendered by kit and compared with prompt_ids
+(prompt_render_differs). A dataset where one sampled row's ids do not spell its text has
+every later row decoded. The manifest's `token_checks` says how many rows each check saw.
+"""
+
+from __future__ import annotations
+
+from kit.report.convo import conversation, json_text, render_all, row_ids, tools_of
+from kit.report.tokenrows import end_of_turn, token_rows
+
+CHECK_SAMPLE = 1_000  # eligible rows per dataset whose ids are decoded and prompt rendered
+
+
+class Checks:
+    """What the sampled checks saw, per dataset, over one export's batches."""
+
+    def __init__(self) -> None:
+        self.seen: dict[
+            str, dict
+        ] = {}  # dataset -> {"exact_candidates", "ids_decoded", "prompt_rendered"}
+        self.full: set[str] = set()  # datasets whose ids are decoded on every row
+
+    def _add(self, ds: str, key: str, n: int) -> None:
+        c = self.seen.setdefault(
+            ds, {"exact_candidates": 0, "ids_decoded": 0, "prompt_rendered": 0}
+        )
+        c[key] += n
+
+    def section(self) -> dict:
+        """The manifest's token_checks: rows seen by each check, per dataset, and how."""
+        return {
+            "how": (
+                f"the first {CHECK_SAMPLE:,} rows with the server's ids of each dataset (commit "
+                "order, a seeded random draw of its prompts): output_ids decoded and checked "
+                "against the text, prompt_ids compared with kit's rendering of the prompt; a "
+                "dataset where one sampled row's ids do not spell its text is decoded in full"
+            ),
+            "per_dataset": {d: self.seen[d] | {"decoded_all": d in self.full} for d in sorted(self.seen)},
+        }  # fmt: skip
+
+
+def token_columns(tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, turns: str, kwargs_for):  # fmt: skip
+    """A batch of records (with prompts, kit.run.reader) -> (the rows made, with input_ids,
+    loss_mask and ids_source columns, in the batch's order; rows the template cannot split,
+    left out). stats / by_dataset: as tokenrows.token_rows counts them (updated in place)."""
+    import polars as pl
+
+    c = pl.col
+    frame = frame.with_row_index("_i")
+    has = lambda n: c(n).is_not_null() & (c(n).list.len() > 0)  # noqa: E731
+    counted = c("count_source").is_null() | (c("count_source") == "server_ids")
+    ok = has("prompt_ids") & has("output_ids") & counted & pl.lit(turns != "all_turns")
+    frame = frame.with_columns(_ok=ok)
+    cand = frame.filter(c("_ok"))
+    bad = _ids_do_not_spell(tok, cand, checks)
+    exact = cand.filter(~bad)
+    _check_prompts(tok, exact, checks, by_dataset, kwargs_for)
+    parts = [_exact(tok, exact, stats, by_dataset)]
+    rest = pl.concat([frame.filter(~c("_ok")), cand.filter(bad)]).sort("_i")
+    if rest.height:
+        made = token_rows(tok, rest.to_dicts(), stats, by_dataset, turns=turns, kwargs_for=kwargs_for)  # fmt: skip
+        keep = pl.Series([m is not None for m in made], dtype=pl.Boolean)
+        rows = [m for m in made if m is not None]
+        parts.append(rest.filter(keep).with_columns(
+            input_ids=pl.Series([r["input_ids"] for r in rows], dtype=pl.List(pl.Int64)),
+            loss_mask=pl.Series([r["loss_mask"] for r in rows], dtype=pl.List(pl.Int8)),
+            ids_source=pl.Series([r["ids_source"] for r in rows], dtype=pl.String),
+        ))  # fmt: skip
+    out = pl.concat(parts, how="vertical_relaxed").sort("_i").drop("_i", "_ok")
+    return out, frame.height - out.height
+
+
+def _sample(frame, checks: Checks, key: str, done=None):
+    """Which rows of frame a sampled check takes: per dataset the rows still inside its
+    first CHECK_SAMPLE (all rows of a dataset decoded in full), not already `done`."""
+    import polars as pl
+
+    left = {d: (1 << 62) if d in checks.full else CHECK_SAMPLE - checks.seen.get(d, {}).get(key, 0) for d in frame["dataset"].unique()}  # fmt: skip
+    rank = frame.select(pl.int_range(pl.len()).over("dataset")).to_series().to_numpy()
+    limit = frame["dataset"].replace_strict(left, return_dtype=pl.Int64).to_numpy()
+    pick = rank < limit
+    return pick if done is None else pick & ~done
+
+
+def _ids_do_not_spell(tok, cand, checks: Checks):
+    """Per eligible row: True when it was decoded and its ids do not spell its text."""
+    import numpy as np
+    import polars as pl
+
+    from kit.run.answers import ids_spell
+
+    bad = np.zeros(cand.height, dtype=bool)
+    done = np.zeros(cand.height, dtype=bool)
+    for ds, n in cand["dataset"].value_counts().iter_rows():
+        checks._add(ds, "exact_candidates", n)
+    while cand.height:
+        pick = _sample(cand, checks, "ids_decoded", done)
+        if not pick.any():
+            break
+        rows = cand.filter(pl.Series(pick)).select("dataset", "output_ids", "reasoning", "completion")  # fmt: skip
+        decoded = tok.batch_decode(rows["output_ids"].to_list(), skip_special_tokens=True)
+        wrong = [not ids_spell(t, r, a) for t, r, a in zip(decoded, rows["reasoning"], rows["completion"], strict=True)]  # fmt: skip
+        bad[np.flatnonzero(pick)] = wrong
+        done |= pick
+        for ds, n in rows["dataset"].value_counts().iter_rows():
+            checks._add(ds, "ids_decoded", n)
+        new = {d for d, w in zip(rows["dataset"], wrong, strict=True) if w} - checks.full
+        if not new:
+            break
+        checks.full |= new  # the rest of these datasets' rows, here and later, are decoded
+    return pl.Series(bad)
+
+
+def _check_prompts(tok, exact, checks: Checks, by_dataset: dict, kwargs_for) -> None:
+    """Sampled rows: the server's prompt_ids against kit's rendering of the prompt, tokenized
+    (prompt_render_differs counts the rows that differ; the server's ids stay the row)."""
+    import polars as pl
+
+    from kit.tokens import encode_many
+
+    if not exact.height:
+        return
+    keep = _sample(exact, checks, "prompt_rendered")
+    rows = exact.filter(pl.Series(keep)).select("dataset", "messages", "tools", "prompt_ids").to_dicts()  # fmt: skip
+    kw = [(kwargs_for(r["dataset"]) if kwargs_for else None) or {} for r in rows]
+    convs = [conversation(r["messages"], "")[:-1] for r in rows]
+    texts = render_all(tok, convs, True, [tools_of(r) for r in rows], kw)
+    ids = encode_many(tok, [t or "" for t in texts])
+    for r, text, got in zip(rows, texts, ids, strict=True):
+        checks._add(r["dataset"], "prompt_rendered", 1)
+        if text is None or got != r["prompt_ids"]:
+            ds = by_dataset.setdefault(r["dataset"], {})
+            ds["prompt_render_differs"] = ds.get("prompt_render_differs", 0) + 1
+
+
+def _exact(tok, exact, stats: dict, by_dataset: dict):
+    """The exact rows' columns, built by polars; counted as tokenrows' _server_row counts."""
+    import polars as pl
+
+    c = pl.col
+    eot, _ = end_of_turn(tok)
+    if eot is None:
+        appended = pl.lit(False)
+    else:
+        last = c("output_ids").list.last()
+        appended = (c("finish_reason") == "stop") & ~last.is_in(list(tok.all_special_ids))
+    out = exact.with_columns(_app=appended.cast(pl.UInt32))
+    out = out.with_columns(
+        input_ids=pl.concat_list(
+            "prompt_ids", "output_ids", pl.lit(eot or 0, pl.Int64).repeat_by(c("_app"))
+        ),  # fmt: skip
+        loss_mask=pl.concat_list(
+            pl.lit(0, pl.Int8).repeat_by(c("prompt_ids").list.len()),
+            pl.lit(1, pl.Int8).repeat_by(c("output_ids").list.len() + c("_app")),
+        ),
+        ids_source=pl.lit("server", pl.String),
+    )
+    per = out.group_by("dataset", maintain_order=True).agg(n=pl.len(), app=c("_app").sum())
+    for ds, n, app in per.iter_rows():
+        d = by_dataset.setdefault(ds, {})
+        d["exact"] = d.get("exact", 0) + n
+        if app:
+            d["end_of_turn_appended"] = d.get("end_of_turn_appended", 0) + app
+        for k in ("prompt_ids", "output_ids"):
+            stats[k] = stats.get(k, 0) + n
+    return out.drop("_app")
+
+
+def token_lines(frame):
+    """The token-id JSONL lines of a frame with input_ids, loss_mask, ids_source, each with
+    its newline: exactly json.dumps({"id", "input_ids", "loss_mask", "ids_source"})."""
+    import polars as pl
+
+    def ints(name: str):
+        return pl.col(name).list.eval(pl.element().cast(pl.String)).list.join(", ")
+
+    line = pl.concat_str(
+        pl.lit('{"id": '), json_text(row_ids()), pl.lit(', "input_ids": ['), ints("input_ids"),
+        pl.lit('], "loss_mask": ['), ints("loss_mask"), pl.lit('], "ids_source": '),
+        json_text(pl.col("ids_source")), pl.lit("}\n"),
+    )  # fmt: skip
+    return frame.select(line.alias("line")).to_series()
