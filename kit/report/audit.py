@@ -44,7 +44,7 @@ from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.re
     under_reported_flags,
 )
 from kit.report.tokenrows import load_tokenizer_for, strip_end_ids  # noqa: F401 - re-exported
-from kit.run.reader import PROMPT_COLUMNS, record_batches, record_schema
+from kit.run.reader import PROMPT_COLUMNS, owned, record_batches, record_schema
 
 KEYS = ["dataset", "prompt_id", "sample"]
 BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows as Python objects)
@@ -273,7 +273,7 @@ def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[s
             sample.add(batch)
             if finished:  # datasets read to their end: check their sample while others are read
                 sample.check(tok, th.under_report_ratio, finished)
-        return record_flags(batch, th, max_tokens).select(LIGHT_COLUMNS)
+        return owned(record_flags(batch, th, max_tokens).select(LIGHT_COLUMNS))
 
     parts, pending, seen = [], None, dict.fromkeys(counts, 0)
     with ThreadPoolExecutor(1, thread_name_prefix="kit-audit") as pool:

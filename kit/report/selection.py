@@ -51,7 +51,7 @@ def light_frame(run_dir, opts):
     drop_duplicates), no text kept, in commit order, with `_pos` its place in that order."""
     import polars as pl
 
-    from kit.run.reader import record_batches, record_schema
+    from kit.run.reader import owned, record_batches, record_schema
 
     columns = _LIGHT + (["completion", "tool_calls"] if opts.drop_duplicates else [])
     schema = record_schema()
@@ -61,7 +61,7 @@ def light_frame(run_dir, opts):
         if opts.drop_duplicates:
             keys = _duplicate_keys(batch["completion"], batch["tool_calls"])
             batch = batch.with_columns(keys).drop("completion", "tool_calls")
-        parts.append(batch)
+        parts.append(owned(batch))
     light = pl.concat(parts).with_row_index("_pos")
     if opts.drop_duplicates:
         light = light.with_columns(_duplicate_flags())

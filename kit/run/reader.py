@@ -144,6 +144,15 @@ def record_batches(
         yield _finish(raw, prompts)
 
 
+def owned(frame):
+    """A frame of record_batches with its own copy of its columns, for a caller that keeps a
+    few columns of every batch: a column read through ADBC keeps the whole Arrow batch it
+    came in alive (the C data interface frees a batch as one), text and ids included."""
+    import polars as pl
+
+    return pl.from_arrow(frame.to_arrow())
+
+
 def _sql_schema(names: list[str]) -> dict:
     """The polars type of each selected column as SQLite holds it (ids as Binary)."""
     import polars as pl
