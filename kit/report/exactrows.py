@@ -19,7 +19,7 @@ from __future__ import annotations
 from kit.report.convo import conversation, json_text, render_all, row_ids, tools_of
 from kit.report.tokenrows import end_of_turn, token_rows
 
-CHECK_SAMPLE = 1_000  # eligible rows per dataset whose ids are decoded and prompt rendered
+CHECK_SAMPLE = 500  # eligible rows per dataset whose ids are decoded and prompt rendered (as the audit samples)
 
 
 class Checks:
@@ -77,7 +77,7 @@ def token_columns(tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, 
             loss_mask=pl.Series([r["loss_mask"] for r in rows], dtype=pl.List(pl.Int8)),
             ids_source=pl.Series([r["ids_source"] for r in rows], dtype=pl.String),
         ))  # fmt: skip
-    out = pl.concat(parts, how="vertical_relaxed").sort("_i").drop("_i", "_ok")
+    out = pl.concat(parts, how="diagonal_relaxed").sort("_i").drop("_i", "_ok")
     return out, frame.height - out.height
 
 
@@ -166,6 +166,9 @@ def _exact(tok, exact, stats: dict, by_dataset: dict):
         ),
         ids_source=pl.lit("server", pl.String),
     )
+    counts = zip(out["prompt_ids"].list.len(), out["output_ids"].list.len() + out["_app"], strict=True)  # fmt: skip
+    # zeros then ones: the mask's JSON text made by string repetition, not per id
+    out = out.with_columns(_mask_text=pl.Series([("0, " * p) + ("1, " * (g - 1)) + "1" for p, g in counts], dtype=pl.String))  # fmt: skip
     per = out.group_by("dataset", maintain_order=True).agg(n=pl.len(), app=c("_app").sum())
     for ds, n, app in per.iter_rows():
         d = by_dataset.setdefault(ds, {})
@@ -185,9 +188,15 @@ def token_lines(frame):
     def ints(name: str):
         return pl.col(name).list.eval(pl.element().cast(pl.String)).list.join(", ")
 
+    mask = ints("loss_mask")
+    if "_mask_text" in frame.columns:  # exact rows' mask text, made by _exact
+        texts, rest = frame["_mask_text"], frame["_mask_text"].is_null()
+        if rest.any():
+            texts = texts.scatter(rest.arg_true(), frame.filter(rest).select(mask).to_series())
+        frame, mask = frame.with_columns(_mask_text=texts), pl.col("_mask_text")
     line = pl.concat_str(
         pl.lit('{"id": '), json_text(row_ids()), pl.lit(', "input_ids": ['), ints("input_ids"),
-        pl.lit('], "loss_mask": ['), ints("loss_mask"), pl.lit('], "ids_source": '),
+        pl.lit('], "loss_mask": ['), mask, pl.lit('], "ids_source": '),
         json_text(pl.col("ids_source")), pl.lit("}\n"),
     )  # fmt: skip
     return frame.select(line.alias("line")).to_series()
