@@ -12,6 +12,7 @@ whose `options.formats` is a list.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,63 +64,77 @@ class Rules:
     sources: dict = field(default_factory=dict)  # ids_source -> rows seen
 
 
-def _check_token_ids(row, rules: Rules, plain: bool = False) -> str | None:
-    """plain: the row's line holds no JSON true/false, so a list numpy reads as ints holds
-    no bool: ids and mask are then checked by numpy, not walked in Python."""
+def _check_token_ids(row, rules: Rules, line: str = "") -> str | None:
+    """line: the row's JSON text; where its arrays are plain (_plain_arrays) the checks run
+    on that text and C-level list methods, never a Python loop over the ids."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
         return "'id' must be a non-empty string"
     ids, mask = row.get("input_ids"), row.get("loss_mask")
-    a = _ints(ids, plain)
-    if a is None or not len(a) or a.min() < 0:
+    plain = _plain_arrays(line) if isinstance(ids, list) and isinstance(mask, list) else None
+    if plain is None:
+        return _check_token_lists(row, ids, mask, rules)
+    ids_text, mask_text = plain
+    if not ids:
         return "'input_ids' must be a non-empty list of ints >= 0"
-    if rules.vocab_size is not None and a.max() >= rules.vocab_size:
-        return f"token id {a.max()} is not below the vocabulary size {rules.vocab_size}"
-    m = _ints(mask, plain)
-    if m is None or (len(m) and (m.min() < 0 or m.max() > 1)):
+    if rules.vocab_size is not None and max(ids) >= rules.vocab_size:
+        return f"token id {max(ids)} is not below the vocabulary size {rules.vocab_size}"
+    if mask.count(0) + mask.count(1) != len(mask):
         return "'loss_mask' must be a list of 0/1 ints"
-    if len(m) != len(a):
-        return f"loss_mask length {len(m)} != input_ids length {len(a)}"
-    if what := _mask_problem(m, rules.one_span):
-        return what
+    if len(mask) != len(ids):
+        return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
+    spans = mask_text.replace(" ", "").count("0,1")  # each 0 followed by a 1
+    return _mask_problem(1 in mask, mask[0] == 1, spans, rules) or _source(row, rules)
+
+
+_NOT_DIGITS = str.maketrans("", "", "0123456789, ")  # what is left of a plain int array
+
+
+def _plain_arrays(line: str) -> tuple[str, str] | None:
+    """The text of input_ids and loss_mask in line when each key occurs once and each array
+    holds only digits, commas and spaces (ints >= 0: no bool, float, sign or nesting)."""
+    parts = []
+    for key in ('"input_ids": [', '"loss_mask": ['):
+        if line.count(key) != 1:
+            return None
+        a = line.index(key) + len(key)
+        b = line.find("]", a)
+        if b < 0 or line[a:b].translate(_NOT_DIGITS):
+            return None
+        parts.append(line[a:b])
+    return parts[0], parts[1]
+
+
+def _check_token_lists(row, ids, mask, rules: Rules) -> str | None:
+    """The same checks walking the lists (a row whose arrays are not plain)."""
+    if not isinstance(ids, list) or not ids or not all(is_int(i) and i >= 0 for i in ids):
+        return "'input_ids' must be a non-empty list of ints >= 0"
+    if rules.vocab_size is not None and max(ids) >= rules.vocab_size:
+        return f"token id {max(ids)} is not below the vocabulary size {rules.vocab_size}"
+    if not isinstance(mask, list) or any(x not in (0, 1) or not is_int(x) for x in mask):
+        return "'loss_mask' must be a list of 0/1 ints"
+    if len(mask) != len(ids):
+        return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
+    spans = sum(1 for a, b in itertools.pairwise(mask) if (a, b) == (0, 1))
+    return _mask_problem(1 in mask, mask[0] == 1, spans, rules) or _source(row, rules)
+
+
+def _mask_problem(trains: bool, first: bool, spans: int, rules: Rules) -> str | None:
+    """Why a loss mask cannot be on completion tokens only, or None: it trains nothing, or
+    the first token (a prompt always comes first), or (one_span) more than one stretch."""
+    if not trains:
+        return "loss_mask is all 0: the row trains nothing"
+    if first:
+        return "loss_mask is 1 on the first token: the prompt is trained"
+    if rules.one_span and spans > 1:
+        return f"loss_mask has {spans} stretches of 1s: only the last assistant turn is trained"
+    return None
+
+
+def _source(row, rules: Rules) -> str | None:
     source = row.get("ids_source")
     if source not in ("server", "retokenized"):
         return f"'ids_source' must be 'server' or 'retokenized', got {source!r:.40}"
     rules.sources[source] = rules.sources.get(source, 0) + 1
-    return None
-
-
-def _ints(values, plain: bool):
-    """values as an int64 array when it is a list of ints (not bools), else None."""
-    import numpy as np
-
-    if not isinstance(values, list):
-        return None
-    if not plain and not all(is_int(v) for v in values):
-        return None
-    try:
-        a = np.array(values)
-    except (OverflowError, ValueError):
-        a = None
-    if (
-        a is None or a.ndim != 1 or (a.dtype.kind != "i" and len(values))
-    ):  # a float, a string, a list, an int past 64 bits
-        return np.array(values, dtype=object) if all(is_int(v) for v in values) else None
-    return a.astype(np.int64, copy=False) if len(values) else np.zeros(0, np.int64)
-
-
-def _mask_problem(mask, one_span: bool) -> str | None:
-    """Why a loss mask (an array of 0/1) cannot be on completion tokens only, or None: it
-    trains nothing, or the first token (a prompt always comes first), or (one_span) more
-    than one stretch."""
-    import numpy as np
-
-    if not mask.any():
-        return "loss_mask is all 0: the row trains nothing"
-    if mask[0] == 1:
-        return "loss_mask is 1 on the first token: the prompt is trained"
-    spans = int(np.count_nonzero(np.diff(mask.astype(np.int8)) == 1))
-    if one_span and spans > 1:
-        return f"loss_mask has {spans} stretches of 1s: only the last assistant turn is trained"
     return None
 
 
