@@ -11,6 +11,7 @@ import pytest
 from test_audit import ANSWERS, make_record, plant_run
 from test_export import read_jsonl, set_config
 
+import kit.report.exactrows as exactrows
 from kit.report.export import export
 from kit.report.validate import validate
 
@@ -125,6 +126,29 @@ def test_exact_rows_are_the_server_ids(tmp_path, tok, model_dir):
 
 
 # ---------------------------------------------------------------- reasoning and tools
+
+
+@pytest.mark.server
+def test_exact_row_checks_run_on_a_stated_sample_and_a_lie_widens_them(tmp_path, tok, model_dir, monkeypatch):  # fmt: skip
+    """The server's ids are checked against the text and kit's rendering on the first
+    CHECK_SAMPLE rows of each dataset (manifest token_checks); a lie found there has every
+    later row of that dataset decoded, so its later lies are re-tokenized too; past a clean
+    sample nothing is decoded, and the manifest says so."""
+    monkeypatch.setattr(exactrows, "CHECK_SAMPLE", 2)
+    wrong = enc(tok, "Something else entirely.") + [tok.eos_token_id]
+    recs = {ds: [make_record(tok, ds, i, f"{ds} question {i}?", ANSWERS[i]) for i in range(6)] for ds in ("liar", "late")}  # fmt: skip
+    for r in recs["liar"] + recs["late"]:
+        r.prompt_ids = prompt_ids(tok, r.messages)
+    for r in (recs["liar"][1], recs["liar"][4], recs["late"][4]):  # in the sample, and past it
+        r.output_ids = wrong
+    run = plant_run(tmp_path / "run", recs["liar"] + recs["late"], budgets={"liar": 10_000, "late": 10_000}, tokenizer=str(model_dir))  # fmt: skip
+    result = export(run, tmp_path / "out", formats=("token_ids",))
+    rows, checks = result.manifest["token_rows"], result.manifest["token_checks"]["per_dataset"]
+    assert (rows["liar"]["exact"], rows["liar"]["ids_text_differ"]) == (4, 2)
+    assert checks["liar"] == {"exact_candidates": 6, "ids_decoded": 6, "prompt_rendered": 2, "decoded_all": True}  # fmt: skip
+    assert rows["late"]["exact"] == 6 and "ids_text_differ" not in rows["late"]
+    assert checks["late"] == {"exact_candidates": 6, "ids_decoded": 2, "prompt_rendered": 2, "decoded_all": False}  # fmt: skip
+    assert "500" not in result.manifest["token_checks"]["how"] and validate(tmp_path / "out").ok
 
 
 @pytest.mark.server

@@ -45,7 +45,9 @@ per dataset how many rows hold earlier turns.
 
 Token-id rows: the server's ids verbatim where the record has them ("ids_source": "server"),
 else the chat template re-tokenized ("retokenized"); kit/report/tokenrows.py says how, and
-the manifest's "token_rows" counts each kind per dataset.
+the manifest's "token_rows" counts each kind per dataset. The checks of the server's ids
+against the text and kit's rendering run on a sample per dataset, which the manifest's
+"token_checks" states (kit/report/exactrows.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ prompt_ids + output_ids, nothing re-tokenized, so a thinking model's reasoning i
 token for token as it was generated. loss_mask is 1 on output_ids. A "stop" finish whose
 output_ids do not already end with a special id (the EOS / end-of-turn the model emitted)
 gets the template's end-of-turn id appended, trained (it was generated, the server left it
-out); output_ids that end with one are kept as they are. Each exact row's prompt is also
+out); output_ids that end with one are kept as they are. An exact row's prompt is also
 rendered by kit (the chat template with the record's tools and the dataset's template
 kwargs) and compared with the server's prompt_ids: rows that differ are counted
 ("prompt_render_differs"), never hidden; the server's ids are the row.
@@ -13,7 +13,9 @@ kwargs) and compared with the server's prompt_ids: rows that differ are counted
 Server ids are believed only when they were counted as the record's tokens (count_source
 "server_ids": kit.run.answers found they spell the text, or had no tokenizer to check) and
 they spell the completion and its thinking here too; ids that do not are re-tokenized and
-counted ("ids_text_differ"), never exported as exact.
+counted ("ids_text_differ"), never exported as exact. An export builds its last_turn exact
+rows in polars and runs these two checks on a stated sample (kit/report/exactrows.py);
+this module makes every other row.
 
 Re-tokenized rows (no server ids, only one side of them, or ids that do not spell the text): the chat template applied to
 prompt + completion. input_ids = the prompt (the server's prompt_ids when they decode to the
