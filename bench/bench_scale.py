@@ -100,6 +100,7 @@ LABELS = {"imports": "imports only (no call)", "load": "kit.load prompts", "plai
 OLD_LINE = ["dataset", "prompt_id", "sample", "completion_tokens", "finish_reason", "t_done",
             "completion", "count_source", "prompt_tokens", "output_ids", "prompt_ids", "endpoint",
             "latency_s", "attempts", "reasoning", "turns"]  # fmt: skip
+INDEXES = ("sqlite_autoindex_records_1", "records_done", "prompts_key")  # the keys' and done's
 RSS_MB, RESTART_S, WATCH_S, AUDIT_S = 1500, 5.0, 1.0, 40.0
 SPECFORGE_RATE, TOKEN_RATE, DB_RATIO, ID_BYTES = 30_000, 20_000, 1.5, 4.0
 
@@ -904,7 +905,7 @@ def print_table(results: dict, sizes: list[int]) -> None:
             t = d["tables"]
             print(f"{'run.sqlite':<26}{n:>10,}  {d['db_bytes'] / 1e9:.2f} GB = {d['db_bytes'] / d['old_bytes']:.2f}x the JSONL layout's "
                   f"{d['old_bytes'] / 1e9:.2f} GB (lines {(d['old_bytes'] - d['old_parquet_bytes']) / 1e9:.2f}, prompts.parquet {d['old_parquet_bytes'] / 1e9:.2f}); "
-                  f"tables: records {t.get('records', 0) / 1e9:.2f} GB, prompts {t.get('prompts', 0) / 1e9:.2f} GB, key index {t.get('sqlite_autoindex_records_1', 0) / 1e9:.2f} GB; "
+                  f"tables: records {t.get('records', 0) / 1e9:.2f} GB, prompts {t.get('prompts', 0) / 1e9:.2f} GB, indexes {sum(t.get(i, 0) for i in INDEXES) / 1e9:.2f} GB; "
                   f"{d['id_blob_bytes'] / d['ids']:.2f} bytes/token id in the blobs, "
                   f"{t.get('records', 0) / d['ids']:.2f} bytes of the records table per token id")  # fmt: skip
     print_targets(results, sizes)

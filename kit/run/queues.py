@@ -237,7 +237,8 @@ def prompt_text(frame, run_dir, dataset: str, ids=None):
         part = part.filter(pl.col("prompt_id").is_in(pl.Series(list(ids), dtype=pl.String).implode()))  # fmt: skip
     if "messages" in frame.columns:
         return part
-    text = prompts_frame(run_dir, datasets=[dataset], ids=part["prompt_id"].to_list())
+    keys = None if ids is None else part["prompt_id"].to_list()  # looked up by key
+    text = prompts_frame(run_dir, datasets=[dataset], ids=keys)
     return part.join(text.select("prompt_id", "messages", "tools"), on="prompt_id", how="left")
 
 
