@@ -539,6 +539,47 @@ def test_key_reads_touch_the_indexes_only(tmp_path):
     conn.close()
 
 
+def test_a_resume_reads_prompt_texts_as_its_queue_reaches_them(tmp_path, monkeypatch):
+    from kit.run import queues
+
+    monkeypatch.setattr(queues.PromptQueue, "BATCH", 2)
+    _init(tmp_path, _config(), _prompts())
+    store = RunStore(tmp_path)
+    store.init(_config())
+    store.append(_record("alpaca", 3))
+    frame = queues._prompt_frame(None, tmp_path)  # keys only
+    data = queues._datasets(frame, _config(), store.done(), {}, {}, tmp_path)
+    store.close()
+    q = data["alpaca"].queue
+    assert len(q) == 4 and q.messages == {}  # nothing read up front
+    order = [pid for pid, _ in queues.seeded_order(frame.filter(pl.col("dataset") == "alpaca")["prompt_id"], "alpaca", 0)]  # fmt: skip
+    order.remove(_pid("alpaca", 3))
+    want = {_pid("alpaca", i): _messages("alpaca", i) for i in range(5)}
+    first = q.popleft()
+    assert first == (order[0], 0, want[order[0]]) and len(q.messages) == 2  # one batch read
+    sent = [first] + [q.popleft() for _ in range(3)]
+    assert [pid for pid, _, _ in sent] == order and not q
+    assert all(m == want[pid] for pid, _, m in sent)
+    q.appendleft(sent[-1])  # a failed request goes back first
+    assert q[0] == sent[-1]
+
+
+def test_a_resume_refuses_a_prompt_changed_in_the_database(tmp_path):
+    from kit.run import queues
+
+    _init(tmp_path, _config(), _prompts())
+    conn = sqlite3.connect(db.db_path(tmp_path))
+    conn.execute("UPDATE prompts SET messages = '[[\"user\",\"edited\"]]' WHERE dataset = 'chat'")
+    conn.commit()
+    conn.close()
+    with reader.open_db(tmp_path) as conn:
+        done = reader.done_frame(conn)  # none
+    data = queues._datasets(queues._prompt_frame(None, tmp_path), _config(), done, {}, {}, tmp_path)
+    assert data["alpaca"].queue.popleft()[2][0]["content"].startswith("alpaca q")
+    with pytest.raises(reader.PromptMismatch, match="'chat'"):
+        data["chat"].queue.popleft()
+
+
 # ---------------------------------------------------------------- full disk, kill -9
 
 

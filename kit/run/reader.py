@@ -359,6 +359,12 @@ def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
     cols = ["dataset", "prompt_id"] + (["n_turns", "row", "messages", "tools", "hash", "content_id"] if text else [])  # fmt: skip
     schema = {"dataset": pl.String, "prompt_id": pl.String, "n_turns": pl.Int64, "row": pl.Int64, "messages": pl.String, "tools": pl.String, "hash": pl.String, "content_id": pl.Int64}  # fmt: skip
     schema = {c: schema[c] for c in cols}
+    datasets = None if datasets is None else list(datasets)
+    if not text and ids is None:  # keys only: the key index, as Arrow when ADBC can read it
+        where = f" WHERE dataset IN ({', '.join('?' * len(datasets))})" if datasets is not None else ""  # fmt: skip
+        sql = f"SELECT dataset, prompt_id FROM prompts INDEXED BY prompts_key{where}"
+        parts = list(sql_frames(run_dir, sql, datasets or [], schema, 200_000))
+        return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
     parts = []
     with open_db(run_dir) as conn:
         for rows in _prompt_rows(conn, cols, datasets, ids):
@@ -381,8 +387,7 @@ _ID_CHUNK = 50_000  # prompt ids looked up per statement
 
 def _prompt_rows(conn, cols: list[str], datasets, ids) -> Iterator[list]:
     """prompts_frame's rows, a chunk at a time: by key (ids, one dataset) or by dataset."""
-    # keys only: the index alone, never the text pages
-    sql = f"SELECT {', '.join(cols)} FROM prompts" + (" INDEXED BY prompts_key" if len(cols) == 2 or ids is not None else "")  # fmt: skip
+    sql = f"SELECT {', '.join(cols)} FROM prompts" + (" INDEXED BY prompts_key" if ids is not None else "")  # fmt: skip
     if ids is not None:
         if datasets is None or len(list(datasets)) != 1:
             raise ValueError("prompts_frame: ids are looked up within one dataset (datasets=[name])")  # fmt: skip
