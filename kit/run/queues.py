@@ -4,6 +4,7 @@ _prompt_frame(prompts, run_dir)  the prompt frame given, or the run's stored pro
 seeded_order(ids, dataset, seed) the order a dataset's (prompt_id, sample) pairs go in
 _datasets(frame, config, ...)    one _Dataset per dataset: its queue of samples not yet
                                  done nor skipped, its done totals, sampling and tools
+PromptQueue                      that queue; on a resume it reads texts as its head reaches them
 """
 
 from __future__ import annotations
@@ -54,20 +55,24 @@ class PromptQueue:
         (('a', 0, ['hi']), ('b', 0, ['yo']), 1)
     """
 
-    BATCH = 2_000  # prompts read per database lookup
+    BATCH = 4_096  # prompts read per database lookup, at most (the first reads are small)
 
     def __init__(self, todo, messages: dict, tools: dict | None = None, load=None) -> None:
         self.todo = deque(todo)  # (prompt_id, sample)
         self.messages = messages  # prompt_id -> messages, of those read so far
         self.tools = {} if tools is None else tools  # prompt_id -> tools: filled as read
         self.load = load  # prompt ids -> frame of prompt_id, messages, tools (or None)
+        self.batch = min(
+            64, self.BATCH
+        )  # doubles with each read up to BATCH: a first request waits little
 
     def __len__(self) -> int:
         return len(self.todo)
 
     def __getitem__(self, i: int) -> tuple:
-        self._read(i)
         pid, sample = self.todo[i]
+        if pid not in self.messages:
+            self._read(i)
         return pid, sample, self.messages[pid]
 
     def popleft(self) -> tuple:
@@ -81,15 +86,14 @@ class PromptQueue:
         self.todo.appendleft((pid, sample))
 
     def _read(self, i: int) -> None:
-        if self.load is None or self.todo[i][0] in self.messages:
-            return
-        pids = []
+        pids: dict = {}
         for pid, _ in itertools.islice(self.todo, i, None):
-            if pid not in self.messages and pid not in pids:
-                pids.append(pid)
-                if len(pids) == self.BATCH:
+            if pid not in self.messages:
+                pids[pid] = None
+                if len(pids) == self.batch:
                     break
-        part = self.load(pids)
+        self.batch = min(2 * self.batch, self.BATCH)
+        part = self.load(list(pids))
         self.messages.update(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))  # fmt: skip
         self.tools.update(_tools(part))
 
