@@ -80,7 +80,12 @@ def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
             migrate(conn)
         elif not migrated(conn):  # written by an older kit: upgraded once, then read
             conn.close()
-            connect(run_dir, write=True).close()
+            try:
+                connect(run_dir, write=True).close()
+            except sqlite3.OperationalError as e:
+                if not getattr(e, "sqlite_errorname", "").startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")):  # fmt: skip
+                    raise
+                raise PermissionError(f"run database {path} was written by an older kit and must be upgraded once, which needs write access ({e})") from None  # fmt: skip
             return connect(run_dir)
     except sqlite3.DatabaseError as e:
         if is_damage(e):
