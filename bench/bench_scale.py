@@ -100,6 +100,7 @@ LABELS = {"imports": "imports only (no call)", "load": "kit.load prompts", "plai
 OLD_LINE = ["dataset", "prompt_id", "sample", "completion_tokens", "finish_reason", "t_done",
             "completion", "count_source", "prompt_tokens", "output_ids", "prompt_ids", "endpoint",
             "latency_s", "attempts", "reasoning", "turns"]  # fmt: skip
+INDEXES = ("sqlite_autoindex_records_1", "records_done", "prompts_key")  # the keys' and done's
 RSS_MB, RESTART_S, WATCH_S, AUDIT_S = 1500, 5.0, 1.0, 40.0
 SPECFORGE_RATE, TOKEN_RATE, DB_RATIO, ID_BYTES = 30_000, 20_000, 1.5, 4.0
 
@@ -904,7 +905,7 @@ def print_table(results: dict, sizes: list[int]) -> None:
             t = d["tables"]
             print(f"{'run.sqlite':<26}{n:>10,}  {d['db_bytes'] / 1e9:.2f} GB = {d['db_bytes'] / d['old_bytes']:.2f}x the JSONL layout's "
                   f"{d['old_bytes'] / 1e9:.2f} GB (lines {(d['old_bytes'] - d['old_parquet_bytes']) / 1e9:.2f}, prompts.parquet {d['old_parquet_bytes'] / 1e9:.2f}); "
-                  f"tables: records {t.get('records', 0) / 1e9:.2f} GB, prompts {t.get('prompts', 0) / 1e9:.2f} GB, key index {t.get('sqlite_autoindex_records_1', 0) / 1e9:.2f} GB; "
+                  f"tables: records {t.get('records', 0) / 1e9:.2f} GB, prompts {t.get('prompts', 0) / 1e9:.2f} GB, indexes {sum(t.get(i, 0) for i in INDEXES) / 1e9:.2f} GB; "
                   f"{d['id_blob_bytes'] / d['ids']:.2f} bytes/token id in the blobs, "
                   f"{t.get('records', 0) / d['ids']:.2f} bytes of the records table per token id")  # fmt: skip
     print_targets(results, sizes)
@@ -962,6 +963,35 @@ def print_targets(results: dict, sizes: list[int]) -> None:
             _target(f"<= {ID_BYTES:g} bytes a token id at {n:,}", b <= ID_BYTES, f"{b:.2f}")
 
 
+def texts_check(n: int = 20_000, size: int = 1336) -> None:
+    """Whether the size comparison is fair to SQLite: zstd (parquet, as prompts.parquet) on
+    fleet's prompts and completions vs real prose cut to the prompts' mean length (this
+    machine's distinct package docs and Debian changelogs, licences left out)."""
+    import glob
+    import gzip
+    import io
+    import random
+
+    import polars as pl
+
+    def ratio(texts: list[str]) -> str:
+        out = io.BytesIO()
+        pl.DataFrame({"t": texts}).write_parquet(out, row_group_size=10_000)
+        raw = sum(len(t.encode()) for t in texts)
+        return f"{raw / 1e6:6.1f} MB -> {out.tell() / 1e6:5.1f} MB: {raw / out.tell():.2f}x"
+
+    prompts = [json.dumps([[m["role"], m["content"]] for m in fleet.prompt(d, i)[0]]) for d in fleet.DATASETS for i in range(n // len(fleet.DATASETS))]  # fmt: skip
+    answers = [fleet.completion(fleet.prompt(d, i)[0], None, fleet.MAX_TOKENS)[0] for d in fleet.DATASETS for i in range(n // len(fleet.DATASETS))]  # fmt: skip
+    paths = glob.glob(f"{sys.prefix}/lib/python3*/site-packages/**/*.md", recursive=True)
+    paths += glob.glob("/usr/share/doc/**/changelog*.gz", recursive=True)
+    docs = {(gzip.open(p, "rt", errors="replace") if p.endswith(".gz") else open(p, errors="replace")).read() for p in paths if "licen" not in p.lower()}  # fmt: skip
+    prose = "\n".join(sorted(docs))
+    cuts = [prose[i : i + size] for i in range(0, len(prose) - size, size)]
+    random.Random(0).shuffle(cuts)
+    print(f"fleet prompts (JSON)  {ratio(prompts)}\nfleet completions     {ratio(answers)}")
+    print(f"real prose ({len(docs)} docs) {ratio(cuts[:n])}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=["a", "b", "both"], default="both")
@@ -980,6 +1010,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table-only", action="store_true", help="print the kept part B results")
     p.add_argument("--profile", choices=STEPS, help="run this step under cProfile at --sizes[0]")
     p.add_argument("--profile-top", type=int, default=25)
+    p.add_argument("--texts", action="store_true", help="how compressible fleet's texts are vs real prose")  # fmt: skip
     for name in ("--step", "--run-dir", "--out", "--result", "--url", "--writer"):  # a child's
         p.add_argument(name, help=argparse.SUPPRESS)
     p.add_argument("--spawn-t", type=float, help=argparse.SUPPRESS)
@@ -993,6 +1024,8 @@ def main(argv: list[str] | None = None) -> None:
         args.budget_millions, args.sizes = 0.2, [2000, 10_000]
     if args.table_only:
         return table_only(args)
+    if args.texts:
+        return texts_check()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     problems = fleet.check_vocab()
     if problems:

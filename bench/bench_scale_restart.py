@@ -11,7 +11,7 @@ CPU time, the process's peak RSS and, for kit's steps, the ratio to its plain ba
   done            kit.run.reader.done_frame: the stored keys and counts a restart reads
   plain_done      the same columns by a plain sqlite3 loop into a Python list
   prompts         kit.run.reader.prompts_frame(text=False): the prompt keys a restart reads
-  plain_prompts   the same columns by a plain sqlite3 loop
+  plain_prompts   the same columns (dataset, prompt_id) by a plain sqlite3 loop
   watch           kit.run.progress.progress, first read, nothing writing
   watch_writing   the same while a writer process commits records (every 256 or 1 s)
   plain_watch     the totals table by a plain sqlite3 query (what watch needs at least)
@@ -102,12 +102,12 @@ def child(step: str, run_dir: str) -> None:
             n = done_frame(conn).height
     elif step == "plain_done":
         conn = sqlite3.connect(plain, uri=True)
-        n = len(conn.execute("SELECT dataset, prompt_id, sample, completion_tokens, finish_reason FROM records ORDER BY rowid").fetchall())  # fmt: skip
+        n = len(conn.execute("SELECT dataset, prompt_id, sample, completion_tokens, finish_reason FROM records").fetchall())  # fmt: skip
     elif step == "prompts":
         n = prompts_frame(run_dir, text=False).height
     elif step == "plain_prompts":
         conn = sqlite3.connect(plain, uri=True)
-        n = len(conn.execute("SELECT dataset, prompt_id, n_turns, row FROM prompts").fetchall())
+        n = len(conn.execute("SELECT dataset, prompt_id FROM prompts").fetchall())
     elif step.startswith("watch"):
         n = sum(p.samples_done for p in progress(run_dir))
     elif step == "plain_watch":

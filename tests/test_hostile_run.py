@@ -248,7 +248,8 @@ def test_zero_counts_are_malformed_and_the_budget_holds(tmp_path):
     run (600 prompts used for an 800-token budget). Now a zero count is a malformed answer:
     retried, every record carries the true count and the budget stops the run."""
     with FaultServer(FaultConfig(mode="usage_zero", fraction=0.5, seed=1)) as srv:
-        cfg = config(srv.base_url, ["a"], budgets={"a": 800}, max_attempts=10)
+        # 20 attempts: a prompt drawing a zero count 20 times in a row (0.5**20) never errs
+        cfg = config(srv.base_url, ["a"], budgets={"a": 800}, max_attempts=20)
         run = kit.generate_sync(prompts({"a": 600}), cfg, run_dir=tmp_path)
         stats = srv.stats()
     assert stats["outcomes"]["usage_zero"] > 5 and stats["requests"] < 120, stats

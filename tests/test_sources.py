@@ -379,6 +379,21 @@ def test_summary_and_reprs(tmp_path):
     assert "<table" in res._repr_html_()
 
 
+def test_prompts_moved_into_frame_parts_as_they_load_give_the_same_frame(monkeypatch):
+    """kit.load holds at most CHUNK prompts as Python objects; the frame is the same."""
+    tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    data = {
+        "a": [{"instruction": f"a{i}"} for i in range(7)],
+        "b": [{"instruction": f"b{i}"} | ({"tools": tool} if i == 4 else {}) for i in range(5)],
+        "c": [{"instruction": f"c{i}"} for i in range(2)],
+    }
+    whole = kit.load(data).frame
+    monkeypatch.setattr(sources, "CHUNK", 3)
+    parts = kit.load(data).frame
+    assert parts.equals(whole) and parts.height == 14 and parts["tools"].null_count() == 13
+    assert "tools" not in kit.load({"c": data["c"]}).frame.columns
+
+
 @pytest.mark.slow
 def test_100k_rows_load_in_seconds(tmp_path):
     path = tmp_path / "big.jsonl"

@@ -484,6 +484,102 @@ def test_a_writer_resumes_an_imported_run(tmp_path):
     assert len(done) == 13
 
 
+def _m001_database(run_dir: Path, n: int = 5) -> None:
+    """A run database as kit wrote it before m002 (M001's schema only): prompts and records."""
+    run_dir.mkdir(parents=True)
+    conn = sqlite3.connect(db.db_path(run_dir), isolation_level=None)
+    conn.execute("CREATE TABLE migrations (name TEXT PRIMARY KEY, t REAL NOT NULL)")
+    conn.executescript(f"BEGIN; {db.MIGRATIONS[0][1]}; INSERT INTO migrations VALUES ('m001_schema', 0); COMMIT;")  # fmt: skip
+    conn.execute("INSERT INTO config VALUES (1, ?, ?)", (_config().fingerprint(), json.dumps(_config().to_dict())))  # fmt: skip
+    for rows in db.prompt_rows(_prompts(n)):
+        conn.executemany(db.PROMPT_SQL, rows)
+    conn.executemany(db.RECORD_SQL, [db.record_row(_record(ds, i, 3 + i)) for ds in ("alpaca", "chat") for i in range(3)])  # fmt: skip
+    conn.executemany(db.TOTALS_SQL, [(ds, 3, 12, 0) for ds in ("alpaca", "chat")])
+    conn.close()
+
+
+@pytest.mark.parametrize("first", ["reader", "writer"])
+def test_a_database_of_the_m001_schema_is_upgraded_whole(tmp_path, first):
+    run_dir = tmp_path / "run"
+    _m001_database(run_dir)
+    before = _sql(run_dir, "SELECT * FROM prompts ORDER BY dataset, prompt_id")
+    if first == "reader":  # kit watch or export on an old run: upgraded, then read
+        assert [p.samples_done for p in progress(run_dir)] == [3, 3]
+    else:
+        _init(run_dir, _config())
+    assert [n for (n,) in _sql(run_dir, "SELECT name FROM migrations ORDER BY t")] == [name for name, _ in db.MIGRATIONS]  # fmt: skip
+    assert _sql(run_dir, "SELECT * FROM prompts ORDER BY dataset, prompt_id") == before
+    assert db.integrity(run_dir) == []
+    keys = reader.prompts_frame(run_dir, text=False)
+    assert keys.columns == ["dataset", "prompt_id"] and keys.height == 10
+    got = reader.prompts_frame(run_dir, datasets=["chat"], ids=[_pid("chat", 4), _pid("chat", 1), "nope"])  # fmt: skip
+    assert sorted(got["messages"].to_list(), key=str) == [
+        _messages("chat", 1),
+        _messages("chat", 4),
+    ]
+    frame = reader.records_frame(run_dir).sort("dataset", "completion_tokens")
+    assert frame["messages"].to_list() == [_messages(ds, i) for ds in ("alpaca", "chat") for i in range(3)]  # fmt: skip
+    store = RunStore(run_dir)
+    store.init(_config())
+    store.add_prompts(_prompts(6))  # prompts are added, a key stored already is not twice
+    assert sorted(store.done()["completion_tokens"].to_list()) == [3, 3, 4, 4, 5, 5]
+    store.close()
+    assert _sql(run_dir, "SELECT count(*), count(DISTINCT dataset || prompt_id) FROM prompts") == [(12, 12)]  # fmt: skip
+
+
+def test_key_reads_touch_the_indexes_only(tmp_path):
+    """What a restart and kit watch read of every prompt and record never reaches a text page."""
+    _init(tmp_path, _config(), _prompts())
+    conn = sqlite3.connect(f"{db.db_path(tmp_path).as_uri()}?mode=ro", uri=True)
+    plan = lambda q, *a: " ".join(r[-1] for r in conn.execute(f"EXPLAIN QUERY PLAN {q}", a))  # noqa: E731
+    assert "COVERING INDEX prompts_key" in plan("SELECT dataset, count(*) FROM prompts GROUP BY dataset")  # fmt: skip
+    assert "COVERING INDEX prompts_key" in plan("SELECT dataset, prompt_id FROM prompts")
+    assert "COVERING INDEX records_done" in plan("SELECT dataset, prompt_id, sample, completion_tokens, finish_reason FROM records INDEXED BY records_done")  # fmt: skip
+    assert "INDEX prompts_key (dataset=? AND prompt_id=?)" in plan("SELECT messages FROM prompts INDEXED BY prompts_key WHERE dataset = ? AND prompt_id IN (SELECT value FROM json_each(?))", "a", "[]")  # fmt: skip
+    conn.close()
+
+
+def test_a_resume_reads_prompt_texts_as_its_queue_reaches_them(tmp_path, monkeypatch):
+    from kit.run import queues
+
+    monkeypatch.setattr(queues.PromptQueue, "BATCH", 2)
+    _init(tmp_path, _config(), _prompts())
+    store = RunStore(tmp_path)
+    store.init(_config())
+    store.append(_record("alpaca", 3))
+    frame = queues._prompt_frame(None, tmp_path)  # keys only
+    data = queues._datasets(frame, _config(), store.done(), {}, {}, tmp_path)
+    store.close()
+    q = data["alpaca"].queue
+    assert len(q) == 4 and q.messages == {}  # nothing read up front
+    order = [pid for pid, _ in queues.seeded_order(frame.filter(pl.col("dataset") == "alpaca")["prompt_id"], "alpaca", 0)]  # fmt: skip
+    order.remove(_pid("alpaca", 3))
+    want = {_pid("alpaca", i): _messages("alpaca", i) for i in range(5)}
+    first = q.popleft()
+    assert first == (order[0], 0, want[order[0]]) and len(q.messages) == 2  # one batch read
+    sent = [first] + [q.popleft() for _ in range(3)]
+    assert [pid for pid, _, _ in sent] == order and not q
+    assert all(m == want[pid] for pid, _, m in sent)
+    q.appendleft(sent[-1])  # a failed request goes back first
+    assert q[0] == sent[-1]
+
+
+def test_a_resume_refuses_a_prompt_changed_in_the_database(tmp_path):
+    from kit.run import queues
+
+    _init(tmp_path, _config(), _prompts())
+    conn = sqlite3.connect(db.db_path(tmp_path))
+    conn.execute("UPDATE prompts SET messages = '[[\"user\",\"edited\"]]' WHERE dataset = 'chat'")
+    conn.commit()
+    conn.close()
+    with reader.open_db(tmp_path) as conn:
+        done = reader.done_frame(conn)  # none
+    data = queues._datasets(queues._prompt_frame(None, tmp_path), _config(), done, {}, {}, tmp_path)
+    assert data["alpaca"].queue.popleft()[2][0]["content"].startswith("alpaca q")
+    with pytest.raises(reader.PromptMismatch, match="'chat'"):
+        data["chat"].queue.popleft()
+
+
 # ---------------------------------------------------------------- full disk, kill -9
 
 

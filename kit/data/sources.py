@@ -255,6 +255,7 @@ def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
     """Load [(dataset, source, format or None, mapping or None, strip)]; raise every
     failure at once."""
     cols: dict[str, list] = {key: [] for key in [*SCHEMA, TOOLS]}
+    parts: list[pl.DataFrame] = []  # cols turned into Arrow-backed frames as they fill
     result = LoadResult(frame=pl.DataFrame(schema=SCHEMA), ignored_files=ignored)
     skip_rows: list[dict] = []
     failures: list[Exception] = []
@@ -269,9 +270,9 @@ def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
         result.specs[ds] = {"path": result.paths[ds], "format": fmt, "mapping": mapping}
         if strip:
             result.specs[ds]["strip"] = True
-        _convert(ds, rows, (fmt, mapping, strip), columnar, cols, result, skip_rows)
+        _convert(ds, rows, (fmt, mapping, strip), columnar, (cols, parts), result, skip_rows)
     _raise_failures(failures)
-    result.frame = _frame(cols)
+    result.frame = _frame(cols, parts)
     result.skipped_rows = pl.DataFrame(
         skip_rows,
         schema={"dataset": pl.String, "row": pl.Int64, "reason": pl.String, "detail": pl.String},
@@ -361,15 +362,30 @@ def prompt_id(messages: list[dict], tools: str | None = None) -> str:
     return hashlib.blake2b(payload.encode("utf-8"), digest_size=8).hexdigest()
 
 
-def _frame(cols: dict[str, list]) -> pl.DataFrame:
-    """Column lists -> the prompt frame (messages go through pyarrow: 40x faster than polars);
-    the tools column only when some prompt has tools."""
+CHUNK = 50_000  # prompts held as Python objects at most: then moved into a frame part
+
+
+def _frame(cols: dict[str, list], parts: list) -> pl.DataFrame:
+    """The prompt frame of the parts and what cols still hold (cols are emptied); the tools
+    column only when some prompt has tools."""
+    if cols["dataset"] or not parts:
+        parts.append(_part(cols))
+    frame = pl.concat(parts, rechunk=False)
+    parts.clear()
+    return frame if frame[TOOLS].null_count() < frame.height else frame.drop(TOOLS)
+
+
+def _part(cols: dict[str, list]) -> pl.DataFrame:
+    """Column lists -> a frame part, and the lists emptied (messages go through pyarrow:
+    40x faster than polars; a part holds strings, not a Python object per message)."""
     import pyarrow as pa
 
     struct = pa.struct([("role", pa.string()), ("content", pa.string())])
     messages = pl.from_arrow(pa.array(cols["messages"], type=pa.list_(struct)))
-    schema = SCHEMA | ({TOOLS: pl.String} if any(t is not None for t in cols[TOOLS]) else {})
+    schema = SCHEMA | {TOOLS: pl.String}
     frame = pl.DataFrame({k: cols[k] for k in schema if k != "messages"}, schema_overrides=schema)
+    for values in cols.values():
+        values.clear()
     return frame.insert_column(2, messages.alias("messages")).cast(schema)
 
 
@@ -397,11 +413,13 @@ def _skip(skip: Skip, ds: str, row: int, skips: Counter, skip_rows: list) -> Non
         skip_rows.append({"dataset": ds, "row": row, "reason": skip.reason, "detail": skip.detail})
 
 
-def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> None:
-    """Append the prompts of one dataset to cols; count skips, duplicates and (strip on)
-    stripped prompts in result. how: (format, mapping, strip). A row's tools are read once
-    its prompt is valid: a prompt problem is named first."""
+def _convert(ds, rows, how, columnar, out, result: LoadResult, skip_rows) -> None:
+    """Append the prompts of one dataset to out (cols, parts: cols move into a part every
+    CHUNK prompts); count skips, duplicates and (strip on) stripped prompts in result.
+    how: (format, mapping, strip). A row's tools are read once its prompt is valid: a
+    prompt problem is named first."""
     fmt, mapping, strip = how
+    cols, parts = out
     runs = user_runs(fmt, mapping)
     seen: set[str] = set()
     skips: Counter = Counter()
@@ -438,6 +456,8 @@ def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> No
             for key, value in zip(SCHEMA, (ds, pid, messages, n_user, i), strict=True):
                 cols[key].append(value)
             cols[TOOLS].append(tools)
+            if len(cols["dataset"]) >= CHUNK:
+                parts.append(_part(cols))
     result.skipped[ds] = {r: skips[r] for r in REASONS if skips[r]}
     result.duplicates[ds] = dups
     result.rows[ds] = n_rows

@@ -78,8 +78,15 @@ def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")  # a commit is on disk when it returns
             migrate(conn)
-        else:
-            conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+        elif not migrated(conn):  # written by an older kit: upgraded once, then read
+            conn.close()
+            try:
+                connect(run_dir, write=True).close()
+            except sqlite3.OperationalError as e:
+                if not getattr(e, "sqlite_errorname", "").startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")):  # fmt: skip
+                    raise
+                raise PermissionError(f"run database {path} was written by an older kit and must be upgraded once, which needs write access ({e})") from None  # fmt: skip
+            return connect(run_dir)
     except sqlite3.DatabaseError as e:
         if is_damage(e):
             raise damaged(path, e) from None
@@ -164,8 +171,31 @@ CREATE TABLE totals (
 CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 """
 
+# prompts as a rowid table, its key a unique index. In M001's WITHOUT ROWID table a prompt
+# over ~1 KB spilled into an overflow page of its own (59% of its bytes unused) and every key
+# read walked the text pages; here texts pack into pages and key reads (counts, a restart's
+# keys, a lookup by key) touch the small index alone. records_done covers the columns a
+# restart reads of every record (RunStore.done), which sit past the texts in its rows.
+_M002_PROMPT_KEYS = """
+CREATE TABLE prompts_new (
+    dataset TEXT NOT NULL,
+    prompt_id TEXT NOT NULL,
+    messages TEXT NOT NULL,
+    tools TEXT,
+    n_turns INTEGER,
+    row INTEGER,
+    hash TEXT NOT NULL,
+    content_id INTEGER NOT NULL
+);
+INSERT INTO prompts_new SELECT dataset, prompt_id, messages, tools, n_turns, row, hash, content_id FROM prompts;
+DROP TABLE prompts;
+ALTER TABLE prompts_new RENAME TO prompts;
+CREATE UNIQUE INDEX prompts_key ON prompts (dataset, prompt_id);
+CREATE INDEX records_done ON records (dataset, prompt_id, sample, completion_tokens, finish_reason);
+"""
+
 # (name, SQL script): append only; each runs once, in order, in one transaction, recorded
-MIGRATIONS = [("m001_schema", _M001_SCHEMA)]
+MIGRATIONS = [("m001_schema", _M001_SCHEMA), ("m002_prompt_keys", _M002_PROMPT_KEYS)]
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -184,6 +214,15 @@ def migrate(conn: sqlite3.Connection) -> None:
                 conn.execute("ROLLBACK")
             if not conn.execute("SELECT 1 FROM migrations WHERE name = ?", (name,)).fetchone():
                 raise
+
+
+def migrated(conn: sqlite3.Connection) -> bool:
+    """True when every migration has run on this database (or it has no migrations table:
+    not one kit made, left as it is); reading it raises when the file is damaged."""
+    if not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'migrations'").fetchone():
+        return True
+    done = {n for (n,) in conn.execute("SELECT name FROM migrations")}
+    return all(name in done for name, _ in MIGRATIONS)
 
 
 def integrity(run_dir) -> list[str]:

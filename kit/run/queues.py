@@ -4,11 +4,14 @@ _prompt_frame(prompts, run_dir)  the prompt frame given, or the run's stored pro
 seeded_order(ids, dataset, seed) the order a dataset's (prompt_id, sample) pairs go in
 _datasets(frame, config, ...)    one _Dataset per dataset: its queue of samples not yet
                                  done nor skipped, its done totals, sampling and tools
+PromptQueue                      that queue; on a resume it reads texts as its head reaches them
 """
 
 from __future__ import annotations
 
-import random
+import functools
+import hashlib
+import itertools
 from collections import deque
 from dataclasses import dataclass, field, replace
 
@@ -41,13 +44,67 @@ class Stall:
         return oldest is None or oldest >= self.since
 
 
+class PromptQueue:
+    """A dataset's samples not yet sent, (prompt_id, sample, messages) like a deque. On a
+    resume the messages and tools are read from the run database (checked against their
+    hashes) a batch at a time as the head reaches them: a restart reads no text up front.
+
+    Example:
+        >>> q = PromptQueue([("a", 0), ("b", 0)], {"a": ["hi"], "b": ["yo"]})
+        >>> q.popleft(), q[0], len(q)
+        (('a', 0, ['hi']), ('b', 0, ['yo']), 1)
+    """
+
+    BATCH = 4_096  # prompts read per database lookup, at most (the first reads are small)
+
+    def __init__(self, todo, messages: dict, tools: dict | None = None, load=None) -> None:
+        self.todo = deque(todo)  # (prompt_id, sample)
+        self.messages = messages  # prompt_id -> messages, of those read so far
+        self.tools = {} if tools is None else tools  # prompt_id -> tools: filled as read
+        self.load = load  # prompt ids -> frame of prompt_id, messages, tools (or None)
+        self.batch = min(
+            64, self.BATCH
+        )  # doubles with each read up to BATCH: a first request waits little
+
+    def __len__(self) -> int:
+        return len(self.todo)
+
+    def __getitem__(self, i: int) -> tuple:
+        pid, sample = self.todo[i]
+        if pid not in self.messages:
+            self._read(i)
+        return pid, sample, self.messages[pid]
+
+    def popleft(self) -> tuple:
+        item = self[0]
+        self.todo.popleft()
+        return item
+
+    def appendleft(self, item: tuple) -> None:
+        pid, sample, messages = item
+        self.messages[pid] = messages
+        self.todo.appendleft((pid, sample))
+
+    def _read(self, i: int) -> None:
+        pids: dict = {}
+        for pid, _ in itertools.islice(self.todo, i, None):
+            if pid not in self.messages:
+                pids[pid] = None
+                if len(pids) == self.batch:
+                    break
+        self.batch = min(2 * self.batch, self.BATCH)
+        part = self.load(list(pids))
+        self.messages.update(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))  # fmt: skip
+        self.tools.update(_tools(part))
+
+
 @dataclass
 class _Dataset:
     """Live state of one dataset in a run."""
 
     name: str
     budget: int
-    queue: deque  # (prompt_id, sample, messages) not yet sent
+    queue: PromptQueue  # (prompt_id, sample, messages) not yet sent
     total: int  # samples available (prompts x n)
     prior: float  # expected completion tokens before any record
     tokens_done: int = 0
@@ -152,19 +209,20 @@ def seeded_order(prompt_ids, dataset: str, seed: int, n: int = 1) -> list[tuple[
 
     Example:
         >>> seeded_order(["a", "b", "c"], "d", 0, n=2)
-        [('c', 0), ('b', 0), ('a', 0), ('c', 1), ('b', 1), ('a', 1)]
+        [('c', 0), ('a', 0), ('b', 0), ('c', 1), ('a', 1), ('b', 1)]
     """
     ids = sorted(prompt_ids)
     ids = [ids[i] for i in _permutation(len(ids), dataset, seed)]
     return [(pid, s) for s in range(n) for pid in ids]
 
 
-def _permutation(size: int, dataset: str, seed: int) -> list[int]:
-    """seeded_order's shuffle as positions into the sorted ids (a shuffle's swaps depend on
-    the length only): _datasets gathers a polars column with it, no str per prompt."""
-    order = list(range(size))
-    random.Random(f"{seed}:{dataset}").shuffle(order)
-    return order
+def _permutation(size: int, dataset: str, seed: int):
+    """seeded_order's shuffle as positions into the sorted ids (numpy's generator, seeded by
+    a hash of seed and dataset): _datasets gathers a polars column with it, no str per prompt."""
+    import numpy as np
+
+    key = hashlib.blake2b(f"{seed}:{dataset}".encode(), digest_size=8).digest()
+    return np.random.default_rng(int.from_bytes(key, "little")).permutation(size)
 
 
 def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None) -> dict[str, _Dataset]:  # fmt: skip
@@ -172,8 +230,8 @@ def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir
 
     `done`: the records already written, as RunStore.done()'s frame (one row per key);
     read once, not once per dataset.
-    Messages and tools are taken out of the frame only for prompts with a sample to send
-    (a resume of a mostly done run converts a few, not a million).
+    Messages and tools are taken out of the frame only for prompts with a sample to send;
+    on a resume they are read from the database as the queue reaches them (PromptQueue).
     """
     import polars as pl
 
@@ -196,18 +254,20 @@ def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir
             gone = done_ids.get((name, s))
             left = order if gone is None else order.filter(~order.is_in(gone.implode()))
             todo += [(pid, s) for pid in left.to_list()]
-        wanted = list(dict.fromkeys(pid for pid, _ in todo))
-        if "messages" not in part.columns:  # a resume: text of the prompts still to send only
-            part = prompt_text(frame, run_dir, name, wanted)  # checked against their ids
-        elif len(wanted) < len(ids):  # messages and tools of the prompts still to send only
-            part = part.filter(pl.col("prompt_id").is_in(wanted))
-        part = part.unique(subset="prompt_id", keep="first")
-        messages = dict(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))
-        queue = deque((pid, s, messages[pid]) for pid, s in todo)
+        if "messages" not in part.columns:  # a resume: texts read as the queue reaches them
+            load = functools.partial(_texts, run_dir, name)
+            queue = PromptQueue(todo, {}, load=load)
+        else:  # messages and tools of the prompts still to send only
+            wanted = list(dict.fromkeys(pid for pid, _ in todo))
+            if len(wanted) < len(ids):
+                part = part.filter(pl.col("prompt_id").is_in(wanted))
+            part = part.unique(subset="prompt_id", keep="first")
+            messages = dict(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))  # fmt: skip
+            queue = PromptQueue(todo, messages, _tools(part))
         prior = float(priors.get(name, config.sampling.max_tokens / 2))
         d = _Dataset(
             name=name, budget=config.budgets[name], queue=queue, total=len(ids) * n, prior=prior,
-            sampling=replace(config.sampling_for(name), n=1), tools=_tools(part),
+            sampling=replace(config.sampling_for(name), n=1), tools=queue.tools,
         )  # fmt: skip
         d.skipped = skipped.get(name, 0)
         d.tokens_done, d.samples_done, d.truncated = totals.get(name, (0, 0, 0))
@@ -237,8 +297,14 @@ def prompt_text(frame, run_dir, dataset: str, ids=None):
         part = part.filter(pl.col("prompt_id").is_in(pl.Series(list(ids), dtype=pl.String).implode()))  # fmt: skip
     if "messages" in frame.columns:
         return part
-    text = prompts_frame(run_dir, datasets=[dataset], ids=part["prompt_id"].to_list())
+    keys = None if ids is None else part["prompt_id"].to_list()  # looked up by key
+    text = prompts_frame(run_dir, datasets=[dataset], ids=keys)
     return part.join(text.select("prompt_id", "messages", "tools"), on="prompt_id", how="left")
+
+
+def _texts(run_dir, dataset: str, ids: list):
+    """These prompts of `dataset` from the run database, looked up by key, each checked."""
+    return prompts_frame(run_dir, datasets=[dataset], ids=ids)
 
 
 def _tools(part) -> dict:

@@ -74,11 +74,12 @@ def state(run_dir, key: str) -> str | None:
 
 
 def done_frame(conn: sqlite3.Connection):
-    """dataset, prompt_id, sample, completion_tokens, finish_reason of every stored record."""
+    """dataset, prompt_id, sample, completion_tokens, finish_reason of every stored record, in
+    key order: read from the index records_done alone, not the records' text pages."""
     import polars as pl
 
     schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "completion_tokens": pl.Int64, "finish_reason": pl.String}  # fmt: skip
-    cur = conn.execute(f"SELECT {', '.join(schema)} FROM records ORDER BY rowid")
+    cur = conn.execute(f"SELECT {', '.join(schema)} FROM records INDEXED BY records_done")
     parts = [pl.DataFrame(rows, schema=schema, orient="row") for rows in _chunks(cur, 200_000)]
     return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
 
@@ -359,44 +360,56 @@ def as_sent(messages: list[dict], turns) -> list[dict]:
 
 def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
     """The stored prompts in kit.load's columns (dataset, prompt_id, messages, n_turns, row,
-    tools); text=False leaves out messages and tools (a resume's light view). `ids`: only
-    these prompt ids (with one dataset)."""
+    tools), each text checked against its hash. text=False: dataset and prompt_id only, read
+    from the key index (a resume's light view). `ids`: only these prompt ids (with one
+    dataset), looked up by key."""
     import polars as pl
 
-    cols = ["dataset", "prompt_id", "n_turns", "row"] + (
-        ["messages", "tools", "hash", "content_id"] if text else []
-    )
-    sql, args = f"SELECT {', '.join(cols)} FROM prompts", []
-    where = []
-    if datasets is not None:
-        datasets = list(datasets)
-        where.append(f"dataset IN ({', '.join('?' * len(datasets))})")
-        args += datasets
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    cols = ["dataset", "prompt_id"] + (["n_turns", "row", "messages", "tools", "hash", "content_id"] if text else [])  # fmt: skip
     schema = {"dataset": pl.String, "prompt_id": pl.String, "n_turns": pl.Int64, "row": pl.Int64, "messages": pl.String, "tools": pl.String, "hash": pl.String, "content_id": pl.Int64}  # fmt: skip
     schema = {c: schema[c] for c in cols}
-    wanted = None if ids is None else set(ids)
+    datasets = None if datasets is None else list(datasets)
+    if not text and ids is None:  # keys only: the key index, as Arrow when ADBC can read it
+        where = f" WHERE dataset IN ({', '.join('?' * len(datasets))})" if datasets is not None else ""  # fmt: skip
+        sql = f"SELECT dataset, prompt_id FROM prompts INDEXED BY prompts_key{where}"
+        parts = list(sql_frames(run_dir, sql, datasets or [], schema, 200_000))
+        return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
     parts = []
     with open_db(run_dir) as conn:
-        for rows in _chunks(conn.execute(sql, args), 100_000):
-            if wanted is not None:
-                rows = [r for r in rows if r[1] in wanted]
+        for rows in _prompt_rows(conn, cols, datasets, ids):
             part = pl.DataFrame(rows, schema=schema, orient="row")
             if text and part.height:
                 keys = list(zip(part["dataset"], part["prompt_id"], part["hash"], part["content_id"], strict=True))  # fmt: skip
                 check_prompts(keys, part["messages"].to_list(), part["tools"].to_list())
-                part = part.with_columns(messages_series(part["messages"].to_list()))
-            part = part.drop("hash", "content_id", strict=False)
-            parts.append(part)
-    frame = (
-        pl.concat(parts)
-        if parts
-        else pl.DataFrame(schema=schema).drop("hash", "content_id", strict=False)
+                part = part.with_columns(messages_series(part["messages"]))
+            parts.append(part.drop("hash", "content_id", strict=False))
+    if parts:
+        return pl.concat(parts)
+    frame = pl.DataFrame(schema=schema).drop("hash", "content_id", strict=False)
+    return (
+        frame.with_columns(pl.col("messages").cast(record_schema()["messages"])) if text else frame
     )
-    if text and not parts:
-        frame = frame.with_columns(pl.col("messages").cast(record_schema()["messages"]))
-    return frame
+
+
+_ID_CHUNK = 50_000  # prompt ids looked up per statement
+
+
+def _prompt_rows(conn, cols: list[str], datasets, ids) -> Iterator[list]:
+    """prompts_frame's rows, a chunk at a time: by key (ids, one dataset) or by dataset."""
+    sql = f"SELECT {', '.join(cols)} FROM prompts" + (" INDEXED BY prompts_key" if ids is not None else "")  # fmt: skip
+    if ids is not None:
+        if datasets is None or len(list(datasets)) != 1:
+            raise ValueError("prompts_frame: ids are looked up within one dataset (datasets=[name])")  # fmt: skip
+        ids, (name,) = list(ids), list(datasets)
+        sql += " WHERE dataset = ? AND prompt_id IN (SELECT value FROM json_each(?))"
+        for k in range(0, len(ids), _ID_CHUNK):
+            yield conn.execute(sql, (name, json.dumps(ids[k : k + _ID_CHUNK]))).fetchall()
+        return
+    args: list = []
+    if datasets is not None:
+        args = list(datasets)
+        sql += f" WHERE dataset IN ({', '.join('?' * len(args))})"
+    yield from _chunks(conn.execute(sql, args), 100_000)
 
 
 def errors_frame(run_dir):
