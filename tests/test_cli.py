@@ -4,6 +4,7 @@ run-directory guard and its papermill-style parameter injection."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def assert_one_line_error(err: str, *needles: str) -> None:
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        ([], "cmd"),
+        ([], "COMMAND"),
         (["plan", "--run-dir", "x"], "--budget"),  # no silent default budget
         (["generate"], "--run-dir"),
         (["generate", "--run-dir", "x", "--concurrency", "many"], "--concurrency"),
@@ -148,11 +149,10 @@ def test_serve_help_lists_host_and_port(capsys):
 
 def test_serve_passes_host_and_port_through(monkeypatch):
     seen = {}
-    monkeypatch.setattr("kit.serve.server.main", lambda argv: seen.setdefault("argv", argv) and 0)
-    cli.main(["serve", "--host", "0.0.0.0", "--port", "8123"])
-    argv = seen["argv"]
-    assert argv[argv.index("--host") + 1] == "0.0.0.0"
-    assert argv[argv.index("--port") + 1] == "8123"
+    monkeypatch.setattr("kit.serve.server.serve_forever", lambda **kw: seen.update(kw) or 0)
+    assert cli.main(["serve", "--host", "0.0.0.0", "--port", "8123"]) == 0
+    assert seen == {"host": "0.0.0.0", "port": 8123, "temperature": 0.7, "top_p": 1.0,
+                    "timeout": None, "engine": "vllm"}  # fmt: skip
 
 
 # ------------------------------------------------------------- plan -> generate, faked
@@ -453,3 +453,30 @@ def test_records_streams_jsonl_one_record_a_line(tmp_path, capsys):
     code, _, err = run_main(["records", str(tmp_path / "missing")], capsys)
     assert code == 2
     assert_one_line_error(err, "run.sqlite not found")
+
+
+def test_every_option_has_help_and_every_command_is_named(capsys):
+    p = cli.parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {a.dest}" for name, sp in sub.choices.items() for a in sp._actions
+               if not a.help and not isinstance(a, argparse._HelpAction)]  # fmt: skip
+    assert missing == []
+    assert all(name in p.description for name in sub.choices)
+    code, out, _ = run_main(["plan", "--help"], capsys)
+    assert code == 0 and "(default: 512)" in " ".join(out.split())  # --max-tokens
+
+
+def test_watch_writes_its_table_to_stdout(tmp_path, capsys, monkeypatch):
+    from kit.types import DatasetProgress
+
+    final = [DatasetProgress("a", budget=100, tokens_done=100, samples_done=2)]
+
+    def fake_watch(run_dir, interval, monitor, stall_timeout):
+        monitor(final)
+        monitor.close()
+        return final
+
+    monkeypatch.setattr("kit.watch", fake_watch)
+    code, out, err = run_main(["watch", str(tmp_path)], capsys)
+    assert code == 0 and err == ""
+    assert out.splitlines()[-1].split()[:2] == ["a", "[####################]"]

@@ -11,6 +11,7 @@ import ast
 import contextlib
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from kit.cli.commands import REPO, SAMPLES, audit_run
@@ -100,6 +101,7 @@ def run_notebooks(run_dir: Path, parameters: dict) -> Path:
     """Execute the four notebooks in order, each given the `parameters` its parameters cell
     names (injected after it); executed copies go to run_dir/notebooks."""
     import nbformat
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
@@ -108,19 +110,23 @@ def run_notebooks(run_dir: Path, parameters: dict) -> Path:
     for name in NOTEBOOKS:
         print(f"running notebooks/{name}.ipynb ...", file=sys.stderr, flush=True)
         nb = parameterized(name, parameters)
-        client = NotebookClient(
-            nb, timeout=3600, kernel_name="python3",
-            resources={"metadata": {"path": str(REPO / "notebooks")}},
-        )  # fmt: skip
-        try:
-            client.execute()
-        except CellExecutionError as exc:
-            raise NotebookFailed(
-                f"notebooks/{name}.ipynb failed: {exc.ename}: {exc.evalue}\n"
-                f"(its executed copy, traceback included: {out / f'{name}.ipynb'})"
-            ) from None
-        finally:
-            nbformat.write(nb, out / f"{name}.ipynb")  # a failed run is kept for reading
+        # the kernel over local IPC sockets in a private folder, not TCP: no port is opened,
+        # and ipykernel has no "running over TCP without encryption" warning to print
+        with tempfile.TemporaryDirectory(prefix="kit-kernel-") as sockets:
+            km = KernelManager(kernel_name="python3", transport="ipc", ip=f"{sockets}/ipc")
+            client = NotebookClient(
+                nb, km=km, timeout=3600, kernel_name="python3",
+                resources={"metadata": {"path": str(REPO / "notebooks")}},
+            )  # fmt: skip
+            try:
+                client.execute()
+            except CellExecutionError as exc:
+                raise NotebookFailed(
+                    f"notebooks/{name}.ipynb failed: {exc.ename}: {exc.evalue}\n"
+                    f"(its executed copy, traceback included: {out / f'{name}.ipynb'})"
+                ) from None
+            finally:
+                nbformat.write(nb, out / f"{name}.ipynb")  # a failed run is kept for reading
     return out
 
 
