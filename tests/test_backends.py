@@ -13,15 +13,9 @@ from pathlib import Path
 import pytest
 from faultserver import FaultConfig, FaultServer, free_port
 
-from kit.run.backends import (
-    EndpointPool,
-    OpenAIChat,
-    SGLangGenerate,
-    VLLMChat,
-    make_backend,
-    normalize_finish,
-    parse_retry_after,
-)
+from kit.run.answers import normalize_finish, parse_retry_after
+from kit.run.backends import OpenAIChat, SGLangGenerate, VLLMChat, make_backend
+from kit.run.pool import EndpointPool
 from kit.types import BackendError, Sampling
 
 MSGS = [
@@ -86,7 +80,9 @@ def test_openai_request_shape_and_parse(srv):
 
 def test_openai_omits_seed_when_unset_and_is_deterministic(srv):
     a = run(complete(OpenAIChat(srv.base_url, "m"), Sampling(seed=None)))
-    assert "seed" not in srv.last_body
+    assert "seed" not in srv.last_body and "repetition_penalty" not in srv.last_body
+    run(complete(OpenAIChat(srv.base_url, "m"), Sampling(repetition_penalty=1.1)))
+    assert srv.last_body["repetition_penalty"] == 1.1
     b = run(complete(OpenAIChat(srv.base_url, "m"), Sampling(seed=None)))
     assert a.text == b.text
 

@@ -26,7 +26,7 @@ see kit.run.answers), or its prompts ran out with every request failed, or every
 it failed for `stall_timeout` s. A run where nothing can succeed stops by itself, with
 `run.stop_reason` naming the cause and the last error: every dataset failed, or every
 attempt failed for `stall_timeout` (60 s; a server answering 5xx while /health says 200),
-or dead endpoints (no_endpoint_timeout). kit.runner's docstring has the exact rules.
+or dead endpoints (no_endpoint_timeout). kit.run.runner's docstring has the exact rules.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.serve import watchdog
-from kit.serve.prepare import _offline, is_prepared, models_root, prepare_model
+from kit.serve.prepare import is_prepared, models_root, offline, prepare_model
 from kit.serve.vllm import command as vllm_command
 from kit.serve.vllm import environment as vllm_environment
 
@@ -121,7 +121,7 @@ class EmbeddedServer:
 
     def log_tail(self, n: int = 40) -> str:
         """The last n lines of the server log."""
-        return _tail(self.log_path, n)
+        return tail_lines(self.log_path, n)
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop the whole process group: SIGTERM, then SIGKILL after `grace` seconds.
@@ -129,7 +129,7 @@ class EmbeddedServer:
         With requests in flight uvicorn waits for them after SIGTERM; SIGKILL ends that.
         """
         _RUNNING.discard(self)
-        _kill_group(self.process, grace)
+        kill_group(self.process, grace)
         if self.lifeline is not None:
             os.close(self.lifeline)
             self.lifeline = None
@@ -141,7 +141,7 @@ class EmbeddedServer:
         self.stop()
 
 
-def _tail(path: Path, n: int) -> str:
+def tail_lines(path: Path, n: int) -> str:
     """Last n lines of a text file ("" if missing); tqdm's carriage returns become newlines."""
     try:
         text = Path(path).read_text(errors="replace")
@@ -151,7 +151,7 @@ def _tail(path: Path, n: int) -> str:
     return "\n".join(lines[-n:])
 
 
-def _kill_group(process: subprocess.Popen, grace: float) -> None:
+def kill_group(process: subprocess.Popen, grace: float) -> None:
     """SIGTERM the process group, SIGKILL it after grace seconds, and reap the leader."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
@@ -281,7 +281,7 @@ def _spawn(
 ) -> EmbeddedServer:
     """Launch the server under its keeper (kit/serve/watchdog.py) in a new session (one
     process group), output to log_path; the keeper ends the whole tree when kit dies."""
-    _offline()
+    offline()
     if engine == "vllm":
         argv, env = vllm_command(model_dir, port, host, extra_args), vllm_environment()
     else:
