@@ -52,10 +52,6 @@ class Sampling:
     # sent as the request's chat_template_kwargs and used by kit's own renderings of the
     # template, e.g. {"enable_thinking": False}; RunConfig.template_kwargs adds per dataset
     chat_template_kwargs: dict | None = None
-    # > 1 makes tokens already in the text less likely: a small model's answers stop looping
-    # until max_tokens (the demo's 1.1). Sent only when set: vLLM and SGLang take it, OpenAI's
-    # API does not, `transformers serve` ignores it
-    repetition_penalty: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
@@ -66,9 +62,6 @@ class Sampling:
             raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"Sampling.n must be an int >= 1, got {self.n!r}")
-        rp = self.repetition_penalty
-        if rp is not None and not (isinstance(rp, (int, float)) and 0 < rp <= 10):
-            raise ValueError(f"Sampling.repetition_penalty must be None or in (0, 10], got {rp!r}")
         kw = self.chat_template_kwargs
         if kw is not None and not (isinstance(kw, dict) and all(isinstance(k, str) for k in kw)):
             raise ValueError(f"Sampling.chat_template_kwargs must be None or a dict, got {kw!r}")
@@ -298,9 +291,8 @@ class RunConfig:
         """The parts that change outputs: model, sampling, chat template, sources, and the
         turns mode and per-dataset template kwargs when not the defaults."""
         sampling = asdict(self.sampling)
-        for name in ("chat_template_kwargs", "repetition_penalty"):
-            if sampling[name] is None:
-                del sampling[name]  # unset: the fingerprints of runs made before it
+        if sampling["chat_template_kwargs"] is None:
+            del sampling["chat_template_kwargs"]  # the fingerprints of runs made before it
         parts = {
             "model": self.model,
             "sampling": sampling,

@@ -112,16 +112,3 @@ def test_fingerprint_follows_what_changes_outputs():
 
 def test_public_names():
     assert kit.RunConfig is RunConfig and kit.Sampling is Sampling
-
-
-def test_repetition_penalty_is_checked_and_leaves_old_fingerprints_alone():
-    import pytest
-
-    from kit.types import RunConfig, Sampling
-
-    with pytest.raises(ValueError, match="Sampling.repetition_penalty must be None or in"):
-        Sampling(repetition_penalty=0)
-    base = RunConfig(model="m", endpoints="http://h/v1", budgets=10)
-    assert "repetition_penalty" not in base.fingerprint_parts()["sampling"]
-    pen = RunConfig(model="m", endpoints="http://h/v1", budgets=10, sampling=Sampling(repetition_penalty=1.1))  # fmt: skip
-    assert pen.fingerprint_parts()["sampling"]["repetition_penalty"] == 1.1

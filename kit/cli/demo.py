@@ -18,19 +18,21 @@ from kit.cli.commands import REPO, SAMPLES, audit_run
 
 NOTEBOOKS = ("01_plan", "02_generate", "03_audit", "04_export")
 
-# `kit demo`'s own parameters (injected into the notebooks): a few minutes on 2 cores
-DEMO_BUDGETS = {  # dataset -> completion tokens: long-form sets get more
-    "alpaca_tasks": 800,
-    "chat_general": 500,
-    "code_instruct": 1200,
-    "code_problems": 1500,
-    "essays": 1500,
-    "math_word": 800,
-    "multi_turn": 800,
-    "sharegpt_chat": 800,
+# `kit demo`'s own parameters (injected into the notebooks): budgets of 10-20 answers a
+# dataset; max_tokens above the embedded model's answers (SmolLM2-135M writes programs and
+# essays in 300-1,000 tokens), save its loops (an answer repeating itself until max_tokens,
+# on long-form prompts at any max_tokens: README "The demo"); the default pilot (30 a dataset)
+DEMO_BUDGETS = {  # dataset -> completion tokens
+    "alpaca_tasks": 1_000,
+    "chat_general": 1_000,
+    "code_instruct": 4_000,
+    "code_problems": 6_000,
+    "essays": 6_000,
+    "math_word": 3_000,
+    "multi_turn": 1_500,
+    "sharegpt_chat": 3_000,
 }
-# a pilot of 8 a dataset, not the default 30: 30 (240 requests) costs 2.4x the run's own tokens
-DEMO_PARAMETERS = {"budgets": DEMO_BUDGETS, "max_tokens": 128, "pilot_per_dataset": 8}
+DEMO_PARAMETERS = {"budgets": DEMO_BUDGETS, "max_tokens": 1024, "concurrency": 32}
 DEMO_MARK = ".kit-demo"  # in a run directory `kit demo` made, and may therefore clear
 
 

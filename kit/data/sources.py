@@ -134,8 +134,13 @@ class LoadResult:
 
     def __repr__(self) -> str:
         with pl.Config(
-            tbl_rows=50, tbl_cols=20, fmt_str_lengths=120, tbl_hide_dataframe_shape=True
-        ):
+            tbl_rows=50,
+            tbl_cols=20,
+            fmt_str_lengths=120,
+            tbl_hide_dataframe_shape=True,
+            tbl_width_chars=160,
+            tbl_hide_column_data_types=True,
+        ):  # whole words (no cell wrapped mid-word), no dtype row
             return "\n".join([self._headline(), *self._ignored_lines(), str(self.summary())])
 
     def _repr_html_(self) -> str:

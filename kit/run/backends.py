@@ -277,8 +277,6 @@ class OpenAIChat(_HTTPBackend):
                 "temperature": sampling.temperature, "top_p": sampling.top_p}  # fmt: skip
         if sampling.seed is not None:
             body["seed"] = sampling.seed
-        if sampling.repetition_penalty is not None:
-            body["repetition_penalty"] = sampling.repetition_penalty
         if tools is not None:
             body["tools"] = tools
         body.update(self.extra_body)
@@ -431,8 +429,6 @@ class SGLangGenerate(_HTTPBackend):
                   "top_p": sampling.top_p}  # fmt: skip
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
-        if sampling.repetition_penalty is not None:
-            params["repetition_penalty"] = sampling.repetition_penalty
         data = await self._post(self.path, {"input_ids": ids, "sampling_params": params}, timeout)
         meta, out_ids, text = data.get("meta_info"), data.get("output_ids"), data.get("text")
         if not isinstance(meta, dict) or not isinstance(text, str):
