@@ -487,7 +487,8 @@ def test_watch_writes_its_table_to_stdout(tmp_path, capsys, monkeypatch):
 
 def test_demo_kernels_talk_over_ipc_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
     """Issue 27: the demo's log had ipykernel's "running over TCP without encryption" once a
-    notebook; its kernels use local IPC sockets in a private folder instead."""
+    notebook; its kernels use local IPC sockets in a private folder instead, and each is shut
+    down when its notebook ends (a kernel manager passed in would be left running)."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("print('hi')")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}  # fmt: skip
@@ -497,6 +498,7 @@ def test_demo_kernels_talk_over_ipc_without_the_tcp_warning(tmp_path, monkeypatc
     demo.run_notebooks(tmp_path / "run", {})
     err = capfd.readouterr().err
     assert "without encryption" not in err and "running notebooks/01_plan.ipynb" in err
+    assert "Parent appears to have exited" not in err  # each kernel shut down after its notebook
     executed = nbformat.read(tmp_path / "run" / "notebooks" / "01_plan.ipynb", as_version=4)
     assert executed.cells[0].outputs[0]["text"] == "hi\n"
     assert not list(tmp_path.glob("kernel-ipc*"))  # no socket files left where it ran

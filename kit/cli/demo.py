@@ -103,9 +103,9 @@ def run_notebooks(run_dir: Path, parameters: dict) -> Path:
     """Execute the four notebooks in order, each given the `parameters` its parameters cell
     names (injected after it); executed copies go to run_dir/notebooks."""
     import nbformat
-    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
+    from traitlets.config import Config
 
     out = run_dir / "notebooks"
     out.mkdir(parents=True, exist_ok=True)
@@ -115,9 +115,9 @@ def run_notebooks(run_dir: Path, parameters: dict) -> Path:
         # the kernel over local IPC sockets in a private folder, not TCP: no port is opened,
         # and ipykernel has no "running over TCP without encryption" warning to print
         with tempfile.TemporaryDirectory(prefix="kit-kernel-") as sockets:
-            km = KernelManager(kernel_name="python3", transport="ipc", ip=f"{sockets}/ipc")
-            client = NotebookClient(
-                nb, km=km, timeout=3600, kernel_name="python3",
+            ipc = Config({"KernelManager": {"transport": "ipc", "ip": f"{sockets}/ipc"}})
+            client = NotebookClient(  # its own kernel manager: shut down after the notebook
+                nb, timeout=3600, kernel_name="python3", config=ipc,
                 resources={"metadata": {"path": str(REPO / "notebooks")}},
             )  # fmt: skip
             try:
