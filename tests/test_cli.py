@@ -466,7 +466,9 @@ def test_every_option_has_help_and_every_command_is_named(capsys):
     assert missing == []
     assert all(name in p.description for name in sub.choices)
     code, out, _ = run_main(["plan", "--help"], capsys)
-    assert code == 0 and "(default: 512)" in " ".join(out.split())  # --max-tokens
+    shown = " ".join(out.split())
+    assert code == 0 and "(default: 512)" in shown  # --max-tokens
+    assert "prompt order and pilot sample (default: 0)" in shown  # a 0 is shown too
 
 
 def test_watch_writes_its_table_to_stdout(tmp_path, capsys, monkeypatch):

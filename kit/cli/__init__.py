@@ -61,7 +61,8 @@ class _Parser(argparse.ArgumentParser):
 class _DefaultsFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+        unset = action.default is None or action.default is False  # 0 is a default to show
+        if unset or action.default == argparse.SUPPRESS or "default" in text:
             return text
         shown = " ".join(action.default) if isinstance(action.default, list) else action.default
         return f"{text} (default: {shown})"
