@@ -186,7 +186,7 @@ def wait_table(nb: NotebookPage, dataset: str, budget: int, timeout: float = 60)
     deadline = time.monotonic() + timeout
     while True:
         row = planner_table(nb).get(dataset, {})
-        shown = row.get("budget", "").replace(",", "")
+        shown = row.get("budget", "").strip('"').replace(",", "")  # polars quotes strings
         if re.fullmatch(r"[\d.]+", shown) and float(shown) == budget:
             return row
         if time.monotonic() > deadline:
