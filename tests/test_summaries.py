@@ -55,3 +55,15 @@ def test_budget_bars_are_coloured_by_the_allowance_with_a_legend():
     # a bare frame has no findings: nothing is called over the allowance
     states, _ = budget_spec(datasets)
     assert states["beyond"] == "over, inside the allowance"
+
+
+def test_plan_rows_without_an_upper_end_read_as_such():
+    from kit.report.widgets import summary_frame
+
+    row = {"dataset": "multi_turn", "budget": 1500, "mean": 104.2, "samples_needed": 15,
+           "samples_low": 8, "samples_high": None, "samples_needed_upper": 31,
+           "prompts_available": 75, "hours_to_go": 0.001, "hours_low": 0.0005,
+           "hours_high": None, "cap_tokens": 6252.0, "overshoot": 4.17}  # fmt: skip
+    out = summary_frame(pl.DataFrame([row])).row(0, named=True)
+    assert out["samples (90%)"] == "15 (8 or more)" and out["time (90%)"] == "<1 min"
+    assert out["cap tokens"] == "6,252 (x4.17)"

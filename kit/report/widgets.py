@@ -151,10 +151,12 @@ def summary_frame(table):
     rows = []
     for r in table.iter_rows(named=True):
         samples = num(r["samples_needed"])
-        if r["samples_low"] is not None:
+        if r["samples_low"] is not None and r["samples_high"] is not None:
             samples += f" ({num(r['samples_low'])}-{num(r['samples_high'])})"
+        elif r["samples_low"] is not None:  # no upper end: more than the prompts left
+            samples += f" ({num(r['samples_low'])} or more)"
         hours = _duration(r["hours_to_go"])
-        if r["hours_low"] is not None:
+        if r["hours_low"] is not None and r["hours_high"] is not None:
             hours += f" ({_duration(r['hours_low'])} to {_duration(r['hours_high'])})"
         cap = "-" if r["cap_tokens"] is None else f"{num(r['cap_tokens'])} (x{r['overshoot']:.2f})"
         rows.append({
