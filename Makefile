@@ -15,7 +15,7 @@ VLLM_STAMP := $(VLLM_VENV)/.kit-vllm
 
 setup: $(STAMP) $(VLLM_STAMP) data/models/.prepared
 
-# Headless Chromium for tests/test_browser.py: Debian's package (root, apt), never a
+# Headless Chromium for tests/test_browser.py: Debian's package (root: apt-get), never a
 # Playwright browser download. Skips apt when /usr/bin/chromium is already there.
 browser: $(BROWSER_STAMP)
 
@@ -58,8 +58,8 @@ test: setup browser lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
 
 # tests/ and the docstring examples in kit/, without the embedded server, the browser or
-# slow tests (the prepared model is still used: doctests may name `tok`, see conftest.py)
-unit: setup
+# slow tests: no vLLM; the converted model only for its tokenizer (doctests name `tok`)
+unit: $(STAMP) data/models/.prepared
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not server and not slow and not browser"
 
 serve: setup

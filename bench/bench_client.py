@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from faultserver import free_port  # noqa: E402
 
-from kit.run.backends import EndpointPool, OpenAIChat  # noqa: E402
+from kit.run.backends import OpenAIChat  # noqa: E402
+from kit.run.pool import EndpointPool  # noqa: E402
 from kit.types import RunConfig, Sampling  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Say something short about speculative decoding."}]

@@ -96,7 +96,7 @@ LABELS = {"imports": "imports only (no call)", "load": "kit.load prompts", "plai
           "export_token_ids": "export token_ids", "plain_token_ids": "plain token_ids",
           "validate_token_ids": "validate token_ids"}  # fmt: skip
 # the JSONL layout's record line: Record fields in this order, messages and tools left out
-# (they were in prompts.parquet); kit/run/lines.py LINE_ORDER_SHORT before issue 22
+# (they were in prompts.parquet), as kit wrote them before issue 22's run database
 OLD_LINE = ["dataset", "prompt_id", "sample", "completion_tokens", "finish_reason", "t_done",
             "completion", "count_source", "prompt_tokens", "output_ids", "prompt_ids", "endpoint",
             "latency_s", "attempts", "reasoning", "turns"]  # fmt: skip

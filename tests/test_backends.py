@@ -13,15 +13,9 @@ from pathlib import Path
 import pytest
 from faultserver import FaultConfig, FaultServer, free_port
 
-from kit.run.backends import (
-    EndpointPool,
-    OpenAIChat,
-    SGLangGenerate,
-    VLLMChat,
-    make_backend,
-    normalize_finish,
-    parse_retry_after,
-)
+from kit.run.answers import normalize_finish, parse_retry_after
+from kit.run.backends import OpenAIChat, SGLangGenerate, VLLMChat, make_backend
+from kit.run.pool import EndpointPool
 from kit.types import BackendError, Sampling
 
 MSGS = [

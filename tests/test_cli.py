@@ -4,6 +4,7 @@ run-directory guard and its papermill-style parameter injection."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def assert_one_line_error(err: str, *needles: str) -> None:
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        ([], "cmd"),
+        ([], "COMMAND"),
         (["plan", "--run-dir", "x"], "--budget"),  # no silent default budget
         (["generate"], "--run-dir"),
         (["generate", "--run-dir", "x", "--concurrency", "many"], "--concurrency"),
@@ -148,11 +149,10 @@ def test_serve_help_lists_host_and_port(capsys):
 
 def test_serve_passes_host_and_port_through(monkeypatch):
     seen = {}
-    monkeypatch.setattr("kit.serve.server.main", lambda argv: seen.setdefault("argv", argv) and 0)
-    cli.main(["serve", "--host", "0.0.0.0", "--port", "8123"])
-    argv = seen["argv"]
-    assert argv[argv.index("--host") + 1] == "0.0.0.0"
-    assert argv[argv.index("--port") + 1] == "8123"
+    monkeypatch.setattr("kit.serve.server.serve_forever", lambda **kw: seen.update(kw) or 0)
+    assert cli.main(["serve", "--host", "0.0.0.0", "--port", "8123"]) == 0
+    assert seen == {"host": "0.0.0.0", "port": 8123, "temperature": 0.7, "top_p": 1.0,
+                    "timeout": None, "engine": "vllm"}  # fmt: skip
 
 
 # ------------------------------------------------------------- plan -> generate, faked
@@ -398,7 +398,7 @@ def test_logs_show_every_plan_row_and_the_export_as_text(tmp_path, capsys):
     """Item 10: output meant for logs. The plan table hid rows and columns behind "..." and
     `kit export` printed an object dump of its validation; now every row and column of the
     plan, and the export's and the validation's plain summaries."""
-    from kit.report.widgets import SUMMARY_COLUMNS, summary_text
+    from kit.report.widgets import summary_text
     from kit.run.store import RunStore
     from kit.types import RunConfig
 
@@ -409,8 +409,11 @@ def test_logs_show_every_plan_row_and_the_export_as_text(tmp_path, capsys):
     )  # fmt: skip
     text = summary_text(table)
     assert "…" not in text and "..." not in text and "shape:" not in text
-    assert all(n in text for n in names) and all(c in text for c in SUMMARY_COLUMNS)
-    assert "samples_needed" in SUMMARY_COLUMNS
+    assert all(n in text for n in names)
+    head = ["dataset", "budget", "mean", "samples (90%)", "upper", "prompts", "time (90%)", "cap tokens"]  # fmt: skip
+    assert all(c in text.splitlines()[1] for c in head)
+    assert max(len(line) for line in text.splitlines()) <= 160  # a row a person can read
+    assert "notes:" in text and "weak: a pilot of 5" in text  # the notes below, whole
 
     run = tmp_path / "run"
     store = RunStore(run)
@@ -453,3 +456,51 @@ def test_records_streams_jsonl_one_record_a_line(tmp_path, capsys):
     code, _, err = run_main(["records", str(tmp_path / "missing")], capsys)
     assert code == 2
     assert_one_line_error(err, "run.sqlite not found")
+
+
+def test_every_option_has_help_and_every_command_is_named(capsys):
+    p = cli.parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {a.dest}" for name, sp in sub.choices.items() for a in sp._actions
+               if not a.help and not isinstance(a, argparse._HelpAction)]  # fmt: skip
+    assert missing == []
+    assert all(name in p.description for name in sub.choices)
+    code, out, _ = run_main(["plan", "--help"], capsys)
+    shown = " ".join(out.split())
+    assert code == 0 and "(default: 512)" in shown  # --max-tokens
+    assert "prompt order and pilot sample (default: 0)" in shown  # a 0 is shown too
+
+
+def test_watch_writes_its_table_to_stdout(tmp_path, capsys, monkeypatch):
+    from kit.types import DatasetProgress
+
+    final = [DatasetProgress("a", budget=100, tokens_done=100, samples_done=2)]
+
+    def fake_watch(run_dir, interval, monitor, stall_timeout):
+        monitor(final)
+        monitor.close()
+        return final
+
+    monkeypatch.setattr("kit.watch", fake_watch)
+    code, out, err = run_main(["watch", str(tmp_path)], capsys)
+    assert code == 0 and err == ""
+    assert out.splitlines()[-1].split()[:2] == ["a", "[####################]"]
+
+
+def test_demo_kernels_talk_over_ipc_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
+    """Issue 27: the demo's log had ipykernel's "running over TCP without encryption" once a
+    notebook; its kernels use local IPC sockets in a private folder instead, and each is shut
+    down when its notebook ends (a kernel manager passed in would be left running)."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('hi')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}  # fmt: skip
+    monkeypatch.setattr(demo, "NOTEBOOKS", ("01_plan",))
+    monkeypatch.setattr(demo, "parameterized", lambda name, parameters: nb)
+    monkeypatch.chdir(tmp_path)
+    demo.run_notebooks(tmp_path / "run", {})
+    err = capfd.readouterr().err
+    assert "without encryption" not in err and "running notebooks/01_plan.ipynb" in err
+    assert "Parent appears to have exited" not in err  # each kernel shut down after its notebook
+    executed = nbformat.read(tmp_path / "run" / "notebooks" / "01_plan.ipynb", as_version=4)
+    assert executed.cells[0].outputs[0]["text"] == "hi\n"
+    assert not list(tmp_path.glob("kernel-ipc*"))  # no socket files left where it ran

@@ -59,3 +59,11 @@ def test_notebooks_run_cold_in_order(embedded_server, tmp_path):
     assert records["completion_tokens"].sum() >= sum(budgets.values())
     assert (run_dir / "export" / "manifest.json").is_file()
     assert embedded_server.alive(), "a notebook stopped the shared server"
+    # a headless run keeps the numbers: the monitor's plain-text table under its bars, and
+    # the validation's summary, not an object dump
+    text = {name: "".join(o.get("text", "") for c in nbformat.read(executed / f"{name}.ipynb", as_version=4).cells
+                          for o in c.get("outputs", []) if o.output_type == "stream")
+            for name in ("02_generate", "04_export")}  # fmt: skip
+    assert all(f"{d} " in text["02_generate"] for d in budgets), text["02_generate"]
+    assert "budget_reached" in text["02_generate"] and "the run is complete" in text["02_generate"]
+    assert ": OK" in text["04_export"] and "ValidationResult(" not in text["04_export"]

@@ -377,7 +377,8 @@ def test_generate_uses_the_plans_endpoints_for_a_plan_made_with_base_url(tmp_pat
 
 
 def test_a_dead_endpoint_is_named_after_the_first_probe():
-    from kit.run.backends import EndpointPool, OpenAIChat
+    from kit.run.backends import OpenAIChat
+    from kit.run.pool import EndpointPool
 
     async def go():
         pool = EndpointPool([OpenAIChat("http://127.0.0.1:9/v1", "m")], no_endpoint_timeout=120)

@@ -1,4 +1,5 @@
-"""The `kit` command: prepare, serve, plan, generate, watch, audit, records, export, demo.
+"""The `kit` command: prepare, serve, demo, plan, generate, watch, audit, records, export,
+validate.
 
 Every subcommand is a thin wrapper over the package (kit.cli.commands; the demo in
 kit.cli.demo). `kit plan` builds one kit.RunConfig from its flags, pilots and writes
@@ -45,11 +46,26 @@ __all__ = ["main", "parser"]
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `kit: error: <message>; see `kit CMD --help``, exit 2."""
+    """argparse with one-line errors: `kit: error: <message>; see `kit CMD --help``, exit 2;
+    every option's help ends with its default when it has one and does not say it already."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         print(f"kit: error: {message}; see `{self.prog} --help`", file=sys.stderr)
         raise SystemExit(2)
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    def _get_help_string(self, action):
+        text = action.help or ""
+        unset = action.default is None or action.default is False  # 0 is a default to show
+        if unset or action.default == argparse.SUPPRESS or "default" in text:
+            return text
+        shown = " ".join(action.default) if isinstance(action.default, list) else action.default
+        return f"{text} (default: {shown})"
 
 
 def _server_args(p: argparse.ArgumentParser, many: bool = False) -> None:
@@ -72,8 +88,15 @@ def _run_args(p: argparse.ArgumentParser, default) -> None:
     """The RunConfig flags kit plan sets and kit generate may change (default: None there)."""
     d = default
     p.add_argument("--concurrency", type=int, default=d(32), help="requests in flight")
-    p.add_argument("--policy", choices=["drain", "cancel"], default=d("drain"))
-    p.add_argument("--api", choices=["openai", "vllm", "sglang"], default=d("openai"))
+    p.add_argument(
+        "--policy", choices=["drain", "cancel"], default=d("drain"),
+        help="a dataset at its budget: let its requests in flight finish, or cancel them",
+    )  # fmt: skip
+    p.add_argument(
+        "--api", choices=["openai", "vllm", "sglang"], default=d("openai"),
+        help="the server's protocol: OpenAI chat, vLLM's (returns token ids) or SGLang's "
+        "/generate (token ids; needs --tokenizer)",
+    )  # fmt: skip
     p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key")
     p.add_argument(
         "--timeout", type=float, help="read timeout per request in s (default: 120 + 0.5/token)"
@@ -85,8 +108,8 @@ BUDGET_HELP = "TOKENS for every dataset, or NAME=TOKENS ... (completion tokens)"
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the `kit` command."""
-    p = _Parser(prog="kit", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = _Parser(prog="kit")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     sub.add_parser("prepare", help="convert the embedded model once").set_defaults(fn=cmd_prepare)
 
     s = sub.add_parser("serve", help="run the embedded server until interrupted")
@@ -95,16 +118,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=float, default=0.7, help="server-wide sampling")
     s.add_argument("--top-p", type=float, default=1.0, help="server-wide nucleus sampling")
     s.add_argument(
-        "--timeout", type=float, help="seconds to wait for start-up (default 300, vllm 1200)"
+        "--timeout",
+        type=float,
+        help="seconds to wait for start-up (default: vllm 1200, transformers 300)",
     )
     s.add_argument("--engine", choices=["transformers", "vllm"], default="vllm",
-                   help="vllm (default: faster, returns token ids; `make vllm`) or transformers")  # fmt: skip
+                   help="vllm (faster, returns token ids; `make vllm`) or transformers")  # fmt: skip
     s.set_defaults(fn=cmd_serve)
 
     d = sub.add_parser(
         "demo", help="run the four notebooks (plan -> generate -> audit -> export) on the samples"
     )
-    d.add_argument("--run-dir", default=str(REPO / "data" / "runs" / "demo"))
+    d.add_argument(
+        "--run-dir", default=str(REPO / "data" / "runs" / "demo"),
+        help="where the run, executed notebooks, charts and export go (cleared first)",
+    )  # fmt: skip
     d.add_argument("--resume", action="store_true", help="keep the demo's run directory")
     _server_args(d)
     d.set_defaults(fn=cmd_demo)
@@ -135,19 +163,26 @@ def parser() -> argparse.ArgumentParser:
         help="multi-turn prompts: generate the last assistant turn only, or every one in order "
         "(all_turns; needed by lists of user turns such as MT-bench); kept in plan.json",
     )  # fmt: skip
-    pl_.add_argument("--run-dir", required=True)
+    pl_.add_argument("--run-dir", required=True, help="the run directory plan.json goes into")
     pl_.add_argument("--budget", nargs="+", required=True, help=BUDGET_HELP)
-    pl_.add_argument("--max-tokens", type=int, default=512)
-    pl_.add_argument("--temperature", type=float, default=0.7)
+    pl_.add_argument(
+        "--max-tokens", type=int, default=512, help="completion tokens per request at most"
+    )
+    pl_.add_argument("--temperature", type=float, default=0.7, help="sampling temperature")
     pl_.add_argument("--seed", type=int, default=0, help="prompt order and pilot sample")
     pl_.add_argument(
         "--pilot-per-dataset",
         type=int,
         default=PILOT_PER_DATASET,
-        help=f"pilot prompts per dataset (all if fewer; default {PILOT_PER_DATASET})",
+        help="pilot prompts per dataset (all of them when a dataset has fewer)",
     )
-    pl_.add_argument("--throughput", type=float, help="tokens/s of the real run (default: pilot's)")
-    pl_.add_argument("--sample-cap", type=int, help="naive samples-per-dataset cap to compare")
+    pl_.add_argument(
+        "--throughput", type=float, help="tokens/s of the real run (default: the pilot's)"
+    )
+    pl_.add_argument(
+        "--sample-cap", type=int,
+        help="a naive samples-per-dataset cap to compare with (default: none)",
+    )  # fmt: skip
     pl_.add_argument(
         "--servers", type=int,
         help="time the run on N endpoints: the pilot's tok/s per endpoint x N (default: as piloted)",
@@ -159,46 +194,70 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser(
         "generate", help="run or resume the plan in RUN_DIR (flags given replace the plan's)"
     )
-    g.add_argument("--run-dir", required=True)
+    g.add_argument("--run-dir", required=True, help="the run directory `kit plan` wrote")
     g.add_argument("--budget", nargs="+", help=f"{BUDGET_HELP} (default: the plan's)")
     g.add_argument("--force", action="store_true", help="resume despite a changed fingerprint")
     _server_args(g, many=True)
     _run_args(g, lambda v: None)
     g.set_defaults(fn=cmd_generate)
 
-    w = sub.add_parser("watch", help="follow a run started elsewhere")
-    w.add_argument("run_dir")
-    w.add_argument("--interval", type=float, default=1.0)
+    w = sub.add_parser(
+        "watch", help="follow a run started elsewhere: a progress table on stdout until it ends"
+    )
+    w.add_argument("run_dir", help="the run directory `kit generate` writes")
+    w.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
+    w.add_argument(
+        "--stall-timeout", type=float, default=300.0,
+        help="stop watching after this many seconds without progress",
+    )  # fmt: skip
     w.set_defaults(fn=cmd_watch)
 
     a = sub.add_parser("audit", help="audit a run directory")
-    a.add_argument("run_dir")
-    a.add_argument("--tokenizer")
+    a.add_argument("run_dir", help="the run directory")
+    a.add_argument(
+        "--tokenizer", help="local tokenizer path to decode token ids with (default: the run's)"
+    )
     a.set_defaults(fn=cmd_audit)
 
     r = sub.add_parser(
         "records", help="print a run's records as JSONL (one Record a line, messages as sent)"
     )
-    r.add_argument("run_dir")
+    r.add_argument("run_dir", help="the run directory")
     r.add_argument("--dataset", action="append", help="only this dataset (repeat for several)")
     r.set_defaults(fn=cmd_records)
 
     e = sub.add_parser("export", help="export a run to trainer formats with a manifest")
-    e.add_argument("run_dir")
-    e.add_argument("out_dir")
-    e.add_argument("--format", nargs="+", default=["specforge", "token_ids", "parquet"])
-    e.add_argument("--tokenizer")
-    e.add_argument("--drop-truncated", action="store_true")
-    e.add_argument("--drop-duplicates", action="store_true")
-    e.add_argument("--trim-to-budget", action="store_true")
-    e.add_argument("--val-fraction", type=float, default=0.0)
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("run_dir", help="the run directory")
+    e.add_argument("out_dir", help="the export folder (manifest.json goes in it)")
+    e.add_argument(
+        "--format", nargs="+", default=["specforge", "token_ids", "parquet"],
+        help="formats to write: specforge, token_ids, parquet, hf",
+    )  # fmt: skip
+    e.add_argument(
+        "--tokenizer", help="local tokenizer path for re-tokenized rows (default: the run's)"
+    )
+    e.add_argument(
+        "--drop-truncated", action="store_true", help="leave out completions cut at max_tokens"
+    )
+    e.add_argument("--drop-duplicates", action="store_true", help="leave out duplicate completions")
+    e.add_argument(
+        "--trim-to-budget", action="store_true", help="per dataset, keep records up to its budget"
+    )
+    e.add_argument(
+        "--val-fraction", type=float, default=0.0,
+        help="share of each dataset's prompts in the validation split",
+    )  # fmt: skip
+    e.add_argument("--seed", type=int, default=0, help="the validation split's seed")
     e.add_argument("--overwrite", action="store_true", help="replace an export in OUT_DIR")
     e.set_defaults(fn=cmd_export)
 
     v = sub.add_parser("validate", help="check an export against its manifest and format")
-    v.add_argument("export_dir")
+    v.add_argument("export_dir", help="the export folder (with manifest.json)")
     v.set_defaults(fn=cmd_validate)
+    p.description = (
+        "Plan, generate, audit and export drafter training data under per-dataset token "
+        f"budgets. Commands: {', '.join(sub.choices)}; `kit COMMAND --help` for each."
+    )
     return p
 
 

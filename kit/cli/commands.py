@@ -151,8 +151,8 @@ def _is_embedded(model: str) -> bool:
 def _embedded(config, *, start: bool, engine: str | None = None):
     """Yield config, pointed at a freshly started embedded server when `start`.
 
-    engine: "transformers" or "vllm"; None: the one the config's api implies (a plan made
-    on the vLLM engine has api "vllm"), else kit.serve.DEFAULT_ENGINE.
+    engine: "transformers" or "vllm"; None: the engine the plan was made on, which its api
+    says (the embedded vLLM gives api "vllm", `transformers serve` api "openai").
     """
     if not start:
         yield config
@@ -381,9 +381,15 @@ def export_run(run_dir, out_dir, tokenizer=None, **options):
 
 
 def cmd_watch(args) -> int:
+    """The progress table on stdout (a redirect keeps it): redrawn on a terminal, a block
+    every 30 s in a file, and the final table."""
     import kit
+    from kit.report.monitor import ConsoleMonitor
 
-    kit.watch(args.run_dir, interval=args.interval)
+    monitor = ConsoleMonitor(sys.stdout)
+    kit.watch(
+        args.run_dir, interval=args.interval, monitor=monitor, stall_timeout=args.stall_timeout
+    )
     return 0
 
 
@@ -440,12 +446,9 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from kit.serve.server import main
+    from kit.serve.server import serve_forever
 
-    argv = ["--host", args.host, "--temperature", str(args.temperature)]
-    argv += ["--top-p", str(args.top_p), "--engine", args.engine]
-    if args.timeout is not None:
-        argv += ["--timeout", str(args.timeout)]
-    if args.port is not None:
-        argv += ["--port", str(args.port)]
-    return main(argv)
+    return serve_forever(
+        port=args.port, host=args.host, temperature=args.temperature, top_p=args.top_p,
+        timeout=args.timeout, engine=args.engine,
+    )  # fmt: skip

@@ -11,25 +11,28 @@ import ast
 import contextlib
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from kit.cli.commands import REPO, SAMPLES, audit_run
 
 NOTEBOOKS = ("01_plan", "02_generate", "03_audit", "04_export")
 
-# `kit demo`'s own parameters (injected into the notebooks): a few minutes on 2 cores
-DEMO_BUDGETS = {  # dataset -> completion tokens: long-form sets get more
-    "alpaca_tasks": 800,
-    "chat_general": 500,
-    "code_instruct": 1200,
-    "code_problems": 1500,
-    "essays": 1500,
-    "math_word": 800,
-    "multi_turn": 800,
-    "sharegpt_chat": 800,
+# `kit demo`'s own parameters (injected into the notebooks): budgets of 10-20 answers a
+# dataset; max_tokens above the embedded model's answers (SmolLM2-135M writes programs and
+# essays in 300-1,000 tokens), save its loops (an answer repeating itself until max_tokens,
+# on long-form prompts at any max_tokens: README "The demo"); the default pilot (30 a dataset)
+DEMO_BUDGETS = {  # dataset -> completion tokens
+    "alpaca_tasks": 1_000,
+    "chat_general": 1_000,
+    "code_instruct": 4_000,
+    "code_problems": 6_000,
+    "essays": 6_000,
+    "math_word": 3_000,
+    "multi_turn": 1_500,
+    "sharegpt_chat": 3_000,
 }
-# a pilot of 8 a dataset, not the default 30: 30 (240 requests) costs 2.4x the run's own tokens
-DEMO_PARAMETERS = {"budgets": DEMO_BUDGETS, "max_tokens": 128, "pilot_per_dataset": 8}
+DEMO_PARAMETERS = {"budgets": DEMO_BUDGETS, "max_tokens": 1024, "concurrency": 32}
 DEMO_MARK = ".kit-demo"  # in a run directory `kit demo` made, and may therefore clear
 
 
@@ -102,25 +105,30 @@ def run_notebooks(run_dir: Path, parameters: dict) -> Path:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
+    from traitlets.config import Config
 
     out = run_dir / "notebooks"
     out.mkdir(parents=True, exist_ok=True)
     for name in NOTEBOOKS:
         print(f"running notebooks/{name}.ipynb ...", file=sys.stderr, flush=True)
         nb = parameterized(name, parameters)
-        client = NotebookClient(
-            nb, timeout=3600, kernel_name="python3",
-            resources={"metadata": {"path": str(REPO / "notebooks")}},
-        )  # fmt: skip
-        try:
-            client.execute()
-        except CellExecutionError as exc:
-            raise NotebookFailed(
-                f"notebooks/{name}.ipynb failed: {exc.ename}: {exc.evalue}\n"
-                f"(its executed copy, traceback included: {out / f'{name}.ipynb'})"
-            ) from None
-        finally:
-            nbformat.write(nb, out / f"{name}.ipynb")  # a failed run is kept for reading
+        # the kernel over local IPC sockets in a private folder, not TCP: no port is opened,
+        # and ipykernel has no "running over TCP without encryption" warning to print
+        with tempfile.TemporaryDirectory(prefix="kit-kernel-") as sockets:
+            ipc = Config({"KernelManager": {"transport": "ipc", "ip": f"{sockets}/ipc"}})
+            client = NotebookClient(  # its own kernel manager: shut down after the notebook
+                nb, timeout=3600, kernel_name="python3", config=ipc,
+                resources={"metadata": {"path": str(REPO / "notebooks")}},
+            )  # fmt: skip
+            try:
+                client.execute()
+            except CellExecutionError as exc:
+                raise NotebookFailed(
+                    f"notebooks/{name}.ipynb failed: {exc.ename}: {exc.evalue}\n"
+                    f"(its executed copy, traceback included: {out / f'{name}.ipynb'})"
+                ) from None
+            finally:
+                nbformat.write(nb, out / f"{name}.ipynb")  # a failed run is kept for reading
     return out
 
 

@@ -1,12 +1,18 @@
-"""Per-format row parsers behind kit.data.sources (see its docstring for the rules).
+"""Per-format row parsers behind kit.load: which format a source is, and its rows' prompts.
 
-detect() names the format from the columns (kit.data.readers reads the rows);
-raw_prompts(row, fmt, mapping) gives the raw turn lists of one row's prompts, each
-[(role, content), ...] (a Skip in either slot marks a broken turn); prompt(turns) cuts one
-at its last user turn and checks it. A single-prompt row whose other prompt fields
-(instruction, input, instances, problem) hold a value the format does not read is a
+    sharegpt          {"conversations": [{"from": "human"|"gpt"|"system", "value": str}, ...]}
+    openai            {"messages": [{"role": ..., "content": str}, ...]}
+    ultrachat         {"data": [user, assistant, user, ...]}  (alternating strings)
+    alpaca            {"instruction", "input"} -> instruction + "\n\n" + input, or
+                      {"instruction", "instances": [{"input"}, ...]}: a prompt per instance
+    magicoder         {"problem": str} or {"instruction": str}
+    opencodeinstruct  {"input": str}
+    turns             {"turns": [user turn, ...]} (MT-bench; runs with turns="all_turns")
+    mapping           mapping={"prompt": column, "system": column} or {"messages": column}
+
+A valid prompt: at most one system turn, first, then user/assistant alternating from user.
+A row whose other prompt fields hold a value its format does not read is a
 conflicting_fields skip: no prompt text is dropped unsaid.
-Tool definitions and tool turns are read by kit.data.tools.
 """
 
 from __future__ import annotations

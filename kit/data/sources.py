@@ -1,59 +1,15 @@
-"""Load prompt datasets from real formats into one polars prompt frame.
+"""Load prompt datasets into one polars prompt frame (kit.load): files, folders or rows.
 
-Formats (detected from the row keys, or forced with `format=`):
+Each source's format is detected from its row keys (kit.data.formats has the table) or
+forced with `format=` / `mapping=`, for every source or per dataset. A prompt is the
+conversation up to its last user turn: a later answer is dropped before any check, so a
+broken answer never costs a prompt. Contents are kept as the dataset has them unless
+strip=True; tool definitions go in a `tools` column (kit.data.tools).
 
-    sharegpt          {"conversations": [{"from": "human"|"gpt"|"system", "value": str}, ...]}
-    openai            {"messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]}
-    ultrachat         {"data": [user, assistant, user, ...]}  (alternating strings)
-    alpaca            {"instruction": str, "input": str}  -> instruction + "\\n\\n" + input
-                      {"instruction": str, "instances": [{"input": str, "output": ...}, ...]}
-                      (self-instruct seed tasks): one prompt per instance, same `row`
-    magicoder         {"problem": str} or {"instruction": str}
-    opencodeinstruct  {"input": str}
-    mapping           mapping={"prompt": column, "system": column} or {"messages": column}
-
-Turn lists accept both from/value and role/content keys; roles human/gpt/chatgpt/model
-are read as user/assistant.
-
-    turns             {"turns": ["first question", "second question"]}  (MT-bench: user
-                      turns only, or mapping={"turns": column}); each user turn is answered
-                      by the target in turn, so these prompts run with turns="all_turns"
-
-format= and mapping= apply to every source, or per dataset as {dataset: format} and
-{dataset: mapping} (GSM8K's `question` and HumanEval's `prompt` in one load).
-
-The prompt is the conversation up to and including its LAST user turn; turns after it
-(the old answer) are dropped before any check, so a broken answer never costs a prompt.
-Each kept turn's content is kept as the dataset has it (leading and trailing whitespace
-included); strip=True `str.strip()`s it and counts the prompts that changed
-(LoadResult.stripped). A prompt is valid when it is: at most one system turn, first; then
-user/assistant strictly alternating, starting with user (the turns format: user turns
-only).
-
-Tool-call datasets (kit.data.tools): a row's tool definitions (`tools`, OpenAI's legacy
-`functions`, or mapping={"tools": column}) are carried in an extra frame column `tools`, a
-compact JSON array of OpenAI tool definitions or null; the column exists only when some
-kept prompt has tools, so loads without tools keep the five columns. Tools that cannot be
-sent are a bad_tools skip; a prompt whose history holds tool calls or tool results
-(which {role, content} messages cannot carry) is a tool_turns skip.
-
-prompt_id = blake2b (8-byte digest, 16 hex chars) of the compact JSON of
-[[role, content], ...] for the stored prompt; for a prompt with tools, of
-{"messages": [[role, content], ...], "tools": <its tools column string>}, so two rows that
-differ only in their tools are two prompts. It does not depend on the dataset name, the
-file, or the row order, so it is stable across re-loads.
-
-Bad rows are skipped and counted by reason (REASONS; an Alpaca seed task's broken
-instance is counted on its own); duplicate prompts within a dataset keep their first row
-and are counted. A row holding a prompt field its format does not read is a skip
-(conflicting_fields), never a silent drop. Nothing in a file's rows raises. A directory
-loads its .jsonl/.ndjson/.json/.parquet files; every other entry (other file types,
-sub-directories, symlink loops, broken symlinks) is listed in LoadResult.ignored_files.
-Sources that cannot be read or whose format cannot be detected are reported together in
-one error. A dataset that keeps 0 prompts is a warning naming its file and the reasons.
-
-LoadResult.specs records how each dataset was loaded (path, format, mapping, strip); reload(specs)
-loads the same prompts again, and kit.plan.write_plan stores it in plan.json.
+prompt_id hashes the prompt's turns (and tools), not the dataset name, file or row order,
+so it is stable across re-loads. Bad rows and duplicate prompts are skipped and counted by
+reason (REASONS), never raised; sources that cannot be read or detected are reported
+together in one error. LoadResult.specs lets reload() load the same prompts again.
 """
 
 from __future__ import annotations
@@ -178,8 +134,13 @@ class LoadResult:
 
     def __repr__(self) -> str:
         with pl.Config(
-            tbl_rows=50, tbl_cols=20, fmt_str_lengths=120, tbl_hide_dataframe_shape=True
-        ):
+            tbl_rows=50,
+            tbl_cols=20,
+            fmt_str_lengths=120,
+            tbl_hide_dataframe_shape=True,
+            tbl_width_chars=160,
+            tbl_hide_column_data_types=True,
+        ):  # whole words (no cell wrapped mid-word), no dtype row
             return "\n".join([self._headline(), *self._ignored_lines(), str(self.summary())])
 
     def _repr_html_(self) -> str:

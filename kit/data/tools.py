@@ -1,33 +1,15 @@
-"""Tool-call datasets behind kit.data.sources: tool definitions carried, tool turns reported.
+"""Tool-call datasets behind kit.load: tool definitions carried, tool turns reported.
 
-Tool definitions are read from a row's `tools` field (or the column mapping={"tools": ...}
-names), in the shapes real datasets use:
+A row's `tools` (or mapping={"tools": column}, or OpenAI's legacy `functions`) is read in
+the shapes real datasets use: OpenAI tool dicts, the same list as a JSON string (or a list
+of JSON strings), or bare {"name", "description", "parameters"} definitions (glaive, xLAM,
+LLaMA-Factory), wrapped as {"type": "function", "function": ...}. They are stored as
+compact JSON in the frame's `tools` column, part of the prompt id. Tools that cannot be
+sent are a counted `bad_tools` skip naming the tool; in a columnar source a null is a
+missing key, so nulls are dropped from struct tools (drop_nulls).
 
-    [{"type": "function", "function": {"name", "description", "parameters"}}, ...]
-        OpenAI chat format (fine-tuning files, Hermes function calling): kept as they are
-    '[{...}, ...]'   the same list as a JSON string (ShareGPT-style files, Parquet columns);
-                     a list of JSON strings, one per tool (LMFlow), is read too
-    [{"name", "description", "parameters"}, ...]
-        bare function definitions (glaive, xLAM, LLaMA-Factory's `tools` column):
-        each wrapped as {"type": "function", "function": <definition>}
-    row["functions"]  OpenAI's legacy function list (read when `tools` holds nothing),
-                      wrapped the same way
-
-null, a blank string, "[]" and [] are no tools. The tools are stored as compact JSON (key
-order kept) in the frame's `tools` column, a JSON array of OpenAI tool definitions, and that
-string is part of the prompt id. Tools that are not valid JSON, not a list of objects,
-whose functions lack a name, or nested too deep for a request body (MAX_DEPTH) are a
-counted `bad_tools` skip naming the tool; a row holding
-both `tools` and `functions` is a `conflicting_fields` skip. In a columnar source (a Parquet
-struct column, a datasets.Dataset) a missing key and a null are the same thing, so null
-values are dropped from tools held there as structs (drop_nulls); JSON strings are kept
-exactly.
-
-Tool turns in the conversation -- roles TOOL_ROLES (tool results, function calls), or an
-assistant turn with `tool_calls` / `function_call` -- cannot be carried by the frame's
-{role, content} messages, so a prompt holding one is a counted `tool_turns` skip (the row
-is in LoadResult.skipped_rows). Tool turns after the last user turn are part of the old
-answer and are dropped with it, like any old answer.
+Tool turns (tool results, assistant `tool_calls`) cannot be carried by {role, content}
+messages: a prompt holding one before its last user turn is a counted `tool_turns` skip.
 """
 
 from __future__ import annotations

@@ -64,6 +64,14 @@ class Throughput:
         k = max(1, round(self.concurrency * n / self.endpoints))
         return Throughput(self.per_endpoint * n, k, self.window_s, n)
 
+    def __str__(self) -> str:
+        """E.g. "212.3 tok/s with 16 requests in flight (measured over 20.1 s)"."""
+        where = f" on {self.endpoints} endpoints" if self.endpoints > 1 else ""
+        return (
+            f"{self.tokens_per_s:,.1f} tok/s with {self.concurrency} requests in flight{where} "
+            f"(measured over {self.window_s:,.1f} s)"
+        )
+
 
 @dataclass(slots=True)
 class PilotResult:
@@ -116,6 +124,20 @@ class PilotResult:
         from kit.plan.lengths import profile
 
         return profile(self.frame, max_tokens=self.sampling.max_tokens)
+
+    def __repr__(self) -> str:
+        """E.g. "PilotResult: 240 completions of 8 datasets in 95.2 s, 0 failed; ..."."""
+        import polars as pl
+
+        f = self.frame
+        datasets = f["dataset"].n_unique() if f.height else 0
+        cut = f.filter(pl.col("finish_reason") == "length").height if f.height else 0
+        share = f" ({cut / f.height:.0%})" if f.height else ""
+        return (
+            f"PilotResult: {f.height} completions of {datasets} datasets in {self.wall_s:,.1f} s, "
+            f"{len(self.errors)} failed; {cut} stopped at max_tokens={self.sampling.max_tokens}"
+            f"{share}; throughput {self.throughput}"
+        )
 
     def summary(self) -> dict:
         """A JSON-able summary (stored in plan.json)."""

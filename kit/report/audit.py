@@ -36,7 +36,6 @@ from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.re
     TextSample,
     dup_flags,
     finish_class,
-    flag_records,
     ids_match_text,
     ids_text_flags,
     normalize_text,
@@ -70,7 +69,7 @@ class AuditReport:
     severity, message; empty when clean), and records: one light row per record, no text:
     dataset, prompt_id, sample, completion_tokens, prompt_tokens, finish_reason,
     finish_class, count_source, t_done, latency_s, the flag columns of
-    kit.report.flags.flag_records (ids_text_mismatch and under_reported null where the
+    kit.report.flags (ids_text_mismatch and under_reported null where the
     record was not in the tokenizer checks' sample), text_hash and norm_hash (hashes of the
     completion and of its normalized text, the duplicate keys). `texts(keys)` reads the
     text of chosen records back from the run.

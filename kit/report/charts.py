@@ -89,12 +89,27 @@ def token_distributions(records, *, bins: int = 40):
     return alt.hconcat(hist_chart, box_chart).properties(title="completion-length distributions")
 
 
+# budget_vs_actual's classes, in legend order, and their colours
+BUDGET_STATES = {
+    "under budget": "#9e9e9e",  # stopped below it (prompts ran out, or not finished)
+    "at budget": "#4c78a8",  # within overshoot_share (5%) of it
+    "over, inside the allowance": "#f2a93b",  # audit finding "overshoot": a warning
+    "over the allowance": "#d62728",  # audit finding "over_budget": an error
+}
+
+
 def budget_vs_actual(audit_or_frames):
-    """Completion tokens per dataset as bars, the budget as a tick, the share as a label.
+    """Completion tokens per dataset as bars coloured by where they stand against the budget
+    (a legend names each class), the budget as a tick, tokens / budget as a label.
+
+    The classes follow the audit's budget findings: over by more than the allowance
+    (max(1% of the budget, one max_tokens)) is "over_budget", over by more than 5% inside it
+    is "overshoot" (a large share only when one max_tokens is large next to the budget).
 
     Args:
-        audit_or_frames: an AuditReport, or a frame with dataset, tokens, budget columns
-            (report.datasets).
+        audit_or_frames: an AuditReport (its findings say which datasets are over), or a
+            frame with dataset, tokens, budget columns (report.datasets; then any
+            dataset over by more than 5% is drawn as "over, inside the allowance").
     Returns:
         alt.LayerChart.
 
@@ -104,20 +119,31 @@ def budget_vs_actual(audit_or_frames):
     import polars as pl
 
     frame = getattr(audit_or_frames, "datasets", audit_or_frames)
-    data = frame.select("dataset", "tokens", "budget").with_columns(
-        share=pl.when(pl.col("budget") > 0).then(pl.col("tokens") / pl.col("budget"))
-    )
+    findings = getattr(audit_or_frames, "findings", None)
+    beyond = [] if findings is None else findings.filter(pl.col("check") == "over_budget")["dataset"].to_list()  # fmt: skip
+    share = pl.when(pl.col("budget") > 0).then(pl.col("tokens") / pl.col("budget"))
+    data = frame.select("dataset", "tokens", "budget").with_columns(share=share)
+    data = data.with_columns(
+        state=pl.when(pl.col("dataset").is_in(beyond)).then(pl.lit("over the allowance"))
+        .when(pl.col("share").is_null() | (pl.col("share") < 1)).then(pl.lit("under budget"))
+        .when(pl.col("share") <= 1.05).then(pl.lit("at budget"))
+        .otherwise(pl.lit("over, inside the allowance"))
+    )  # fmt: skip
     base = alt.Chart(data).encode(y=alt.Y("dataset:N", title=None))
+    scale = alt.Scale(domain=list(BUDGET_STATES), range=list(BUDGET_STATES.values()))
     bars = base.mark_bar().encode(
         x=alt.X("tokens:Q", title="completion tokens"),
-        color=alt.condition("datum.share > 1", alt.value("#d62728"), alt.value("#4c78a8")),
-        tooltip=["dataset", "tokens", "budget", alt.Tooltip("share:Q", format=".1%")],
-    )
+        color=alt.Color("state:N", scale=scale, title="against the budget",
+                        legend=alt.Legend(orient="bottom", columns=2)),
+        tooltip=["dataset", "tokens", "budget", "state", alt.Tooltip("share:Q", format=".1%")],
+    )  # fmt: skip
     budget = base.mark_tick(color="black", thickness=3, size=28).encode(x="budget:Q")
     label = base.mark_text(align="left", dx=4).encode(
         x="tokens:Q", text=alt.Text("share:Q", format=".0%")
     )
-    return (bars + budget + label).properties(title="tokens vs budget (tick = budget)", width=420)
+    return (bars + budget + label).properties(
+        title="completion tokens vs budget (tick = budget, label = tokens / budget)", width=420
+    )
 
 
 def finish_reasons(records):

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import json
 
-SPECFORGE_TOOLS_NOTE = "the record's tool definitions (a list), passed to the template as tools"
-
 
 def row_id(r: dict) -> str:
     return f"{r['dataset']}-{r['prompt_id']}-{r['sample']}"

@@ -126,6 +126,8 @@ class ExportResult:
         lines += [f"  wrote {p}" for p in self.files]
         return "\n".join(lines)
 
+    __repr__ = __str__ = summary  # what a notebook cell or print shows
+
 
 # ---------------------------------------------------------------- writing
 

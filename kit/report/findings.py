@@ -76,7 +76,7 @@ def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tupl
         return [(name, "overshoot", over / budget, th.overshoot_share, "warn", msg)]
     left = r["prompts_left"]
     if tokens < budget and left:
-        msg = f"{tokens:,} of {budget:,} tokens ({tokens / budget:.0%}) with {left} prompts left"
+        msg = f"{tokens:,} of {budget:,} tokens ({tokens / budget:.0%}) with {left} prompt{'s' * (left != 1)} left"
         return [(name, "under_budget", float(tokens), float(budget), "warn", msg)]
     short = (budget - tokens) / budget
     if left == 0 and short > th.short_share:
@@ -175,7 +175,7 @@ def _share_findings(r: dict, th: AuditThresholds, skip=frozenset()) -> list[tupl
             msg = f"{r[col]} of {r['records']} records ({share:.1%}) {what}; threshold {limit:.1%}"
             out.append((r["dataset"], check, share, float(limit), severity, msg))
     if r["errors"] and r["error_rate"] > th.error_rate:
-        msg = f"{r['errors']} requests failed every attempt ({r['error_rate']:.1%}); threshold {th.error_rate:.1%}"
+        msg = f"{r['errors']} request{'s' * (r['errors'] != 1)} failed every attempt ({r['error_rate']:.1%}); threshold {th.error_rate:.1%}"
         out.append((r["dataset"], "error_rate", r["error_rate"], th.error_rate, "warn", msg))
     return out
 
@@ -204,7 +204,7 @@ def run_findings(run_dir, problems: list[str]) -> tuple[list[tuple], list[str]]:
     if problems:
         path = db_path(run_dir)
         msg = (
-            f"run database {path} fails SQLite's integrity check ({len(problems)} problems, "
+            f"run database {path} fails SQLite's integrity check ({len(problems)} problem{'s' * (len(problems) != 1)}, "
             f"first: {problems[0]}): what was read from it may be incomplete. Restore it from a "
             f"copy, or inspect it with `sqlite3 {path} 'PRAGMA integrity_check'` (`.recover` "
             "salvages what is left into a new file)"
@@ -212,7 +212,7 @@ def run_findings(run_dir, problems: list[str]) -> tuple[list[tuple], list[str]]:
         rows.append((RUN, "database_integrity", float(len(problems)), 0.0, "error", msg))
     if rejected := int(state(run_dir, "rejected") or 0):
         msg = (
-            f"{rejected} records were refused as duplicates of stored ones (the same dataset, "
+            f"{rejected} record{'s were' if rejected != 1 else ' was'} refused as duplicates of stored ones (the same dataset, "
             "prompt_id and sample written twice: two writers, or a runner bug); the first "
             "copies are kept"
         )

@@ -1,23 +1,11 @@
 """Per-record checks of a run: the flag columns kit.audit counts and kit.export filters on.
 
-`flag_records(records)` adds to a records frame (kit.run.reader.records_frame) one column per
-check: empty, duplicate (exact, near), echo, server ids and their agreement with the counts
-and the text, counts above max_tokens + 1, counts far below the text's own, the finish class
-(a "length" finish with an empty answer and non-empty reasoning is "length_in_reasoning": the
-model spent every token thinking), and <think> / </think> markers left in the answer (the
-server's reasoning parser did not split them off). A record whose answer is tool calls
-(Record.tool_calls) is not empty, and its calls are part of its duplicate key. Multi-turn
-records (Record.turns) are checked per generated turn: completion_tokens counts all of
-them, output_ids the last; their earlier turns cut at max_tokens are counted
-(earlier_length of earlier_turns).
-
-The checks are polars expressions over a whole batch (kit.audit streams a run batch by
-batch): `record_flags` flags one batch and hashes its texts (the near-duplicate key is the
-hash of the normalized text, so no text is kept), `dup_flags` finds the duplicates over the
-hashes of a whole run, and only a few rows ever go through Python: echo candidates (first a
-longest-common-subsequence bound, then difflib only where it cannot rule an echo out) and
-records with `turns`. The tokenizer checks (kit/report/textchecks.py) decode and re-encode
-each record: kit.audit runs them on a seeded sample per dataset (TextSample).
+Empty answers (tool calls are not empty), duplicates (exact, and of the normalized text),
+echoes of the prompt, server ids against the counts, counts outside 0..max_tokens + 1, the
+finish class ("length_in_reasoning": every token spent thinking), <think> markers the
+reasoning parser left in the answer; multi-turn records per generated turn. The checks
+are polars expressions over a batch (kit.audit streams a run), texts kept only as hashes;
+only echo candidates reach Python. The tokenizer checks live in kit/report/textchecks.py.
 """
 
 from __future__ import annotations
@@ -173,41 +161,23 @@ def _count_flags(recs, max_tokens) -> tuple[list, list, list, list]:
 
 
 def lcs_len(a: str, b: str) -> int:
-    """Length of the longest common subsequence of two texts (bit-parallel, Hyyro 2004:
-    one big-int step per character of the shorter text).
+    """Length of the longest common subsequence of two texts (rapidfuzz's Indel distance).
 
     difflib's matching blocks are a common subsequence, so 2 * lcs_len / (len(a) + len(b))
-    bounds SequenceMatcher.ratio() from above, at ~1/40 of its cost on unrelated texts.
+    bounds SequenceMatcher.ratio() from above, at a small part of its cost.
 
     Example:
         >>> lcs_len("water boils", "water is boiling")
         10
     """
-    if len(a) < len(b):
-        a, b = b, a
-    masks: dict[str, int] = {}
-    for i, ch in enumerate(a):
-        masks[ch] = masks.get(ch, 0) | (1 << i)
-    full = (1 << len(a)) - 1
-    v = full
-    for ch in b:
-        u = v & masks.get(ch, 0)
-        v = ((v + u) | (v - u)) & full
-    return len(a) - v.bit_count()
+    from rapidfuzz.distance import Indel
+
+    return (len(a) + len(b) - Indel.distance(a, b)) // 2
 
 
-def _lcs_function():
-    """lcs_len, or the same number from rapidfuzz (C++, ~15x faster) when it is installed."""
-    try:
-        from rapidfuzz.distance import Indel
-    except ImportError:
-        return lcs_len
-    return lambda a, b: (len(a) + len(b) - Indel.distance(a, b)) // 2
-
-
-def _mostly_equal(u: str, c: str, similarity: float, lcs=lcs_len) -> bool:
+def _mostly_equal(u: str, c: str, similarity: float) -> bool:
     """difflib's ratio >= similarity, after the cheaper bound has not ruled it out."""
-    if 2 * lcs(u, c) / (len(u) + len(c)) < similarity:
+    if 2 * lcs_len(u, c) / (len(u) + len(c)) < similarity:
         return False
     return difflib.SequenceMatcher(None, u, c, autojunk=False).ratio() >= similarity
 
@@ -229,8 +199,7 @@ def _echo(frame, th: AuditThresholds):
     rows = flags["cand"].arg_true()
     if len(rows):
         pairs = frame[rows].select("_user", "_norm").iter_rows()
-        lcs = _lcs_function()
-        found = [_mostly_equal(u, n, th.echo_similarity, lcs) for u, n in pairs]
+        found = [_mostly_equal(u, n, th.echo_similarity) for u, n in pairs]
         echo = echo.scatter(rows, pl.Series(found, dtype=pl.Boolean))
     return echo.alias("echo")
 
@@ -324,30 +293,3 @@ def dup_flags(flags) -> list:
     schema = {"_row": pl.UInt32, "dup_exact": pl.Boolean, "dup_near": pl.Boolean}
     out = pl.concat(parts).sort("_row") if parts else pl.DataFrame(schema=schema)
     return [out["dup_exact"], out["dup_near"]]
-
-
-def flag_records(
-    records, *, tokenizer=None, thresholds: AuditThresholds | None = None, max_tokens=None
-):
-    """Add flag columns to a records frame (kit.run.reader.records_frame).
-
-    Adds: empty, dup_exact (a copy of an earlier completion in its dataset), dup_near (same
-    normalized text, not an exact copy), echo, has_ids, ids_len_mismatch (a generated turn's
-    count != len(its output_ids)), ids_text_mismatch (null without a tokenizer or ids),
-    under_reported (completion_tokens < under_report_ratio x the completion re-tokenized;
-    null without a tokenizer or when the count was re-tokenized), count_over_max (a turn's
-    count outside 0..max_tokens + 1; False without max_tokens), finish_class (finish_reason, or
-    "length_in_reasoning"), think_marker (<think> / </think> in the answer), has_reasoning.
-    Earlier is by t_done, so the first copy is never flagged. Every record is checked (the
-    tokenizer checks too); kit.audit streams a run instead and samples the tokenizer checks.
-
-    Example: flag_records(records_frame(run_dir))["dup_exact"].sum() -> exact repeats in the run
-    """
-    th = thresholds or AuditThresholds()
-    recs = record_flags(records, th, max_tokens)
-    recs = recs.with_columns(dup_flags(recs))
-    recs = recs.with_columns(
-        ids_text_flags(recs, tokenizer),
-        under_reported_flags(recs, tokenizer, th.under_report_ratio),
-    )
-    return recs.drop("text_hash", "norm_hash")

@@ -4,10 +4,10 @@ Like `tqdm.auto`: the runner only calls a progress callback with a list of
 `DatasetProgress`; a monitor is such a callback. `auto()` picks the widget inside a
 Jupyter kernel and the console elsewhere; ipywidgets is imported only by the widget.
 
-    mon = kit.monitor.auto()
+    mon = monitor.auto()                     # from kit.report import monitor
     await kit.generate(..., progress=mon)   # redraws at most once a second
     mon.close()                              # always renders the last call
-    print(kit.monitor.text(mon.last))        # plain-text summary for headless runs
+    print(monitor.text(mon.last))            # plain-text summary for headless runs
 
 `kit.watch(run_dir)` follows a run started in another process by polling
 `kit.run.progress.progress(run_dir)` (a few small queries on the run database: the totals
@@ -462,7 +462,7 @@ async def awatch(
     stall_timeout: float | None = 300.0,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[DatasetProgress]:
-    """`watch` for a notebook: `final = await kit.monitor.awatch(run_dir)`; same arguments."""
+    """`watch` for a notebook: `final = await kit.report.monitor.awatch(run_dir)`; same arguments."""
     watcher, monitor = _start(run_dir, interval, until_done, monitor, stall_timeout, clock)
     try:
         while True:

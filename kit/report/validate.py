@@ -17,9 +17,10 @@ from kit.report.checks import CHECKS, FOLDERS, Rules, is_int, read_manifest
 MAX_PER_FILE = 20  # problems listed per file before "... and N more"
 
 
-@dataclass
+@dataclass(repr=False)
 class ValidationResult:
-    """The outcome of kit.validate: ok, and every problem as "file line N: what"."""
+    """The outcome of kit.validate: ok, and every problem as "file line N: what"; shown (repr,
+    print, a notebook cell) as its summary."""
 
     path: Path
     problems: list[str] = field(default_factory=list)
@@ -35,12 +36,14 @@ class ValidationResult:
 
     def summary(self) -> str:
         """Plain text: OK with counts, or every problem on its own line."""
-        head = f"{self.path}: {self.files_checked} files, {self.rows_checked} rows"
+        files, rows, n = self.files_checked, self.rows_checked, len(self.problems)
+        head = f"export {self.path}: {files:,} file{'s' * (files != 1)}, {rows:,} row{'s' * (rows != 1)}"
         if self.ok:
             return f"{head}: OK"
-        return "\n".join(
-            [f"{head}: {len(self.problems)} problems", *("  " + p for p in self.problems)]
-        )
+        lines = [f"{head}: {n} problem{'s' * (n != 1)}", *("  " + p for p in self.problems)]
+        return "\n".join(lines)
+
+    __repr__ = __str__ = summary
 
 
 def sha256_file(path: Path) -> str:

@@ -116,7 +116,7 @@ class Planner:
 
         self.output.clear_output(wait=True)
         with self.output:
-            display(self.table.select(SUMMARY_COLUMNS))
+            display(summary_frame(self.table))
             display(charts.samples_needed(self.table) | charts.budget_vs_cap(self.table))
 
     def summary(self) -> str:
@@ -132,7 +132,7 @@ def _datasets(samples) -> list[str]:
     return sorted(frame["dataset"].unique().to_list())
 
 
-# samples_low..samples_high and hours_low..hours_high: the plan's 90% intervals
+# the plan table's columns a person reads first (budget() has more: std, p90, cap_hours, ...)
 SUMMARY_COLUMNS = [
     "dataset", "budget", "mean", "samples_needed", "samples_low", "samples_high",
     "samples_needed_upper", "prompts_available", "shortfall", "hours_to_go", "hours_low",
@@ -140,15 +140,52 @@ SUMMARY_COLUMNS = [
 ]  # fmt: skip
 
 
-def summary_text(table) -> str:
-    """A plan table as a plain-text block."""
+def summary_frame(table):
+    """The plan in eight columns of text, one row a dataset (TOTAL last), its notes apart:
+    "samples" is the estimate with its 90% interval, "cap" what the sample cap would give."""
     import polars as pl
 
-    frame = table.select(SUMMARY_COLUMNS).with_columns(
-        pl.col(pl.Float64).round(3)
-    )  # every row and column, for logs: nothing hidden behind "..."
+    def num(v, fmt="{:,.0f}"):
+        return "-" if v is None or v != v else fmt.format(v)
+
+    rows = []
+    for r in table.iter_rows(named=True):
+        samples = num(r["samples_needed"])
+        if r["samples_low"] is not None and r["samples_high"] is not None:
+            samples += f" ({num(r['samples_low'])}-{num(r['samples_high'])})"
+        elif r["samples_low"] is not None:  # no upper end: more than the prompts left
+            samples += f" ({num(r['samples_low'])} or more)"
+        hours = _duration(r["hours_to_go"])
+        if r["hours_low"] is not None and r["hours_high"] is not None:
+            hours += f" ({_duration(r['hours_low'])} to {_duration(r['hours_high'])})"
+        cap = "-" if r["cap_tokens"] is None else f"{num(r['cap_tokens'])} (x{r['overshoot']:.2f})"
+        rows.append({
+            "dataset": r["dataset"], "budget": num(r["budget"]), "mean": num(r["mean"]),
+            "samples (90%)": samples, "upper": num(r["samples_needed_upper"]),
+            "prompts": num(r["prompts_available"]), "time (90%)": hours, "cap tokens": cap,
+        })  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+def _duration(hours) -> str:
+    """Hours as a person reads them: "-", "<1 min", "42 min", "3.5 h"."""
+    if hours is None or hours != hours:
+        return "-"
+    if hours * 60 < 1:
+        return "<1 min"
+    return f"{hours * 60:.0f} min" if hours < 1.5 else f"{hours:,.1f} h"
+
+
+def summary_text(table) -> str:
+    """A plan table as plain text for logs: every row, whole words, then one line per note."""
+    import polars as pl
+
+    frame = summary_frame(table)
     with pl.Config(
-        tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, fmt_str_lengths=400,
-        tbl_hide_dataframe_shape=True,
+        tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=200,
+        tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
+        tbl_cell_alignment="RIGHT",
     ):  # fmt: skip
-        return str(frame)
+        text = str(frame)
+    notes = [f"  {d}: {n}" for d, n in table.select("dataset", "note").iter_rows() if n]
+    return text + ("\nnotes:\n" + "\n".join(notes) if notes else "")

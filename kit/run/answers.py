@@ -1,27 +1,13 @@
 """What kit believes of a server's answer: its status, its body, its token counts.
 
-Used by kit.run.backends; each check raises kit.types.BackendError (the backend redacts
-and cuts the message before it leaves, see _HTTPBackend.complete). `redact` is the one
-helper every error text of kit.run goes through (backends, the runner's errors table).
-
-Counts are checked, never trusted: a completion-token count (usage, meta_info, the length
-of the ids) must be a plain int in 0..max_tokens + 1 (+1: a server may count the end
-token), and not 0 for a non-empty answer; a bool, float, string or anything out of range
-is `malformed`. When the server gives token ids and a count, they must agree; the ids are
-kept (they are what a record stores and export trains on; count_source "server_ids").
-With a tokenizer, the ids must also spell the text (`ids_spell`); ids that do not are
-kept but not believed: the count is the re-tokenized text's, count_source "retokenized"
-(so the export re-tokenizes the row and counts it, kit.report.tokenrows). With a
-tokenizer and only a usage count, the text is re-tokenized and a count below it by more
-than max(4, 25%) is `malformed`: the server under-reports, or tokenizer= is not the
-target's.
-
-A chat answer's message is read by `message_parts`: `content` is the answer and the thinking
-a server's reasoning parser split off is `reasoning` (vLLM 0.3x, ChatMessage.reasoning) or
-`reasoning_content` (SGLang, DeepSeek's API, older vLLM); counts cover both parts.
-The calls a server's tool-call parser split off are `message.tool_calls` (read by
-`tool_calls_of`; OpenAI's legacy `function_call` is read as one such call); counts cover
-them too, as the server counts them.
+Every check raises kit.types.BackendError; `redact` is the one helper every error text of
+kit.run goes through. Counts are checked, never trusted: a count must be a plain int in
+0..max_tokens + 1 (a server may count the end token), not 0 for a non-empty answer, equal
+to the number of ids when the server gives both; with a tokenizer the ids must spell the
+text (else the count is re-tokenized, count_source "retokenized") and a usage count far
+below the re-tokenized text is `malformed` (an under-reporting server, or the wrong
+tokenizer). `message_parts` reads the answer, the thinking (`reasoning` or
+`reasoning_content`) and `tool_calls_of` the tool calls; counts cover all three.
 """
 
 from __future__ import annotations

@@ -1,40 +1,16 @@
-"""Clients for one server endpoint, and a pool that spreads requests over several.
+"""Clients for one server endpoint (kit.types.Backend); kit.run.pool spreads requests over several.
 
-Backends (all implement kit.types.Backend; transport: one aiohttp session each, orjson):
-    OpenAIChat(base_url, model)      POST {base_url}/chat/completions; counts from usage
-    VLLMChat(base_url, model)        same plus "return_token_ids"; counts the returned ids
-    SGLangGenerate(base_url, model, tokenizer=...)  renders the chat template itself and
-                                     POSTs input_ids to {base_url}/generate
+    OpenAIChat      POST {base_url}/chat/completions; counts from usage
+    VLLMChat        the same plus "return_token_ids": the server's own ids, counted
+    SGLangGenerate  renders the chat template itself and POSTs input_ids to {base_url}/generate
     make_backend(api, url, model, ...) picks one by RunConfig.api.
 
-Every backend: `await b.complete(messages, sampling, *, timeout, tools=None) -> Completion`.
-    sampling.chat_template_kwargs (when not None) goes into the chat body as the top-level
-    "chat_template_kwargs" (vLLM and SGLang apply it to the template), and SGLangGenerate
-    passes it to its own apply_chat_template; tools (a list of OpenAI tool dicts) goes into
-    the body as "tools", or to apply_chat_template(tools=...).
-    Thinking split off by the server's reasoning parser (message.reasoning or
-    message.reasoning_content, see kit.run.answers.message_parts) is Completion.reasoning and
-    Completion.text is the answer alone; completion_tokens covers both. Tool calls split
-    off by the server's tool-call parser (message.tool_calls) are Completion.tool_calls,
-    counted as the server counts them (its ids or usage; re-tokenized: their JSON text).
-
-Every failure is a kit.types.BackendError with `kind`:
-    http_429 (retryable, retry_after from Retry-After), http_5xx (retryable),
-    http_4xx (not retryable, except 408/409), connect (refused/reset, retryable),
-    timeout (retryable), malformed (retryable: bad JSON, an event stream, a 200 with an
-    error body, missing fields, a token count kit cannot believe: kit.run.answers),
-    config (missing API-key variable, no way to count tokens: not retryable),
-    no_endpoint (EndpointPool: nothing healthy within its wait).
-
-The API key is read from the environment variable named by api_key_env at each request
-and sent as "Authorization: Bearer ..."; it is never stored, printed or pickled.
-Credentials in a base URL ("http://user:KEY@host/v1") are sent as HTTP Basic to that
-endpoint (they win over api_key_env there); a base URL's query string ("?api_key=KEY") is
-sent with every request to it; `backend.url`, and so everything kit writes, is the URL
-without either. Every error leaving complete() is redacted (kit.run.answers.redact: the
-key and the URL credentials in any case, escaped, base64 or URL-encoded) and cut to 400 characters.
-
-EndpointPool (kit.run.pool, re-exported here) spreads requests over several backends.
+`await b.complete(messages, sampling, *, timeout, tools=None) -> Completion`: the answer, the
+thinking the server's reasoning parser split off and its tool calls, counted as the server
+counts them. A failure is a kit.types.BackendError whose `kind` says if a retry can help
+(429, 5xx, connect, timeout, malformed: yes; other 4xx, config: no). The API key is read
+from the variable api_key_env names at each request and never stored; credentials in a base
+URL are used but kept out of `backend.url`; every error text is redacted (kit.run.answers).
 """
 
 from __future__ import annotations
@@ -57,13 +33,11 @@ from kit.run.answers import (
     normalize_finish,
     optional_count,
     parse_body,
-    parse_retry_after,
     redact,
     status_error,
     tool_calls_of,
     url_secrets,
 )
-from kit.run.pool import EndpointPool  # re-exported: kit.backends.EndpointPool
 from kit.types import (
     Backend,
     BackendError,
@@ -489,5 +463,4 @@ def make_backend(api: str, url: str, model: str, *, api_key_env: str | None = No
     raise ValueError(f"api must be one of 'openai', 'vllm', 'sglang', got {api!r}")
 
 
-__all__ = ["EndpointPool", "OpenAIChat", "SGLangGenerate", "VLLMChat", "make_backend"]
-__all__ += ["normalize_finish", "parse_retry_after", "status_error"]  # from kit.run.answers
+__all__ = ["OpenAIChat", "SGLangGenerate", "VLLMChat", "make_backend"]

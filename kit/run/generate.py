@@ -1,32 +1,14 @@
-"""The async runner: interleaved datasets, per-dataset token budgets, retries, resume.
+"""kit.generate: every dataset's prompts (seeded random order) sent to the endpoints,
+interleaved by the lowest share of budget committed, each dataset stopped at its budget.
 
-`await kit.generate(prompts, config, run_dir=...)` (config: a kit.RunConfig) sends
-every dataset's prompts (seeded random order) to the endpoints, interleaved by the lowest
-share of budget committed, and stops feeding a dataset before it crosses its budget:
-
-- admission counts tokens done + the expected tokens of requests in flight (running mean
-  per dataset; before any record, `expected_tokens` or max_tokens / 2);
-- policy "drain" lets in-flight requests finish and also caps in-flight so that
-  tokens_done + in_flight * max_tokens <= budget + max(1% of budget, max_tokens): the final
-  count lands in [budget, budget + that slack] whenever the prompts suffice;
-- policy "cancel" aborts a dataset's in-flight requests once its budget is reached.
-
-With a tokenizer, prompts too long for the context (prompt tokens + max_tokens >
-max_context) are never sent: counted per dataset (`skipped_context`) and listed in
-the run database (kit.run.guard). Results go through kit.run.store (committed); a
-stop (run.stop(), a cancelled task, Ctrl-C) cancels in-flight requests and flushes.
-Resume = the same call again, or `resume(run_dir)`. A foreground run on the main thread
-takes SIGTERM as that same clean stop (stop_reason "stopped by SIGTERM").
-
-A dataset none of whose requests can succeed fails (`run.failed` names it with the reason;
-state "failed") while the others go on: its last `RunConfig.max_consecutive_failures` (20)
-answers were all malformed or not retryable (a 4xx such as tools refused, a 200 with an
-error body, an event stream, no usage and no tokenizer, a token count kit cannot believe,
-see kit.run.answers), or its prompts ran out with every request failed, or every attempt of
-it failed for `stall_timeout` s. A run where nothing can succeed stops by itself, with
-`run.stop_reason` naming the cause and the last error: every dataset failed, or every
-attempt failed for `stall_timeout` (60 s; a server answering 5xx while /health says 200),
-or dead endpoints (no_endpoint_timeout). kit.runner's docstring has the exact rules.
+A dataset is fed while tokens done + the expected tokens of its requests in flight stay
+under its budget; policy "drain" also caps in flight so that the final count lands in
+[budget, budget + max(1% of budget, max_tokens)] whenever the prompts suffice, and
+"cancel" aborts in-flight requests at the budget. Prompts too long for the context are
+skipped and counted (kit.run.guard); results are committed through kit.run.store, so a
+stop (run.stop(), Ctrl-C, SIGTERM) loses nothing and the same call again resumes. A
+dataset whose requests cannot succeed fails while the others go on; a run where nothing
+can succeed stops with `run.stop_reason` (the exact rules: kit.run.runner).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """EndpointPool: spread requests over several backends, take dead ones out, bring them back.
 
-Re-exported as kit.run.backends.EndpointPool; as the runner uses it:
+As the runner uses it:
     pool = EndpointPool([OpenAIChat(u, model) for u in urls], per_endpoint_concurrency=64)
     await pool.start()                       # first health check + background prober
     async with pool.acquire() as backend:    # least-loaded healthy endpoint with a free slot

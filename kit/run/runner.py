@@ -134,7 +134,8 @@ class _Runner:
 
     # -- main loop
     async def run(self) -> None:
-        from kit.run.backends import EndpointPool, make_backend
+        from kit.run.backends import make_backend
+        from kit.run.pool import EndpointPool
         from kit.run.served import check_models
 
         cfg = self.config

@@ -1,18 +1,11 @@
 """Multi-turn regeneration (RunConfig.turns == "all_turns"): every assistant turn by the target.
 
-A prompt frame's `messages` end at the last user turn and may hold the source dataset's
-earlier assistant turns, or (a list of user turns, MT-bench's `turns`) user turns with no
-answer between them: with all_turns the target answers each of those too, in order. With turns="last_turn" (the default) only the last assistant turn
-is generated; the earlier ones stay the dataset's and the exports never train on them.
-With turns="all_turns" the conversation is replayed in order: at each assistant turn of the
-source, the target answers the conversation so far (its own earlier answers in place of the
-dataset's), then the final turn is generated as usual. A record is written only when the
-whole conversation is done (a failed turn fails the sample; a resume starts it again), and
-`completion_tokens` counts every generated turn, so the budget does too.
-
-    slots(messages)            how many assistant turns a conversation makes the target write
-    user_runs(messages)        whether user turns follow each other (all_turns only)
-    regenerate(complete, ...)  the replay: earlier turns as Record.turns, the last Completion
+With "last_turn" (the default) only the last assistant turn is generated and the dataset's
+earlier ones are never trained on. With "all_turns" the conversation is replayed: at each
+assistant turn (or between user turns given as a list, MT-bench's `turns`) the target
+answers the conversation so far, its own earlier answers in place of the dataset's. A
+record is written when the whole conversation is done (a resume starts it again), and
+completion_tokens, so the budget, counts every generated turn.
 
 Example:
     >>> slots([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},

@@ -1,26 +1,14 @@
 """The SGLang Model Gateway (`smg`, from PyPI: a Rust router inside the wheel) in front of workers.
 
-kit talks to a gateway like to any one server: its single URL is RunConfig.endpoints. start()
-runs `smg launch` in its own process group, under the embedded server's keeper (kit dying
-by any signal ends it: kit/serve/watchdog.py), for tests/test_gateway.py and
-bench/bench_fleet.py, the way a user runs it on a head node:
-
-    smg launch --backend vllm --worker-urls http://node1:8000 http://node2:8000 \\
-        --policy round_robin --health-check-interval-secs 5 --host 127.0.0.1 --port 30000
-
-Facts about smg 1.13.0 over HTTP workers, measured here (vLLM and fault-server workers):
-- `--backend vllm` or `sglang` (its default) balances: 32 requests, 8 in flight, went 16/16
-  to two workers; `--backend openai` (meant for one external provider) sent all 32 to one;
-- the request body passes through: `return_token_ids` reaches vLLM and its
-  `prompt_token_ids` / `choices[].token_ids` come back, so api="vllm" keeps exact ids;
-- /v1/models lists the workers' models (`--backend openai` lists none: wildcard workers, any
-  model name forwarded); GET /workers lists the workers (kit checks each one's model too:
-  kit.run.served);
-- a worker that dies mid-request: the gateway retries those requests on a live worker
-  (`--backend openai` answers each a 503 `upstream_error` instead, which kit retries); with
-  no live worker it answers 5xx at once (500 `call_upstream_connection_failed`; openai: 503
-  `service_unavailable`) while its own /health still says OK;
-- SIGTERM waits for in-flight requests up to --shutdown-grace-period-secs (180 s by default).
+kit talks to a gateway like to one server (its URL is RunConfig.endpoints). start() runs
+`smg launch --backend vllm --worker-urls ... --policy round_robin` in its own process group
+under the embedded server's keeper (kit/serve/watchdog.py), for tests/test_gateway.py and
+bench/bench_fleet.py. What kit relies on (smg 1.13.0, HTTP workers): `--backend vllm` or
+`sglang` balances (`openai` sent every request to one worker); the body passes through, so
+`return_token_ids` comes back; GET /workers lists the workers (kit.run.served checks each
+one's model); a worker dying mid-request has its requests retried on a live one; with no
+live worker every request gets a 5xx at once while /health still says OK (kit stops on
+the streak: kit.run.runner).
 """
 
 from __future__ import annotations
@@ -37,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.serve import watchdog
-from kit.serve.server import ServerError, _kill_group, _tail, free_port
+from kit.serve.server import ServerError, free_port, kill_group, tail_lines
 
 # a worker checked every 5 s, taken out after 2 failed checks; SIGTERM waits 2 s at most
 DEFAULT_ARGS: tuple[str, ...] = (
@@ -87,11 +75,11 @@ class Gateway:
         return _get_json(f"http://{self.host}:{self.port}/workers", 5.0).get("workers", [])
 
     def log_tail(self, n: int = 40) -> str:
-        return _tail(self.log_path, n)
+        return tail_lines(self.log_path, n)
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM the process group, SIGKILL after `grace` seconds."""
-        _kill_group(self.process, grace)
+        kill_group(self.process, grace)
         if self.lifeline is not None:
             os.close(self.lifeline)
             self.lifeline = None

