@@ -189,6 +189,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--format", nargs="+", default=["specforge", "token_ids", "parquet"])
     e.add_argument("--tokenizer")
     e.add_argument("--drop-truncated", action="store_true")
+    e.add_argument("--keep-truncated-conversations", action="store_true",
+                   help="keep `length` rows in the SpecForge JSONL (left out by default)")  # fmt: skip
     e.add_argument("--drop-duplicates", action="store_true")
     e.add_argument("--trim-to-budget", action="store_true")
     e.add_argument("--val-fraction", type=float, default=0.0)
