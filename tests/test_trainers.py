@@ -143,10 +143,15 @@ def explained(diff: dict, sf_rows: dict, manifest: dict) -> None:
     """Every differing row is a counted one: reasoning rows (trainers.reasoning) or answers
     that re-tokenize otherwise (trainers.specforge.retokenized_differently)."""
     t = manifest["trainers"]
+    with_reasoning = {}  # dataset -> SpecForge rows with reasoning_content
+    for rid, row in sf_rows.items():
+        if row["conversations"][-1].get("reasoning_content"):
+            with_reasoning[rid.rsplit("-", 2)[0]] = with_reasoning.get(rid.rsplit("-", 2)[0], 0) + 1
+    assert with_reasoning == {d: r["rows"] for d, r in t["reasoning"].items()}
     for name, ids in diff.items():
         thinking = [i for i in ids if sf_rows[i]["conversations"][-1].get("reasoning_content")]
         rest = len(ids) - len(thinking)
-        assert len(thinking) <= t["reasoning"].get(name, {}).get("rows", 0), (name, thinking)
+        assert len(thinking) == with_reasoning.get(name, 0), (name, thinking)  # dropped, each
         assert rest == t["specforge"]["retokenized_differently"].get(name, 0), (name, ids)
 
 

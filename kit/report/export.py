@@ -245,12 +245,13 @@ class _Written:
         from kit.report.convo import cut_rows
 
         held = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.any()  # fmt: skip
-        thinks = pl.col("reasoning").fill_null("") != ""
+        in_convs = pl.lit(self.keep) | ~cut_rows()  # the rows of the SpecForge JSONL
+        thinks = (pl.col("reasoning").fill_null("") != "") & in_convs
         per = frame.group_by("dataset", maintain_order=True).agg(
             n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.sum(),
             length=cut_rows().sum(), thinks=thinks.sum(),
             turns=pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.sum()
-            .filter(pl.lit(self.keep) | ~cut_rows()).sum(),
+            .filter(in_convs).sum(),
         )  # fmt: skip
         for d, n, tokens, earlier, length, thinking, turns in per.iter_rows():
             c = self.per.setdefault(d, {"records": 0, "tokens": 0, "train": 0, "validation": 0})  # fmt: skip

@@ -83,7 +83,8 @@ def specforge_template(tok, name: str, thinking: bool) -> dict | None:
 
 def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
     """The manifest's "trainers": each trainer's route and what the conversation route loses.
-    `trainer`: dataset -> {"length": {split: rows}, "reasoning": rows, "turns": earlier turns};
+    `trainer`: dataset -> {"length": {split: cut rows}, "reasoning": rows, "turns": earlier
+    assistant turns} (reasoning and turns: of the SpecForge JSONL's rows);
     `retokenized`: dataset -> rows (count_retokenized) (kit.report.export)."""
     from kit.tokens import chat_template_hash
 
