@@ -13,7 +13,7 @@ from test_audit import ANSWERS, make_record, plant_run
 from test_export import read_jsonl
 
 from kit.report.export import export
-from kit.report.trainers import chatml_parts, register_code, renders_reasoning
+from kit.report.trainers import chatml_parts, register_code, renders_reasoning, renders_tool_calls
 from kit.report.validate import validate
 
 
@@ -25,13 +25,14 @@ def tok(model_dir):
 
 
 def planted(tmp_path, tok, model_dir):
-    """d: 4 records, 2 of them `length` (one with server ids, one without), 1 with reasoning;
-    e: 1 plain record."""
+    """d: 4 records, 2 of them `length` (one with server ids, one without), 1 with reasoning,
+    1 with a tool call; e: 1 plain record."""
     recs = [make_record(tok, "d", i, f"Tell me fact {i}.", ANSWERS[i]) for i in range(4)]
     recs[1].finish_reason, recs[1].output_ids = "length", recs[1].output_ids[:-1]
     recs[1].completion_tokens -= 1
     recs[2] = make_record(tok, "d", 2, "Tell me fact 2.", ANSWERS[2], finish="length", ids=False)
     recs[3].reasoning = "Recall the ocean sizes."
+    recs[0].tool_calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]  # fmt: skip
     recs.append(make_record(tok, "e", 5, "Tell me fact 5.", ANSWERS[5]))
     budgets = {"d": 1000, "e": 1000}
     return plant_run(tmp_path / "run", recs, budgets=budgets, tokenizer=str(model_dir)), recs
@@ -94,6 +95,8 @@ def test_reasoning_rows_counted_with_their_fate(tmp_path, tok, model_dir):
     assert "TEMPLATE_REGISTRY.register(name='kit-" in sf["register"]
     assert t["token_ids"]["specforge"] == {"data.prompts_path": "token_ids/train.jsonl"}
     assert "--data token_ids/train.jsonl" in t["token_ids"]["speculators"]
+    assert t["tool_calls"] == {"d": {"rows": 1, "template_renders_them": False}}
+    assert "d: 1 rows with tool calls, which the chat template does not render" in result.summary()
     assert json.loads((tmp_path / "out/manifest.json").read_text())["trainers"] == t
 
 
@@ -109,3 +112,4 @@ def test_template_parts_read_off_the_tokenizer(tok):
     think.chat_template = THINK_TEMPLATE  # Qwen3-like: the last turn's reasoning_content rendered
     assert renders_reasoning(think)
     assert register_code(None) is None
+    assert not renders_tool_calls(tok)  # SmolLM2's template has no place for them

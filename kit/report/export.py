@@ -250,10 +250,11 @@ class _Written:
         per = frame.group_by("dataset", maintain_order=True).agg(
             n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.sum(),
             length=cut_rows().sum(), thinks=thinks.sum(),
+            calls=(pl.col("tool_calls_json").is_not_null() & in_convs).sum(),
             turns=pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.sum()
             .filter(in_convs).sum(),
         )  # fmt: skip
-        for d, n, tokens, earlier, length, thinking, turns in per.iter_rows():
+        for d, n, tokens, earlier, length, thinking, calls, turns in per.iter_rows():
             c = self.per.setdefault(d, {"records": 0, "tokens": 0, "train": 0, "validation": 0})  # fmt: skip
             c["records"] += n
             c["tokens"] += tokens
@@ -262,6 +263,7 @@ class _Written:
             self.earlier[d] = self.earlier.get(d, 0) + earlier
             t = self.trainer.setdefault(d, {"length": dict.fromkeys(SPLITS, 0), "reasoning": 0, "turns": 0})  # fmt: skip
             t["turns"] += turns
+            t["tool_calls"] = t.get("tool_calls", 0) + calls
             t["length"][split] += length
             t["reasoning"] += thinking
 

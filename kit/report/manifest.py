@@ -166,6 +166,8 @@ def trainer_lines(t: dict | None) -> list[str]:
         return []
     lines = [f"  {name}: {r['rows']} rows with reasoning: SpecForge {r['specforge']}"
              for name, r in t["reasoning"].items()]  # fmt: skip
+    lines += [f"  {name}: {c['rows']} rows with tool calls, which the chat template does not render: the SpecForge conversation route does not train them"
+              for name, c in t.get("tool_calls", {}).items() if c["template_renders_them"] is False]  # fmt: skip
     how = {"left_out": "left out of", "kept": "kept in"}[t["length"]["conversations"]]
     lines += [f"  {name}: {sum(n.values())} `length` rows {how} the SpecForge JSONL"
               for name, n in t["length"]["rows"].items()]  # fmt: skip

@@ -70,6 +70,16 @@ def renders_reasoning(tok) -> bool:
     return _MARK in (render_one(tok, conv, False) or "")
 
 
+def renders_tool_calls(tok) -> bool:
+    """Whether the chat template writes an assistant message's tool_calls (the conversation
+    route trains them only then; token-id rows hold the server's ids either way)."""
+    from kit.report.convo import render_one
+
+    call = {"type": "function", "function": {"name": "kit_mark_fn", "arguments": "{}"}}
+    conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]  # fmt: skip
+    return "kit_mark_fn" in (render_one(tok, conv, False) or "")
+
+
 def specforge_template(tok, name: str, thinking: bool) -> dict | None:
     """The ChatTemplate to register for the conversation route (its fields and a name):
     no system_prompt (the tokenizer's template adds its own default, as the server did),
@@ -121,6 +131,14 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
             "note": SPECULATORS_NOTE if only_last else SPECULATORS_NOTE.split(";")[0],
         },  # fmt: skip
         "reasoning": {d: {"rows": n, **reasoning_fate(template)} for d, n in thinking.items()},
+        "tool_calls": {
+            d: {
+                "rows": t["tool_calls"],
+                "template_renders_them": renders_tool_calls(tok) if tok is not None else None,
+            }
+            for d, t in sorted(trainer.items())
+            if t.get("tool_calls")
+        },  # fmt: skip
         "length": {
             "conversations": "kept" if keep else "left_out",
             "rows": {
@@ -139,7 +157,7 @@ SPECULATORS_NOTE = ("one training row per assistant turn (earlier_turn_rows more
 RETOKENIZED_NOTE = ("with the named template, SpecForge trains kit's token-id rows' tokens on "
                     "every stop row but the retokenized_differently ones (the answer's text "
                     "re-tokenizes to other ids than the server's), the reasoning rows and the "
-                    "rows whose tool calls the template drops")  # fmt: skip
+                    "tool_calls rows when the template does not render them")  # fmt: skip
 LENGTH_NOTE = {  # keep_truncated_conversations -> what became of the `length` rows
     False: "left out of the SpecForge JSONL; the token-id rows keep them, the end-of-turn untrained",
     True: "kept in the SpecForge JSONL (keep_truncated_conversations): both trainers train an "
