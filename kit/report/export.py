@@ -225,8 +225,9 @@ class _Written:
     """What the writing pass wrote: per dataset records, tokens, split rows, rows holding
     earlier assistant turns, and how the token rows were made."""
 
-    def __init__(self, keep: bool = False) -> None:
+    def __init__(self, keep: bool = False, convs: bool = False) -> None:
         self.rows, self.keep = 0, keep  # keep: cut rows are in the SpecForge JSONL
+        self.convs = convs  # a SpecForge JSONL is written: count what its route loses
         self.per: dict[str, dict] = {}
         self.earlier: dict[str, int] = {}
         self.stats: dict[str, int] = {}
@@ -285,7 +286,10 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped) -> _Writte
     tokens = "token_ids" in opts.formats
     if tokens:
         dropped["template_mismatch"] = 0
-    done, pending = _Written(opts.keep_truncated_conversations), deque()
+    done, pending = (
+        _Written(opts.keep_truncated_conversations, "specforge" in opts.formats),
+        deque(),
+    )
     splits = {s: Split(out_dir, s, opts, tokens and kept.height > 0) for s in SPLITS[:1]}
     columns = _READ + (["prompt_ids", "output_ids"] if tokens else [])
     batches = record_batches(run_dir, columns=columns, prompts=True, batch_size=TOKEN_BATCH if tokens else BATCH)  # fmt: skip
@@ -356,7 +360,7 @@ def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
     dropped["template_mismatch"] += ok.count(False)
     rows = [m for m in made if m is not None]
     frame = frame.filter(pl.Series(ok, dtype=pl.Boolean))
-    if rows:
+    if rows and done.convs:
         count_retokenized(tok, frame, rows, done.retokenized, done.keep)
     frame = frame.with_columns(
         input_ids=pl.Series([r["input_ids"] for r in rows], dtype=pl.List(pl.Int64)),
