@@ -25,6 +25,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 SERVER_TIMEOUT = 300  # start-up is ~10-25 s on 2 idle cores; CI machines are often loaded
 NEEDS_MODEL = {"model_dir", "embedded_server", "vllm_server", "vllm_thinking"}  # -> `server` tests
 VLLM_TIMEOUT = 1200  # vLLM compiles the model at start-up: ~1 min idle, 3+ min on a busy machine
+# /v1/chat/completions/render, which speculators' prepare-data renders conversations through
+# (tests/test_trainers.py), is one of vLLM's scale-out endpoints: off unless asked for
+RENDER = ("--enable-scale-out",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
@@ -57,7 +60,7 @@ def vllm_server(model_dir):
     """One vLLM server (its own virtualenv, .venv-vllm) on the embedded model, per session."""
     from kit.serve import start
 
-    server = start(model_dir, engine="vllm", timeout=VLLM_TIMEOUT)
+    server = start(model_dir, engine="vllm", timeout=VLLM_TIMEOUT, extra_args=RENDER)
     yield server
     server.stop()
 
@@ -69,7 +72,7 @@ def vllm_thinking(model_dir):
     from kit.serve.prepare import prepare_thinking_model
 
     folder = prepare_thinking_model(model_dir)
-    args = ("--reasoning-parser", "deepseek_r1")
+    args = ("--reasoning-parser", "deepseek_r1", *RENDER)
     server = start(folder, engine="vllm", timeout=VLLM_TIMEOUT, extra_args=args)
     yield server
     server.stop()

@@ -97,7 +97,7 @@ def check_token_row(tok, row, conv, finish):
 @pytest.mark.server
 def test_specforge_format_field_by_field(planted, tmp_path):
     out = tmp_path / "out"
-    result = export(planted, out, formats=("specforge",))
+    result = export(planted, out, formats=("specforge",), keep_truncated_conversations=True)
     rows = read_jsonl(out / "specforge/train.jsonl")
     records = records_frame(planted).sort("t_done").to_dicts()
     assert len(rows) == len(records) == 10
@@ -120,7 +120,7 @@ def test_specforge_format_field_by_field(planted, tmp_path):
 @pytest.mark.server
 def test_token_rows_on_planted_records(planted, tmp_path, tok):
     out = tmp_path / "out"
-    result = export(planted, out, formats=("token_ids", "specforge", "parquet"))
+    result = export(planted, out, formats=("token_ids", "specforge", "parquet"), keep_truncated_conversations=True)  # fmt: skip
     rows = read_jsonl(out / "token_ids/train.jsonl")
     convs = read_jsonl(out / "specforge/train.jsonl")
     finish = records_frame(planted).sort("t_done")["finish_reason"].to_list()
@@ -158,7 +158,7 @@ def test_ids_that_do_not_match_text_are_retokenized(tmp_path, tok, model_dir):
 
 @pytest.mark.server
 def test_trim_to_budget_is_exact(planted, tmp_path):
-    result = export(planted, tmp_path / "out", formats=("specforge",), trim_to_budget=True)
+    result = export(planted, tmp_path / "out", formats=("specforge",), trim_to_budget=True, keep_truncated_conversations=True)  # fmt: skip
     recs = records_frame(planted).filter(pl.col("dataset") == "chat").sort("t_done")
     tokens = recs["completion_tokens"].to_list()
     kept = result.counts["chat"]["records"]
@@ -326,7 +326,7 @@ def test_real_server_run_token_rows(embedded_server, model_dir, tok, tmp_path):
     )
     run = kit.generate_sync(prompts, config, run_dir=tmp_path / "run")
     out = tmp_path / "out"
-    result = export(run.run_dir, out, val_fraction=0.5)
+    result = export(run.run_dir, out, val_fraction=0.5, keep_truncated_conversations=True)
     assert sum(c["records"] for c in result.counts.values()) == 4, kit.audit(run.run_dir).summary()
     finish = dict(records_frame(run.run_dir).select(pl.format("{}-{}-{}", "dataset", "prompt_id", "sample"), "finish_reason").iter_rows())  # fmt: skip
     n = 0
@@ -403,7 +403,7 @@ def test_an_old_layout_run_exports_byte_for_byte_as_the_old_code_did(tmp_path):
     """tests/fixtures/old_layout: a run of the JSONL layout and its SpecForge export by the
     code before the run database; the reader imports the run on first open."""
     shutil.copytree(OLD / "run", tmp_path / "run")
-    result = export(tmp_path / "run", tmp_path / "out", formats=("specforge",))
+    result = export(tmp_path / "run", tmp_path / "out", formats=("specforge",), keep_truncated_conversations=True)  # fmt: skip
     old = json.loads((OLD / "export/manifest.json").read_text())
     for rel in ("specforge/train.jsonl", "linehashes/specforge/train.jsonl.txt"):
         assert (tmp_path / "out" / rel).read_bytes() == (OLD / "export" / rel).read_bytes(), rel
@@ -556,7 +556,7 @@ def test_a_key_written_twice_is_exported_once_and_its_first_copy(tmp_path):
     store.init(_config())
     store.append(dataclasses.replace(first, completion="a later copy", t_done=T0 + 500))
     store.close()
-    result = export(tmp_path, tmp_path / "out", formats=("specforge",), drop_errors=False)
+    result = export(tmp_path, tmp_path / "out", formats=("specforge",), drop_errors=False, keep_truncated_conversations=True)  # fmt: skip
     rows = read_jsonl(tmp_path / "out/specforge/train.jsonl")
     assert len(rows) == 36 and sum(c["records"] for c in result.counts.values()) == 36
     mine = [r for r in rows if r["id"] == f"{first.dataset}-{first.prompt_id}-0"]

@@ -81,7 +81,9 @@ def test_vllm_records_and_token_rows_are_the_servers_ids(vllm_server, tmp_path):
         assert row["budget"] <= row["tokens_done"] <= row["budget"] + 48, row
 
     out = tmp_path / "out"
-    result = kit.export(tmp_path / "run", out, formats=("specforge", "token_ids"))
+    result = kit.export(
+        tmp_path / "run", out, formats=("specforge", "token_ids"), keep_truncated_conversations=True
+    )
     assert kit.validate(out).ok
     rows = {r["id"]: r for r in token_rows(out)}
     by_id = {f"{r['dataset']}-{r['prompt_id']}-{r['sample']}": r for r in records}
@@ -125,7 +127,9 @@ def test_vllm_reasoning_is_kept_counted_and_exported(vllm_thinking, tmp_path):
         decoded = tok.decode(r["output_ids"], skip_special_tokens=True)
         assert r["reasoning"].strip() in decoded
     out = tmp_path / "out"
-    kit.export(tmp_path / "run", out, formats=("specforge", "token_ids"))
+    kit.export(
+        tmp_path / "run", out, formats=("specforge", "token_ids"), keep_truncated_conversations=True
+    )
     assert kit.validate(out).ok
     sf = {r["id"]: r for r in specforge_rows(out)}
     tr = {r["id"]: r for r in token_rows(out)}
@@ -164,7 +168,9 @@ def test_vllm_all_turns_every_assistant_turn_is_the_targets(vllm_server, tmp_pat
     most = max(slots(m) for m in sources.values()) * 48
     assert budget <= total <= budget + max(0.01 * budget, most), total
     out = tmp_path / "out"
-    kit.export(tmp_path / "run", out, formats=("specforge", "token_ids"))
+    kit.export(
+        tmp_path / "run", out, formats=("specforge", "token_ids"), keep_truncated_conversations=True
+    )
     assert kit.validate(out).ok
     sf = {r["id"]: r for r in specforge_rows(out)}
     for r in records:  # every assistant turn exported is the target's
@@ -226,7 +232,9 @@ def test_vllm_tool_dataset_end_to_end(vllm_server, tmp_path):
           f"first: {called[0]['tool_calls'] if called else None}")  # fmt: skip
     assert len(called) >= len(records) // 2, [r["completion"][:60] for r in records]
     out = tmp_path / "out"
-    result = kit.export(tmp_path / "run", out, formats=("specforge", "token_ids"))
+    result = kit.export(
+        tmp_path / "run", out, formats=("specforge", "token_ids"), keep_truncated_conversations=True
+    )
     assert kit.validate(out).ok
     sf = {r["id"]: r for r in specforge_rows(out)}
     tr = {r["id"]: r for r in token_rows(out)}

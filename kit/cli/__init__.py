@@ -239,6 +239,10 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--drop-truncated", action="store_true", help="leave out completions cut at max_tokens"
     )
+    e.add_argument(
+        "--keep-truncated-conversations", action="store_true",
+        help="keep `length` rows in the SpecForge JSONL (left out by default, counted)",
+    )  # fmt: skip
     e.add_argument("--drop-duplicates", action="store_true", help="leave out duplicate completions")
     e.add_argument(
         "--trim-to-budget", action="store_true", help="per dataset, keep records up to its budget"

@@ -423,6 +423,7 @@ def cmd_export(args) -> int:
     _, check = export_run(
         args.run_dir, args.out_dir, args.tokenizer, formats=tuple(args.format),
         drop_truncated=args.drop_truncated, drop_duplicates=args.drop_duplicates,
+        keep_truncated_conversations=args.keep_truncated_conversations,
         trim_to_budget=args.trim_to_budget, val_fraction=args.val_fraction, seed=args.seed,
         overwrite=args.overwrite,
     )  # fmt: skip

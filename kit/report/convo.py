@@ -5,24 +5,26 @@ A row here is one record as a dict (a row of kit.run.reader.record_batches with 
 `tools`, `turns` and `tool_calls` are JSON text there (or lists, or null); `reasoning` is the thinking the
 server's reasoning parser split off the answer.
 
-SpecForge reads a conversation the way we write it (sgl-project/SpecForge):
-- specforge/data/parse.py (GeneralParser.parse) hands each message dict of `conversations`,
-  whole, to `tokenizer.apply_chat_template`, so an assistant message's `reasoning_content`
-  reaches the template, which renders it as the model writes it (Qwen3: "<think>\\n...\\n
-  </think>\\n\\n" before the answer); a template that has no place for it leaves it out.
+SpecForge reads a conversation so (sgl-project/SpecForge 0.2.0; tests/test_trainers.py runs it
+on real exports, kit/report/trainers.py names the routes):
+- specforge/data/parse.py: GeneralParser (parser_type "general", every built-in ChatML
+  template) keeps only role, content and tool_calls of a message (Parser._sanitize_message),
+  so an assistant message's `reasoning_content` never reaches the chat template: a reasoning
+  row trains its answer alone, or only the end-of-turn when the answer is empty.
+  ThinkingParser (a template registered with parser_type "thinking") keeps it, and the chat
+  template then renders it or not (Qwen3: "<think>\n...\n</think>\n\n"; SmolLM2: not).
+  The manifest counts such rows per dataset ("trainers" -> "reasoning").
 - scripts/regenerate_train_data.py `--reasoning save` writes regenerated turns exactly so:
   {"role": "assistant", "content": answer, "reasoning_content": thinking}.
-- specforge/utils.py (safe_conversations_generator) reads a row's `tools` (a list, or a
-  JSON string of one) and specforge/data/preprocessing.py (build_eagle3_dataset) passes it
-  to the parser as the template's `tools`.
+- specforge/data/preprocessing.py (build_eagle3_dataset) reads a row's `tools` (a list, or
+  a JSON string of one) and passes it to the parser as the template's `tools`.
 - the target's tool calls are the last assistant message's `tool_calls` (OpenAI's shape,
   [{"id", "type": "function", "function": {"name", "arguments"}}]), the field chat templates
   that render tool calls read (Qwen, Llama 3.1, Hermes: `message.tool_calls`); a template
   without one leaves them out, as it leaves out `tools`.
-- docs/basic_usage/data_preparation.md ("Multi-turn structured reasoning"): earlier
-  assistant turns keep only their visible content; with `train_only_last_turn` (PR #419,
-  `--train-only-last-turn`, `data.train_only_last_turn: true`) only the last assistant turn
-  of each row is trained. That switch is the trainer's, one for the whole dataset: SpecForge
+- docs/basic_usage/data_preparation.md ("Multi-turn structured reasoning"): with
+  `train_only_last_turn` (`data.train_only_last_turn: true`) only the last assistant turn of
+  each row is trained. That switch is the trainer's, one for the whole dataset: SpecForge
   has no per-row or per-turn flag.
 """
 
@@ -226,3 +228,15 @@ def rendered(lines) -> tuple[bytes, list[int]]:
     offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]  # fmt: skip
     start, end = int(offsets[0]), int(offsets[-1])
     return arr.buffers()[2].slice(start, end - start).to_pybytes(), (offsets - start).tolist()
+
+
+def cut_rows():
+    """Rows ending a generated turn at max_tokens: the answer (finish `length`) or, with
+    all_turns, an earlier turn (Record.turns). A trainer reading their conversation trains
+    an end-of-turn after the cut text, which the model never emitted."""
+    import polars as pl
+
+    turns = pl.col("turns").fill_null("").replace("", "[]")
+    finishes = turns.str.json_decode(pl.List(pl.Struct({"finish_reason": pl.String})))
+    earlier = finishes.list.eval(pl.element().struct.field("finish_reason") == "length").list.any()
+    return (pl.col("finish_reason") == "length") | earlier.fill_null(False)

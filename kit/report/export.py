@@ -77,6 +77,7 @@ class ExportOptions:
 
     formats: tuple = ("specforge", "token_ids", "parquet")
     drop_truncated: bool = False
+    keep_truncated_conversations: bool = False  # `length` rows in the SpecForge JSONL (see below)
     drop_errors: bool = True  # finish reasons other than stop/length (abort, error, ...)
     drop_duplicates: bool = False  # exact and near (normalized-text) copies; the first stays
     trim_to_budget: bool = False
@@ -160,6 +161,7 @@ def export(
     formats=("specforge", "token_ids", "parquet"),
     tokenizer=None,
     drop_truncated: bool = False,
+    keep_truncated_conversations: bool = False,
     drop_errors: bool = True,
     drop_duplicates: bool = False,
     trim_to_budget: bool = False,
@@ -177,6 +179,9 @@ def export(
         formats: any of "specforge", "token_ids", "parquet", "hf" (needs `datasets`).
         tokenizer: tokenizer or local path for token_ids (default the run's config.tokenizer).
         drop_truncated / drop_errors / drop_duplicates: leave those records out.
+        keep_truncated_conversations: keep `length` rows in the SpecForge JSONL too (left out
+            by default: a trainer would train an end-of-turn the model never emitted after
+            their cut answer; the token-id rows keep them, unclosed). Counted either way.
         trim_to_budget: per dataset keep records in commit order while tokens <= budget.
         mix: dataset -> token share (e.g. {"code": 1, "chat": 3}); other datasets are left out.
         val_fraction: share of each dataset's prompts put in the validation split.
@@ -190,7 +195,7 @@ def export(
     """
     from kit.run.reader import read_config
 
-    opts = ExportOptions(formats, drop_truncated, drop_errors, drop_duplicates, trim_to_budget, mix, val_fraction, seed)  # fmt: skip
+    opts = ExportOptions(formats, drop_truncated, keep_truncated_conversations, drop_errors, drop_duplicates, trim_to_budget, mix, val_fraction, seed)  # fmt: skip
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     with Staged(out_dir) as stage:  # written beside out_dir, swapped in only when validated
         owned_files(out_dir, overwrite, _targets(opts.formats))  # refuse before any work
@@ -202,7 +207,7 @@ def export(
         files: dict[str, dict] = {}
         written = _write(run_dir, stage.path, kept, config, tok, opts, files, dropped)
         notes = stage.notes + ([] if written.rows else [_manifest.empty_note(run_dir, light.height)])  # fmt: skip
-        manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files)  # fmt: skip
+        manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files, written.trainer, written.retokenized)  # fmt: skip
         manifest["notes"] = notes
         if "token_ids" in opts.formats:
             manifest["token_checks"] = written.checks.section()
@@ -225,29 +230,49 @@ class _Written:
     """What the writing pass wrote: per dataset records, tokens, split rows, rows holding
     earlier assistant turns, and how the token rows were made."""
 
-    def __init__(self) -> None:
-        self.rows = 0
+    def __init__(self, keep: bool = False, convs: bool = False) -> None:
+        self.rows, self.keep = 0, keep  # keep: cut rows are in the SpecForge JSONL
+        self.convs = convs  # a SpecForge JSONL is written: count what its route loses
         self.per: dict[str, dict] = {}
         self.earlier: dict[str, int] = {}
         self.stats: dict[str, int] = {}
         self.by_dataset: dict[str, dict] = {}
         self.checks = Checks()  # the sampled checks of the exact token rows
+        # dataset -> {"length": {split: cut rows}, "reasoning": rows, "turns": earlier assistant
+        # turns in the SpecForge JSONL} (kit.report.trainers)
+        self.trainer: dict[str, dict] = {}
+        self.retokenized: dict[
+            str, int
+        ] = {}  # dataset -> answers whose text re-tokenizes otherwise
 
     def add(self, frame, split: str) -> None:
         """Count a written batch of a split (dataset, completion_tokens, messages)."""
         import polars as pl
 
+        from kit.report.convo import cut_rows
+
         held = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.any()  # fmt: skip
+        in_convs = pl.lit(self.keep) | ~cut_rows()  # the rows of the SpecForge JSONL
+        thinks = (pl.col("reasoning").fill_null("") != "") & in_convs
         per = frame.group_by("dataset", maintain_order=True).agg(
-            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.sum()
-        )
-        for d, n, tokens, earlier in per.iter_rows():
+            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.sum(),
+            length=cut_rows().sum(), thinks=thinks.sum(),
+            calls=(pl.col("tool_calls_json").is_not_null() & in_convs).sum(),
+            turns=pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.sum()
+            .filter(in_convs).sum(),
+        )  # fmt: skip
+        for d, n, tokens, earlier, length, thinking, calls, turns in per.iter_rows():
             c = self.per.setdefault(d, {"records": 0, "tokens": 0, "train": 0, "validation": 0})  # fmt: skip
             c["records"] += n
             c["tokens"] += tokens
             c[split] += n
             self.rows += n
             self.earlier[d] = self.earlier.get(d, 0) + earlier
+            t = self.trainer.setdefault(d, {"length": dict.fromkeys(SPLITS, 0), "reasoning": 0, "turns": 0})  # fmt: skip
+            t["turns"] += turns
+            t["tool_calls"] = t.get("tool_calls", 0) + calls
+            t["length"][split] += length
+            t["reasoning"] += thinking
 
     def counts(self) -> dict[str, dict]:
         return {d: self.per[d] for d in sorted(self.per)}
@@ -267,7 +292,10 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped) -> _Writte
     tokens = "token_ids" in opts.formats
     if tokens:
         dropped["template_mismatch"] = 0
-    done, pending = _Written(), deque()
+    done, pending = (
+        _Written(opts.keep_truncated_conversations, "specforge" in opts.formats),
+        deque(),
+    )
     splits = {s: Split(out_dir, s, opts, tokens and kept.height > 0) for s in SPLITS[:1]}
     columns = _READ + (["prompt_ids", "output_ids"] if tokens else [])
     batches = record_batches(run_dir, columns=columns, prompts=True, batch_size=BATCH)
@@ -323,6 +351,7 @@ def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
     import polars as pl
 
     from kit.report.convo import tools_json
+    from kit.report.trainers import count_retokenized
 
     frame = frame.with_columns(  # messages come as sent already (kit.run.reader)
         tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String),
@@ -333,6 +362,8 @@ def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
     kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
     frame, lost = token_columns(tok, frame, done.stats, done.by_dataset, done.checks, turns=config.turns, kwargs_for=kwargs_for)  # fmt: skip
     dropped["template_mismatch"] += lost
+    if frame.height and done.convs:
+        count_retokenized(tok, frame, done.retokenized, done.keep)
     return frame
 
 

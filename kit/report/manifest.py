@@ -16,6 +16,8 @@ import dataclasses
 import time
 from urllib.parse import urlsplit, urlunsplit
 
+from kit.report import trainers
+
 TOKEN_SOURCES = {
     "exact": "the server's prompt_ids + output_ids, verbatim",
     "retokenized": "approximate: re-tokenized text (the chat template's rendering)",
@@ -87,7 +89,7 @@ def thinking_section(config, tok, names) -> dict:
     return out
 
 
-def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opts, files) -> dict:
+def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opts, files, trainer=None, retokenized=None) -> dict:  # fmt: skip
     """The manifest of one export (written last, as manifest.json). `counts`: dataset ->
     {"records", "tokens", "train", "validation"}; `earlier`: dataset -> rows holding earlier
     assistant turns."""
@@ -132,6 +134,7 @@ def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opt
     }
     if "specforge" in opts.formats:
         out["specforge"] = specforge_section(config.turns)
+        out["trainers"] = trainers.section(config, tok, trainer or {}, retokenized or {}, opts)
     return out
 
 
@@ -154,6 +157,25 @@ def summary_lines(manifest: dict) -> list[str]:
     sf = manifest.get("specforge")
     if sf and any(turns.get("rows_with_earlier_turns", {}).values()):
         lines.append(f"  SpecForge: {sf['how']}")
+    return lines + trainer_lines(manifest.get("trainers"))
+
+
+def trainer_lines(t: dict | None) -> list[str]:
+    """The conversation export's losses (kit.report.trainers), one line a dataset."""
+    if not t:
+        return []
+    lines = [f"  {name}: {r['rows']} rows with reasoning: SpecForge {r['specforge']}"
+             for name, r in t["reasoning"].items()]  # fmt: skip
+    lines += [f"  {name}: {c['rows']} rows with tool calls, which the chat template does not render: the SpecForge conversation route does not train them"
+              for name, c in t.get("tool_calls", {}).items() if c["template_renders_them"] is False]  # fmt: skip
+    how = {"left_out": "left out of", "kept": "kept in"}[t["length"]["conversations"]]
+    lines += [f"  {name}: {sum(n.values())} `length` rows {how} the SpecForge JSONL"
+              for name, n in t["length"]["rows"].items()]  # fmt: skip
+    sf = t["specforge"]
+    lines += [f"  {name}: {n} rows whose answer re-tokenizes to other ids than the server's: the SpecForge conversation route trains those ids"
+              for name, n in sf.get("retokenized_differently", {}).items()]  # fmt: skip
+    if sf["template"]:
+        lines.append(f"  SpecForge conversation route: data.chat_template {sf['data.chat_template']}, registered first (manifest trainers.specforge.register); exact route: data.prompts_path token_ids/train.jsonl")  # fmt: skip
     return lines
 
 

@@ -185,6 +185,24 @@ def _first_different_id(root: Path, a: str, b: str) -> int:
     return 0
 
 
+def left_out(manifest: dict, split: str) -> int:
+    """Rows of a split the SpecForge file leaves out (`length` answers, kit.report.trainers)."""
+    length = manifest.get("trainers", {}).get("length", {})
+    if length.get("conversations") != "left_out":
+        return 0
+    return sum(v.get(split, 0) for v in length.get("rows", {}).values())
+
+
+def _subsequence(root: Path, a: str, b: str) -> bool:
+    """Whether file a's ids are file b's in order with some left out, streaming."""
+    with open(root / a, encoding="utf-8") as fa, open(root / b, encoding="utf-8") as fb:
+        want = next(fa, None)
+        for line in fb:
+            if want is not None and _row_id(want) == _row_id(line):
+                want = next(fa, None)
+        return want is None
+
+
 def _check_counts(manifest: dict, ids: dict[str, _Ids], result: ValidationResult) -> None:
     """Rows per split agree with manifest counts, every format asked for has a file for every
     split with rows, and formats hold the same ids in order."""
@@ -201,13 +219,17 @@ def _check_counts(manifest: dict, ids: dict[str, _Ids], result: ValidationResult
             ):
                 result.problems.append(f"manifest.json: counts say {want} {split} rows, but it lists no {rel} ({fmt} was asked for)")  # fmt: skip
         found = {rel: v for rel, v in ids.items() if rel.endswith(f"/{split}.jsonl")}
+        left = left_out(manifest, split)  # `length` rows the SpecForge file leaves out
         for rel, v in found.items():
-            if v.n != want:
+            expect = want - left if rel.startswith("specforge/") else want
+            if v.n != expect:
                 result.problems.append(
-                    f"{rel}: {v.n} rows, manifest counts say {want} {split} rows"
+                    f"{rel}: {v.n} rows, manifest counts say {expect} {split} rows"
                 )
         sf, tk = f"specforge/{split}.jsonl", f"token_ids/{split}.jsonl"
-        if sf in found and tk in found and found[sf].digest() != found[tk].digest():
+        if sf in found and tk in found and left and not _subsequence(result.path, sf, tk):
+            result.problems.append(f"{sf}: its ids are not token_ids/{split}.jsonl's in order, less the left-out `length` rows")  # fmt: skip
+        elif sf in found and tk in found and not left and found[sf].digest() != found[tk].digest():
             first = _first_different_id(result.path, sf, tk)
             result.problems.append(
                 f"token_ids/{split}.jsonl line {first + 1}: id differs from specforge/{split}.jsonl"

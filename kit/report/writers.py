@@ -23,7 +23,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.report.convo import rendered, row_ids, specforge_lines
+from kit.report.convo import cut_rows, rendered, row_ids, specforge_lines
 from kit.report.exactrows import token_lines
 from kit.report.validate import file_entry
 
@@ -183,7 +183,9 @@ class Split:
         (kit.report.export hands them to one writer thread), so the caller renders the next
         batch meanwhile."""
         if "specforge" in self.jsonl:
-            later(self.jsonl["specforge"].write_rendered, *rendered(specforge_lines(frame)))
+            convs = frame if self.opts.keep_truncated_conversations else frame.filter(~cut_rows())
+            if convs.height:
+                later(self.jsonl["specforge"].write_rendered, *rendered(specforge_lines(convs)))
         if "token_ids" in self.jsonl:
             later(self.jsonl["token_ids"].write_rendered, *rendered(token_lines(frame)))
         if self.parquet is not None:

@@ -1,0 +1,224 @@
+"""The hand-off to the trainers: for SpecForge and speculators, the exact route that trains
+an export's rows (config keys, command line), the chat template SpecForge needs registered
+for the conversation route, and what that route cannot carry, counted per dataset.
+
+The token-id route is exact in both (tests/test_trainers.py runs their own data code, from
+PyPI, on real exports): SpecForge's `data.prompts_path` and speculators' `prepare-data --data`
+take input_ids + loss_mask verbatim. The conversation route re-renders text, so it loses what
+the text does not hold (sgl-project/SpecForge specforge/data/parse.py, vllm-project/
+speculators data_generation/preprocessing.py, 0.2.0 / 0.9.0):
+- SpecForge's GeneralParser keeps role, content, tool_calls of a message: reasoning_content
+  is dropped before the template sees it; ThinkingParser (parser_type "thinking") keeps it,
+  and the chat template then decides whether it is rendered.
+- its built-in ChatML templates ("qwen") end a turn with "<|im_end|>\\n" (the "\\n" trained)
+  and put in their own system prompt: kit names a template made from the tokenizer's.
+- speculators makes one row per assistant turn, trained to the end of the render (the
+  template's text after the end-of-turn too), and has no last-turn switch.
+- both train an end-of-turn after every answer: a `length` answer never emitted one, so the
+  conversation export leaves those rows out unless told to keep them (counted either way).
+"""
+
+from __future__ import annotations
+
+_MARK = "\ue000kit-mark\ue000"
+
+
+def chatml_parts(tok) -> dict | None:
+    """The pieces SpecForge's ChatTemplate needs, read off the tokenizer's own template:
+    the text before an assistant message's content and before a user message's, and the
+    end-of-turn token. None when the template does not render them plainly.
+
+    Example: SmolLM2 -> {"assistant_header": "<|im_start|>assistant\\n",
+                         "user_header": "<|im_start|>user\\n", "end_of_turn_token": "<|im_end|>"}
+    """
+    from kit.report.convo import render_one
+    from kit.report.tokenrows import end_of_turn
+
+    user = [{"role": "user", "content": _MARK}]
+    asked = render_one(tok, user, False)
+    answered = render_one(tok, [*user, {"role": "assistant", "content": _MARK + "a"}], False)
+    _, eot = end_of_turn(tok)
+    if not (asked and answered and eot and answered.startswith(asked)):
+        return None
+    head = asked[: asked.index(_MARK)]
+    user_header = head[head.rfind(eot) + len(eot) :].lstrip("\n") if eot in head else None
+    tail = answered[len(asked) :]
+    if _MARK + "a" not in tail:
+        return None
+    assistant_header = tail[: tail.index(_MARK + "a")]
+    return {"assistant_header": assistant_header, "user_header": user_header, "end_of_turn_token": eot}  # fmt: skip
+
+
+def after_end_of_turn(tok) -> str | None:
+    """The text the chat template writes after an assistant turn's end-of-turn (SmolLM2:
+    "\n"): speculators trains it, kit's rows (the model's own ids) end at the end-of-turn."""
+    from kit.report.convo import render_one
+    from kit.report.tokenrows import end_of_turn
+
+    _, eot = end_of_turn(tok)
+    conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK}]
+    text = render_one(tok, conv, False) or ""
+    end = text.find(_MARK + eot) if eot else -1
+    return text[end + len(_MARK + eot) :] if end >= 0 else None
+
+
+def renders_reasoning(tok) -> bool:
+    """Whether the chat template writes an assistant message's reasoning_content."""
+    from kit.report.convo import render_one
+
+    conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": _MARK}]  # fmt: skip
+    return _MARK in (render_one(tok, conv, False) or "")
+
+
+def renders_tool_calls(tok) -> bool:
+    """Whether the chat template writes an assistant message's tool_calls (the conversation
+    route trains them only then; token-id rows hold the server's ids either way)."""
+    from kit.report.convo import render_one
+
+    call = {"type": "function", "function": {"name": "kit_mark_fn", "arguments": "{}"}}
+    conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]  # fmt: skip
+    return "kit_mark_fn" in (render_one(tok, conv, False) or "")
+
+
+def specforge_template(tok, name: str, thinking: bool) -> dict | None:
+    """The ChatTemplate to register for the conversation route (its fields and a name):
+    no system_prompt (the tokenizer's template adds its own default, as the server did),
+    parser "thinking" when rows have reasoning and the template renders it."""
+    parts = chatml_parts(tok)
+    if parts is None:
+        return None
+    parser = "thinking" if thinking and renders_reasoning(tok) else "general"
+    return {"name": name, **parts, "system_prompt": None, "parser_type": parser}
+
+
+def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
+    """The manifest's "trainers": each trainer's route and what the conversation route loses.
+    `trainer`: dataset -> {"length": {split: cut rows}, "reasoning": rows, "turns": earlier
+    assistant turns} (reasoning and turns: of the SpecForge JSONL's rows);
+    `retokenized`: dataset -> rows (count_retokenized) (kit.report.export)."""
+    from kit.tokens import chat_template_hash
+
+    thinking = {d: t["reasoning"] for d, t in sorted(trainer.items()) if t["reasoning"]}
+    name = f"kit-{chat_template_hash(tok)[:12]}" if tok is not None else None
+    template = specforge_template(tok, name, bool(thinking)) if tok is not None else None
+    model = config.tokenizer or config.model
+    only_last = config.turns == "last_turn"
+    keep = opts.keep_truncated_conversations
+    return {
+        "token_ids": {
+            "specforge": {"data.prompts_path": "token_ids/train.jsonl"},
+            "speculators": f"speculators prepare-data --model {model} --data token_ids/train.jsonl --output <dir>",  # fmt: skip
+            "note": "exact: both trainers train these rows verbatim (input_ids and loss_mask as written)",  # fmt: skip
+        },
+        "specforge": {
+            "data.train_data_path": "specforge/train.jsonl",
+            "data.chat_template": name,
+            "data.train_only_last_turn": only_last,
+            "template": template,
+            "register": register_code(template),
+            "train_only_last_turn": only_last,
+            "retokenized_differently": dict(sorted(retokenized.items())),
+            "note": RETOKENIZED_NOTE,
+        },
+        "speculators": {
+            "command": f"speculators prepare-data --model {model} --data specforge/train.jsonl "
+            "--render-endpoint <the target's vLLM, served with --enable-scale-out; no /v1> "
+            "--seq-length <its max_model_len or less> --output <dir>",
+            "trains_after_end_of_turn": after_end_of_turn(tok) if tok is not None else None,
+            "earlier_turn_rows": {
+                d: t["turns"] for d, t in sorted(trainer.items()) if t.get("turns")
+            },
+            "note": SPECULATORS_NOTE if only_last else SPECULATORS_NOTE.split(";")[0],
+        },  # fmt: skip
+        "reasoning": {d: {"rows": n, **reasoning_fate(template)} for d, n in thinking.items()},
+        "tool_calls": {
+            d: {
+                "rows": t["tool_calls"],
+                "template_renders_them": renders_tool_calls(tok) if tok is not None else None,
+            }
+            for d, t in sorted(trainer.items())
+            if t.get("tool_calls")
+        },  # fmt: skip
+        "length": {
+            "conversations": "kept" if keep else "left_out",
+            "rows": {
+                d: t["length"] for d, t in sorted(trainer.items()) if any(t["length"].values())
+            },  # fmt: skip
+            "note": LENGTH_NOTE[keep],
+        },
+    }
+
+
+SPECULATORS_NOTE = ("one training row per assistant turn (earlier_turn_rows more rows than "
+                    "conversations), each trained to the end of the render: the template's text "
+                    "after the end-of-turn too (trains_after_end_of_turn), on every row; no "
+                    "last-turn switch: on a last_turn export it trains the dataset's earlier "
+                    "answers, so use the token-id route")  # fmt: skip
+RETOKENIZED_NOTE = ("with the named template, SpecForge trains kit's token-id rows' tokens on "
+                    "every stop row but the retokenized_differently ones (the answer's text "
+                    "re-tokenizes to other ids than the server's), the reasoning rows and the "
+                    "tool_calls rows when the template does not render them")  # fmt: skip
+LENGTH_NOTE = {  # keep_truncated_conversations -> what became of the `length` rows
+    False: "left out of the SpecForge JSONL; the token-id rows keep them, the end-of-turn untrained",
+    True: "kept in the SpecForge JSONL (keep_truncated_conversations): both trainers train an "
+          "end-of-turn after these cut answers, which the model never emitted",
+}  # fmt: skip
+
+
+def reasoning_fate(template: dict | None) -> dict:
+    """What becomes of a row's reasoning_content on SpecForge's conversation route."""
+    if template is None:
+        return {"specforge": "no template could be named: use the token-id route"}
+    if template["parser_type"] == "thinking":
+        return {"specforge": "kept: the named template uses parser_type 'thinking' (ThinkingParser), "
+                             "and the chat template renders reasoning_content"}  # fmt: skip
+    return {"specforge": "dropped: GeneralParser keeps role/content/tool_calls only, and this chat "
+                         "template does not render reasoning_content either (ThinkingParser would "
+                         "pass it, the template would still drop it): use the token-id route",
+            "speculators": "passed to the template as reasoning_content; dropped by this template"}  # fmt: skip
+
+
+def register_code(template: dict | None) -> str | None:
+    """The Python that registers the template with SpecForge before training."""
+    if template is None:
+        return None
+    fields = {k: v for k, v in template.items() if k != "name"}
+    args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+    return ("from specforge.data.template import TEMPLATE_REGISTRY, ChatTemplate; "
+            f"TEMPLATE_REGISTRY.register(name={template['name']!r}, template=ChatTemplate({args}))")  # fmt: skip
+
+
+def count_retokenized(tok, frame, out: dict, keep: bool) -> None:
+    """Count, per dataset (`out`: dataset -> rows, updated), the server-id rows of the
+    SpecForge JSONL whose answer re-tokenized from its text is not the server's ids: the
+    conversation route trains other ids there (a model may emit a non-canonical split of a
+    text). Rows with reasoning or tool calls are counted as such elsewhere; cut rows are not
+    in the JSONL unless kept (`keep`). `frame`: a batch with its token-id columns."""
+    import polars as pl
+
+    from kit.report.convo import cut_rows
+    from kit.report.tokenrows import end_of_turn
+
+    eot, _ = end_of_turn(tok)
+    plain = (pl.col("reasoning").fill_null("") == "") & pl.col("tool_calls_json").is_null()
+    plain &= (pl.col("ids_source") == "server") & (pl.lit(keep) | ~cut_rows())
+    picked = frame.filter(plain)
+    if not picked.height:
+        return
+    answers = tok(picked["completion"].to_list(), add_special_tokens=False)["input_ids"]
+    rows = picked.select("dataset", "finish_reason", "input_ids", "loss_mask").iter_rows()
+    for (d, finish, ids, mask), answer in zip(rows, answers, strict=True):
+        if last_span({"input_ids": ids, "loss_mask": mask}) != answer + ([eot] if finish == "stop" else []):  # fmt: skip
+            out[d] = out.get(d, 0) + 1
+
+
+def last_span(row: dict) -> list[int]:
+    """The ids of a token row's last trained run (loss_mask 1): the generated answer."""
+    ids, mask = row["input_ids"], row["loss_mask"]
+    end = len(mask)
+    while end and not mask[end - 1]:
+        end -= 1
+    start = end
+    while start and mask[start - 1]:
+        start -= 1
+    return ids[start:end]

@@ -1,0 +1,189 @@
+"""kit's exports through the trainers' own data code (SpecForge 0.2.0, speculators 0.9.0 from
+PyPI, in .venv-trainers: `make trainers`), on real runs of the embedded vLLM: plain
+(last_turn, with a multi-turn dataset), all_turns, and reasoning (the thinking variant).
+
+tests/trainer_oracle.py runs their preprocessing and prints what they train; here it is
+compared with kit's token-id rows: the token-id route must be kit's rows verbatim, and the
+conversation route (with the template the manifest names) must train kit's tokens on every
+`stop` row but for the differences the manifest counts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_vllm import SAMPLES, read_jsonl, vllm_config
+from transformers import AutoTokenizer
+
+import kit
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINERS = ROOT / ".venv-trainers" / "bin" / "python"
+pytestmark = pytest.mark.slow
+
+
+def oracle(out: Path, model, routes, manifest=None, endpoint=None) -> dict:
+    """tests/trainer_oracle.py in .venv-trainers on the export at out."""
+    assert TRAINERS.exists(), "run `make trainers` first (.venv-trainers)"
+    hand = (manifest or {}).get("trainers", {})
+    args = {"export": str(out), "model": str(model), "routes": list(routes),
+            "template": hand.get("specforge", {}).get("template"),
+            "train_only_last_turn": hand.get("specforge", {}).get("train_only_last_turn", False),
+            "render_endpoint": endpoint}  # fmt: skip
+    done = subprocess.run([str(TRAINERS), str(ROOT / "tests/trainer_oracle.py"), json.dumps(args)],
+                          capture_output=True, text=True, timeout=1800, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def trained(ids, mask) -> list[int]:
+    return [i for i, m in zip(ids, mask, strict=True) if m]
+
+
+def run_and_export(server, tmp, frame, budgets, max_tokens, **kw):
+    sampling = kit.Sampling(max_tokens=max_tokens, temperature=0.7, seed=1)
+    run = kit.generate_sync(frame, vllm_config(server, budgets, sampling=sampling, **kw), run_dir=tmp / "run")  # fmt: skip
+    assert run.stop_reason is None, run.stop_reason
+    result = kit.export(tmp / "run", tmp / "out", formats=("specforge", "token_ids"))
+    assert kit.validate(tmp / "out").ok
+    return tmp / "out", result
+
+
+@pytest.fixture(scope="module")
+def plain(vllm_server, tmp_path_factory):
+    """Every sample dataset, last_turn (multi_turn's earlier turns are the dataset's)."""
+    loaded = kit.load(str(SAMPLES))
+    names = sorted(loaded.frame["dataset"].unique().to_list())
+    out, result = run_and_export(vllm_server, tmp_path_factory.mktemp("plain"), loaded, dict.fromkeys(names, 400), 160)  # fmt: skip
+    return out, result, vllm_server
+
+
+SHORT = [("What is the capital of France?", "And of Italy?"), ("Name a primary color.", "Another one?"),
+         ("What is 2 + 2?", "And 3 + 3?"), ("Say hello.", "Say goodbye."),
+         ("Name a fruit.", "Name a vegetable."), ("What color is the sky?", "And grass?")]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def all_turns(vllm_server, tmp_path_factory):
+    """Two-question conversations (the `turns` format) with short answers, all_turns: every
+    assistant turn is the target's (multi_turn's long answers would all stop at max_tokens)."""
+    tmp = tmp_path_factory.mktemp("all")
+    src = tmp / "short_turns.jsonl"
+    src.write_text("".join(json.dumps({"turns": list(q)}) + "\n" for q in SHORT))
+    frame = kit.load(str(src)).frame
+    out, result = run_and_export(vllm_server, tmp, frame, {"short_turns": 1500}, 160, turns="all_turns", concurrency=8)  # fmt: skip
+    return out, result, vllm_server
+
+
+@pytest.fixture(scope="module")
+def reasoning(vllm_thinking, tmp_path_factory):
+    frame = kit.load(str(SAMPLES / "chat_general.jsonl")).frame.head(16)
+    out, result = run_and_export(vllm_thinking, tmp_path_factory.mktemp("think"), frame, {"chat_general": 1500}, 256, concurrency=16)  # fmt: skip
+    return out, result, vllm_thinking
+
+
+def base_url(server) -> str:
+    return server.base_url.removesuffix("/v1")
+
+
+ROUTES = ["specforge_ids", "speculators_ids", "specforge_conv", "speculators_conv"]
+EXPORTS = ["plain", "all_turns", "reasoning"]
+
+
+@pytest.fixture(scope="module")
+def trained_by(request):
+    """export name -> (the trainers' output, kit's token rows by id, SpecForge rows, manifest)."""
+    done = {}
+
+    def get(which):
+        if which not in done:
+            out, result, server = request.getfixturevalue(which)
+            got = oracle(out, server.tokenizer_path, ROUTES, result.manifest, base_url(server))
+            rows = {r["id"]: r for r in read_jsonl(out / "token_ids/train.jsonl")}
+            sf = {r["id"]: r for r in read_jsonl(out / "specforge/train.jsonl")}
+            done[which] = got, rows, sf, result.manifest, server
+        return done[which]
+
+    return get
+
+
+@pytest.mark.parametrize("which", EXPORTS)
+def test_token_id_route_trains_kits_rows_verbatim(which, trained_by):
+    got, rows, _, _, _ = trained_by(which)
+    mine = {k: (r["input_ids"], r["loss_mask"]) for k, r in rows.items()}
+    sf = got["specforge_ids"]  # data.prompts_path: every row, in order, as written
+    assert sf["n"] == len(rows) and {k: tuple(map(list, v)) for k, v in sf["rows"].items()} == mine
+    sp = sorted(got["speculators_ids"]["multiset"])  # prepare-data shuffles: as multisets
+    assert got["speculators_ids"]["n"] == len(rows) and sp == sorted(map(list, mine.values()))
+    print(f"\n{which}: token-id route, {len(rows)} rows: SpecForge {len(rows)}/{len(rows)}, "
+          f"speculators {len(rows)}/{len(rows)} identical")  # fmt: skip
+
+
+def differing(trainer_rows, kit_rows, sf_rows, tail=()) -> dict[str, list[str]]:
+    """dataset -> ids of the SpecForge JSONL rows whose trained tokens (all of the row's
+    trainer rows', each less `tail`) differ from kit's token row's."""
+    out = {}
+    for rid, got in trainer_rows.items():
+        got = got if got and isinstance(got[0][0], list) else [got]  # speculators: rows per turn
+        theirs = []
+        for ids, mask in got:
+            t, n = trained(ids, mask), len(tail)
+            if n:  # the row must end with the tail; a row without it differs
+                t = t[:-n] if t[-n:] == list(tail) else [*t, "no tail"]
+            theirs += t
+        if theirs != trained(kit_rows[rid]["input_ids"], kit_rows[rid]["loss_mask"]):
+            out.setdefault(sf_rows[rid]["id"].rsplit("-", 2)[0], []).append(rid)
+    return out
+
+
+def explained(diff: dict, sf_rows: dict, manifest: dict) -> None:
+    """Every differing row is a counted one: reasoning rows (trainers.reasoning) or answers
+    that re-tokenize otherwise (trainers.specforge.retokenized_differently)."""
+    t = manifest["trainers"]
+    with_reasoning = {}  # dataset -> SpecForge rows with reasoning_content
+    for rid, row in sf_rows.items():
+        if row["conversations"][-1].get("reasoning_content"):
+            with_reasoning[rid.rsplit("-", 2)[0]] = with_reasoning.get(rid.rsplit("-", 2)[0], 0) + 1
+    assert with_reasoning == {d: r["rows"] for d, r in t["reasoning"].items()}
+    for name, ids in diff.items():
+        thinking = [i for i in ids if sf_rows[i]["conversations"][-1].get("reasoning_content")]
+        rest = len(ids) - len(thinking)
+        assert len(thinking) == with_reasoning.get(name, 0), (name, thinking)  # dropped, each
+        assert rest == t["specforge"]["retokenized_differently"].get(name, 0), (name, ids)
+
+
+@pytest.mark.parametrize("which", EXPORTS)
+def test_conversation_route_trains_kits_tokens_but_what_the_manifest_counts(which, trained_by):
+    got, rows, sf_rows, manifest, server = trained_by(which)
+    t = manifest["trainers"]
+    cut = sum(sum(n.values()) for n in t["length"]["rows"].values())
+    assert t["length"]["conversations"] == "left_out" and len(sf_rows) == len(rows) - cut
+    assert sf_rows, f"{which}: no stop row to compare"
+    # SpecForge, data.chat_template the manifest names (registered as it says)
+    sf = got["specforge_conv"]
+    assert sf["pipeline_same"] and sf["n"] == len(sf_rows)  # the per-row calls are its pipeline
+    sf_diff = differing(sf["rows"], rows, sf_rows)
+    explained(sf_diff, sf_rows, manifest)
+    # speculators: one row per assistant turn, each trained to the end of the render
+    sp = got["speculators_conv"]
+    assert sp["pipeline_same"]
+    if which == "plain":  # last_turn: the earlier (dataset) turns are rows of their own
+        extra = sum(t["speculators"]["earlier_turn_rows"].values())
+        assert extra and sp["n"] == len(sf_rows) + extra
+        sp_rows = {k: v[-1:] for k, v in sp["rows"].items()}
+    else:
+        sp_rows = sp["rows"]
+    tok = AutoTokenizer.from_pretrained(server.tokenizer_path, local_files_only=True)
+    tail = tok.encode(t["speculators"]["trains_after_end_of_turn"], add_special_tokens=False)
+    assert tail, "SmolLM2's template writes a newline after <|im_end|>: speculators trains it"
+    sp_diff = differing({k: v for k, v in sp_rows.items() if v}, rows, sf_rows, tail)
+    skipped = [k for k, v in sp_rows.items() if not v]
+    assert sp_diff == sf_diff and not skipped, (sp_diff, skipped)
+    n_diff = sum(map(len, sf_diff.values()))
+    print(f"\n{which}: conversation route, {len(sf_rows)} stop rows ({cut} `length` rows left "
+          f"out): SpecForge trains kit's tokens on {len(sf_rows) - n_diff}, speculators on "
+          f"{len(sf_rows) - n_diff} (plus its trailing {t['speculators']['trains_after_end_of_turn']!r}); "
+          f"differing, counted in the manifest: {dict((k, len(v)) for k, v in sf_diff.items())}")  # fmt: skip
