@@ -136,7 +136,16 @@ def parser() -> argparse.ArgumentParser:
         "(all_turns; needed by lists of user turns such as MT-bench); kept in plan.json",
     )  # fmt: skip
     pl_.add_argument("--run-dir", required=True)
-    pl_.add_argument("--budget", nargs="+", required=True, help=BUDGET_HELP)
+    pl_.add_argument(
+        "--budget", nargs="+", required=True,
+        help=f"{BUDGET_HELP}; or bytes of hidden states of an offline EAGLE-3 dump (2TB, 500GiB, "
+        "NAME=1TB), converted to completion tokens from the pilot's lengths",
+    )  # fmt: skip
+    pl_.add_argument(
+        "--target-config", metavar="PATH",
+        help="the target's config.json or model folder (hidden_size, num_hidden_layers), for the "
+        "hidden-state disk of the plan (default: the tokenizer's folder when it holds one)",
+    )  # fmt: skip
     pl_.add_argument("--max-tokens", type=int, default=512)
     pl_.add_argument("--temperature", type=float, default=0.7)
     pl_.add_argument("--seed", type=int, default=0, help="prompt order and pilot sample")
