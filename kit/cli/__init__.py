@@ -203,6 +203,15 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--val-fraction", type=float, default=0.0)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--overwrite", action="store_true", help="replace an export in OUT_DIR")
+    e.add_argument(
+        "--draft-vocab", type=int, nargs="?", const=32_000, metavar="K",
+        help="also write draft_vocab/: token frequencies and d2t/t2d of a K-token draft "
+        "vocabulary for SpecForge and speculators (default K 32000, capped at the target's)",
+    )  # fmt: skip
+    e.add_argument(
+        "--target-config", metavar="PATH",
+        help="the target's config.json or folder, for its vocab_size (default: the run's tokenizer folder)",
+    )  # fmt: skip
     e.set_defaults(fn=cmd_export)
 
     v = sub.add_parser("validate", help="check an export against its manifest and format")

@@ -458,7 +458,7 @@ def cmd_export(args) -> int:
         args.run_dir, args.out_dir, args.tokenizer, formats=tuple(args.format),
         drop_truncated=args.drop_truncated, drop_duplicates=args.drop_duplicates,
         trim_to_budget=args.trim_to_budget, val_fraction=args.val_fraction, seed=args.seed,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, draft_vocab=args.draft_vocab, target_config=args.target_config,
     )  # fmt: skip
     return 0 if check.ok else 1
 
