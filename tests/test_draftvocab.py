@@ -133,3 +133,14 @@ def test_trainers_load_the_mapping_kit_claims(run, tmp_path, k, top):
     assert got["speculators"]["loaded"] == want
     assert got["speculators"]["from_freq"] == want  # speculators' own rule on token_freq.pt
     assert got["speculators"]["token_freq"] == {"3": 1, "5": 3, "7": 3, "9": 3, "12": 1, "20": 3, "21": 2, "22": 1}  # fmt: skip
+
+
+def test_kit_export_draft_vocab_flag(run, tmp_path, capsys):
+    from kit import cli
+
+    out = tmp_path / "out"
+    argv = ["export", str(run), str(out), "--format", "specforge", "--draft-vocab", "--target-config", str(tmp_path / "target")]  # fmt: skip
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"draft vocabulary of {V} (target {V})" in printed  # the default 32,000, capped
+    assert sorted(p.name for p in (out / "draft_vocab").iterdir()) == ["d2t-64.npy", "draft_vocab.json", "t2d-64.npy", "token_freq.pt", "vocab_mapping.pt"]  # fmt: skip
