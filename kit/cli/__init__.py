@@ -164,7 +164,16 @@ def parser() -> argparse.ArgumentParser:
         "(all_turns; needed by lists of user turns such as MT-bench); kept in plan.json",
     )  # fmt: skip
     pl_.add_argument("--run-dir", required=True, help="the run directory plan.json goes into")
-    pl_.add_argument("--budget", nargs="+", required=True, help=BUDGET_HELP)
+    pl_.add_argument(
+        "--budget", nargs="+", required=True,
+        help=f"{BUDGET_HELP}; or bytes of hidden states of an offline EAGLE-3 dump (2TB, 500GiB, "
+        "NAME=1TB), converted to completion tokens from the pilot's lengths",
+    )  # fmt: skip
+    pl_.add_argument(
+        "--target-config", metavar="PATH",
+        help="the target's config.json or model folder (hidden_size, num_hidden_layers), for the "
+        "hidden-state disk of the plan (default: the tokenizer's folder when it holds one)",
+    )  # fmt: skip
     pl_.add_argument(
         "--max-tokens", type=int, default=512, help="completion tokens per request at most"
     )
@@ -253,6 +262,15 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     e.add_argument("--seed", type=int, default=0, help="the validation split's seed")
     e.add_argument("--overwrite", action="store_true", help="replace an export in OUT_DIR")
+    e.add_argument(
+        "--draft-vocab", type=int, nargs="?", const=32_000, metavar="K",
+        help="also write draft_vocab/: token frequencies and d2t/t2d of a K-token draft "
+        "vocabulary for SpecForge and speculators (default K 32000, capped at the target's)",
+    )  # fmt: skip
+    e.add_argument(
+        "--target-config", metavar="PATH",
+        help="the target's config.json or folder, for its vocab_size (default: the run's tokenizer folder)",
+    )  # fmt: skip
     e.set_defaults(fn=cmd_export)
 
     v = sub.add_parser("validate", help="check an export against its manifest and format")

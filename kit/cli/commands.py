@@ -25,17 +25,37 @@ SAMPLES = REPO / "data" / "samples"
 
 def parse_budgets(values: list[str]) -> int | dict[str, int]:
     """["1e7"] -> 10000000 (every dataset); ["a=5000", "b=2000"] -> {"a": 5000, "b": 2000}."""
+    tokens, hidden = parse_plan_budgets(values)
+    if hidden:
+        raise ValueError(
+            f"--budget: {values} holds bytes of hidden states; only kit plan converts them to "
+            "tokens (from its pilot's prompt and completion lengths): give tokens here"
+        )
+    return tokens
+
+
+def parse_plan_budgets(values: list[str]) -> tuple[int | dict[str, int], int | dict[str, int]]:
+    """(token budgets, hidden-state byte budgets) of kit plan's --budget: a value with a byte
+    unit ("2TB", "500GiB") is bytes of hidden states; the token side holds 1 for those until
+    the pilot converts them. ["2TB"] -> (1, 2000000000000); ["a=1e6", "b=1GB"] -> ({"a":
+    1000000, "b": 1}, {"b": 1000000000})."""
+    from kit.plan.hidden import parse_bytes
+
     if len(values) == 1 and "=" not in values[0]:
-        return _tokens("--budget", values[0])
-    out = {}
+        hidden = parse_bytes(values[0])
+        return (1, hidden) if hidden else (_tokens("--budget", values[0]), {})
+    tokens, hidden = {}, {}
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise ValueError(
                 f"--budget takes TOKENS (one number for every dataset) or NAME=TOKENS ..., got {item!r}"
             )
-        out[name] = _tokens(f"--budget {name}", value)
-    return out
+        if size := parse_bytes(value):
+            tokens[name], hidden[name] = 1, size
+        else:
+            tokens[name] = _tokens(f"--budget {name}", value)
+    return tokens, hidden
 
 
 def parse_mapping(text: str | None) -> dict | None:
@@ -110,7 +130,10 @@ def _tokens(flag: str, value: str) -> int:
     except ValueError:
         tokens = math.nan
     if not (math.isfinite(tokens) and tokens >= 1):
-        raise ValueError(f"{flag}: expected a positive number of tokens, got {value!r}")
+        raise ValueError(
+            f"{flag}: expected a positive number of tokens (or, for kit plan, bytes of hidden "
+            f"states such as 2TB), got {value!r}"
+        )
     return int(tokens)
 
 
@@ -199,12 +222,17 @@ def _counter(label: str):
 
 
 def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample_cap=None,
-             server=None, servers=None):  # fmt: skip
+             server=None, servers=None, hidden=None, target_config=None):  # fmt: skip
     """Profile prompts, pilot, plan the budgets (timed on `servers` endpoints) and write
     plan.json (storing `config` and `server`: whether its endpoints are an embedded server
-    this command started)."""
+    this command started). `hidden`: dataset -> bytes of hidden states (or one number for
+    all), converted to completion tokens from the pilot; `target_config`: the target's
+    config.json or folder (default: the tokenizer's folder when it holds one)."""
     from kit import plan
+    from kit.plan import hidden as hs
     from kit.report.widgets import summary_text
+
+    shape = hs.shape_for(target_config, config.tokenizer, needed=bool(hidden))
 
     frame = loaded.frame
     names = sorted(frame["dataset"].unique().to_list())
@@ -225,6 +253,10 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
     for url, measured in result.per_endpoint.items():
         print(f"pilot throughput at {url}: {measured.tokens_per_s:,.1f} tok/s "
               f"({measured.concurrency} in flight)")  # fmt: skip
+    if hidden:
+        budgets, lines = hs.convert_budgets(budgets, hidden, result, shape)
+        print("\n".join(lines))
+        config = replace(config, budgets=budgets)
     table = plan.budget(
         budgets,
         result,
@@ -235,6 +267,11 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
         servers=servers,
     )
     print(summary_text(table))
+    if shape is not None:
+        print(hs.hidden_text(hs.hidden_states(table, result, shape), shape))
+    else:
+        print("hidden states: no target config.json known (give --target-config PATH to see "
+              "the disk an offline EAGLE-3 dump of this plan takes)")  # fmt: skip
     path = plan.write_plan(run_dir, table, config, pilot=result, prompts=loaded, server=server)
     print(f"plan written: {path}")
     return path
@@ -242,13 +279,16 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
 
 def cmd_plan(args) -> int:
     import kit
+    from kit import plan
 
     if bool(args.base_url) != bool(args.model):
         raise ValueError(
             "--base-url and --model go together (the server and the model name it expects); "
             "give neither to start the embedded server"
         )
-    budgets = parse_budgets(args.budget)
+    budgets, hidden = parse_plan_budgets(args.budget)
+    if args.target_config or (hidden and args.base_url):  # a bad or missing one: before any work
+        plan.hidden.shape_for(args.target_config, args.tokenizer, needed=bool(hidden))
     loaded = kit.load(
         [str(Path(p).resolve()) for p in args.samples],
         format=parse_formats(args.format),
@@ -282,7 +322,7 @@ def cmd_plan(args) -> int:
         plan_run(
             loaded, config, args.run_dir, per_dataset=args.pilot_per_dataset,
             throughput=args.throughput, sample_cap=args.sample_cap, server=server,
-            servers=args.servers,
+            servers=args.servers, hidden=hidden, target_config=args.target_config,
         )  # fmt: skip
     return 0
 
@@ -425,7 +465,7 @@ def cmd_export(args) -> int:
         drop_truncated=args.drop_truncated, drop_duplicates=args.drop_duplicates,
         keep_truncated_conversations=args.keep_truncated_conversations,
         trim_to_budget=args.trim_to_budget, val_fraction=args.val_fraction, seed=args.seed,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, draft_vocab=args.draft_vocab, target_config=args.target_config,
     )  # fmt: skip
     return 0 if check.ok else 1
 

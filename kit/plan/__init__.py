@@ -3,7 +3,8 @@
 Modules: `lengths` (profiles), `pilots` (a seeded sample run through kit.run.generate, its
 throughput at the run's concurrency), `estimate` (budget(): samples needed, bounds, hours,
 cap overshoot), `inputs` (budget()/allocate() input checks), `allocation` (allocate():
-tokens per dataset from hours), `planfile` (plan.json, the hand-over to the run stage).
+tokens per dataset from hours), `planfile` (plan.json, the hand-over to the run stage),
+`hidden` (the disk an offline EAGLE-3 hidden-state dump of a plan takes; byte budgets).
 The pilot is a small run, so this package sits above kit.run.
 
     res = kit.plan.pilot_sync(prompts, config)   # 30 per dataset
@@ -13,6 +14,7 @@ The pilot is a small run, so this package sits above kit.run.
 
 from kit.plan.allocation import allocate
 from kit.plan.estimate import TOTAL, budget
+from kit.plan.hidden import TargetShape, hidden_states, target_shape, tokens_for_bytes
 from kit.plan.lengths import profile, profile_completions, profile_prompts
 from kit.plan.pilots import (
     PILOT_PER_DATASET,
@@ -29,9 +31,11 @@ __all__ = [
     "PILOT_PER_DATASET",
     "TOTAL",
     "PilotResult",
+    "TargetShape",
     "Throughput",
     "allocate",
     "budget",
+    "hidden_states",
     "measure_throughput",
     "pilot",
     "pilot_means",
@@ -43,5 +47,7 @@ __all__ = [
     "profile_prompts",
     "read_plan",
     "run_started",
+    "target_shape",
+    "tokens_for_bytes",
     "write_plan",
 ]

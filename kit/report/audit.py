@@ -15,7 +15,9 @@ finding), and answers holding <think> / </think> markers are counted and flagged
 ("think_markers": the server's reasoning parser did not split them off); with
 enable_thinking=False sent, reasoning in the records is "thinking_not_off" instead. Answers
 that are tool calls are counted and never empty; all_turns' earlier turns cut at max_tokens
-are counted. The per-record checks live in kit/report/flags.py (those that need the
+are counted. The same scan counts the server ids per dataset for the draft-vocabulary
+table (kit/report/draftvocab.py: share inside the top K, ids each dataset adds). The
+per-record checks live in kit/report/flags.py (those that need the
 tokenizer in kit/report/textchecks.py), the findings in kit/report/findings.py.
 
 The records are streamed batch by batch (kit.run.reader.record_batches): each batch is
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kit.report.draftvocab import DRAFT_VOCAB, TokenCounts, coverage, coverage_text
 from kit.report.findings import findings, run_findings, thinking_off
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
     AuditThresholds,
@@ -87,6 +90,8 @@ class AuditReport:
     findings: object
     thresholds: AuditThresholds
     notes: list[str] = field(default_factory=list)  # checks that could not run, and why
+    draft_vocab: object = None  # kit.report.draftvocab.coverage(): the top-K share per dataset
+    draft_k: int | None = None  # its K
 
     @property
     def ok(self) -> bool:
@@ -109,6 +114,9 @@ class AuditReport:
             lines.append("no findings")
         for f in self.findings.iter_rows(named=True):
             lines.append(f"  [{f['severity']}] {f['dataset']} {f['check']}: {f['message']}")
+        if self.draft_vocab is not None:
+            lines.append(f"draft vocabulary (top {self.draft_k:,} of the server ids):")
+            lines += coverage_text(self.draft_vocab, self.draft_k)
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -257,7 +265,7 @@ def _batches(run_dir, columns, datasets=None):
         yield batch.select(wanted)
 
 
-def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[str, int]):
+def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[str, int], ids: TokenCounts):  # fmt: skip
     """Stream the records: the light per-record frame (flags, no text) and the text sample.
     A worker thread flags one batch (polars, outside the GIL) while the next one is read;
     a dataset's sample is checked once its `counts` records (the totals) have been read."""
@@ -268,6 +276,7 @@ def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[s
     sample = TextSample(th.text_check_sample) if tok is not None else None
 
     def flag(batch, finished):
+        ids.add(batch)
         if sample is not None:
             sample.add(batch)
             if finished:  # datasets read to their end: check their sample while others are read
@@ -315,7 +324,8 @@ def _sample_notes(table) -> list[str]:
     return notes
 
 
-def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None) -> AuditReport:
+def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None,
+          draft_vocab: int = DRAFT_VOCAB) -> AuditReport:  # fmt: skip
     """Check a run directory against thresholds.
 
     Args:
@@ -325,6 +335,9 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
             are not far below the text's own (on thresholds.text_check_sample records per
             dataset).
         thresholds: AuditThresholds (defaults when None).
+        draft_vocab: K of the draft-vocabulary table (report.draft_vocab: per dataset the
+            share of its server-id tokens inside the run's top K and the ids it adds),
+            capped at the target's vocab_size when the tokenizer folder's config.json says.
     Returns:
         AuditReport; `report.findings` is empty for a clean run, `report.summary()` is text.
 
@@ -347,7 +360,8 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
     totals, counts = _run_counts(run_dir)
     with ThreadPoolExecutor(1, thread_name_prefix="kit-integrity") as pool:
         checked = pool.submit(integrity, run_dir)  # reads every page: alongside the records
-        flags = _light_records(run_dir, th, max_tokens, tok, counts)
+        ids = TokenCounts()
+        flags = _light_records(run_dir, th, max_tokens, tok, counts, ids)
         problems = checked.result()
     notes = [] if flags.height else [f"no records in {run_dir}"]
     if tok is None and flags["has_ids"].any():
@@ -370,4 +384,17 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None)
         findings=findings(table, th, max_tokens, run_rows, off),
         thresholds=th,
         notes=notes + run_notes,
+        draft_vocab=coverage(ids, k := _draft_k(draft_vocab, config)),
+        draft_k=k,
     )
+
+
+def _draft_k(k: int, config) -> int:
+    """K capped at the target's vocab_size (its config.json beside the run's tokenizer)."""
+    from kit.plan.hidden import shape_for
+
+    try:
+        shape = shape_for(None, config.tokenizer)
+    except (OSError, ValueError):
+        shape = None
+    return min(k, shape.vocab_size) if shape is not None and shape.vocab_size else k

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROLES = ("system", "user", "assistant")
-FOLDERS = ("specforge", "token_ids", "parquet", "hf", "linehashes")  # where an export writes
+# where an export writes
+FOLDERS = ("specforge", "token_ids", "parquet", "hf", "linehashes", "draft_vocab")
 
 
 def _check_specforge(row) -> str | None:

@@ -14,6 +14,8 @@ Layout of an export (every file listed in manifest.json with its sha256 and row 
                                          formats; tools as JSON text when any record has them)
     hf/{train,validation}/               datasets.Dataset.save_to_disk (format "hf")
     linehashes/<file>.txt                one short sha256 per JSONL line (validate names the line)
+    draft_vocab/                         with draft_vocab=K: vocab_mapping.pt (SpecForge), token_freq.pt,
+                                         d2t-K.npy, t2d-K.npy (speculators), draft_vocab.json
     manifest.json                        how the export was made (written last)
 
 kit deletes only files it wrote: out_dir must be new, empty, or a kit export; overwrite=True
@@ -56,6 +58,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.report import draftvocab
 from kit.report import manifest as _manifest
 from kit.report.exactrows import Checks, token_columns
 from kit.report.selection import light_frame, select, split_by_prompt
@@ -123,6 +126,13 @@ class ExportResult:
                          f"(train {c['train']}, validation {c['validation']})")  # fmt: skip
         lines += [f"  dropped {n} ({why})" for why, n in self.dropped.items() if n]
         lines += _manifest.summary_lines(self.manifest)
+        if v := self.manifest.get("draft_vocab"):
+            import polars as pl
+
+            lines.append(
+                f"  draft vocabulary of {v['draft_vocab_size']:,} (target {v['target_vocab_size']:,}):"
+            )
+            lines += draftvocab.coverage_text(pl.DataFrame(v["datasets"]), v["draft_vocab_size"])
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  wrote {p}" for p in self.files]
         return "\n".join(lines)
@@ -169,6 +179,8 @@ def export(
     val_fraction: float = 0.0,
     seed: int = 0,
     overwrite: bool = False,
+    draft_vocab: int | None = None,
+    target_config=None,
 ) -> ExportResult:
     """Write a run's records in trainer formats, with manifest.json.
 
@@ -186,6 +198,11 @@ def export(
         mix: dataset -> token share (e.g. {"code": 1, "chat": 3}); other datasets are left out.
         val_fraction: share of each dataset's prompts put in the validation split.
         seed: seeds the split.
+        draft_vocab: also write draft_vocab/ (kit.report.draftvocab): the token frequencies
+            and d2t/t2d of a draft vocabulary of this many ids (e.g. 32000), for SpecForge
+            and speculators, counted from the exported records' server ids.
+        target_config: the target's config.json or folder, for its vocab_size (default: the
+            run's tokenizer folder).
     Returns:
         ExportResult (files with sha256, counts per dataset, dropped counts, the manifest).
 
@@ -198,7 +215,8 @@ def export(
     opts = ExportOptions(formats, drop_truncated, keep_truncated_conversations, drop_errors, drop_duplicates, trim_to_budget, mix, val_fraction, seed)  # fmt: skip
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     with Staged(out_dir) as stage:  # written beside out_dir, swapped in only when validated
-        owned_files(out_dir, overwrite, _targets(opts.formats))  # refuse before any work
+        targets = _targets(opts.formats) + (draftvocab.targets(draft_vocab) if draft_vocab is not None else [])  # fmt: skip
+        owned_files(out_dir, overwrite, targets)  # refuse before any work
         config = read_config(run_dir)
         tok = _tokenizer(tokenizer, config, opts)
         light = light_frame(run_dir, opts)
@@ -206,16 +224,19 @@ def export(
         kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
         files: dict[str, dict] = {}
         written = _write(run_dir, stage.path, kept, config, tok, opts, files, dropped)
+        vocab = _draft_vocab(run_dir, stage.path, kept, draft_vocab, config, target_config, files)
         notes = stage.notes + ([] if written.rows else [_manifest.empty_note(run_dir, light.height)])  # fmt: skip
         manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files, written.trainer, written.retokenized)  # fmt: skip
         manifest["notes"] = notes
         if "token_ids" in opts.formats:
             manifest["token_checks"] = written.checks.section()
+        if vocab is not None:
+            manifest["draft_vocab"] = vocab
         (stage.path / "manifest.json").write_text(json.dumps(manifest, indent=2))
         check = validate(stage.path)
         if not check.ok:
             raise ExportInvalid(f"export: the new export failed validation, {out_dir} was left as it was: {'; '.join(check.problems[:3])}")  # fmt: skip
-        stage.swap_in(owned_files(out_dir, overwrite, _targets(opts.formats)))
+        stage.swap_in(owned_files(out_dir, overwrite, targets))
     return ExportResult(
         out_dir=out_dir,
         files={p: e["sha256"] for p, e in files.items()},
@@ -365,6 +386,19 @@ def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
     if frame.height and done.convs:
         count_retokenized(tok, frame, done.retokenized, done.keep)
     return frame
+
+
+def _draft_vocab(run_dir, out_dir, kept, k, config, target_config, files) -> dict | None:
+    """draft_vocab/ of the kept records (kit.report.draftvocab); its manifest section."""
+    if k is None:
+        return None
+    from kit.plan.hidden import shape_for
+
+    shape = shape_for(target_config, config.tokenizer)
+    if shape is None or shape.vocab_size is None:
+        raise ValueError("draft_vocab needs the target's vocab_size: pass target_config= (its config.json or folder)")  # fmt: skip
+    counts = draftvocab.count_run(run_dir, kept["_pos"].to_numpy())
+    return draftvocab.write(out_dir, counts, k, shape.vocab_size, files)
 
 
 def _tokenizer(tokenizer, config, opts: ExportOptions):

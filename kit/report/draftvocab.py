@@ -1,0 +1,221 @@
+"""Draft vocabulary: token frequencies and the d2t/t2d mapping an EAGLE-3 drafter trains with.
+
+Counted from the run's exact ids, the tokens a trainer's loss mask covers: each record's
+output_ids and, with all_turns, each earlier generated turn's. Records without server ids
+are excluded and counted, never re-tokenized. Not counted: the end-of-turn id the token-id
+export appends to a "stop" row whose ids lack one (at most one a record).
+
+The K ids: most frequent first, ties to the lower id, fewer than K seen filled with the
+lowest unseen ids; sorted, d2t[i] = id_i - i (int64 [K]), t2d[t] = t is one (bool [V]).
+That is speculators 0.9.0's build_vocab_mappings_from_distribution, and SpecForge 0.2.0's
+process_token_dict_to_mappings given counts in id order (its most_common keeps the first
+seen of a tie). Files in draft_vocab/, each loaded by the trainer's own code:
+- vocab_mapping.pt: SpecForge, torch.save({"d2t", "t2d"}) as generate_vocab_mapping_file
+  writes it; training: model.vocab_mapping_path (--vocab-mapping), draft_model.load_vocab_mapping.
+- token_freq.pt: speculators, torch.save(dict id -> count) as save_token_frequency_distribution;
+  training: --token-freq-path (or <data-path>/token_freq.pt), torch.load(weights_only=True).
+- d2t-K.npy, t2d-K.npy: speculators' --d2t-path / --t2d-path (np.load), its cache names.
+Writing .pt needs torch (`pip install 'kit[vocab]'`); counting and the audit table do not.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import polars as pl
+
+DRAFT_VOCAB = 32_000  # EAGLE-3's usual draft vocabulary (both trainers' examples)
+FOLDER = "draft_vocab"
+
+
+class TokenCounts:
+    """Per dataset: how often each token id was trained, records counted and excluded."""
+
+    def __init__(self) -> None:
+        self.per: dict[str, np.ndarray] = {}  # dataset -> counts indexed by token id
+        self.records: dict[str, int] = {}  # dataset -> records counted
+        self.excluded: dict[str, int] = {}  # dataset -> records without server ids
+
+    def add(self, frame: pl.DataFrame) -> None:
+        """Count a batch of records (dataset, output_ids[, turns])."""
+        import polars as pl
+
+        ok = frame["output_ids"].is_not_null()
+        earlier = [None] * frame.height  # all_turns' earlier generated turns, parsed if any
+        if "turns" in frame.columns and frame["turns"].is_not_null().any():
+            earlier = [_turn_ids(t) for t in frame["turns"].to_list()]
+            ok = ok & pl.Series([e is not None for e in earlier])
+        for (name,), part in frame.with_columns(_ok=ok).partition_by("dataset", as_dict=True).items():  # fmt: skip
+            good = part.filter(pl.col("_ok"))
+            self.excluded[name] = self.excluded.get(name, 0) + part.height - good.height
+            self.records[name] = self.records.get(name, 0) + good.height
+            self._bump(name, good["output_ids"].explode().drop_nulls().to_numpy())
+        for (name, keep), extra in zip(
+            zip(frame["dataset"], ok, strict=True), earlier, strict=True
+        ):
+            if keep and extra is not None and len(extra):
+                self._bump(name, extra)
+
+    def _bump(self, name: str, ids: np.ndarray) -> None:
+        old = self.per.setdefault(name, np.zeros(0, np.int64))
+        if len(ids):
+            new = np.bincount(ids.astype(np.int64), minlength=len(old))
+            new[: len(old)] += old
+            self.per[name] = new
+
+    def total(self, size: int = 0) -> np.ndarray:
+        """Every dataset's counts summed, at least `size` long."""
+        out = np.zeros(max([size, *(len(a) for a in self.per.values())]), np.int64)
+        for a in self.per.values():
+            out[: len(a)] += a
+        return out
+
+
+def _turn_ids(turns_json: str | None) -> np.ndarray | None:
+    """All earlier generated turns' ids of an all_turns record (empty without turns); None
+    when one of them has no server ids (the record is then excluded)."""
+    if not turns_json:
+        return np.zeros(0, np.int64)
+    ids = [t.get("output_ids") for t in json.loads(turns_json)]
+    if any(i is None for i in ids):
+        return None
+    return np.asarray([x for i in ids for x in i], np.int64)
+
+
+def count_run(run_dir, keep: np.ndarray | None = None) -> TokenCounts:
+    """Stream the run's records (kit.run.reader) into TokenCounts; `keep`: the commit-order
+    positions to count (sorted; an export's kept records), None for all."""
+    from kit.run.reader import record_batches
+
+    counts, at = TokenCounts(), 0
+    for batch in record_batches(run_dir, columns=["dataset", "output_ids", "turns"]):
+        if keep is not None:
+            lo, hi = np.searchsorted(keep, [at, at + batch.height])
+            at, batch = at + batch.height, batch[(keep[lo:hi] - at).tolist()]
+        counts.add(batch)
+    return counts
+
+
+def select_ids(freq: np.ndarray, k: int) -> np.ndarray:
+    """The k draft ids, ascending: most frequent first (ties: lower id), filled with the
+    lowest unseen ids when fewer than k were seen.
+
+    Example:
+        >>> select_ids(np.array([0, 5, 2, 5, 0, 1]), 3).tolist()
+        [1, 2, 3]
+        >>> select_ids(np.array([0, 0, 0, 7]), 3).tolist()
+        [0, 1, 3]
+    """
+    order = np.argsort(-freq, kind="stable")  # count descending, ties by id
+    chosen = order[: min(k, int((freq > 0).sum()))]
+    if len(chosen) < k:
+        unseen = np.setdiff1d(np.arange(k), chosen)[: k - len(chosen)]
+        chosen = np.concatenate([chosen, unseen])
+    return np.sort(chosen)
+
+
+def mapping(freq: np.ndarray, k: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """(d2t int64 [k], t2d bool [vocab]): d2t[i] = id_i - i, t2d[id_i] = True."""
+    ids = select_ids(freq, k)
+    t2d = np.zeros(vocab, dtype=bool)
+    t2d[ids] = True
+    return (ids - np.arange(k)).astype(np.int64), t2d
+
+
+def coverage(counts: TokenCounts, k: int) -> pl.DataFrame:
+    """Per dataset (and TOTAL): records counted and excluded, tokens, distinct ids, the share
+    of its tokens inside the run's top k (`in_top_k`), and `adds`: ids in the top k that
+    would not be there without this dataset."""
+    import polars as pl
+
+    total = counts.total()
+    top = select_ids(total, k)
+    rows = []
+    for name in sorted(counts.per):
+        a = np.zeros(len(total), np.int64)
+        a[: len(counts.per[name])] = counts.per[name]
+        without = np.setdiff1d(top, select_ids(total - a, k))
+        rows.append((name, counts.records[name], counts.excluded[name], int(a.sum()),
+                     int((a > 0).sum()), _share(a, top), len(without)))  # fmt: skip
+    excluded = sum(counts.excluded.values())
+    rows.append(("TOTAL", sum(counts.records.values()), excluded, int(total.sum()),
+                 int((total > 0).sum()), _share(total, top), None))  # fmt: skip
+    schema = {"dataset": pl.String, "records": pl.Int64, "excluded": pl.Int64, "tokens": pl.Int64,
+              "distinct": pl.Int64, "in_top_k": pl.Float64, "adds": pl.Int64}  # fmt: skip
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _share(a: np.ndarray, top: np.ndarray) -> float | None:
+    n = int(a.sum())
+    return float(a[top[top < len(a)]].sum()) / n if n else None
+
+
+def targets(k: int) -> list[str]:
+    """The files (relative to an export) a draft vocabulary of k writes (ValueError for a bad k)."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"draft_vocab must be a positive number of token ids, got {k!r}")
+    names = [
+        "vocab_mapping.pt",
+        "token_freq.pt",
+        f"d2t-{k}.npy",
+        f"t2d-{k}.npy",
+        "draft_vocab.json",
+    ]
+    return [f"{FOLDER}/{n}" for n in names]
+
+
+def write(out_dir: Path, counts: TokenCounts, k: int, vocab: int, files: dict) -> dict:
+    """Write draft_vocab/ (k capped at the target's vocab) into out_dir, add each file to
+    `files` (manifest entries) and return the manifest's "draft_vocab" section."""
+    from kit.report.validate import file_entry
+
+    torch = _torch()
+    k = min(k, vocab)
+    total = counts.total(vocab)
+    if len(total) > vocab:
+        raise ValueError(f"token ids up to {len(total) - 1} in the run, but the target's vocab_size is {vocab}")  # fmt: skip
+    d2t, t2d = mapping(total, k, vocab)
+    folder = Path(out_dir) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, folder / "vocab_mapping.pt")  # fmt: skip
+    seen = np.flatnonzero(total)
+    torch.save(
+        dict(zip(seen.tolist(), total[seen].tolist(), strict=True)), folder / "token_freq.pt"
+    )
+    np.save(folder / f"d2t-{k}.npy", d2t)
+    np.save(folder / f"t2d-{k}.npy", t2d)
+    table = coverage(counts, k)
+    section = {"draft_vocab_size": k, "target_vocab_size": vocab, "files": targets(k),
+               "datasets": table.to_dicts(),
+               "counted": "server output_ids of the exported records (earlier generated turns "
+                          "included); records without them excluded"}  # fmt: skip
+    (folder / "draft_vocab.json").write_text(json.dumps(section, indent=2))
+    for rel in targets(k):
+        files[rel] = file_entry(Path(out_dir) / rel, None)
+    return section
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(
+            "draft_vocab writes the trainers' .pt files with torch: pip install 'kit[vocab]'"
+        ) from None
+    return torch
+
+
+def coverage_text(table: pl.DataFrame, k: int) -> list[str]:
+    """One line a dataset: its tokens' share inside the top k and what it adds."""
+    lines = []
+    for r in table.iter_rows(named=True):
+        share = f"{r['in_top_k']:.1%}" if r["in_top_k"] is not None else "-"
+        adds = f", adds {r['adds']:,} ids" if r["adds"] is not None else ""
+        skip = f", {r['excluded']:,} records without server ids excluded" if r["excluded"] else ""
+        lines.append(f"  {r['dataset']}: {share} of {r['tokens']:,} tokens inside the top {k:,}{adds}{skip}")  # fmt: skip
+    return lines
