@@ -187,3 +187,33 @@ def test_conversation_route_trains_kits_tokens_but_what_the_manifest_counts(whic
           f"out): SpecForge trains kit's tokens on {len(sf_rows) - n_diff}, speculators on "
           f"{len(sf_rows) - n_diff} (plus its trailing {t['speculators']['trains_after_end_of_turn']!r}); "
           f"differing, counted in the manifest: {dict((k, len(v)) for k, v in sf_diff.items())}")  # fmt: skip
+
+
+def test_retokenized_answers_are_compared_on_a_sample_then_in_full(model_dir, monkeypatch):
+    """count_retokenized compares the first RETOKENIZE_SAMPLE rows of a dataset, across
+    batches; once one differs, every later row of that dataset is compared too."""
+    import polars as pl
+
+    from kit.report import trainers
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    monkeypatch.setattr(trainers, "RETOKENIZE_SAMPLE", 2)
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    canon = tok("hello world", add_special_tokens=False)["input_ids"]
+    split = tok("hel", add_special_tokens=False)["input_ids"] + tok("lo world", add_special_tokens=False)["input_ids"]  # fmt: skip
+    assert split != canon and tok.decode(split) == "hello world"
+    ids = {"a": [canon] * 5, "b": [canon, split, split, canon, split]}
+    rows = [
+        {"dataset": d, "completion": "hello world", "reasoning": None, "tool_calls_json": None,
+         "ids_source": "server", "finish_reason": "stop", "turns": None,
+         "input_ids": [1, 2, *answer, eot], "loss_mask": [0, 0] + [1] * (len(answer) + 1)}
+        for i in range(5) for d, answer in ((d, ids[d][i]) for d in ids)
+    ]  # fmt: skip
+    frame = pl.DataFrame(rows, schema_overrides={"input_ids": pl.List(pl.Int64), "loss_mask": pl.List(pl.Int8)})  # fmt: skip
+    out: dict = {}
+    for batch in (frame.slice(0, 4), frame.slice(4)):  # rows 0-1 of each dataset, then the rest
+        trainers.count_retokenized(tok, batch, out, keep=False)
+    assert out == {
+        "a": {"rows": 5, "compared": 2, "differ": 0, "compared_all": False},
+        "b": {"rows": 5, "compared": 5, "differ": 3, "compared_all": True},
+    }

@@ -263,8 +263,8 @@ class _Written:
         # turns in the SpecForge JSONL} (kit.report.trainers)
         self.trainer: dict[str, dict] = {}
         self.retokenized: dict[
-            str, int
-        ] = {}  # dataset -> answers whose text re-tokenizes otherwise
+            str, dict
+        ] = {}  # dataset -> re-tokenized answers compared, differing (kit.report.trainers)
 
     def add(self, frame, split: str) -> None:
         """Count a written batch of a split (dataset, completion_tokens, messages)."""

@@ -172,7 +172,8 @@ def trainer_lines(t: dict | None) -> list[str]:
     lines += [f"  {name}: {sum(n.values())} `length` rows {how} the SpecForge JSONL"
               for name, n in t["length"]["rows"].items()]  # fmt: skip
     sf = t["specforge"]
-    lines += [f"  {name}: {n} rows whose answer re-tokenizes to other ids than the server's: the SpecForge conversation route trains those ids"
+    seen = sf.get("retokenized_compared", {})
+    lines += [f"  {name}: {n} rows (of {seen.get(name, {}).get('compared', '?')} compared) whose answer re-tokenizes to other ids than the server's: the SpecForge conversation route trains those ids"
               for name, n in sf.get("retokenized_differently", {}).items()]  # fmt: skip
     if sf["template"]:
         lines.append(f"  SpecForge conversation route: data.chat_template {sf['data.chat_template']}, registered first (manifest trainers.specforge.register); exact route: data.prompts_path token_ids/train.jsonl")  # fmt: skip

@@ -21,6 +21,8 @@ speculators data_generation/preprocessing.py, 0.2.0 / 0.9.0):
 from __future__ import annotations
 
 _MARK = "\ue000kit-mark\ue000"
+# rows per dataset compared: re-tokenizing every answer costs ~1 s of CPU a million ids
+RETOKENIZE_SAMPLE = 500
 
 
 def chatml_parts(tok) -> dict | None:
@@ -95,7 +97,7 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
     """The manifest's "trainers": each trainer's route and what the conversation route loses.
     `trainer`: dataset -> {"length": {split: cut rows}, "reasoning": rows, "turns": earlier
     assistant turns} (reasoning and turns: of the SpecForge JSONL's rows);
-    `retokenized`: dataset -> rows (count_retokenized) (kit.report.export)."""
+    `retokenized`: dataset -> rows compared and differing (count_retokenized) (kit.report.export)."""
     from kit.tokens import chat_template_hash
 
     thinking = {d: t["reasoning"] for d, t in sorted(trainer.items()) if t["reasoning"]}
@@ -117,7 +119,13 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
             "template": template,
             "register": register_code(template),
             "train_only_last_turn": only_last,
-            "retokenized_differently": dict(sorted(retokenized.items())),
+            "retokenized_differently": {
+                d: r["differ"] for d, r in sorted(retokenized.items()) if r["differ"]
+            },  # fmt: skip
+            "retokenized_compared": {
+                d: {k: r[k] for k in ("rows", "compared", "compared_all")}
+                for d, r in sorted(retokenized.items())
+            },  # fmt: skip
             "note": RETOKENIZED_NOTE,
         },
         "speculators": {
@@ -157,7 +165,9 @@ SPECULATORS_NOTE = ("one training row per assistant turn (earlier_turn_rows more
 RETOKENIZED_NOTE = ("with the named template, SpecForge trains kit's token-id rows' tokens on "
                     "every stop row but the retokenized_differently ones (the answer's text "
                     "re-tokenizes to other ids than the server's), the reasoning rows and the "
-                    "tool_calls rows when the template does not render them")  # fmt: skip
+                    "tool_calls rows when the template does not render them; retokenized_compared: of each "
+                    f"dataset's plain server-id rows, the first {RETOKENIZE_SAMPLE} (a seeded random draw) "
+                    "are compared, and all rows after one differs (compared_all)")  # fmt: skip
 LENGTH_NOTE = {  # keep_truncated_conversations -> what became of the `length` rows
     False: "left out of the SpecForge JSONL; the token-id rows keep them, the end-of-turn untrained",
     True: "kept in the SpecForge JSONL (keep_truncated_conversations): both trainers train an "
@@ -189,27 +199,66 @@ def register_code(template: dict | None) -> str | None:
 
 
 def count_retokenized(tok, frame, out: dict, keep: bool) -> None:
-    """Count, per dataset (`out`: dataset -> rows, updated), the server-id rows of the
-    SpecForge JSONL whose answer re-tokenized from its text is not the server's ids: the
-    conversation route trains other ids there (a model may emit a non-canonical split of a
-    text). Rows with reasoning or tool calls are counted as such elsewhere; cut rows are not
-    in the JSONL unless kept (`keep`). `frame`: a batch with its token-id columns."""
+    """Count the server-id rows of the SpecForge JSONL whose answer re-tokenized from its text
+    is not the server's ids: the conversation route trains other ids there (a model may emit
+    a non-canonical split of a text). Compared: the first RETOKENIZE_SAMPLE rows of each
+    dataset (commit order, a seeded random draw), then, once one differs, all its later
+    rows. `out`: dataset -> {"rows", "compared", "differ", "compared_all"}, updated. Rows with
+    reasoning or tool calls are counted elsewhere; cut rows are in the JSONL only if `keep`."""
+    import numpy as np
     import polars as pl
 
     from kit.report.convo import cut_rows
-    from kit.report.tokenrows import end_of_turn
 
-    eot, _ = end_of_turn(tok)
-    plain = (pl.col("reasoning").fill_null("") == "") & pl.col("tool_calls_json").is_null()
-    plain &= (pl.col("ids_source") == "server") & (pl.lit(keep) | ~cut_rows())
+    c = pl.col
+    plain = (c("reasoning").fill_null("") == "") & c("tool_calls_json").is_null()
+    plain &= (c("ids_source") == "server") & (pl.lit(keep) | ~cut_rows())
     picked = frame.filter(plain)
-    if not picked.height:
-        return
-    answers = tok(picked["completion"].to_list(), add_special_tokens=False)["input_ids"]
-    rows = picked.select("dataset", "finish_reason", "input_ids", "loss_mask").iter_rows()
-    for (d, finish, ids, mask), answer in zip(rows, answers, strict=True):
-        if last_span({"input_ids": ids, "loss_mask": mask}) != answer + ([eot] if finish == "stop" else []):  # fmt: skip
-            out[d] = out.get(d, 0) + 1
+    for d, n in picked["dataset"].value_counts().iter_rows():
+        out.setdefault(d, {"rows": 0, "compared": 0, "differ": 0, "compared_all": False})["rows"] += n  # fmt: skip
+    rank = picked.select(pl.int_range(pl.len()).over("dataset")).to_series().to_numpy()
+    done = np.zeros(picked.height, dtype=bool)
+    while picked.height:
+        left = {d: (1 << 62) if o["compared_all"] else RETOKENIZE_SAMPLE - o["compared"] for d, o in out.items()}  # fmt: skip
+        pick = (rank < picked["dataset"].replace_strict(left, return_dtype=pl.Int64).to_numpy()) & ~done  # fmt: skip
+        if not pick.any():
+            return
+        rows = picked.filter(pl.Series(pick))
+        differ = _differs(tok, rows)
+        done |= pick
+        per = rows.with_columns(_differ=differ).group_by("dataset").agg(n=pl.len(), k=c("_differ").sum())  # fmt: skip
+        for d, n, k in per.iter_rows():
+            out[d]["compared"] += n
+            out[d]["differ"] += k
+        new = [d for d, _, k in per.iter_rows() if k and not out[d]["compared_all"]]
+        if not new:
+            return
+        for d in new:  # a dataset that has such rows is compared in full from here on
+            out[d]["compared_all"] = True
+
+
+def _differs(tok, rows):
+    """Per row: whether its trained ids (last_span's rule) are not its answer's text
+    re-tokenized (+ the end-of-turn id after a stop), compared as polars lists."""
+    import polars as pl
+
+    from kit.report.tokenrows import end_of_turn
+    from kit.tokens import encode_many
+
+    c = pl.col
+    eot, _ = end_of_turn(tok)
+    answers = pl.Series(encode_many(tok, rows["completion"].to_list()), dtype=pl.List(pl.Int64))  # fmt: skip
+    stop = c("finish_reason") == "stop"
+    at, one = pl.int_range(pl.len()), pl.element() == 1
+    end = at.filter(one).max() + 1  # the mask's last run of ones: [start, end)
+    start = at.filter(~one & (at < end)).max() + 1
+    end, start = (c("loss_mask").list.eval(e).list.first().fill_null(0) for e in (end, start))
+    span = c("input_ids").list.slice(start, end - start)
+    tail = pl.lit(eot if eot is not None else 0, pl.Int64).repeat_by(stop.cast(pl.UInt32))
+    differ = (span != pl.concat_list(answers, tail)) | (
+        stop & pl.lit(eot is None)
+    )  # no end-of-turn id: a stop never matches
+    return rows.select(differ).to_series()
 
 
 def last_span(row: dict) -> list[int]:
