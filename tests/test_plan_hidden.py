@@ -8,9 +8,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from test_cli import run_main
 
 import kit
-from kit import cli
 from kit.cli import commands
 from kit.plan import hidden
 
@@ -83,15 +83,6 @@ def test_parse_plan_budgets_bytes_and_tokens():
     assert commands.parse_plan_budgets(["a=1e6", "b=1.5GiB"]) == ({"a": 1_000_000, "b": 1}, {"b": 1610612736})  # fmt: skip
     with pytest.raises(ValueError, match="only kit plan converts them"):
         commands.parse_budgets(["2TB"])  # kit generate has no pilot to convert with
-
-
-def run_main(argv, capsys):
-    try:
-        code = cli.main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def fake_pilot(prompts, config, *, per_dataset, progress=None):
