@@ -118,7 +118,7 @@ def test_exact_rows_are_the_server_ids(tmp_path, tok, model_dir):
     counts = result.manifest["token_rows"]["d"]
     assert counts == {"exact": 4, "retokenized": 1, "end_of_turn_appended": 1, "prompt_render_differs": 1}  # fmt: skip
     text = result.summary()
-    assert "d: 1 rows: the server's prompt ids differ from kit's rendering; the server's ids are used" in text  # fmt: skip
+    assert "d: 1 row: the server's prompt ids differ from kit's rendering; the server's ids are used" in text  # fmt: skip
     assert "d: token rows 4 exact (server ids), 1 approximate: re-tokenized text" in text
     table = pl.read_parquet(tmp_path / "out/parquet/train.parquet")
     assert sorted(table["ids_source"].to_list()) == ["retokenized"] + ["server"] * 4
@@ -193,7 +193,7 @@ def test_reasoning_tools_and_template_kwargs(tmp_path, think_tok, tok, model_dir
     other = export(run, tmp_path / "out2", tokenizer=tok, formats=("token_ids",))
     assert other.manifest["token_rows"]["think"]["reasoning_not_rendered"] == 1
     assert other.manifest["token_rows"]["math"]["prompt_render_differs"] == 1  # no tools there
-    assert "1 rows: re-tokenized, and the chat template drops reasoning_content" in other.summary()
+    assert "1 row: re-tokenized, and the chat template drops reasoning_content" in other.summary()
 
 
 # ---------------------------------------------------------------- turns

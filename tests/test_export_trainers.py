@@ -86,7 +86,7 @@ def test_reasoning_rows_counted_with_their_fate(tmp_path, tok, model_dir):
     t = result.manifest["trainers"]
     assert list(t["reasoning"]) == ["d"] and t["reasoning"]["d"]["rows"] == 1
     assert t["reasoning"]["d"]["specforge"].startswith("dropped: GeneralParser")
-    assert "d: 1 rows with reasoning: SpecForge dropped" in result.summary()
+    assert "d: 1 row with reasoning: SpecForge dropped" in result.summary()
     sf = t["specforge"]
     assert sf["data.train_only_last_turn"] is True and sf["data.chat_template"].startswith("kit-")
     assert sf["template"]["end_of_turn_token"] == "<|im_end|>"  # not "<|im_end|>\n" (qwen's)
@@ -96,7 +96,7 @@ def test_reasoning_rows_counted_with_their_fate(tmp_path, tok, model_dir):
     assert t["token_ids"]["specforge"] == {"data.prompts_path": "token_ids/train.jsonl"}
     assert "--data token_ids/train.jsonl" in t["token_ids"]["speculators"]
     assert t["tool_calls"] == {"d": {"rows": 1, "template_renders_them": False}}
-    assert "d: 1 rows with tool calls, which the chat template does not render" in result.summary()
+    assert "d: 1 row with tool calls, which the chat template does not render" in result.summary()
     assert json.loads((tmp_path / "out/manifest.json").read_text())["trainers"] == t
 
 

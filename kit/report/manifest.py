@@ -138,22 +138,27 @@ def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opt
     return out
 
 
+def _rows(n: int, what: str = "row") -> str:
+    """'1 row', '2 rows': counts as a person writes them."""
+    return f"{n} {what}{'s' * (n != 1)}"
+
+
 def summary_lines(manifest: dict) -> list[str]:
     """What the manifest says about token sources and trained turns, one line a point."""
     lines = []
     for name, c in manifest.get("token_rows", {}).items():
         lines.append(f"  {name}: token rows {c.get('exact', 0)} exact (server ids), "
                      f"{c.get('retokenized', 0)} {TOKEN_SOURCES['retokenized']}")  # fmt: skip
-        lines += [f"  {name}: {c[k]} rows: {what}" for k, what in _EXCEPTIONS.items() if c.get(k)]
+        lines += [f"  {name}: {_rows(c[k])}: {what}" for k, what in _EXCEPTIONS.items() if c.get(k)]
     for name, t in manifest.get("thinking", {}).items():
         if t.get("template_opens_think"):
             lines.append(f"  {name}: enable_thinking=False was sent, but {t['note'].removeprefix('the ')}")  # fmt: skip
     turns = manifest.get("turns", {})
     for name, n in turns.get("rows_with_earlier_turns", {}).items():
         if n and turns.get("earlier_trained"):
-            lines.append(f"  {name}: {n} rows with earlier target turns, trained in every format")
+            lines.append(f"  {name}: {_rows(n)} with earlier target turns, trained in every format")
         elif n:
-            lines.append(f"  {name}: {n} rows with earlier dataset turns, not trained")
+            lines.append(f"  {name}: {_rows(n)} with earlier dataset turns, not trained")
     sf = manifest.get("specforge")
     if sf and any(turns.get("rows_with_earlier_turns", {}).values()):
         lines.append(f"  SpecForge: {sf['how']}")
@@ -164,16 +169,16 @@ def trainer_lines(t: dict | None) -> list[str]:
     """The conversation export's losses (kit.report.trainers), one line a dataset."""
     if not t:
         return []
-    lines = [f"  {name}: {r['rows']} rows with reasoning: SpecForge {r['specforge']}"
+    lines = [f"  {name}: {_rows(r['rows'])} with reasoning: SpecForge {r['specforge']}"
              for name, r in t["reasoning"].items()]  # fmt: skip
-    lines += [f"  {name}: {c['rows']} rows with tool calls, which the chat template does not render: the SpecForge conversation route does not train them"
+    lines += [f"  {name}: {_rows(c['rows'])} with tool calls, which the chat template does not render: the SpecForge conversation route does not train them"
               for name, c in t.get("tool_calls", {}).items() if c["template_renders_them"] is False]  # fmt: skip
     how = {"left_out": "left out of", "kept": "kept in"}[t["length"]["conversations"]]
-    lines += [f"  {name}: {sum(n.values())} `length` rows {how} the SpecForge JSONL"
+    lines += [f"  {name}: {_rows(sum(n.values()), '`length` row')} {how} the SpecForge JSONL"
               for name, n in t["length"]["rows"].items()]  # fmt: skip
     sf = t["specforge"]
     seen = sf.get("retokenized_compared", {})
-    lines += [f"  {name}: {n} rows (of {seen.get(name, {}).get('compared', '?')} compared) whose answer re-tokenizes to other ids than the server's: the SpecForge conversation route trains those ids"
+    lines += [f"  {name}: {_rows(n)} (of {seen.get(name, {}).get('compared', '?')} compared) whose answer re-tokenizes to other ids than the server's: the SpecForge conversation route trains those ids"
               for name, n in sf.get("retokenized_differently", {}).items()]  # fmt: skip
     if sf["template"]:
         lines.append(f"  SpecForge conversation route: data.chat_template {sf['data.chat_template']}, registered first (manifest trainers.specforge.register); exact route: data.prompts_path token_ids/train.jsonl")  # fmt: skip
