@@ -61,10 +61,8 @@ class PromptQueue:
         self.todo = deque(todo)  # (prompt_id, sample)
         self.messages = messages  # prompt_id -> messages, of those read so far
         self.tools = {} if tools is None else tools  # prompt_id -> tools: filled as read
-        self.load = load  # prompt ids -> frame of prompt_id, messages, tools (or None)
-        self.batch = min(
-            64, self.BATCH
-        )  # doubles with each read up to BATCH: a first request waits little
+        self.load = load  # load(ids=[prompt ids]) -> frame of prompt_id, messages, tools
+        self.batch = min(64, self.BATCH)  # doubles with each read: a first request waits little
 
     def __len__(self) -> int:
         return len(self.todo)
@@ -93,7 +91,7 @@ class PromptQueue:
                 if len(pids) == self.batch:
                     break
         self.batch = min(2 * self.batch, self.BATCH)
-        part = self.load(list(pids))
+        part = self.load(ids=list(pids))
         self.messages.update(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))  # fmt: skip
         self.tools.update(_tools(part))
 
@@ -255,7 +253,7 @@ def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir
             left = order if gone is None else order.filter(~order.is_in(gone.implode()))
             todo += [(pid, s) for pid in left.to_list()]
         if "messages" not in part.columns:  # a resume: texts read as the queue reaches them
-            load = functools.partial(_texts, run_dir, name)
+            load = functools.partial(prompts_frame, run_dir, datasets=[name])  # by key, checked
             queue = PromptQueue(todo, {}, load=load)
         else:  # messages and tools of the prompts still to send only
             wanted = list(dict.fromkeys(pid for pid, _ in todo))
@@ -287,24 +285,16 @@ def _done_parts(done) -> tuple[dict, dict]:
     return totals, {key: part["prompt_id"] for key, part in parts.items()}
 
 
-def prompt_text(frame, run_dir, dataset: str, ids=None):
-    """`frame`'s prompts of `dataset` (only prompt ids `ids`, when given) with their messages
-    and tools: from the frame when it holds them, else from the run database."""
+def prompt_text(frame, run_dir, dataset: str):
+    """`frame`'s prompts of `dataset` with their messages and tools: from the frame when it
+    holds them, else from the run database."""
     import polars as pl
 
     part = frame.filter(pl.col("dataset") == dataset)
-    if ids is not None:
-        part = part.filter(pl.col("prompt_id").is_in(pl.Series(list(ids), dtype=pl.String).implode()))  # fmt: skip
     if "messages" in frame.columns:
         return part
-    keys = None if ids is None else part["prompt_id"].to_list()  # looked up by key
-    text = prompts_frame(run_dir, datasets=[dataset], ids=keys)
+    text = prompts_frame(run_dir, datasets=[dataset])
     return part.join(text.select("prompt_id", "messages", "tools"), on="prompt_id", how="left")
-
-
-def _texts(run_dir, dataset: str, ids: list):
-    """These prompts of `dataset` from the run database, looked up by key, each checked."""
-    return prompts_frame(run_dir, datasets=[dataset], ids=ids)
 
 
 def _tools(part) -> dict:
