@@ -26,16 +26,10 @@ class Checks:
     """What the sampled checks saw, per dataset, over one export's batches."""
 
     def __init__(self) -> None:
-        self.seen: dict[
-            str, dict
-        ] = {}  # dataset -> {"exact_candidates", "ids_decoded", "prompt_rendered"}
+        self.candidates: dict[str, int] = {}  # dataset -> rows with the server's ids
+        self.decoded: dict[str, int] = {}  # dataset -> rows whose ids were decoded
+        self.rendered: dict[str, int] = {}  # dataset -> rows whose prompt was rendered
         self.full: set[str] = set()  # datasets whose ids are decoded on every row
-
-    def _add(self, ds: str, key: str, n: int) -> None:
-        c = self.seen.setdefault(
-            ds, {"exact_candidates": 0, "ids_decoded": 0, "prompt_rendered": 0}
-        )
-        c[key] += n
 
     def section(self) -> dict:
         """The manifest's token_checks: rows seen by each check, per dataset, and how."""
@@ -46,8 +40,49 @@ class Checks:
                 "against the text, prompt_ids compared with kit's rendering of the prompt; a "
                 "dataset where one sampled row's ids do not spell its text is decoded in full"
             ),
-            "per_dataset": {d: self.seen[d] | {"decoded_all": d in self.full} for d in sorted(self.seen)},
+            "per_dataset": {
+                d: {"exact_candidates": n, "ids_decoded": self.decoded.get(d, 0),
+                    "prompt_rendered": self.rendered.get(d, 0), "decoded_all": d in self.full}
+                for d, n in sorted(self.candidates.items())
+            },
         }  # fmt: skip
+
+
+def first_rows(frame, seen: dict[str, int], size: int, full=frozenset()):
+    """Per row of `frame` (a batch): whether it is inside its dataset's first `size` rows
+    over the batches (`seen`: dataset -> rows taken before), or of a dataset in `full`."""
+    import polars as pl
+
+    left = {d: (1 << 62) if d in full else size - seen.get(d, 0) for d in frame["dataset"].unique()}  # fmt: skip
+    rank = frame.select(pl.int_range(pl.len()).over("dataset")).to_series().to_numpy()
+    return rank < frame["dataset"].replace_strict(left, return_dtype=pl.Int64).to_numpy()
+
+
+def widening_sample(frame, seen: dict[str, int], full: set[str], size: int, check):
+    """Run `check` (rows -> a bool per row, True: a finding) on each dataset's first `size`
+    rows (first_rows) and, once a dataset has a finding, on all its rows, in this batch and
+    later ones (`full` gains it). `seen` and `full` are updated. Per row: its finding, False
+    where it was not checked."""
+    import numpy as np
+    import polars as pl
+
+    found = np.zeros(frame.height, dtype=bool)
+    done = np.zeros(frame.height, dtype=bool)
+    while frame.height:
+        pick = first_rows(frame, seen, size, full) & ~done
+        if not pick.any():
+            break
+        rows = frame.filter(pl.Series(pick))
+        hits = np.asarray(check(rows), dtype=bool)
+        found[np.flatnonzero(pick)] = hits
+        done |= pick
+        for d, n in rows["dataset"].value_counts().iter_rows():
+            seen[d] = seen.get(d, 0) + n
+        new = set(rows.filter(pl.Series(hits))["dataset"].to_list()) - full
+        if not new:
+            break
+        full |= new
+    return found
 
 
 def token_columns(tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, turns: str, kwargs_for):  # fmt: skip
@@ -81,47 +116,20 @@ def token_columns(tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, 
     return out, frame.height - out.height
 
 
-def _sample(frame, checks: Checks, key: str, done=None):
-    """Which rows of frame a sampled check takes: per dataset the rows still inside its
-    first CHECK_SAMPLE (for the decoding, every row of a dataset decoded in full), not
-    already `done`."""
-    import polars as pl
-
-    full = checks.full if key == "ids_decoded" else set()  # a lie widens the decoding only
-    left = {d: (1 << 62) if d in full else CHECK_SAMPLE - checks.seen.get(d, {}).get(key, 0) for d in frame["dataset"].unique()}  # fmt: skip
-    rank = frame.select(pl.int_range(pl.len()).over("dataset")).to_series().to_numpy()
-    limit = frame["dataset"].replace_strict(left, return_dtype=pl.Int64).to_numpy()
-    pick = rank < limit
-    return pick if done is None else pick & ~done
-
-
 def _ids_do_not_spell(tok, cand, checks: Checks):
     """Per eligible row: True when it was decoded and its ids do not spell its text."""
-    import numpy as np
     import polars as pl
 
     from kit.run.answers import ids_spell
 
-    bad = np.zeros(cand.height, dtype=bool)
-    done = np.zeros(cand.height, dtype=bool)
     for ds, n in cand["dataset"].value_counts().iter_rows():
-        checks._add(ds, "exact_candidates", n)
-    while cand.height:
-        pick = _sample(cand, checks, "ids_decoded", done)
-        if not pick.any():
-            break
-        rows = cand.filter(pl.Series(pick)).select("dataset", "output_ids", "reasoning", "completion")  # fmt: skip
+        checks.candidates[ds] = checks.candidates.get(ds, 0) + n
+
+    def wrong(rows):
         decoded = tok.batch_decode(rows["output_ids"].to_list(), skip_special_tokens=True)
-        wrong = [not ids_spell(t, r, a) for t, r, a in zip(decoded, rows["reasoning"], rows["completion"], strict=True)]  # fmt: skip
-        bad[np.flatnonzero(pick)] = wrong
-        done |= pick
-        for ds, n in rows["dataset"].value_counts().iter_rows():
-            checks._add(ds, "ids_decoded", n)
-        new = {d for d, w in zip(rows["dataset"], wrong, strict=True) if w} - checks.full
-        if not new:
-            break
-        checks.full |= new  # the rest of these datasets' rows, here and later, are decoded
-    return pl.Series(bad)
+        return [not ids_spell(t, r, a) for t, r, a in zip(decoded, rows["reasoning"], rows["completion"], strict=True)]  # fmt: skip
+
+    return pl.Series(widening_sample(cand, checks.decoded, checks.full, CHECK_SAMPLE, wrong))
 
 
 def _check_prompts(tok, exact, checks: Checks, by_dataset: dict, kwargs_for) -> None:
@@ -133,14 +141,14 @@ def _check_prompts(tok, exact, checks: Checks, by_dataset: dict, kwargs_for) -> 
 
     if not exact.height:
         return
-    keep = _sample(exact, checks, "prompt_rendered")
+    keep = first_rows(exact, checks.rendered, CHECK_SAMPLE)
     rows = exact.filter(pl.Series(keep)).select("dataset", "messages", "tools", "prompt_ids").to_dicts()  # fmt: skip
     kw = [(kwargs_for(r["dataset"]) if kwargs_for else None) or {} for r in rows]
     convs = [conversation(r["messages"], "")[:-1] for r in rows]
     texts = render_all(tok, convs, True, [tools_of(r) for r in rows], kw)
     ids = encode_many(tok, [t or "" for t in texts])
     for r, text, got in zip(rows, texts, ids, strict=True):
-        checks._add(r["dataset"], "prompt_rendered", 1)
+        checks.rendered[r["dataset"]] = checks.rendered.get(r["dataset"], 0) + 1
         if text is None or got != r["prompt_ids"]:
             ds = by_dataset.setdefault(r["dataset"], {})
             ds["prompt_render_differs"] = ds.get("prompt_render_differs", 0) + 1

@@ -203,12 +203,13 @@ def count_retokenized(tok, frame, out: dict, keep: bool) -> None:
     is not the server's ids: the conversation route trains other ids there (a model may emit
     a non-canonical split of a text). Compared: the first RETOKENIZE_SAMPLE rows of each
     dataset (commit order, a seeded random draw), then, once one differs, all its later
-    rows. `out`: dataset -> {"rows", "compared", "differ", "compared_all"}, updated. Rows with
-    reasoning or tool calls are counted elsewhere; cut rows are in the JSONL only if `keep`."""
-    import numpy as np
+    rows (exactrows.widening_sample). `out`: dataset -> {"rows", "compared", "differ",
+    "compared_all"}, updated. Rows with reasoning or tool calls are counted elsewhere; cut
+    rows are in the JSONL only if `keep`."""
     import polars as pl
 
     from kit.report.convo import cut_rows
+    from kit.report.exactrows import widening_sample
 
     c = pl.col
     plain = (c("reasoning").fill_null("") == "") & c("tool_calls_json").is_null()
@@ -216,29 +217,17 @@ def count_retokenized(tok, frame, out: dict, keep: bool) -> None:
     picked = frame.filter(plain)
     for d, n in picked["dataset"].value_counts().iter_rows():
         out.setdefault(d, {"rows": 0, "compared": 0, "differ": 0, "compared_all": False})["rows"] += n  # fmt: skip
-    rank = picked.select(pl.int_range(pl.len()).over("dataset")).to_series().to_numpy()
-    done = np.zeros(picked.height, dtype=bool)
-    while picked.height:
-        left = {d: (1 << 62) if o["compared_all"] else RETOKENIZE_SAMPLE - o["compared"] for d, o in out.items()}  # fmt: skip
-        pick = (rank < picked["dataset"].replace_strict(left, return_dtype=pl.Int64).to_numpy()) & ~done  # fmt: skip
-        if not pick.any():
-            return
-        rows = picked.filter(pl.Series(pick))
-        differ = _differs(tok, rows)
-        done |= pick
-        per = rows.with_columns(_differ=differ).group_by("dataset").agg(n=pl.len(), k=c("_differ").sum())  # fmt: skip
-        for d, n, k in per.iter_rows():
-            out[d]["compared"] += n
-            out[d]["differ"] += k
-        new = [d for d, _, k in per.iter_rows() if k and not out[d]["compared_all"]]
-        if not new:
-            return
-        for d in new:  # a dataset that has such rows is compared in full from here on
-            out[d]["compared_all"] = True
+    seen = {d: o["compared"] for d, o in out.items()}
+    full = {d for d, o in out.items() if o["compared_all"]}
+    differ = widening_sample(picked, seen, full, RETOKENIZE_SAMPLE, lambda rows: _differs(tok, rows).to_numpy())  # fmt: skip
+    for d, n in picked.filter(pl.Series(differ))["dataset"].value_counts().iter_rows():
+        out[d]["differ"] += n
+    for d, o in out.items():
+        o["compared"], o["compared_all"] = seen.get(d, 0), d in full
 
 
 def _differs(tok, rows):
-    """Per row: whether its trained ids (last_span's rule) are not its answer's text
+    """Per row: whether its trained ids (the mask's last run of 1s) are not its answer's text
     re-tokenized (+ the end-of-turn id after a stop), compared as polars lists."""
     import polars as pl
 
@@ -259,15 +248,3 @@ def _differs(tok, rows):
         stop & pl.lit(eot is None)
     )  # no end-of-turn id: a stop never matches
     return rows.select(differ).to_series()
-
-
-def last_span(row: dict) -> list[int]:
-    """The ids of a token row's last trained run (loss_mask 1): the generated answer."""
-    ids, mask = row["input_ids"], row["loss_mask"]
-    end = len(mask)
-    while end and not mask[end - 1]:
-        end -= 1
-    start = end
-    while start and mask[start - 1]:
-        start -= 1
-    return ids[start:end]
