@@ -79,7 +79,7 @@ def test_all_turns_records_count_earlier_turns_or_are_excluded():
 
 
 def test_coverage_per_dataset(run):
-    table = draftvocab.coverage(draftvocab.count_run(run), 6)
+    table = kit.audit(run, draft_vocab=6).draft_vocab  # the audit's pass counts the run
     rows = {r["dataset"]: r for r in table.iter_rows(named=True)}
     assert rows["a"]["in_top_k"] == pytest.approx(9 / 10)  # 12 (1 of 10) is outside
     assert rows["b"]["in_top_k"] == pytest.approx(6 / 7)  # 22 is outside

@@ -87,20 +87,6 @@ def _turn_ids(turns_json: str | None) -> np.ndarray | None:
     return np.asarray([x for i in ids for x in i], np.int64)
 
 
-def count_run(run_dir, keep: np.ndarray | None = None) -> TokenCounts:
-    """Stream the run's records (kit.run.reader) into TokenCounts; `keep`: the commit-order
-    positions to count (sorted; an export's kept records), None for all."""
-    from kit.run.reader import record_batches
-
-    counts, at = TokenCounts(), 0
-    for batch in record_batches(run_dir, columns=["dataset", "output_ids", "turns"]):
-        if keep is not None:
-            lo, hi = np.searchsorted(keep, [at, at + batch.height])
-            at, batch = at + batch.height, batch[(keep[lo:hi] - at).tolist()]
-        counts.add(batch)
-    return counts
-
-
 def select_ids(freq: np.ndarray, k: int) -> np.ndarray:
     """The k draft ids, ascending: most frequent first (ties: lower id), filled with the
     lowest unseen ids when fewer than k were seen.

@@ -223,8 +223,9 @@ def export(
         kept, dropped = select(light, config.budgets, opts)
         kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
         files: dict[str, dict] = {}
-        written = _write(run_dir, stage.path, kept, config, tok, opts, files, dropped)
-        vocab = _draft_vocab(run_dir, stage.path, kept, draft_vocab, config, target_config, files)
+        ids = draftvocab.TokenCounts() if draft_vocab is not None else None  # counted as written
+        written = _write(run_dir, stage.path, kept, config, tok, opts, files, dropped, ids)
+        vocab = _draft_vocab(stage.path, ids, draft_vocab, config, target_config, files)
         notes = stage.notes + ([] if written.rows else [_manifest.empty_note(run_dir, light.height)])  # fmt: skip
         manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files, written.trainer, written.retokenized)  # fmt: skip
         manifest["notes"] = notes
@@ -262,25 +263,21 @@ class _Written:
         # dataset -> {"length": {split: cut rows}, "reasoning": rows, "turns": earlier assistant
         # turns in the SpecForge JSONL} (kit.report.trainers)
         self.trainer: dict[str, dict] = {}
-        self.retokenized: dict[
-            str, dict
-        ] = {}  # dataset -> re-tokenized answers compared, differing (kit.report.trainers)
+        # dataset -> re-tokenized answers compared, differing (kit.report.trainers)
+        self.retokenized: dict[str, dict] = {}
 
     def add(self, frame, split: str) -> None:
-        """Count a written batch of a split (dataset, completion_tokens, messages)."""
+        """Count a written batch of a split (dataset, completion_tokens, messages, _cut)."""
         import polars as pl
 
-        from kit.report.convo import cut_rows
-
-        held = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.any()  # fmt: skip
-        in_convs = pl.lit(self.keep) | ~cut_rows()  # the rows of the SpecForge JSONL
+        assistant = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")
+        in_convs = pl.lit(self.keep) | ~pl.col("_cut")  # the rows of the SpecForge JSONL
         thinks = (pl.col("reasoning").fill_null("") != "") & in_convs
         per = frame.group_by("dataset", maintain_order=True).agg(
-            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.sum(),
-            length=cut_rows().sum(), thinks=thinks.sum(),
+            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=assistant.list.any().sum(),
+            length=pl.col("_cut").sum(), thinks=thinks.sum(),
             calls=(pl.col("tool_calls_json").is_not_null() & in_convs).sum(),
-            turns=pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant").list.sum()
-            .filter(in_convs).sum(),
+            turns=assistant.list.sum().filter(in_convs).sum(),
         )  # fmt: skip
         for d, n, tokens, earlier, length, thinking, calls, turns in per.iter_rows():
             c = self.per.setdefault(d, {"records": 0, "tokens": 0, "train": 0, "validation": 0})  # fmt: skip
@@ -289,9 +286,9 @@ class _Written:
             c[split] += n
             self.rows += n
             self.earlier[d] = self.earlier.get(d, 0) + earlier
-            t = self.trainer.setdefault(d, {"length": dict.fromkeys(SPLITS, 0), "reasoning": 0, "turns": 0})  # fmt: skip
+            t = self.trainer.setdefault(d, {"length": dict.fromkeys(SPLITS, 0), "reasoning": 0, "turns": 0, "tool_calls": 0})  # fmt: skip
             t["turns"] += turns
-            t["tool_calls"] = t.get("tool_calls", 0) + calls
+            t["tool_calls"] += calls
             t["length"][split] += length
             t["reasoning"] += thinking
 
@@ -299,7 +296,7 @@ class _Written:
         return {d: self.per[d] for d in sorted(self.per)}
 
 
-def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped) -> _Written:
+def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) -> _Written:
     """Pass 2: read the records again (kit.run.reader, prompts checked), a batch at a time,
     and write the kept ones to their split's files: SpecForge lines rendered by polars, token
     rows from the batch's dicts (those the template cannot split are dropped from every
@@ -318,7 +315,7 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped) -> _Writte
         deque(),
     )
     splits = {s: Split(out_dir, s, opts, tokens and kept.height > 0) for s in SPLITS[:1]}
-    columns = _READ + (["prompt_ids", "output_ids"] if tokens else [])
+    columns = _READ + (["prompt_ids", "output_ids"] if tokens else ["output_ids"] if ids is not None else [])  # fmt: skip
     batches = record_batches(run_dir, columns=columns, prompts=True, batch_size=BATCH)
     with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool:
 
@@ -330,6 +327,8 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped) -> _Writte
         at = found = 0  # records read so far; kept ones among them
         for batch in batches:
             frame, at = _kept(batch, kept, at), at + batch.height
+            if ids is not None:  # the draft vocabulary's counts (kit.report.draftvocab)
+                ids.add(frame)
             found += frame.height
             frame = _prepared(frame, config, tok, tokens, done, dropped)
             for split in SPLITS:
@@ -371,12 +370,13 @@ def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
     (kit.report.exactrows); rows the template cannot split are left out."""
     import polars as pl
 
-    from kit.report.convo import tools_json
+    from kit.report.convo import cut_rows, tools_json
     from kit.report.trainers import count_retokenized
 
     frame = frame.with_columns(  # messages come as sent already (kit.run.reader)
         tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String),
         tool_calls_json=pl.Series(tools_json(frame["tool_calls"].to_list()), dtype=pl.String),
+        _cut=cut_rows(),  # a generated turn stopped at max_tokens (kit.report.convo)
     )
     if not tokens:
         return frame
@@ -388,16 +388,15 @@ def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
     return frame
 
 
-def _draft_vocab(run_dir, out_dir, kept, k, config, target_config, files) -> dict | None:
-    """draft_vocab/ of the kept records (kit.report.draftvocab); its manifest section."""
-    if k is None:
+def _draft_vocab(out_dir, counts, k, config, target_config, files) -> dict | None:
+    """draft_vocab/ of the kept records' counts (kit.report.draftvocab); its manifest section."""
+    if counts is None:
         return None
     from kit.plan.hidden import shape_for
 
     shape = shape_for(target_config, config.tokenizer)
     if shape is None or shape.vocab_size is None:
         raise ValueError("draft_vocab needs the target's vocab_size: pass target_config= (its config.json or folder)")  # fmt: skip
-    counts = draftvocab.count_run(run_dir, kept["_pos"].to_numpy())
     return draftvocab.write(out_dir, counts, k, shape.vocab_size, files)
 
 

@@ -23,7 +23,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.report.convo import cut_rows, rendered, row_ids, specforge_lines
+from kit.report.convo import rendered, row_ids, specforge_lines
 from kit.report.exactrows import token_lines
 from kit.report.validate import file_entry
 
@@ -181,9 +181,13 @@ class Split:
         its input_ids, loss_mask and ids_source columns (kit.report.exactrows).
         `later(fn, *args)` runs the JSONL writes and line hashes in call order
         (kit.report.export hands them to one writer thread), so the caller renders the next
-        batch meanwhile."""
+        batch meanwhile. `_cut`: rows the SpecForge file leaves out unless kept."""
+        import polars as pl
+
         if "specforge" in self.jsonl:
-            convs = frame if self.opts.keep_truncated_conversations else frame.filter(~cut_rows())
+            convs = (
+                frame if self.opts.keep_truncated_conversations else frame.filter(~pl.col("_cut"))
+            )
             if convs.height:
                 later(self.jsonl["specforge"].write_rendered, *rendered(specforge_lines(convs)))
         if "token_ids" in self.jsonl:
