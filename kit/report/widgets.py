@@ -132,14 +132,6 @@ def _datasets(samples) -> list[str]:
     return sorted(frame["dataset"].unique().to_list())
 
 
-# the plan table's columns a person reads first (budget() has more: std, p90, cap_hours, ...)
-SUMMARY_COLUMNS = [
-    "dataset", "budget", "mean", "samples_needed", "samples_low", "samples_high",
-    "samples_needed_upper", "prompts_available", "shortfall", "hours_to_go", "hours_low",
-    "hours_high", "cap_tokens", "overshoot", "note",
-]  # fmt: skip
-
-
 def summary_frame(table):
     """The plan in eight columns of text, one row a dataset (TOTAL last), its notes apart:
     "samples" is the estimate with its 90% interval, "cap" what the sample cap would give."""
