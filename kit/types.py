@@ -49,6 +49,11 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     n: int = 1  # samples per prompt
+    # OpenAI's penalties on tokens already in the answer, by count and by presence, in [-2, 2]:
+    # they break the loops of small models (an answer repeating one line until max_tokens);
+    # sent only when not 0, so a server without them sees the request it always saw
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     # sent as the request's chat_template_kwargs and used by kit's own renderings of the
     # template, e.g. {"enable_thinking": False}; RunConfig.template_kwargs adds per dataset
     chat_template_kwargs: dict | None = None
@@ -60,6 +65,10 @@ class Sampling:
             raise ValueError(f"Sampling.temperature must be in [0, 10], got {self.temperature!r}")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and -2 <= value <= 2):
+                raise ValueError(f"Sampling.{name} must be in [-2, 2], got {value!r}")
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"Sampling.n must be an int >= 1, got {self.n!r}")
         kw = self.chat_template_kwargs
@@ -291,8 +300,10 @@ class RunConfig:
         """The parts that change outputs: model, sampling, chat template, sources, and the
         turns mode and per-dataset template kwargs when not the defaults."""
         sampling = asdict(self.sampling)
-        if sampling["chat_template_kwargs"] is None:
-            del sampling["chat_template_kwargs"]  # the fingerprints of runs made before it
+        unset = {"chat_template_kwargs": None, "frequency_penalty": 0, "presence_penalty": 0}
+        for name, value in unset.items():
+            if sampling[name] == value:
+                del sampling[name]  # the fingerprints of runs made before it
         parts = {
             "model": self.model,
             "sampling": sampling,

@@ -119,6 +119,14 @@ def test_vllm_sends_return_token_ids_and_keeps_ids(srv):
     assert c.prompt_ids and c.prompt_tokens == len(c.prompt_ids)
 
 
+@pytest.mark.parametrize("backend", [OpenAIChat, VLLMChat])
+def test_penalties_are_sent_when_set(srv, backend):
+    run(complete(backend(srv.base_url, "m"), Sampling(frequency_penalty=0.5)))
+    assert srv.last_body["frequency_penalty"] == 0.5 and "presence_penalty" not in srv.last_body
+    run(complete(backend(srv.base_url, "m")))  # 0: the request any server has always seen
+    assert "frequency_penalty" not in srv.last_body and "presence_penalty" not in srv.last_body
+
+
 def test_vllm_without_ids_falls_back_to_usage(srv):
     b = VLLMChat(srv.base_url, "m", extra_body={"return_token_ids": False})  # server omits the ids
     c = run(complete(b))
@@ -146,6 +154,9 @@ def test_sglang_renders_template_and_parses_meta(srv, model_dir):
     }
     assert srv.stats()["paths"] == {"/generate": 1}
     assert (c.finish_reason, c.completion_tokens, c.count_source) == ("length", 16, "server_ids")
+    run(complete(b, Sampling(max_tokens=16, frequency_penalty=0.4, presence_penalty=-0.2)))
+    params = srv.last_body["sampling_params"]
+    assert (params["frequency_penalty"], params["presence_penalty"]) == (0.4, -0.2)
     assert c.prompt_ids == list(expected) and c.prompt_tokens == len(expected)
     srv.configure(min_words=3, max_words=3)
     assert run(complete(b)).finish_reason == "stop"

@@ -218,7 +218,8 @@ def test_datasets_with_and_without_tools_in_one_load(tmp_path):
 def test_sample_loads_are_unchanged(tmp_path):
     """No sample has tools: the frame keeps its five columns, every prompt id is the hash of
     its messages, and the source hashes are the ones kit computed before tools existed
-    (commit bd249eb), so existing run fingerprints still match."""
+    (commit bd249eb), so existing run fingerprints still match (code_problems and essays:
+    the ones of their short rewrite for the demo, issue 27)."""
     res = kit.load(SAMPLES)
     assert res.frame.columns == list(sources.SCHEMA)
     assert res.frame["prompt_id"].to_list() == [
@@ -228,8 +229,8 @@ def test_sample_loads_are_unchanged(tmp_path):
         "alpaca_tasks": "f2f20f32252321ff",
         "chat_general": "c1133d41259aa5b4",
         "code_instruct": "449ee6c8b568eb03",
-        "code_problems": "e24706d94f5ead26",
-        "essays": "f5a0390a7cec4af1",
+        "code_problems": "bcbf7e09b2cc6583",  # rewritten short (issue 27)
+        "essays": "d30311917ec3f498",  # rewritten short (issue 27)
         "math_word": "f53ebfc9a61d2530",
         "multi_turn": "ab0b4e090e9284d7",
         "sharegpt_chat": "2374b1aa5e311bf2",

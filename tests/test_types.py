@@ -105,9 +105,20 @@ def test_fingerprint_follows_what_changes_outputs():
     )
     thinking = Sampling(chat_template_kwargs={"enable_thinking": True})
     assert config(sampling=thinking).fingerprint() != base.fingerprint()
+    penalised = config(sampling=Sampling(frequency_penalty=0.5))
+    assert penalised.fingerprint() != base.fingerprint()
+    assert penalised.fingerprint_parts()["sampling"]["frequency_penalty"] == 0.5
+    assert config(sampling=Sampling(presence_penalty=0.5)).fingerprint() != base.fingerprint()
     assert base.fingerprint_parts()["sampling"] == {
         "max_tokens": 512, "temperature": 0.7, "top_p": 1.0, "seed": None, "n": 1,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["frequency_penalty", "presence_penalty"])
+@pytest.mark.parametrize("value", [2.5, -3, "0.5", None])
+def test_penalties_out_of_range_are_refused(name, value):
+    with pytest.raises(ValueError, match=rf"Sampling.{name} must be in \[-2, 2\], got"):
+        Sampling(**{name: value})
 
 
 def test_public_names():

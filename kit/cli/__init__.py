@@ -178,6 +178,16 @@ def parser() -> argparse.ArgumentParser:
         "--max-tokens", type=int, default=512, help="completion tokens per request at most"
     )
     pl_.add_argument("--temperature", type=float, default=0.7, help="sampling temperature")
+    pl_.add_argument(
+        "--frequency-penalty", type=float, default=0.0,
+        help="OpenAI frequency_penalty in [-2, 2]: lowers tokens by how often the answer has used "
+        "them; 0.3-0.5 breaks a small model's loops (sent only when not 0)",
+    )  # fmt: skip
+    pl_.add_argument(
+        "--presence-penalty", type=float, default=0.0,
+        help="OpenAI presence_penalty in [-2, 2]: lowers tokens the answer has used at all "
+        "(sent only when not 0)",
+    )  # fmt: skip
     pl_.add_argument("--seed", type=int, default=0, help="prompt order and pilot sample")
     pl_.add_argument(
         "--pilot-per-dataset",

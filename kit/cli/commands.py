@@ -301,7 +301,12 @@ def cmd_plan(args) -> int:
         model=args.model or "embedded",
         endpoints=args.base_url or ["embedded"],
         budgets=budgets,
-        sampling=kit.Sampling(max_tokens=args.max_tokens, temperature=args.temperature),
+        sampling=kit.Sampling(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            frequency_penalty=args.frequency_penalty,
+            presence_penalty=args.presence_penalty,
+        ),  # fmt: skip
         tokenizer=args.tokenizer,
         api=args.api,
         api_key_env=args.api_key_env,

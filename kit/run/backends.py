@@ -59,6 +59,17 @@ def _load_tokenizer(tokenizer: Any) -> Any:
     return load_tokenizer(tokenizer)
 
 
+def penalties(sampling: Sampling) -> dict:
+    """The sampling's frequency/presence penalties that are set (not 0), by their OpenAI names.
+
+    Example:
+        >>> penalties(Sampling(frequency_penalty=0.5))
+        {'frequency_penalty': 0.5}
+    """
+    names = ("frequency_penalty", "presence_penalty")
+    return {n: getattr(sampling, n) for n in names if getattr(sampling, n)}
+
+
 class _HTTPBackend:
     """Shared transport: session, POST with error mapping, health, API key headers."""
 
@@ -277,6 +288,7 @@ class OpenAIChat(_HTTPBackend):
                 "temperature": sampling.temperature, "top_p": sampling.top_p}  # fmt: skip
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        body.update(penalties(sampling))
         if tools is not None:
             body["tools"] = tools
         body.update(self.extra_body)
@@ -429,6 +441,7 @@ class SGLangGenerate(_HTTPBackend):
                   "top_p": sampling.top_p}  # fmt: skip
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
+        params.update(penalties(sampling))  # SGLang's SamplingParams has both, same names
         data = await self._post(self.path, {"input_ids": ids, "sampling_params": params}, timeout)
         meta, out_ids, text = data.get("meta_info"), data.get("output_ids"), data.get("text")
         if not isinstance(meta, dict) or not isinstance(text, str):
