@@ -229,7 +229,7 @@ def test_sample_loads_are_unchanged(tmp_path):
         "alpaca_tasks": "f2f20f32252321ff",
         "chat_general": "c1133d41259aa5b4",
         "code_instruct": "449ee6c8b568eb03",
-        "code_problems": "bcbf7e09b2cc6583",  # rewritten short (issue 27)
+        "code_problems": "f29853f22fdb6400",  # rewritten short (issue 27)
         "essays": "d30311917ec3f498",  # rewritten short (issue 27)
         "math_word": "f53ebfc9a61d2530",
         "multi_turn": "ab0b4e090e9284d7",

@@ -248,3 +248,26 @@ def test_vllm_tool_dataset_end_to_end(vllm_server, tmp_path):
     assert report.datasets["tool_calls"].to_list() == [len(called)]
     bad = report.findings.filter(pl.col("check").is_in(["empty", "ids_text_mismatch"]))
     assert bad.height == 0, bad
+
+
+def test_vllm_applies_the_frequency_penalty(vllm_server):
+    """Greedy decoding twice, the penalty the only change: vLLM answers differently, so the
+    penalty kit sends is one the engine applies (a repetitive prompt, where it bites)."""
+    import asyncio
+
+    from kit.run.backends import VLLMChat
+
+    msgs = [{"role": "user", "content": "Write the word hello thirty times, separated by spaces."}]
+
+    async def both():
+        b = VLLMChat(vllm_server.base_url, vllm_server.model)
+        try:
+            return [await b.complete(msgs, kit.Sampling(max_tokens=48, temperature=0.0,
+                                                         frequency_penalty=fp), timeout=600)
+                    for fp in (0.0, 2.0)]  # fmt: skip
+        finally:
+            await b.aclose()
+
+    plain, penalised = asyncio.run(both())
+    assert plain.count_source == penalised.count_source == "server_ids"
+    assert plain.output_ids != penalised.output_ids and plain.text != penalised.text

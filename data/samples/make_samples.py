@@ -486,227 +486,50 @@ def code_instruct() -> list[dict]:
 
 # ---------------------------------------------------------------- code_problems (magicoder)
 
-PROJECTS = [
-    (
-        "a command-line to-do list manager that keeps tasks in a JSON file",
-        [
-            "add, list, complete and delete tasks by id",
-            "optional due dates, with `list` sorted by due date",
-            "a clear error message when the JSON file is corrupt",
-        ],
-    ),
-    (
-        "an LRU cache with a fixed capacity",
-        [
-            "O(1) get and put",
-            "counters for hits, misses and evictions",
-            "a method that returns the keys from most to least recently used",
-        ],
-    ),
-    (
-        "a tokenizer and evaluator for arithmetic expressions",
-        [
-            "support + - * / with the usual precedence, parentheses and unary minus",
-            "report syntax errors with the character position",
-            "a small REPL that evaluates one expression per line",
-        ],
-    ),
-    (
-        "a bank account simulation",
-        [
-            "accounts with deposits, withdrawals and transfers between accounts",
-            "an overdraft limit per account and a fee when it is used",
-            "a monthly statement listing every transaction and the closing balance",
-        ],
-    ),
-    (
-        "a tiny text adventure engine",
-        [
-            "rooms, exits and items defined in a data structure",
-            "the commands go, take, drop, look and inventory",
-            "a win condition when a chosen item reaches a chosen room",
-        ],
-    ),
-    (
-        "a token-bucket rate limiter keyed by client id",
-        [
-            "configurable rate and burst size",
-            "an `allow(client_id)` call that returns whether the request may proceed",
-            "automatic cleanup of clients that have been idle for a while",
-        ],
-    ),
-    (
-        "a converter from a subset of Markdown to HTML",
-        [
-            "headings, bold, italic and links",
-            "unordered lists and fenced code blocks",
-            "HTML-escaping of text that is not markup",
-        ],
-    ),
-    (
-        "an inventory tracker for a small shop",
-        [
-            "products with SKU, name, price and stock level",
-            "restock alerts when stock falls below a threshold",
-            "CSV import and export",
-        ],
-    ),
-    (
-        "Conway's Game of Life",
-        [
-            "a grid that wraps around at the edges",
-            "loading a starting pattern from a text file",
-            "printing each generation to the terminal for N steps",
-        ],
-    ),
-    (
-        "the core of a URL shortener",
-        [
-            "base62 short codes with collision handling",
-            "optional expiry times for links",
-            "a click counter per link, kept in an in-memory store behind an interface",
-        ],
-    ),
-    (
-        "a small matrix library",
-        [
-            "addition, multiplication and transpose",
-            "determinant and inverse via Gauss-Jordan elimination",
-            "a clear error for singular matrices and mismatched shapes",
-        ],
-    ),
-    (
-        "an event scheduler with recurring events",
-        [
-            "one-off, daily and weekly events",
-            "detection of overlapping events",
-            "a query for the next N occurrences after a given time",
-        ],
-    ),
-    (
-        "a log file analyzer",
-        [
-            "parse lines of the form `2024-05-01T12:00:00 LEVEL message`",
-            "counts per level and the ten most common error messages",
-            "an hourly histogram of errors printed as a text bar chart",
-        ],
-    ),
-    (
-        "a key-value store with a write-ahead log",
-        [
-            "set, get and delete operations",
-            "every change appended to a log file before it is applied",
-            "recovery from the log and periodic snapshots on start-up",
-        ],
-    ),
-    (
-        "a Sudoku solver",
-        [
-            "read a puzzle from an 81-character string with 0 for blanks",
-            "backtracking combined with simple constraint propagation",
-            "print the solved grid or report that the puzzle has no solution",
-        ],
-    ),
-    (
-        "a library management system",
-        [
-            "books, members and loans with due dates",
-            "late fines calculated per day",
-            "search by title or author",
-        ],
-    ),
-    (
-        "a weighted directed graph module",
-        [
-            "Dijkstra's shortest paths",
-            "breadth-first search and cycle detection",
-            "a topological ordering for acyclic graphs",
-        ],
-    ),
-    (
-        "a JSON validator and pretty-printer written without a JSON library",
-        [
-            "a hand-written recursive descent parser",
-            "error messages with line and column",
-            "pretty-printing with a configurable indent",
-        ],
-    ),
-    (
-        "a producer/consumer pipeline",
-        [
-            "a bounded queue shared by several worker threads",
-            "graceful shutdown when the producer is done",
-            "statistics on items processed per worker",
-        ],
-    ),
-    (
-        "a tic-tac-toe game with an unbeatable computer player",
-        [
-            "minimax with alpha-beta pruning",
-            "human versus computer in the terminal",
-            "input validation for moves",
-        ],
-    ),
-    (
-        "a sales report generator",
-        [
-            "read a CSV of sales with date, region and amount",
-            "totals and averages per region and month",
-            "write the summary to a new CSV and print it as an aligned table",
-        ],
-    ),
-    (
-        "an elevator simulation",
-        [
-            "several elevators serving one building",
-            "a dispatching strategy that assigns each call to an elevator",
-            "a step-by-step log of where every elevator is",
-        ],
-    ),
-    (
-        "a spell checker",
-        [
-            "load a word list with frequencies",
-            "suggest corrections within edit distance two",
-            "rank suggestions by frequency",
-        ],
-    ),
-    (
-        "a file synchronisation tool for two local folders",
-        [
-            "detect new, changed and deleted files by size and modification time",
-            "a dry-run mode that only prints the planned actions",
-            "a summary of what was copied or removed",
-        ],
-    ),
+PROGRAMS = [
+    "reads a CSV file given on the command line and prints the average of its `price` column",
+    "counts the words in a text file and prints the ten most common ones",
+    "asks for a temperature in Celsius and prints it in Fahrenheit and Kelvin",
+    "keeps a shopping list in memory with add, remove and show commands read from input",
+    "simulates rolling two dice 1,000 times and prints how often each total came up",
+    "checks whether the brackets in a string are balanced and prints the position of the first error",
+    "renames every `.txt` file in a folder by adding today's date to its name",
+    "prints a multiplication table from 1 to 10, aligned in columns",
+    "plays a number-guessing game: pick a random number from 1 to 100 and answer higher or lower",
+    "converts a Roman numeral given as input to an integer and back",
+    "prints the prime numbers below a limit read from the command line, using a sieve",
+    "merges two sorted lists of numbers read from input into one sorted list",
+    "reads a JSON file of people with names and ages and prints them sorted by age",
+    "prints the size of every file in a folder, largest first, in KB",
+    "generates a random password of a length given on the command line, with letters, digits and symbols",
+    "computes simple interest and compound interest for an amount, a rate and a number of years",
+    "counts the vowels and consonants in a sentence read from input",
+    "prints the Fibonacci numbers below 1,000, ten per line",
+    "finds the longest line in a text file and prints its number and length",
+    "converts a number of seconds read from input to hours, minutes and seconds",
+    "checks whether a word read from input is a palindrome, ignoring case",
+    "keeps a running total of expenses typed one per line until an empty line, then prints the total and the largest",
+    "prints a text-based bar chart of the counts in a small dictionary",
+    "removes duplicate lines from a text file, keeping the first occurrence of each",
 ]
 
-LANGUAGES = ["Python", "JavaScript", "Rust", "Go", "Java", "C++", "TypeScript"]
-
-PROBLEM_OPENERS = [
-    "Write a complete {lang} program implementing {what}.",
-    "Build {what} in {lang}.",
-    "Your task is to implement, in {lang}, {what}.",
-]
-
-PROBLEM_CLOSERS = [
-    "Provide the full source code in a single file, with comments explaining the key parts.",
-    "Include unit tests for the core logic and explain how to run them.",
-    "After the code, briefly explain your design choices and their trade-offs.",
+PROGRAM_CLOSERS = [
+    "Keep it under 30 lines and explain it in two sentences.",
+    "Add a comment on each key step.",
+    "Show an example run after the code.",
 ]
 
 
 def code_problems() -> list[dict]:
-    """Multi-requirement programming tasks; each project appears in three languages."""
+    """Short whole programs (input, a loop, output), each task with the three closers. Longer
+    than code_instruct's single functions, short enough for SmolLM2-135M to finish: projects
+    with three requirements in seven languages sent it into loops until max_tokens, and so
+    did JavaScript (issue 27)."""
     rows = []
-    for i, (what, needs) in enumerate(PROJECTS):
-        for j in range(3):
-            lang = LANGUAGES[(i + 2 * j) % len(LANGUAGES)]
-            opener = PROBLEM_OPENERS[(i + j) % 3].format(lang=lang, what=what)
-            bullets = "\n".join(f"- {need}" for need in needs)
-            closer = PROBLEM_CLOSERS[(i + 2 * j) % 3]
-            problem = f"{opener}\n\nRequirements:\n{bullets}\n\n{closer}"
-            rows.append({"index": len(rows), "lang": lang.lower(), "problem": problem})
+    for what in PROGRAMS:
+        for closer in PROGRAM_CLOSERS:
+            problem = f"Write a short Python program that {what}. {closer}"
+            rows.append({"index": len(rows), "lang": "python", "problem": problem})
     return rows
 
 
@@ -902,36 +725,36 @@ def essays() -> list[dict]:
     r = random.Random(11)
     out = []
     for topic in ESSAY_TOPICS:
-        words = r.choice([500, 600, 700, 800, 1000])
+        words = r.choice([150, 200, 250, 300])
         out.append(
             (
                 "essay",
-                f"Write an essay of about {words} words on {topic}. Use an introduction, at least three body paragraphs and a conclusion.",
+                f"Write a short essay of about {words} words on {topic}. Use an introduction, two body paragraphs and a conclusion.",
             )
         )
     for claim in PERSUASIVE_CLAIMS:
         out.append(
             (
                 "persuasive",
-                f"Write a persuasive essay of about {r.choice([500, 600, 800])} words arguing that {claim}. Address the strongest counterargument.",
+                f"Write a short persuasive essay of about {r.choice([150, 200, 250])} words arguing that {claim}. Address the strongest counterargument.",
             )
         )
     for premise in STORY_PREMISES:
         out.append(
             (
                 "story",
-                f"Write a short story of around {r.choice([700, 900, 1200])} words about {premise}. Give it a title.",
+                f"Write a very short story of around {r.choice([150, 200, 250])} words about {premise}. Give it a title.",
             )
         )
     for topic in EXPLAINERS:
         out.append(
             (
                 "explainer",
-                f"Write a blog post for beginners explaining {topic}. Use headings, an everyday analogy and a short summary at the end.",
+                f"Write a short blog post (about 200 words) for beginners explaining {topic}. Use an everyday analogy and end with a one-sentence summary.",
             )
         )
     for piece in LETTERS:
-        out.append(("letter", f"Write {piece}. Aim for roughly {r.choice([400, 500, 600])} words."))
+        out.append(("letter", f"Write {piece}. Aim for roughly {r.choice([120, 150, 200])} words."))
     return [{"instruction": text, "category": cat} for cat, text in out]
 
 

@@ -19,20 +19,26 @@ from kit.cli.commands import REPO, SAMPLES, audit_run
 NOTEBOOKS = ("01_plan", "02_generate", "03_audit", "04_export")
 
 # `kit demo`'s own parameters (injected into the notebooks): budgets of 10-20 answers a
-# dataset; max_tokens above the embedded model's answers (SmolLM2-135M writes programs and
-# essays in 300-1,000 tokens), save its loops (an answer repeating itself until max_tokens,
-# on long-form prompts at any max_tokens: README "The demo"); the default pilot (30 a dataset)
+# dataset; max_tokens above the embedded model's answers (SmolLM2-135M writes the samples'
+# programs and essays in 200-600 tokens); a frequency penalty of 0.3, which breaks its loops
+# (an answer repeating one line until max_tokens; 0.5 cut more math answers, README "The
+# demo"); the default pilot (30 a dataset)
 DEMO_BUDGETS = {  # dataset -> completion tokens
     "alpaca_tasks": 1_000,
     "chat_general": 1_000,
     "code_instruct": 4_000,
-    "code_problems": 6_000,
-    "essays": 6_000,
+    "code_problems": 4_000,
+    "essays": 5_000,
     "math_word": 3_000,
     "multi_turn": 1_500,
     "sharegpt_chat": 3_000,
 }
-DEMO_PARAMETERS = {"budgets": DEMO_BUDGETS, "max_tokens": 1024, "concurrency": 32}
+DEMO_PARAMETERS = {
+    "budgets": DEMO_BUDGETS,
+    "max_tokens": 1024,
+    "frequency_penalty": 0.3,
+    "concurrency": 32,
+}
 DEMO_MARK = ".kit-demo"  # in a run directory `kit demo` made, and may therefore clear
 
 
