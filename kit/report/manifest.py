@@ -98,9 +98,7 @@ def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opt
     from kit.tokens import chat_template_hash
 
     eot_id, eot_text = end_of_turn(tok) if tok is not None else (None, "")
-    sampling = dataclasses.asdict(config.sampling)
-    if sampling.get("chat_template_kwargs") is None:
-        sampling.pop("chat_template_kwargs", None)  # as the run fingerprint leaves it out
+    sampling = config.fingerprint_parts()["sampling"]  # unset kwargs/penalties left out, as there
     out = {
         "kit_version": kit.__version__,
         "created_unix": time.time(),
