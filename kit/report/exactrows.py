@@ -210,3 +210,44 @@ def token_lines(frame):
         json_text(pl.col("ids_source")), pl.lit("}\n"),
     )  # fmt: skip
     return frame.select(line.alias("line")).to_series()
+
+
+def token_problems(frame, vocab_size: int, one_span: bool) -> list[str]:
+    """What breaks kit.validate's token-id rules (kit.report.checks) in the frame token_lines
+    renders, one line per rule naming its first row: the export checks its rows here, as
+    typed columns, so its staged folder is validated without parsing them again."""
+    import polars as pl
+
+    c = pl.col
+    ids, mask = c("input_ids"), c("loss_mask")
+    rules = {
+        "'input_ids' must be a non-empty list of ints >= 0": (ids.list.len() == 0)
+        | (ids.list.min() < 0),  # fmt: skip
+        f"a token id is not below the vocabulary size {vocab_size}": ids.list.max() >= vocab_size,
+        "'loss_mask' must be a list of 0/1 ints": (mask.list.min() < 0) | (mask.list.max() > 1),
+        "loss_mask is not as long as input_ids": mask.list.len() != ids.list.len(),
+        "loss_mask is all 0: the row trains nothing": mask.list.max() != 1,
+        "loss_mask is 1 on the first token: the prompt is trained": mask.list.first() == 1,
+        "'ids_source' must be 'server' or 'retokenized'": ~c("ids_source").is_in(
+            ["server", "retokenized"]
+        ),  # fmt: skip
+    }
+    if one_span:
+        rules["loss_mask has more than one stretch of 1s: only the last assistant turn is trained"] = mask.list.eval(pl.element().diff() == 1).list.sum() > 1  # fmt: skip
+    return first_breaks(frame, rules)
+
+
+def first_breaks(frame, rules: dict) -> list[str]:
+    """For each rule (what it says -> a polars expression, True or null where a row breaks
+    it): "row <id>: what" of its first row that breaks it, and how many do."""
+    import polars as pl
+
+    from kit.report.convo import row_ids
+
+    found = frame.select(row_ids().alias("id"), *(e.fill_null(True).alias(f"r{i}") for i, e in enumerate(rules.values())))  # fmt: skip
+    out = []
+    for i, what in enumerate(rules):
+        bad = found.filter(pl.col(f"r{i}"))
+        if bad.height:
+            out.append(f"row {bad['id'][0]}: {what}" + (f" (and {bad.height - 1} more rows)" if bad.height > 1 else ""))  # fmt: skip
+    return out

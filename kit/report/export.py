@@ -234,7 +234,7 @@ def export(
         if vocab is not None:
             manifest["draft_vocab"] = vocab
         (stage.path / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        check = validate(stage.path)
+        check = validate(stage.path, rows=False)  # the rows were checked as written (_write)
         if not check.ok:
             raise ExportInvalid(f"export: the new export failed validation, {out_dir} was left as it was: {'; '.join(check.problems[:3])}")  # fmt: skip
         stage.swap_in(owned_files(out_dir, overwrite, targets))
@@ -331,6 +331,8 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
                 ids.add(frame)
             found += frame.height
             frame = _prepared(frame, config, tok, tokens, done, dropped)
+            if problems := _problems(frame, opts, tok, config):
+                raise ExportInvalid(f"export: rows of {run_dir} break the export's format, nothing was swapped in: {'; '.join(problems[:3])}")  # fmt: skip
             for split in SPLITS:
                 part = frame.filter(frame["split"] == split)
                 if not part.height:
@@ -347,6 +349,18 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
         if split in splits:
             splits[split].close(files)
     return done
+
+
+def _problems(frame, opts, tok, config) -> list[str]:
+    """A batch's rows against kit.validate's rules for the JSONL formats, checked as the typed
+    columns they are rendered from (kit.validate of the staged folder then reads no row)."""
+    from kit.report.convo import conversation_problems
+    from kit.report.exactrows import token_problems
+
+    out = conversation_problems(frame) if "specforge" in opts.formats else []
+    if "token_ids" in opts.formats:
+        out += token_problems(frame, len(tok), config.turns == "last_turn")
+    return out
 
 
 def _kept(batch, kept, at: int):
