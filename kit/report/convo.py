@@ -212,13 +212,12 @@ def specforge_lines(frame):
 
 def conversation_problems(frame) -> list[str]:
     """What breaks kit.validate's SpecForge rules (kit.report.checks) in the frame
-    specforge_lines renders, one line per rule naming its first row (exactrows.first_breaks):
+    specforge_lines renders, one line per rule naming its first row (first_breaks):
     the id, the last assistant turn, reasoning_content and the JSON of tools and tool calls
     are made so by specforge_lines and tools_json; the prompt's messages are checked here."""
     import polars as pl
 
     from kit.report.checks import ROLES
-    from kit.report.exactrows import first_breaks
 
     e = pl.element()
     roles = pl.col("messages").list.eval(e.struct.field("role"))
@@ -272,3 +271,17 @@ def cut_rows():
     finishes = turns.str.json_decode(pl.List(pl.Struct({"finish_reason": pl.String})))
     earlier = finishes.list.eval(pl.element().struct.field("finish_reason") == "length").list.any()
     return (pl.col("finish_reason") == "length") | earlier.fill_null(False)
+
+
+def first_breaks(frame, rules: dict) -> list[str]:
+    """For each rule (what it says -> a polars expression, True or null where a row breaks
+    it): "row <id>: what" of its first row that breaks it, and how many do."""
+    import polars as pl
+
+    found = frame.select(row_ids().alias("id"), *(e.fill_null(True).alias(f"r{i}") for i, e in enumerate(rules.values())))  # fmt: skip
+    out = []
+    for i, what in enumerate(rules):
+        bad = found.filter(pl.col(f"r{i}"))
+        if bad.height:
+            out.append(f"row {bad['id'][0]}: {what}" + (f" (and {bad.height - 1} more rows)" if bad.height > 1 else ""))  # fmt: skip
+    return out
