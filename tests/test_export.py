@@ -670,8 +670,8 @@ def test_token_lines_are_json_dumps_byte_for_byte():
 
 def test_the_export_reads_bounded_batches_and_selects_without_text(tmp_path, monkeypatch):
     """Memory follows the batch: every frame the export reads through kit.run.reader holds
-    at most a batch of records, and the selection pass reads no text (no completion without
-    drop_duplicates, no prompt)."""
+    at most a batch of records, and the selection reads no record (the key index alone,
+    kit.run.reader.done_records, without drop_duplicates)."""
     from kit.run import reader
 
     _stored_run(tmp_path / "run")
@@ -685,8 +685,7 @@ def test_the_export_reads_bounded_batches_and_selects_without_text(tmp_path, mon
     monkeypatch.setattr(reader, "record_batches", spy)
     monkeypatch.setattr(export_mod, "BATCH", 7)
     export(tmp_path / "run", tmp_path / "out", formats=("specforge", "parquet"), drop_errors=False)
-    selection = [cols for prompts, _, cols in reads if not prompts]
-    assert selection and all(not cols & {"completion", "reasoning", "messages"} for cols in selection)  # fmt: skip
+    assert all(prompts for prompts, _, _ in reads)  # only the writing pass reads records
     writing = [n for prompts, n, _ in reads if prompts]
     assert max(writing) <= 7 and sum(writing) == 36
 

@@ -84,6 +84,19 @@ def done_frame(conn: sqlite3.Connection):
     return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
 
 
+def done_records(run_dir):
+    """dataset, prompt_id, sample, completion_tokens, finish_reason of every stored record, in
+    commit order (record_batches' order): read from the index records_done alone, not the
+    records' pages (an export's selection)."""
+    import polars as pl
+
+    schema = {"_rowid": pl.Int64, "dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "completion_tokens": pl.Int64, "finish_reason": pl.String}  # fmt: skip
+    sql = f"SELECT rowid AS {', '.join(schema)} FROM records INDEXED BY records_done"
+    parts = list(sql_frames(run_dir, sql, [], schema, 200_000))
+    frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    return frame.sort("_rowid").drop("_rowid")
+
+
 def _chunks(cur: sqlite3.Cursor, size: int) -> Iterator[list]:
     while rows := cur.fetchmany(size):
         yield rows
