@@ -22,11 +22,14 @@ kit deletes only files it wrote: out_dir must be new, empty, or a kit export; ov
 replaces only the files the old manifest.json lists (each checked against its sha256), then
 removes the folders they leave empty. Files of anyone else are never touched.
 
-Two reads of the run, both through kit.run.reader in commit order: the first keeps one
-text-free row per record (kit.report.selection: drops, trim, mix, split); the second reads
-the records with their prompts a batch at a time (each prompt checked against its hash: an
-edited one stops the export with PromptMismatch, and the files begun are removed) and writes
-the kept ones (kit.report.writers). Memory holds one batch of text.
+The selection reads the run's key index (kit.report.selection: drops, trim, mix, split);
+then the records are read once through kit.run.reader in commit order, with their prompts, a
+batch at a time (each prompt checked against its hash: an edited one stops the export with
+PromptMismatch, and the files begun are removed), and the kept ones written
+(kit.report.writers). A token_ids-only export reads the text of only the prompts its rows
+use (exact rows use none). Each batch's rows are checked against kit.validate's rules as
+they are rendered; the staged folder is then validated without parsing them again
+(validate(rows=False)) and swapped in. Memory holds one batch of text.
 
 SpecForge format, field by field, as SpecForge reads it (sgl-project/SpecForge,
 docs/basic_usage/data_preparation.md "Option 1: Conversation Format" and
