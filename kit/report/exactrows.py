@@ -184,7 +184,7 @@ def _exact(tok, exact, stats: dict, by_dataset: dict):
         ),
         ids_source=pl.lit("server", pl.String),
     )
-    out = out.with_columns(_zeros=c("prompt_ids").list.len())  # the mask: zeros, then ones (token_lines)  # fmt: skip
+    out = out.with_columns(_zeros=c("prompt_ids").list.len())  # the mask's zeros (token_lines)
     per = out.group_by("dataset", maintain_order=True).agg(n=pl.len(), app=c("_app").sum())
     for ds, n, app in per.iter_rows():
         d = by_dataset.setdefault(ds, {})
