@@ -627,10 +627,51 @@ def test_specforge_lines_are_json_dumps_byte_for_byte():
     assert offsets == [0, *itertools.accumulate(len(w.encode()) for w in want)]
 
 
+def test_token_lines_are_json_dumps_byte_for_byte():
+    """token_lines (ids by orjson, an exact row's mask by repetition) against json.dumps(row, ensure_ascii=False) of
+    each row: exact rows (`_zeros`), others with any mask, ids of every width, odd ids."""
+    from kit.report.exactrows import token_lines
+
+    rows = [
+        {
+            "dataset": "d/é",
+            "prompt_id": 'p"0',
+            "sample": 3,
+            "input_ids": [0, 7, 49151, 10**9],
+            "loss_mask": [0, 0, 1, 1],
+            "ids_source": "server",
+            "_zeros": 2,
+        },  # fmt: skip
+        {
+            "dataset": "d",
+            "prompt_id": "p1",
+            "sample": 0,
+            "input_ids": [5, 6, 7, 8, 9],
+            "loss_mask": [0, 1, 0, 1, 1],
+            "ids_source": "retokenized",
+            "_zeros": None,
+        },  # fmt: skip
+        {
+            "dataset": "d",
+            "prompt_id": "p2",
+            "sample": 1,
+            "input_ids": [1, 2],
+            "loss_mask": [0, 1],
+            "ids_source": "server",
+            "_zeros": 1,
+        },  # fmt: skip
+    ]
+    frame = pl.DataFrame(rows, schema_overrides={"loss_mask": pl.List(pl.Int8), "_zeros": pl.UInt32})  # fmt: skip
+    want = [json.dumps({"id": f"{r['dataset']}-{r['prompt_id']}-{r['sample']}", "input_ids": r["input_ids"], "loss_mask": r["loss_mask"], "ids_source": r["ids_source"]}, ensure_ascii=False) + "\n" for r in rows]  # fmt: skip
+    data, offsets = token_lines(frame)
+    assert data == "".join(want).encode()
+    assert offsets == [0, *itertools.accumulate(len(w.encode()) for w in want)]
+
+
 def test_the_export_reads_bounded_batches_and_selects_without_text(tmp_path, monkeypatch):
     """Memory follows the batch: every frame the export reads through kit.run.reader holds
-    at most a batch of records, and the selection pass reads no text (no completion without
-    drop_duplicates, no prompt)."""
+    at most a batch of records, and the selection reads no record (the key index alone,
+    kit.run.reader.done_records, without drop_duplicates)."""
     from kit.run import reader
 
     _stored_run(tmp_path / "run")
@@ -644,8 +685,7 @@ def test_the_export_reads_bounded_batches_and_selects_without_text(tmp_path, mon
     monkeypatch.setattr(reader, "record_batches", spy)
     monkeypatch.setattr(export_mod, "BATCH", 7)
     export(tmp_path / "run", tmp_path / "out", formats=("specforge", "parquet"), drop_errors=False)
-    selection = [cols for prompts, _, cols in reads if not prompts]
-    assert selection and all(not cols & {"completion", "reasoning", "messages"} for cols in selection)  # fmt: skip
+    assert all(prompts for prompts, _, _ in reads)  # only the writing pass reads records
     writing = [n for prompts, n, _ in reads if prompts]
     assert max(writing) <= 7 and sum(writing) == 36
 

@@ -284,3 +284,70 @@ def test_specforge_rows_carry_tools_and_reasoning_without_a_tokenizer(tmp_path):
     bad = dict(rows[0], tools={"name": "add"})
     path.write_text("\n".join(json.dumps(r) for r in [bad, *rows[1:]]) + "\n")
     assert "line 1: 'tools' must be a list of tool definitions" in validate(tmp_path / "out").summary()  # fmt: skip
+
+
+def test_token_rows_alone_read_only_the_prompts_they_use(tmp_path, tok, model_dir, monkeypatch):
+    """A token_ids-only export reads a prompt's text only where a row uses it (the sampled
+    render checks, re-tokenized rows), each checked against its hash; the rows, the counts
+    of earlier turns and the bytes are those of an export that reads every prompt. Two
+    unsampled exact rows' prompts swapped: the same export; a sampled or a re-tokenized
+    row's prompt swapped: PromptMismatch naming it."""
+    import sqlite3
+
+    from kit.run.reader import PromptMismatch
+
+    monkeypatch.setattr(exactrows, "CHECK_SAMPLE", 2)
+    recs = [make_record(tok, "d", i, f"Tell me fact {i}.", ANSWERS[i]) for i in range(6)]
+    recs[5] = make_record(tok, "d", 5, "No ids here.", ANSWERS[5], ids=False)
+    recs[3].messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, *recs[3].messages]  # fmt: skip
+    for r in recs[:5]:
+        r.prompt_ids = prompt_ids(tok, r.messages)
+    run = plant_run(tmp_path / "run", recs, budgets={"d": 1000}, tokenizer=str(model_dir))
+    alone = export(run, tmp_path / "alone", formats=("token_ids",))
+    both = export(run, tmp_path / "both", formats=("specforge", "token_ids"))
+    rel = "token_ids/train.jsonl"
+    assert (tmp_path / "alone" / rel).read_bytes() == (tmp_path / "both" / rel).read_bytes()
+    for key in ("counts", "token_rows", "turns", "token_checks"):
+        assert alone.manifest[key] == both.manifest[key], key
+    assert alone.manifest["turns"]["rows_with_earlier_turns"] == {"d": 1}
+    assert alone.manifest["token_rows"]["d"] == {"exact": 5, "retokenized": 1}
+
+    def swap(a, b):
+        with sqlite3.connect(run / "run.sqlite") as conn:
+            text = dict(conn.execute("SELECT prompt_id, messages FROM prompts WHERE prompt_id IN (?, ?)", (a, b)))  # fmt: skip
+            for x, y in ((a, b), (b, a)):
+                conn.execute("UPDATE prompts SET messages = ? WHERE prompt_id = ?", (text[y], x))
+        conn.close()
+
+    ids = [r.prompt_id for r in recs]  # plant_run set them, in commit order
+    swap(ids[2], ids[4])  # past the sample of 2, exact: their text is not read
+    again = export(run, tmp_path / "again", formats=("token_ids",))
+    assert (tmp_path / "again" / rel).read_bytes() == (tmp_path / "alone" / rel).read_bytes()
+    assert again.manifest["token_checks"] == alone.manifest["token_checks"]
+    swap(ids[2], ids[4])
+    for a, b in ((ids[0], ids[4]), (ids[5], ids[4])):  # a sampled row's, a re-tokenized row's
+        swap(a, b)
+        with pytest.raises(PromptMismatch, match=a):
+            export(run, tmp_path / "no", formats=("token_ids",))
+        swap(a, b)
+
+
+def test_rows_that_break_the_format_stop_the_export_before_the_swap(tmp_path, tok, model_dir):
+    """The rows are checked against kit.validate's rules as they are written: a server's
+    prompt id past the vocabulary is an ExportInvalid naming the row, and the previous
+    export stays as it was."""
+    from kit.report.export import ExportInvalid
+
+    recs = [make_record(tok, "d", i, f"Tell me fact {i}.", ANSWERS[i]) for i in range(3)]
+    for r in recs:
+        r.prompt_ids = prompt_ids(tok, r.messages)
+    run = plant_run(tmp_path / "run", recs, budgets={"d": 1000}, tokenizer=str(model_dir))
+    out = tmp_path / "out"
+    export(run, out, formats=("token_ids",))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    recs[1].prompt_ids = recs[1].prompt_ids + [len(tok) + 5]
+    bad = plant_run(tmp_path / "bad", recs, budgets={"d": 1000}, tokenizer=str(model_dir))
+    with pytest.raises(ExportInvalid, match=f"row d-{recs[1].prompt_id}-0: a token id is not below the vocabulary size {len(tok)}"):  # fmt: skip
+        export(bad, out, formats=("token_ids",), overwrite=True)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert validate(out).ok

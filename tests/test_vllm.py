@@ -111,6 +111,11 @@ def test_vllm_records_and_token_rows_are_the_servers_ids(vllm_server, tmp_path):
     assert verbatim == masked == len(rows) == len(records)
     assert all(r["ids_source"] == "server" for r in rows.values())
     assert sum(differ.values()) == 0, differ  # kit renders the prompt the server saw
+    alone = kit.export(tmp_path / "run", tmp_path / "alone", formats=("token_ids",))
+    rel = "token_ids/train.jsonl"  # read without the prompts its exact rows do not use
+    assert (tmp_path / "alone" / rel).read_bytes() == (out / rel).read_bytes()
+    assert alone.manifest["token_rows"] == token_rows_section
+    assert alone.manifest["turns"] == result.manifest["turns"]
 
 
 def test_vllm_reasoning_is_kept_counted_and_exported(vllm_thinking, tmp_path):

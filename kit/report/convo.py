@@ -210,6 +210,37 @@ def specforge_lines(frame):
     return frame.select(line.alias("line")).to_series()
 
 
+def conversation_problems(frame) -> list[str]:
+    """What breaks kit.validate's SpecForge rules (kit.report.checks) in the frame
+    specforge_lines renders, one line per rule naming its first row (first_breaks):
+    the id, the last assistant turn, reasoning_content and the JSON of tools and tool calls
+    are made so by specforge_lines and tools_json; the prompt's messages are checked here."""
+    import polars as pl
+
+    from kit.report.checks import ROLES
+
+    e = pl.element()
+    roles = pl.col("messages").list.eval(e.struct.field("role"))
+    contents = pl.col("messages").list.eval(e.struct.field("content").is_null()).list.any()
+    return first_breaks(frame, {
+        f"a message's role is not one of {ROLES}": roles.list.eval(~e.is_in(ROLES)).list.any(),
+        "a message's content is not a string": contents | pl.col("completion").is_null(),
+        "a system message after the first turn": roles.list.eval((e == "system") & (pl.int_range(pl.len()) > 0)).list.any(),  # fmt: skip
+        "'tools' must be a list of tool definitions (dicts)": pl.col("tools_json").map_elements(_bad_tools, return_dtype=pl.Boolean, skip_nulls=True).fill_null(False),  # fmt: skip
+        "tool_calls must be a non-empty list of tool calls": pl.col("tool_calls_json").map_elements(_bad_calls, return_dtype=pl.Boolean, skip_nulls=True).fill_null(False),  # fmt: skip
+    })  # fmt: skip
+
+
+def _bad_tools(text: str) -> bool:
+    tools = json.loads(text)
+    return not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools))
+
+
+def _bad_calls(text: str) -> bool:
+    calls = json.loads(text)
+    return not (isinstance(calls, list) and calls and all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls))  # fmt: skip
+
+
 def row_ids():
     """row_id() as a polars expression over dataset, prompt_id, sample."""
     import polars as pl
@@ -240,3 +271,17 @@ def cut_rows():
     finishes = turns.str.json_decode(pl.List(pl.Struct({"finish_reason": pl.String})))
     earlier = finishes.list.eval(pl.element().struct.field("finish_reason") == "length").list.any()
     return (pl.col("finish_reason") == "length") | earlier.fill_null(False)
+
+
+def first_breaks(frame, rules: dict) -> list[str]:
+    """For each rule (what it says -> a polars expression, True or null where a row breaks
+    it): "row <id>: what" of its first row that breaks it, and how many do."""
+    import polars as pl
+
+    found = frame.select(row_ids().alias("id"), *(e.fill_null(True).alias(f"r{i}") for i, e in enumerate(rules.values())))  # fmt: skip
+    out = []
+    for i, what in enumerate(rules):
+        bad = found.filter(pl.col(f"r{i}"))
+        if bad.height:
+            out.append(f"row {bad['id'][0]}: {what}" + (f" (and {bad.height - 1} more rows)" if bad.height > 1 else ""))  # fmt: skip
+    return out

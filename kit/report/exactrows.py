@@ -16,7 +16,7 @@ every later row decoded. The manifest's `token_checks` says how many rows each c
 
 from __future__ import annotations
 
-from kit.report.convo import conversation, json_text, render_all, row_ids, tools_of
+from kit.report.convo import conversation, first_breaks, json_text, render_all, row_ids, tools_of
 from kit.report.tokenrows import end_of_turn, token_rows
 
 CHECK_SAMPLE = 500  # eligible rows per dataset whose ids are decoded and prompt rendered (as the audit samples)
@@ -85,11 +85,17 @@ def widening_sample(frame, seen: dict[str, int], full: set[str], size: int, chec
     return found
 
 
-def token_columns(tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, turns: str, kwargs_for):  # fmt: skip
+def token_columns(tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, turns: str, kwargs_for, fetch=None):  # fmt: skip
     """A batch of records (with prompts, kit.run.reader) -> (the rows made, with input_ids,
     loss_mask and ids_source columns, in the batch's order; rows the template cannot split,
-    left out). stats / by_dataset: as tokenrows.token_rows counts them (updated in place)."""
+    left out). stats / by_dataset: as tokenrows.token_rows counts them (updated in place).
+    fetch: rows -> the rows with their prompts (`messages`, `tools`), for a batch read
+    without them: only the rows that use a prompt's text read it (the exact rows' sampled
+    checks, the re-tokenized rows); the rows made come without them."""
     import polars as pl
+
+    given = set(frame.columns)
+    fetch = fetch or (lambda rows: rows)
 
     c = pl.col
     frame = frame.with_row_index("_i")
@@ -100,10 +106,11 @@ def token_columns(tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, 
     cand = frame.filter(c("_ok"))
     bad = _ids_do_not_spell(tok, cand, checks)
     exact = cand.filter(~bad)
-    _check_prompts(tok, exact, checks, by_dataset, kwargs_for)
+    _check_prompts(tok, exact, checks, by_dataset, kwargs_for, fetch)
     parts = [_exact(tok, exact, stats, by_dataset)]
     rest = pl.concat([frame.filter(~c("_ok")), cand.filter(bad)]).sort("_i")
     if rest.height:
+        rest = fetch(rest)
         made = token_rows(tok, rest.to_dicts(), stats, by_dataset, turns=turns, kwargs_for=kwargs_for)  # fmt: skip
         keep = pl.Series([m is not None for m in made], dtype=pl.Boolean)
         rows = [m for m in made if m is not None]
@@ -113,6 +120,7 @@ def token_columns(tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, 
             ids_source=pl.Series([r["ids_source"] for r in rows], dtype=pl.String),
         ))  # fmt: skip
     out = pl.concat(parts, how="diagonal_relaxed").sort("_i").drop("_i", "_ok")
+    out = out.drop([n for n in ("messages", "tools") if n not in given], strict=False)
     return out, frame.height - out.height
 
 
@@ -126,13 +134,13 @@ def _ids_do_not_spell(tok, cand, checks: Checks):
         checks.candidates[ds] = checks.candidates.get(ds, 0) + n
 
     def wrong(rows):
-        decoded = tok.batch_decode(rows["output_ids"].to_list(), skip_special_tokens=True)
+        decoded = tok.batch_decode(id_arrays(rows["output_ids"]), skip_special_tokens=True)
         return [not ids_spell(t, r, a) for t, r, a in zip(decoded, rows["reasoning"], rows["completion"], strict=True)]  # fmt: skip
 
     return pl.Series(widening_sample(cand, checks.decoded, checks.full, CHECK_SAMPLE, wrong))
 
 
-def _check_prompts(tok, exact, checks: Checks, by_dataset: dict, kwargs_for) -> None:
+def _check_prompts(tok, exact, checks: Checks, by_dataset: dict, kwargs_for, fetch) -> None:
     """Sampled rows: the server's prompt_ids against kit's rendering of the prompt, tokenized
     (prompt_render_differs counts the rows that differ; the server's ids stay the row)."""
     import polars as pl
@@ -142,7 +150,7 @@ def _check_prompts(tok, exact, checks: Checks, by_dataset: dict, kwargs_for) -> 
     if not exact.height:
         return
     keep = first_rows(exact, checks.rendered, CHECK_SAMPLE)
-    rows = exact.filter(pl.Series(keep)).select("dataset", "messages", "tools", "prompt_ids").to_dicts()  # fmt: skip
+    rows = fetch(exact.filter(pl.Series(keep))).select("dataset", "messages", "tools", "prompt_ids").to_dicts()  # fmt: skip
     kw = [(kwargs_for(r["dataset"]) if kwargs_for else None) or {} for r in rows]
     convs = [conversation(r["messages"], "")[:-1] for r in rows]
     texts = render_all(tok, convs, True, [tools_of(r) for r in rows], kw)
@@ -176,9 +184,7 @@ def _exact(tok, exact, stats: dict, by_dataset: dict):
         ),
         ids_source=pl.lit("server", pl.String),
     )
-    counts = zip(out["prompt_ids"].list.len(), out["output_ids"].list.len() + out["_app"], strict=True)  # fmt: skip
-    # zeros then ones: the mask's JSON text made by string repetition, not per id
-    out = out.with_columns(_mask_text=pl.Series([("0, " * p) + ("1, " * (g - 1)) + "1" for p, g in counts], dtype=pl.String))  # fmt: skip
+    out = out.with_columns(_zeros=c("prompt_ids").list.len())  # the mask's zeros (token_lines)
     per = out.group_by("dataset", maintain_order=True).agg(n=pl.len(), app=c("_app").sum())
     for ds, n, app in per.iter_rows():
         d = by_dataset.setdefault(ds, {})
@@ -190,23 +196,67 @@ def _exact(tok, exact, stats: dict, by_dataset: dict):
     return out.drop("_app")
 
 
-def token_lines(frame):
+def token_lines(frame) -> tuple[bytes, list[int]]:
     """The token-id JSONL lines of a frame with input_ids, loss_mask, ids_source, each with
-    its newline: exactly json.dumps({"id", "input_ids", "loss_mask", "ids_source"})."""
+    its newline: exactly json.dumps({"id", "input_ids", "loss_mask", "ids_source"},
+    ensure_ascii=False), as (their bytes joined, the offset of each line: convo.rendered's
+    form). Ids are written by orjson from numpy ("[1,2]" made "[1, 2]": a list of ints has
+    no other comma); the mask of an exact row (`_zeros`, _exact) by repetition.
+
+    Example:
+        >>> f = pl.DataFrame({"dataset": ["d"], "prompt_id": ["p"], "sample": [0],
+        ...     "input_ids": [[5, 6, 7]], "loss_mask": [[0, 1, 1]], "ids_source": ["server"]})
+        >>> token_lines(f)[0]
+        b'{"id": "d-p-0", "input_ids": [5, 6, 7], "loss_mask": [0, 1, 1], "ids_source": "server"}\\n'
+    """
+    import orjson
     import polars as pl
 
-    def ints(name: str):
-        return pl.col(name).list.eval(pl.element().cast(pl.String)).list.join(", ")
+    def ints(values) -> bytes:
+        return orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].replace(b",", b", ")
 
-    mask = ints("loss_mask")
-    if "_mask_text" in frame.columns:  # exact rows' mask text, made by _exact
-        texts, rest = frame["_mask_text"], frame["_mask_text"].is_null()
-        if rest.any():
-            texts = texts.scatter(rest.arg_true(), frame.filter(rest).select(mask).to_series())
-        frame, mask = frame.with_columns(_mask_text=texts), pl.col("_mask_text")
-    line = pl.concat_str(
-        pl.lit('{"id": '), json_text(row_ids()), pl.lit(', "input_ids": ['), ints("input_ids"),
-        pl.lit('], "loss_mask": ['), mask, pl.lit('], "ids_source": '),
-        json_text(pl.col("ids_source")), pl.lit("}\n"),
-    )  # fmt: skip
-    return frame.select(line.alias("line")).to_series()
+    head = pl.concat_str(pl.lit('{"id": '), json_text(row_ids()), pl.lit(', "input_ids": ['))
+    tail = pl.concat_str(pl.lit('], "ids_source": '), json_text(pl.col("ids_source")), pl.lit("}\n"))  # fmt: skip
+    ends = frame.select(head.alias("h"), tail.alias("t"))
+    zeros = frame["_zeros"].to_list() if "_zeros" in frame.columns else [None] * frame.height
+    masks = id_arrays(frame["loss_mask"].cast(pl.List(pl.Int64)))
+    parts, offsets = [], [0]
+    for h, ids, z, mask, t in zip(ends["h"], id_arrays(frame["input_ids"]), zeros, masks, ends["t"], strict=True):  # fmt: skip
+        mask_text = ints(mask) if z is None else b"0, " * z + b"1, " * (len(ids) - z - 1) + b"1"
+        row = (h.encode(), ints(ids), b'], "loss_mask": [', mask_text, t.encode())
+        parts += row
+        offsets.append(offsets[-1] + sum(map(len, row)))
+    return b"".join(parts), offsets
+
+
+def id_arrays(ids) -> list:
+    """A List(Int64) series -> a numpy array per row (views of one buffer: no Python int per
+    id, for orjson and a tokenizer's decode)."""
+    arr = ids.rechunk().to_arrow()
+    offsets, values = arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=False)
+    return [values[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+
+
+def token_problems(frame, vocab_size: int, one_span: bool) -> list[str]:
+    """What breaks kit.validate's token-id rules (kit.report.checks) in the frame token_lines
+    renders, one line per rule naming its first row: the export checks its rows here, as
+    typed columns, so its staged folder is validated without parsing them again."""
+    import polars as pl
+
+    c = pl.col
+    ids, mask = c("input_ids"), c("loss_mask")
+    rules = {
+        "'input_ids' must be a non-empty list of ints >= 0": (ids.list.len() == 0)
+        | (ids.list.min() < 0),  # fmt: skip
+        f"a token id is not below the vocabulary size {vocab_size}": ids.list.max() >= vocab_size,
+        "'loss_mask' must be a list of 0/1 ints": (mask.list.min() < 0) | (mask.list.max() > 1),
+        "loss_mask is not as long as input_ids": mask.list.len() != ids.list.len(),
+        "loss_mask is all 0: the row trains nothing": mask.list.max() != 1,
+        "loss_mask is 1 on the first token: the prompt is trained": mask.list.first() == 1,
+        "'ids_source' must be 'server' or 'retokenized'": ~c("ids_source").is_in(
+            ["server", "retokenized"]
+        ),  # fmt: skip
+    }
+    if one_span:
+        rules["loss_mask has more than one stretch of 1s: only the last assistant turn is trained"] = mask.list.eval(pl.element().diff() == 1).list.sum() > 1  # fmt: skip
+    return first_breaks(frame, rules)

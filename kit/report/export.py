@@ -22,11 +22,14 @@ kit deletes only files it wrote: out_dir must be new, empty, or a kit export; ov
 replaces only the files the old manifest.json lists (each checked against its sha256), then
 removes the folders they leave empty. Files of anyone else are never touched.
 
-Two reads of the run, both through kit.run.reader in commit order: the first keeps one
-text-free row per record (kit.report.selection: drops, trim, mix, split); the second reads
-the records with their prompts a batch at a time (each prompt checked against its hash: an
-edited one stops the export with PromptMismatch, and the files begun are removed) and writes
-the kept ones (kit.report.writers). Memory holds one batch of text.
+The selection reads the run's key index (kit.report.selection: drops, trim, mix, split);
+then the records are read once through kit.run.reader in commit order, with their prompts, a
+batch at a time (each prompt checked against its hash: an edited one stops the export with
+PromptMismatch, and the files begun are removed), and the kept ones written
+(kit.report.writers). A token_ids-only export reads the text of only the prompts its rows
+use (exact rows use none). Each batch's rows are checked against kit.validate's rules as
+they are rendered; the staged folder is then validated without parsing them again
+(validate(rows=False)) and swapped in. Memory holds one batch of text.
 
 SpecForge format, field by field, as SpecForge reads it (sgl-project/SpecForge,
 docs/basic_usage/data_preparation.md "Option 1: Conversation Format" and
@@ -234,7 +237,7 @@ def export(
         if vocab is not None:
             manifest["draft_vocab"] = vocab
         (stage.path / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        check = validate(stage.path)
+        check = validate(stage.path, rows=False)  # the rows were checked as written (_write)
         if not check.ok:
             raise ExportInvalid(f"export: the new export failed validation, {out_dir} was left as it was: {'; '.join(check.problems[:3])}")  # fmt: skip
         stage.swap_in(owned_files(out_dir, overwrite, targets))
@@ -270,14 +273,18 @@ class _Written:
         """Count a written batch of a split (dataset, completion_tokens, messages, _cut)."""
         import polars as pl
 
-        assistant = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")
         in_convs = pl.lit(self.keep) | ~pl.col("_cut")  # the rows of the SpecForge JSONL
         thinks = (pl.col("reasoning").fill_null("") != "") & in_convs
+        if "messages" in frame.columns:
+            assistant = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")  # fmt: skip
+            held, turns = assistant.list.any(), assistant.list.sum()
+        else:  # read without prompts (kit.run.reader's `earlier`): no SpecForge file to count
+            held, turns = pl.col("earlier"), pl.lit(0)
         per = frame.group_by("dataset", maintain_order=True).agg(
-            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=assistant.list.any().sum(),
+            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.sum(),
             length=pl.col("_cut").sum(), thinks=thinks.sum(),
             calls=(pl.col("tool_calls_json").is_not_null() & in_convs).sum(),
-            turns=assistant.list.sum().filter(in_convs).sum(),
+            turns=turns.filter(in_convs).sum(),
         )  # fmt: skip
         for d, n, tokens, earlier, length, thinking, calls, turns in per.iter_rows():
             c = self.per.setdefault(d, {"records": 0, "tokens": 0, "train": 0, "validation": 0})  # fmt: skip
@@ -302,6 +309,7 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
     rows from the batch's dicts (those the template cannot split are dropped from every
     format, counted as template_mismatch), tables by polars. One writer thread takes the
     JSONL writes in order, a few batches queued, while the next batch is read and rendered."""
+    import functools
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
@@ -316,7 +324,11 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
     )
     splits = {s: Split(out_dir, s, opts, tokens and kept.height > 0) for s in SPLITS[:1]}
     columns = _READ + (["prompt_ids", "output_ids"] if tokens else ["output_ids"] if ids is not None else [])  # fmt: skip
-    batches = record_batches(run_dir, columns=columns, prompts=True, batch_size=BATCH)
+    # token-id rows from the server's ids use no prompt text: with no other format, a batch
+    # comes without its prompts, and the rows that use one read it by key (_with_prompts)
+    text = bool({"specforge", "parquet", "hf"} & set(opts.formats)) or config.turns == "all_turns"
+    batches = record_batches(run_dir, columns=columns, prompts=True if text else "earlier", batch_size=BATCH)  # fmt: skip
+    fetch = None if text else functools.partial(_with_prompts, run_dir)
     with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool:
 
         def later(fn, *args) -> None:
@@ -330,7 +342,9 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
             if ids is not None:  # the draft vocabulary's counts (kit.report.draftvocab)
                 ids.add(frame)
             found += frame.height
-            frame = _prepared(frame, config, tok, tokens, done, dropped)
+            frame = _prepared(frame, config, tok, tokens, done, dropped, fetch)
+            if problems := _problems(frame, opts, tok, config):
+                raise ExportInvalid(f"export: rows of {run_dir} break the export's format, nothing was swapped in: {'; '.join(problems[:3])}")  # fmt: skip
             for split in SPLITS:
                 part = frame.filter(frame["split"] == split)
                 if not part.height:
@@ -349,6 +363,18 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
     return done
 
 
+def _problems(frame, opts, tok, config) -> list[str]:
+    """A batch's rows against kit.validate's rules for the JSONL formats, checked as the typed
+    columns they are rendered from (kit.validate of the staged folder then reads no row)."""
+    from kit.report.convo import conversation_problems
+    from kit.report.exactrows import token_problems
+
+    out = conversation_problems(frame) if "specforge" in opts.formats else []
+    if "token_ids" in opts.formats:
+        out += token_problems(frame, len(tok), config.turns == "last_turn")
+    return out
+
+
 def _kept(batch, kept, at: int):
     """The batch's records the first pass kept, with their split. The second read gives the
     records in the first read's order (commit order; later records come after), so the
@@ -364,28 +390,47 @@ def _kept(batch, kept, at: int):
     return frame.drop("_pos", "_key")
 
 
-def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict):
+def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict, fetch=None):
     """A batch ready to write (messages as the reader gives them: as the runner sent them),
-    `tools_json` and `tool_calls_json`, and with token ids the token-id columns
-    (kit.report.exactrows); rows the template cannot split are left out."""
+    `tools_json` (when it has its prompts) and `tool_calls_json`, and with token ids the
+    token-id columns (kit.report.exactrows; `fetch`: _with_prompts, for a batch read without
+    its prompts); rows the template cannot split are left out."""
     import polars as pl
 
     from kit.report.convo import cut_rows, tools_json
     from kit.report.trainers import count_retokenized
 
-    frame = frame.with_columns(  # messages come as sent already (kit.run.reader)
-        tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String),
+    if "tools" in frame.columns:  # messages come as sent already (kit.run.reader)
+        frame = frame.with_columns(tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String))  # fmt: skip
+    frame = frame.with_columns(
         tool_calls_json=pl.Series(tools_json(frame["tool_calls"].to_list()), dtype=pl.String),
         _cut=cut_rows(),  # a generated turn stopped at max_tokens (kit.report.convo)
     )
     if not tokens:
         return frame
     kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
-    frame, lost = token_columns(tok, frame, done.stats, done.by_dataset, done.checks, turns=config.turns, kwargs_for=kwargs_for)  # fmt: skip
+    frame, lost = token_columns(tok, frame, done.stats, done.by_dataset, done.checks, turns=config.turns, kwargs_for=kwargs_for, fetch=fetch)  # fmt: skip
     dropped["template_mismatch"] += lost
     if frame.height and done.convs:
         count_retokenized(tok, frame, done.retokenized, done.keep)
     return frame
+
+
+def _with_prompts(run_dir, rows):
+    """rows of records read without their prompts, with `messages` and `tools` read by key
+    (kit.run.reader.prompts_frame: each checked against its hash)."""
+    import polars as pl
+
+    from kit.run.reader import prompts_frame, record_schema
+
+    cols = ["dataset", "prompt_id", "messages", "tools"]
+    parts = [
+        prompts_frame(run_dir, datasets=[d], ids=g["prompt_id"].unique().to_list()).select(cols)
+        for (d,), g in rows.group_by("dataset")
+    ]  # fmt: skip
+    schema = record_schema()
+    found = pl.concat(parts) if parts else pl.DataFrame(schema={c: schema[c] for c in cols})
+    return rows.join(found, on=["dataset", "prompt_id"], how="left", maintain_order="left")
 
 
 def _draft_vocab(out_dir, counts, k, config, target_config, files) -> dict | None:

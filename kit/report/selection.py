@@ -1,10 +1,10 @@
 """Which records an export keeps, and in which split (kit.report.export's first pass).
 
-light_frame(run_dir, opts) reads every record once through kit.run.reader, in commit order,
-keeping no text: key, count, finish reason, `_pos` (its place in that order) and, with
-drop_duplicates, 64-bit hashes of its completion (with its tool calls) and of its
-normalized text. select() applies the drop / trim / mix options to it, split_by_prompt()
-adds the validation split. The writing pass then reads the records again in the same
+light_frame(run_dir, opts) reads every record's key, count and finish reason from the run's
+key index through kit.run.reader, in commit order, with `_pos` (its place in that order) and,
+with drop_duplicates, 64-bit hashes of its completion (with its tool calls) and of its
+normalized text, read once more. select() applies the drop / trim / mix options to it,
+split_by_prompt() adds the validation split. The writing pass then reads the records again in the same
 order and writes the kept ones, so memory holds one batch of text and one small row per
 record, however large the run.
 """
@@ -44,28 +44,28 @@ def select(light, budgets: dict, opts) -> tuple[object, dict[str, int]]:
 
 
 _LIGHT = ["dataset", "prompt_id", "sample", "finish_reason", "completion_tokens"]
+_TEXT = ["completion", "tool_calls"]  # what drop_duplicates hashes
 
 
 def light_frame(run_dir, opts):
-    """Pass 1: every record's key, count and finish reason (and duplicate flags with
-    drop_duplicates), no text kept, in commit order, with `_pos` its place in that order."""
+    """Every record's key, count and finish reason in commit order, with `_pos` its place in
+    that order, from the run's key index (kit.run.reader.done_records: no record page read);
+    with drop_duplicates, the duplicate flags, from hashes of the records' text read once."""
     import polars as pl
 
-    from kit.run.reader import owned, record_batches, record_schema
+    from kit.run.reader import done_records, owned, record_batches, record_schema
 
-    columns = _LIGHT + (["completion", "tool_calls"] if opts.drop_duplicates else [])
+    light = done_records(run_dir).select(_LIGHT).with_row_index("_pos")
+    if not opts.drop_duplicates:
+        return light
     schema = record_schema()
-    empty = pl.DataFrame(schema={c: schema[c] for c in columns})  # a run without records
+    empty = pl.DataFrame(schema={c: schema[c] for c in _TEXT})  # a run without records
     parts = []
-    for batch in itertools.chain([empty], record_batches(run_dir, columns=columns)):
-        if opts.drop_duplicates:
-            keys = _duplicate_keys(batch["completion"], batch["tool_calls"])
-            batch = batch.with_columns(keys).drop("completion", "tool_calls")
-        parts.append(owned(batch))
-    light = pl.concat(parts).with_row_index("_pos")
-    if opts.drop_duplicates:
-        light = light.with_columns(_duplicate_flags())
-    return light
+    for batch in itertools.chain([empty], record_batches(run_dir, columns=_TEXT)):
+        keys = _duplicate_keys(batch["completion"], batch["tool_calls"])
+        parts.append(owned(batch.select(keys)))
+    hashes = pl.concat(parts).head(light.height)  # records committed since come after
+    return pl.concat([light, hashes], how="horizontal").with_columns(_duplicate_flags())
 
 
 def _duplicate_keys(text, calls) -> list:

@@ -191,7 +191,7 @@ class Split:
             if convs.height:
                 later(self.jsonl["specforge"].write_rendered, *rendered(specforge_lines(convs)))
         if "token_ids" in self.jsonl:
-            later(self.jsonl["token_ids"].write_rendered, *rendered(token_lines(frame)))
+            later(self.jsonl["token_ids"].write_rendered, *token_lines(frame))
         if self.parquet is not None:
             self.parquet.write(table(frame, self.token_ids))
 

@@ -84,6 +84,19 @@ def done_frame(conn: sqlite3.Connection):
     return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
 
 
+def done_records(run_dir):
+    """dataset, prompt_id, sample, completion_tokens, finish_reason of every stored record, in
+    commit order (record_batches' order): read from the index records_done alone, not the
+    records' pages (an export's selection)."""
+    import polars as pl
+
+    schema = {"_rowid": pl.Int64, "dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "completion_tokens": pl.Int64, "finish_reason": pl.String}  # fmt: skip
+    sql = f"SELECT rowid AS {', '.join(schema)} FROM records INDEXED BY records_done"
+    parts = list(sql_frames(run_dir, sql, [], schema, 200_000))
+    frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    return frame.sort("_rowid").drop("_rowid")
+
+
 def _chunks(cur: sqlite3.Cursor, size: int) -> Iterator[list]:
     while rows := cur.fetchmany(size):
         yield rows
@@ -120,6 +133,9 @@ def record_batches(
         prompts: also each record's prompt, `messages` (list of {role, content}; with
             all_turns as sent, holding the target's earlier answers) and `tools` (JSON
             text), each checked against the hash stored with it (PromptMismatch).
+            "earlier": instead, `earlier`, whether the stored prompt holds an assistant
+            message (found by SQL in its JSON; no text read here, so none checked: for a
+            reader that uses no prompt's text, or reads those it uses with prompts_frame).
         batch_size: rows per frame.
 
     Example:
@@ -130,7 +146,9 @@ def record_batches(
     if bad := [c for c in cols if c not in RECORD_COLUMNS]:
         raise ValueError(f"unknown record columns {bad}; choose from {RECORD_COLUMNS}")
     names = [(f"r.{c}", c) for c in cols]  # (SQL expression, column)
-    if prompts:
+    if prompts == "earlier":  # compact JSON: `["assistant",` only opens an assistant message
+        names += [("p.prompt_id IS NOT NULL", "_found"), ("r.dataset", "_dataset"), ("r.prompt_id", "_prompt_id"), ("instr(p.messages, '[\"assistant\",') > 0", "earlier")]  # fmt: skip
+    elif prompts:
         names += [("p.prompt_id IS NOT NULL", "_found"), ("p.messages", "messages"), ("p.tools", "tools"), ("r.dataset", "_dataset"), ("r.prompt_id", "_prompt_id"), ("p.hash", "_hash"), ("p.content_id", "_content_id")]  # fmt: skip
     sql = f"SELECT {', '.join(f'{e} AS {a}' for e, a in names)} FROM records r"
     if prompts:
@@ -159,7 +177,7 @@ def _sql_schema(names: list[str]) -> dict:
     import polars as pl
 
     typed = record_schema() | {"output_ids": pl.Binary, "prompt_ids": pl.Binary, "messages": pl.String}  # fmt: skip
-    typed |= {"_found": pl.Int64, "_dataset": pl.String, "_prompt_id": pl.String, "_hash": pl.String, "_content_id": pl.Int64}  # fmt: skip
+    typed |= {"_found": pl.Int64, "_dataset": pl.String, "_prompt_id": pl.String, "_hash": pl.String, "_content_id": pl.Int64, "earlier": pl.Int64}  # fmt: skip
     return {n: typed[n] for n in names}
 
 
@@ -233,6 +251,13 @@ def _finish(raw, prompts: bool):
     out = raw.with_columns(ids_series(raw[c].to_arrow(), c) for c in ("output_ids", "prompt_ids") if c in raw.columns)  # fmt: skip
     if not prompts:
         return out
+    if prompts == "earlier":
+        if (missing := raw["_found"] == 0).any():
+            i = missing.arg_true()[0]
+            raise PromptMismatch(f"record ({raw['_dataset'][i]!r}, {raw['_prompt_id'][i]!r}) has no stored prompt in the run database")  # fmt: skip
+        return out.drop("_found", "_dataset", "_prompt_id").with_columns(
+            out["earlier"].cast(pl.Boolean)
+        )
     keys = list(zip(raw["_dataset"], raw["_prompt_id"], raw["_hash"], raw["_content_id"], strict=True))  # fmt: skip
     check_prompts(keys, raw["messages"].to_list(), raw["tools"].to_list(), raw["_found"].to_list())
     out = out.drop("_found", "_dataset", "_prompt_id", "_hash", "_content_id")
