@@ -25,7 +25,7 @@ from kit.run import db, legacy, reader
 from kit.run.db import DatabaseDamaged
 from kit.run.progress import progress
 from kit.run.store import FingerprintMismatch, RunLocked, RunStore
-from kit.types import ErrorRecord, Record, RunConfig, Sampling
+from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig, Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_LAYOUT = ROOT / "tests" / "fixtures" / "old_layout" / "run"
@@ -671,3 +671,54 @@ def test_kill_9_between_commits_loses_no_committed_record(tmp_path):
     assert db.integrity(run_dir) == []
     with reader.open_db(run_dir) as conn:
         assert sum(s for s, _, _ in reader.totals(conn).values()) == stored
+
+
+def test_prompt_counts_are_kept_by_the_writer_and_read_without_counting(tmp_path, monkeypatch):
+    """The writer counts the prompts it adds (ignored duplicates not; ids that are not
+    content hashes apart), in the transaction that adds them; progress reads that count,
+    and the live runner's tokens/s, never the prompts' keys or the records' tail."""
+    custom = pl.DataFrame([{"dataset": "chat", "prompt_id": "mine-1", "messages": _messages("chat", 99), "n_turns": 1, "row": 9}])  # fmt: skip
+    store = RunStore(tmp_path)
+    store.init(_config(), pl.concat([_prompts(), _prompts(3)]))  # 3 of each dataset twice
+    store.add_prompts(custom)
+    store.append(_record("chat", 0, 20))
+    store.write_status([DatasetProgress(dataset="chat", budget=200, in_flight=4, tokens_per_s=12.5, state="running")])  # fmt: skip
+    store.close()
+    counted = dict(_sql(tmp_path, "SELECT dataset, count(*) FROM prompts GROUP BY dataset"))
+    with reader.open_db(tmp_path) as conn:
+        assert reader.prompt_state(conn) == {"counts": counted, "custom_ids": {"alpaca": 0, "chat": 1}}  # fmt: skip
+    assert counted == {"alpaca": 5, "chat": 6}
+    seen: list[str] = []
+    monkeypatch.setattr(db, "connect", _tracing(db.connect, seen))
+    by = {p.dataset: p for p in progress(tmp_path)}
+    assert (by["chat"].prompts_total, by["alpaca"].prompts_total) == (6, 5)
+    assert (by["chat"].tokens_per_s, by["chat"].in_flight, by["alpaca"].tokens_per_s) == (
+        12.5,
+        4,
+        0.0,
+    )
+    assert seen and not [q for q in seen if "FROM prompts" in q or "t_done" in q]
+    assert progress(tmp_path, stale_s=0.0)[1].tokens_per_s == 0.0  # not live: no rate
+
+
+def _tracing(connect, seen: list):
+    """db.connect whose connections record every SQL statement they run."""
+
+    def traced(*args, **kw):
+        conn = connect(*args, **kw)
+        conn.set_trace_callback(seen.append)
+        return conn
+
+    return traced
+
+
+def test_a_database_without_prompt_counts_gets_them_from_its_writer(tmp_path):
+    _init(tmp_path, _config(), _prompts())
+    conn = sqlite3.connect(db.db_path(tmp_path))
+    conn.execute("DELETE FROM state WHERE key = 'prompts'")  # as kit wrote it before the count
+    conn.commit()
+    conn.close()
+    assert {p.dataset: p.prompts_total for p in progress(tmp_path)} == {"alpaca": 5, "chat": 5}
+    _init(tmp_path, _config())  # a restart: counted once, custom ids unknown from then on
+    with reader.open_db(tmp_path) as conn:
+        assert reader.prompt_state(conn) == {"counts": {"alpaca": 5, "chat": 5}, "custom_ids": {}}
