@@ -223,18 +223,19 @@ def _permutation(size: int, dataset: str, seed: int):
     return np.random.default_rng(int.from_bytes(key, "little")).permutation(size)
 
 
-def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None) -> dict[str, _Dataset]:  # fmt: skip
+def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None, totals=None) -> dict[str, _Dataset]:  # fmt: skip
     """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals.
 
     `done`: the records already written, as RunStore.done()'s frame (one row per key);
-    read once, not once per dataset.
+    read once, not once per dataset. `totals`: RunStore.totals() (none: nothing done).
     Messages and tools are taken out of the frame only for prompts with a sample to send;
     on a resume they are read from the database as the queue reaches them (PromptQueue).
     """
     import polars as pl
 
     n = config.sampling.n
-    totals, done_ids = _done_parts(done)
+    done_ids = _done_ids(done)
+    totals = totals or {}
     skipped: dict[str, int] = {}
     skip_ids: dict[str, list] = {}
     for (ds, pid), (_, samples) in skips.items():
@@ -268,7 +269,7 @@ def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir
             sampling=replace(config.sampling_for(name), n=1), tools=queue.tools,
         )  # fmt: skip
         d.skipped = skipped.get(name, 0)
-        d.tokens_done, d.samples_done, d.truncated = totals.get(name, (0, 0, 0))
+        d.samples_done, d.tokens_done, d.truncated = totals.get(name, (0, 0, 0))
         out[name] = d
     return out
 
@@ -281,16 +282,10 @@ def _sorted_unique(ids):
     return ids
 
 
-def _done_parts(done) -> tuple[dict, dict]:
-    """(dataset -> (tokens, samples, truncated), (dataset, sample) -> Series of the prompt
-    ids done) of RunStore.done()'s frame, in one pass."""
-    import polars as pl
-
-    length = (pl.col("finish_reason") == "length").sum()
-    agg = done.group_by("dataset").agg(pl.col("completion_tokens").sum(), pl.len(), length)
-    totals = {ds: (int(t), int(k), int(x)) for ds, t, k, x in agg.iter_rows()}
+def _done_ids(done) -> dict:
+    """(dataset, sample) -> Series of the prompt ids done, of RunStore.done()'s frame."""
     parts = done.select("dataset", "sample", "prompt_id").partition_by("dataset", "sample", as_dict=True)  # fmt: skip
-    return totals, {key: part["prompt_id"] for key, part in parts.items()}
+    return {key: part["prompt_id"] for key, part in parts.items()}
 
 
 def prompt_text(frame, run_dir, dataset: str):

@@ -75,12 +75,12 @@ def state(run_dir, key: str) -> str | None:
 
 
 def done_frame(conn: sqlite3.Connection):
-    """dataset, prompt_id, sample, completion_tokens, finish_reason of every stored record,
-    read from the index records_done alone (not the records' text pages)."""
+    """dataset, prompt_id, sample of every stored record, read from the index records_done
+    alone (not the records' text pages); their counts are the totals table's (totals)."""
     import polars as pl
 
-    schema = {"prompt_id": pl.String, "sample": pl.Int64, "completion_tokens": pl.Int64, "finish_reason": pl.String}  # fmt: skip
-    return _grouped(conn, f"SELECT dataset, {', '.join(f'json_group_array({c})' for c in schema)} FROM records INDEXED BY records_done GROUP BY dataset", [], schema)  # fmt: skip
+    schema = {"prompt_id": pl.String, "sample": pl.Int64}
+    return _grouped(conn, "SELECT dataset, json_group_array(prompt_id), json_group_array(sample) FROM records INDEXED BY records_done GROUP BY dataset", [], schema)  # fmt: skip
 
 
 def _grouped(conn: sqlite3.Connection, sql: str, args: list, schema: dict):

@@ -28,7 +28,7 @@ from pathlib import Path
 from kit.run import db
 from kit.run.db import RECORD_SQL, TOTALS_SQL, prompt_rows, record_row
 from kit.run.legacy import import_old_layout
-from kit.run.reader import config_doc, done_frame, prompt_state
+from kit.run.reader import config_doc, done_frame, prompt_state, totals
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
 
 
@@ -88,7 +88,7 @@ class RunStore:
     Example:
         store = RunStore("data/runs/demo")
         store.init(config, prompts)     # refuses a changed fingerprint unless force=True
-        done = store.done()             # frame: dataset, prompt_id, sample, completion_tokens, finish_reason
+        done = store.done()             # frame: dataset, prompt_id, sample (store.totals(): counts)
         store.append(record); store.close()
     """
 
@@ -197,10 +197,15 @@ class RunStore:
 
     # -- reading (writer side)
     def done(self):
-        """The records already stored: a frame of dataset, prompt_id, sample,
-        completion_tokens, finish_reason (one row per key, no text)."""
+        """The records already stored: a frame of dataset, prompt_id, sample (one row per
+        key, no text)."""
         self.flush()
         return done_frame(self.conn)
+
+    def totals(self) -> dict[str, tuple[int, int, int]]:
+        """dataset -> (samples, completion tokens, truncated) of the records stored."""
+        self.flush()
+        return totals(self.conn)
 
     # -- writing
     def append(self, record: Record) -> None:
