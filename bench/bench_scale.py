@@ -43,6 +43,9 @@ A step over --rss-limit-gb or --step-timeout is killed (its row says so, with th
 sampled); --skip-over S skips a step that the rate at a smaller size predicts takes over S
 seconds. Every measurement is kept in workdir/results.json; --table-only prints it again.
 --profile STEP runs one step under cProfile at --sizes[0] and prints the top entries.
+Pages: a step reads run.sqlite as the page cache holds it after the steps before it (warm,
+or partly); --cold drops that file's cached pages before each step (posix_fadvise), so the
+step pays its disk reads, as a first read after a reboot would. The row says which.
 
     python bench/bench_scale.py --quick                       # both parts, small (minutes)
     python bench/bench_scale.py --part a                      # 92M tokens
@@ -673,6 +676,8 @@ def measure(step: str, run_dir: Path, out: Path, args, url: str, profile_out: st
     result = workdir / "step_result.json"
     result.unlink(missing_ok=True)
     os.sync()  # the last step's writes go to disk first: they would throttle this one's
+    if args.cold:
+        evict(run_dir)
     bg = _start_writer(run_dir, workdir) if step == "watch" else None
     log = open(workdir / f"step_{step}.log", "w")  # noqa: SIM115
     t_spawn = time.time()
@@ -686,7 +691,8 @@ def measure(step: str, run_dir: Path, out: Path, args, url: str, profile_out: st
         bg.send_signal(signal.SIGTERM)
         bg.wait(60)
     doc = json.loads(result.read_text()) if result.exists() and not killed else {}
-    doc |= {"rss_mb": max(doc.get("hwm_mb", 0), sampled / 1024), "wall_s": time.time() - t_spawn}
+    doc |= {"rss_mb": max(doc.get("hwm_mb", 0), sampled / 1024), "wall_s": time.time() - t_spawn,
+            "pages": "cold" if args.cold else "as cached"}  # fmt: skip
     if killed:
         why = f"over {args.rss_limit_gb:g} GB RSS" if killed == "rss" else "timeout"
         doc["error"] = f"killed ({why})"
@@ -694,6 +700,18 @@ def measure(step: str, run_dir: Path, out: Path, args, url: str, profile_out: st
         tail = (workdir / f"step_{step}.log").read_text().strip().splitlines()[-1:]
         doc["error"] = f"exit {proc.returncode}: {tail[0][:150] if tail else ''}"
     return doc
+
+
+def evict(run_dir: Path) -> None:
+    """Drop run.sqlite's pages (this file's alone) from the page cache, so a step reads them
+    from disk (--cold). Without it a step reads whatever earlier steps left cached: its
+    time is a warm one, or partly so, and says nothing of a first read after a reboot."""
+    for path in run_dir.glob("run.sqlite*"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def _start_writer(run_dir: Path, workdir: Path) -> subprocess.Popen:
@@ -870,7 +888,8 @@ def _cells(doc: dict, n: int) -> str:
         extra = f"  [ok={doc['ok']}{'' if doc['ok'] else ' ' + '; '.join(doc['problems'])}]"
     if "plain_seconds" in doc:
         extra = f"  [{doc['bytes'] / 1e9:.2f} GB; written plainly {doc['plain_seconds']:.1f} s]"
-    return f"{s:>8.2f} s (cpu {doc.get('cpu_s', float('nan')):.1f} s) {doc['rss_mb']:>8,.0f} MB {n / max(s, 1e-9):>10,.0f} rec/s{extra}"
+    pages = f", {doc['pages']} pages" if "pages" in doc else ""
+    return f"{s:>8.2f} s (cpu {doc.get('cpu_s', float('nan')):.1f} s{pages}) {doc['rss_mb']:>8,.0f} MB {n / max(s, 1e-9):>10,.0f} rec/s{extra}"
 
 
 def print_table(results: dict, sizes: list[int]) -> None:
@@ -1007,6 +1026,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--step-timeout", type=float, default=3600.0)
     p.add_argument("--skip-over", type=float, default=0.0, help="skip a step predicted over this many seconds (0: never)")  # fmt: skip
     p.add_argument("--keep-exports", action="store_true")
+    p.add_argument("--cold", action="store_true", help="drop run.sqlite's cached pages before each step (measure its disk reads)")  # fmt: skip
     p.add_argument("--table-only", action="store_true", help="print the kept part B results")
     p.add_argument("--profile", choices=STEPS, help="run this step under cProfile at --sizes[0]")
     p.add_argument("--profile-top", type=int, default=25)

@@ -452,3 +452,29 @@ def test_integrity_check_failure_is_a_finding(tmp_path):
     found = report.findings.filter(pl.col("check") == "database_integrity").row(0, named=True)
     assert found["dataset"] == "(run)" and found["severity"] == "error" and not report.ok
     assert "fails SQLite's integrity check" in found["message"] and "Restore it from a copy" in found["message"]  # fmt: skip
+
+
+def test_no_record_ids_are_read_unless_the_draft_vocabulary_is_asked_for(tmp_path, monkeypatch):
+    """Without draft_vocab (and without a tokenizer sample) the ids' counts come from SQL:
+    the ids are never decoded, and a count that disagrees is still flagged."""
+    import kit.run.reader as reader
+
+    recs = [make_record(None, "d", i, f"q{i}", ANSWERS[i], ids=False) for i in range(3)]
+    recs[0].output_ids, recs[0].completion_tokens = [1, 2, 3], 3
+    recs[1].output_ids, recs[1].completion_tokens = [4, 5], 3  # 2 ids, counted 3
+    run = plant_run(tmp_path / "r", recs, budgets={"d": 10_000})
+    real = reader.ids_series
+
+    def refuse(*args, **kw):
+        raise AssertionError("token ids decoded")
+
+    monkeypatch.setattr(reader, "ids_series", refuse)
+    report = kit.audit(run)
+    assert report.draft_vocab is None and "draft vocabulary" not in report.summary()
+    flags = report.records.sort("prompt_id").select("prompt_id", "has_ids", "ids_len_mismatch")
+    got = {r[0]: r[1:] for r in flags.iter_rows()}
+    assert got == {recs[0].prompt_id: (True, False), recs[1].prompt_id: (True, True), recs[2].prompt_id: (False, False)}  # fmt: skip
+    assert "PRAGMA quick_check" in report.summary().splitlines()[-1]
+    monkeypatch.setattr(reader, "ids_series", real)
+    table = kit.audit(run, draft_vocab=4).draft_vocab
+    assert table["dataset"].to_list() == ["d", "TOTAL"]  # asked for: the ids are read

@@ -277,3 +277,33 @@ def test_a_restart_renders_nothing_and_loads_no_tokenizer(tmp_path, monkeypatch)
         assert srv.stats()["requests"] == 5
     assert skips_frame(tmp_path / "run").equals(listed)
     assert again.summary()["skipped_context"].to_list() == [2]
+
+
+def test_a_restart_over_content_ids_reads_no_prompt_text(tmp_path, renders, monkeypatch):
+    """Prompts whose ids are their content hashes (kit.load's): a restart finds the guard's
+    answer by the ids alone, reading no text; custom ids (the other tests) read the texts."""
+    from kit.data.sources import prompt_id
+    from kit.run import queues
+    from kit.run.reader import prompts_frame
+    from kit.run.store import RunStore
+
+    tok = tiny_tokenizer(tmp_path / "tok")
+    prompts = frame({"a": {"short": 4, "long": 2}, "b": {"short": 3, "long": 1}})
+    prompts = prompts.with_columns(prompt_id=pl.Series([prompt_id(m) for m in prompts["messages"].to_list()]))  # fmt: skip
+    config, run_dir = guard_config(tok), tmp_path / "run"
+    store = RunStore(run_dir)
+    store.init(config, prompts)
+    store.close()
+    first = guard.apply(prompts, config, run_dir, {})[0]
+    assert renders == ["a", "b"] and {k: v[0] for k, v in first.items()} == truth(prompts, config)
+    keys = prompts_frame(run_dir, text=False)
+    assert "messages" not in keys.columns
+
+    def refuse(*args, **kw):
+        raise AssertionError("prompt text read on a restart")
+
+    monkeypatch.setattr(queues, "prompt_text", refuse)
+    renders.clear()
+    assert guard.apply(keys, config, run_dir, {})[0] == first and renders == []
+    with pytest.raises(AssertionError, match="prompt text read"):  # another limit: texts needed
+        guard.apply(keys, dataclasses.replace(config, max_context=500), run_dir, {})

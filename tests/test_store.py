@@ -25,7 +25,7 @@ from kit.run import db, legacy, reader
 from kit.run.db import DatabaseDamaged
 from kit.run.progress import progress
 from kit.run.store import FingerprintMismatch, RunLocked, RunStore
-from kit.types import ErrorRecord, Record, RunConfig, Sampling
+from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig, Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_LAYOUT = ROOT / "tests" / "fixtures" / "old_layout" / "run"
@@ -120,10 +120,10 @@ def test_round_trip(tmp_path):
 
     done = RunStore(tmp_path)
     done.init(_config())
-    keys = done.done().sort("dataset", "prompt_id")
+    keys, totals = done.done().sort("dataset", "prompt_id"), done.totals()
     done.close()
-    want = sorted([("alpaca", _pid("alpaca", 0), 0, 12), ("alpaca", _pid("alpaca", 1), 0, 30), ("chat", _pid("chat", 0), 0, 7)])  # fmt: skip
-    assert sorted(keys.select("dataset", "prompt_id", "sample", "completion_tokens").rows()) == want
+    want = sorted([("alpaca", _pid("alpaca", 0), 0), ("alpaca", _pid("alpaca", 1), 0), ("chat", _pid("chat", 0), 0)])  # fmt: skip
+    assert sorted(keys.rows()) == want and totals == {"alpaca": (2, 42, 1), "chat": (1, 7, 0)}
 
     frame = reader.records_frame(tmp_path).sort("dataset", "completion_tokens")
     assert frame.columns == [*reader.RECORD_COLUMNS, *reader.PROMPT_COLUMNS]
@@ -522,7 +522,7 @@ def test_a_database_of_the_m001_schema_is_upgraded_whole(tmp_path, first):
     store = RunStore(run_dir)
     store.init(_config())
     store.add_prompts(_prompts(6))  # prompts are added, a key stored already is not twice
-    assert sorted(store.done()["completion_tokens"].to_list()) == [3, 3, 4, 4, 5, 5]
+    assert store.done().height == 6 and store.totals() == {"alpaca": (3, 12, 0), "chat": (3, 12, 0)}
     store.close()
     assert _sql(run_dir, "SELECT count(*), count(DISTINCT dataset || prompt_id) FROM prompts") == [(12, 12)]  # fmt: skip
 
@@ -671,3 +671,54 @@ def test_kill_9_between_commits_loses_no_committed_record(tmp_path):
     assert db.integrity(run_dir) == []
     with reader.open_db(run_dir) as conn:
         assert sum(s for s, _, _ in reader.totals(conn).values()) == stored
+
+
+def test_prompt_counts_are_kept_by_the_writer_and_read_without_counting(tmp_path, monkeypatch):
+    """The writer counts the prompts it adds (ignored duplicates not; ids that are not
+    content hashes apart), in the transaction that adds them; progress reads that count,
+    and the live runner's tokens/s, never the prompts' keys or the records' tail."""
+    custom = pl.DataFrame([{"dataset": "chat", "prompt_id": "mine-1", "messages": _messages("chat", 99), "n_turns": 1, "row": 9}])  # fmt: skip
+    store = RunStore(tmp_path)
+    store.init(_config(), pl.concat([_prompts(), _prompts(3)]))  # 3 of each dataset twice
+    store.add_prompts(custom)
+    store.append(_record("chat", 0, 20))
+    store.write_status([DatasetProgress(dataset="chat", budget=200, in_flight=4, tokens_per_s=12.5, state="running")])  # fmt: skip
+    store.close()
+    counted = dict(_sql(tmp_path, "SELECT dataset, count(*) FROM prompts GROUP BY dataset"))
+    with reader.open_db(tmp_path) as conn:
+        assert reader.prompt_state(conn) == {"counts": counted, "custom_ids": {"alpaca": 0, "chat": 1}}  # fmt: skip
+    assert counted == {"alpaca": 5, "chat": 6}
+    seen: list[str] = []
+    monkeypatch.setattr(db, "connect", _tracing(db.connect, seen))
+    by = {p.dataset: p for p in progress(tmp_path)}
+    assert (by["chat"].prompts_total, by["alpaca"].prompts_total) == (6, 5)
+    assert (by["chat"].tokens_per_s, by["chat"].in_flight, by["alpaca"].tokens_per_s) == (
+        12.5,
+        4,
+        0.0,
+    )
+    assert seen and not [q for q in seen if "FROM prompts" in q or "t_done" in q]
+    assert progress(tmp_path, stale_s=0.0)[1].tokens_per_s == 0.0  # not live: no rate
+
+
+def _tracing(connect, seen: list):
+    """db.connect whose connections record every SQL statement they run."""
+
+    def traced(*args, **kw):
+        conn = connect(*args, **kw)
+        conn.set_trace_callback(seen.append)
+        return conn
+
+    return traced
+
+
+def test_a_database_without_prompt_counts_gets_them_from_its_writer(tmp_path):
+    _init(tmp_path, _config(), _prompts())
+    conn = sqlite3.connect(db.db_path(tmp_path))
+    conn.execute("DELETE FROM state WHERE key = 'prompts'")  # as kit wrote it before the count
+    conn.commit()
+    conn.close()
+    assert {p.dataset: p.prompts_total for p in progress(tmp_path)} == {"alpaca": 5, "chat": 5}
+    _init(tmp_path, _config())  # a restart: counted once, custom ids unknown from then on
+    with reader.open_db(tmp_path) as conn:
+        assert reader.prompt_state(conn) == {"counts": {"alpaca": 5, "chat": 5}, "custom_ids": {}}

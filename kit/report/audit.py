@@ -6,7 +6,8 @@ completion-length distribution, finish reasons and truncation, empty, duplicate 
 responses, error rate, where token counts came from, whether those counts are counts (an
 int in 0..max_tokens+1, equal to len(output_ids), not far below the text's own token count),
 (where the server returned token ids) whether those ids decode to the stored text. The run
-as a whole: SQLite's integrity check of the database, duplicate records the database refused
+as a whole: SQLite's quick_check of the database (pages and records: the index-vs-table
+cross-check of integrity_check is most of its cost), duplicate records the database refused
 (a second writer, a runner bug) and lines of a JSONL-layout run its import could not take
 (findings of dataset "(run)"). A run with no records gives empty tables and a "no_records"
 finding per dataset. Thinking models: a "length" finish with an empty answer
@@ -15,8 +16,9 @@ finding), and answers holding <think> / </think> markers are counted and flagged
 ("think_markers": the server's reasoning parser did not split them off); with
 enable_thinking=False sent, reasoning in the records is "thinking_not_off" instead. Answers
 that are tool calls are counted and never empty; all_turns' earlier turns cut at max_tokens
-are counted. The same scan counts the server ids per dataset for the draft-vocabulary
-table (kit/report/draftvocab.py: share inside the top K, ids each dataset adds). The
+are counted. Asked for (draft_vocab=K), the same scan counts the server ids per dataset for
+the draft-vocabulary table (kit/report/draftvocab.py: share inside the top K, ids each
+dataset adds); otherwise no record's ids are read, only their count (SQL). The
 per-record checks live in kit/report/flags.py (those that need the
 tokenizer in kit/report/textchecks.py), the findings in kit/report/findings.py.
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kit.report.draftvocab import DRAFT_VOCAB, TokenCounts, coverage, coverage_text
+from kit.report.draftvocab import TokenCounts, coverage, coverage_text
 from kit.report.findings import findings, run_findings, thinking_off
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
     AuditThresholds,
@@ -46,13 +48,18 @@ from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.re
     under_reported_flags,
 )
 from kit.report.tokenrows import load_tokenizer_for, strip_end_ids  # noqa: F401 - re-exported
-from kit.run.reader import PROMPT_COLUMNS, owned, record_batches, record_schema
+from kit.run.reader import PROMPT_COLUMNS, ids_by_key, owned, record_batches, record_schema
 
 KEYS = ["dataset", "prompt_id", "sample"]
+# the audit's check of the database file: PRAGMA quick_check (every page and record) not
+# integrity_check, whose index-vs-table cross-check alone took 13 of its 17 CPU-s at 1M records
+CHECK_NOTE = ("checked with SQLite's PRAGMA quick_check (pages and records; `sqlite3 run.sqlite "
+              "'PRAGMA integrity_check'` also cross-checks every index against its table)")  # fmt: skip
 BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows as Python objects)
-# what the checks read from each record (no prompt_ids, endpoint, attempts, tools)
+# what the checks read from each record (no prompt_ids, endpoint, attempts, tools; the
+# answer's ids counted by SQL, read only for the draft-vocabulary table)
 READ_COLUMNS = KEYS + ["messages", "completion", "finish_reason", "completion_tokens",
-                       "count_source", "prompt_tokens", "output_ids", "latency_s", "t_done",
+                       "count_source", "prompt_tokens", "n_output_ids", "latency_s", "t_done",
                        "reasoning", "turns", "tool_calls"]  # fmt: skip
 # AuditReport.records: one light row per record
 LIGHT_COLUMNS = KEYS + ["completion_tokens", "prompt_tokens", "finish_reason", "finish_class",
@@ -118,6 +125,7 @@ class AuditReport:
             lines.append(f"draft vocabulary (top {self.draft_k:,} of the server ids):")
             lines += coverage_text(self.draft_vocab, self.draft_k)
         lines += [f"  note: {n}" for n in self.notes]
+        lines.append(f"  database: {CHECK_NOTE}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -265,18 +273,22 @@ def _batches(run_dir, columns, datasets=None):
         yield batch.select(wanted)
 
 
-def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[str, int], ids: TokenCounts):  # fmt: skip
+def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[str, int], ids: TokenCounts | None):  # fmt: skip
     """Stream the records: the light per-record frame (flags, no text) and the text sample.
     A worker thread flags one batch (polars, outside the GIL) while the next one is read;
-    a dataset's sample is checked once its `counts` records (the totals) have been read."""
+    a dataset's sample is checked once its `counts` records (the totals) have been read.
+    `ids`: count the server ids into it (read only then; else their count alone)."""
     from concurrent.futures import ThreadPoolExecutor
+    from functools import partial
 
     import polars as pl
 
-    sample = TextSample(th.text_check_sample) if tok is not None else None
+    sample = TextSample(th.text_check_sample, ids_for=partial(ids_by_key, run_dir)) if tok is not None else None  # fmt: skip
+    columns = READ_COLUMNS if ids is None else [c if c != "n_output_ids" else "output_ids" for c in READ_COLUMNS]  # fmt: skip
 
     def flag(batch, finished):
-        ids.add(batch)
+        if ids is not None:
+            ids.add(batch)
         if sample is not None:
             sample.add(batch)
             if finished:  # datasets read to their end: check their sample while others are read
@@ -285,7 +297,7 @@ def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[s
 
     parts, pending, seen = [], None, dict.fromkeys(counts, 0)
     with ThreadPoolExecutor(1, thread_name_prefix="kit-audit") as pool:
-        for batch in _batches(run_dir, READ_COLUMNS):
+        for batch in _batches(run_dir, columns):
             finished = set()
             for name, n in batch["dataset"].value_counts().iter_rows():
                 seen[name] = seen.get(name, 0) + n
@@ -297,7 +309,7 @@ def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[s
         if pending is not None:
             parts.append(pending.result())
     if not parts:  # no records: the same columns, no rows
-        empty = pl.DataFrame(schema={k: record_schema()[k] for k in READ_COLUMNS})
+        empty = pl.DataFrame(schema={k: record_schema().get(k, pl.Int64) for k in columns})
         parts = [record_flags(empty, th, max_tokens).select(LIGHT_COLUMNS)]
     light = pl.concat(parts, how="vertical_relaxed")
     light = light.with_columns(dup_flags(light))
@@ -325,7 +337,7 @@ def _sample_notes(table) -> list[str]:
 
 
 def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None,
-          draft_vocab: int = DRAFT_VOCAB) -> AuditReport:  # fmt: skip
+          draft_vocab: int | None = None) -> AuditReport:  # fmt: skip
     """Check a run directory against thresholds.
 
     Args:
@@ -337,7 +349,8 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None,
         thresholds: AuditThresholds (defaults when None).
         draft_vocab: K of the draft-vocabulary table (report.draft_vocab: per dataset the
             share of its server-id tokens inside the run's top K and the ids it adds),
-            capped at the target's vocab_size when the tokenizer folder's config.json says.
+            capped at the target's vocab_size when the tokenizer folder's config.json says;
+            None (default): no table, and no record's ids are read but the sample's.
     Returns:
         AuditReport; `report.findings` is empty for a clean run, `report.summary()` is text.
 
@@ -359,8 +372,8 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None,
     max_tokens = config.sampling.max_tokens
     totals, counts = _run_counts(run_dir)
     with ThreadPoolExecutor(1, thread_name_prefix="kit-integrity") as pool:
-        checked = pool.submit(integrity, run_dir)  # reads every page: alongside the records
-        ids = TokenCounts()
+        checked = pool.submit(integrity, run_dir, quick=True)  # every page: alongside the records
+        ids = TokenCounts() if draft_vocab is not None else None
         flags = _light_records(run_dir, th, max_tokens, tok, counts, ids)
         problems = checked.result()
     notes = [] if flags.height else [f"no records in {run_dir}"]
@@ -384,8 +397,8 @@ def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None,
         findings=findings(table, th, max_tokens, run_rows, off),
         thresholds=th,
         notes=notes + run_notes,
-        draft_vocab=coverage(ids, k := _draft_k(draft_vocab, config)),
-        draft_k=k,
+        draft_vocab=None if ids is None else coverage(ids, k := _draft_k(draft_vocab, config)),
+        draft_k=None if ids is None else k,
     )
 
 

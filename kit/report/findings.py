@@ -204,7 +204,7 @@ def run_findings(run_dir, problems: list[str]) -> tuple[list[tuple], list[str]]:
     if problems:
         path = db_path(run_dir)
         msg = (
-            f"run database {path} fails SQLite's integrity check ({len(problems)} problem{'s' * (len(problems) != 1)}, "
+            f"run database {path} fails SQLite's integrity check (quick_check: {len(problems)} problem{'s' * (len(problems) != 1)}, "
             f"first: {problems[0]}): what was read from it may be incomplete. Restore it from a "
             f"copy, or inspect it with `sqlite3 {path} 'PRAGMA integrity_check'` (`.recover` "
             "salvages what is left into a new file)"

@@ -146,18 +146,27 @@ def finish_class(finish: str | None, completion: str, reasoning: str | None) -> 
 
 def _count_flags(recs, max_tokens) -> tuple[list, list, list, list]:
     """(ids_len_mismatch, count_over_max, earlier_turns, earlier_length) per record, each
-    generated turn checked alone; earlier_length: earlier turns with finish_reason length."""
+    generated turn checked alone; earlier_length: earlier turns with finish_reason length.
+    `recs` holds completion_tokens, turns and output_ids, or _n_ids (their count)."""
+    import polars as pl
+
+    if "_n_ids" not in recs.columns:
+        recs = recs.with_columns(_n_ids=pl.col("output_ids").list.len())
     len_bad, over, n_earlier, n_length = [], [], [], []
-    cols = ("completion_tokens", "output_ids", "turns")
-    for count, ids, turns in recs.select(cols).iter_rows():
+    cols = ("completion_tokens", "_n_ids", "turns")
+    for count, n_ids, turns in recs.select(cols).iter_rows():
         turns = parsed(turns) or []
-        earlier = [(t.get("completion_tokens") or 0, t.get("output_ids")) for t in turns]
-        parts = [(count - sum(n for n, _ in earlier), ids), *earlier]
-        len_bad.append(any(i is not None and len(i) != n for n, i in parts))
+        earlier = [(t.get("completion_tokens") or 0, _len(t.get("output_ids"))) for t in turns]
+        parts = [(count - sum(n for n, _ in earlier), n_ids), *earlier]
+        len_bad.append(any(k is not None and k != n for n, k in parts))
         over.append(max_tokens is not None and any(not 0 <= n <= max_tokens + 1 for n, _ in parts))
         n_earlier.append(len(turns))
         n_length.append(sum(t.get("finish_reason") == "length" for t in turns))
     return len_bad, over, n_earlier, n_length
+
+
+def _len(ids) -> int | None:
+    return None if ids is None else len(ids)
 
 
 def lcs_len(a: str, b: str) -> int:
@@ -176,8 +185,12 @@ def lcs_len(a: str, b: str) -> int:
 
 
 def _mostly_equal(u: str, c: str, similarity: float) -> bool:
-    """difflib's ratio >= similarity, after the cheaper bound has not ruled it out."""
-    if 2 * lcs_len(u, c) / (len(u) + len(c)) < similarity:
+    """difflib's ratio >= similarity, after the cheaper bound has not ruled it out: 2 *
+    lcs_len / (len(u) + len(c)) (rapidfuzz's Indel similarity, given the cutoff so that it
+    stops early; a hair under it against float rounding) bounds difflib's ratio from above."""
+    from rapidfuzz.distance import Indel
+
+    if Indel.normalized_similarity(u, c, score_cutoff=similarity - 1e-9) < similarity - 1e-9:
         return False
     return difflib.SequenceMatcher(None, u, c, autojunk=False).ratio() >= similarity
 
@@ -205,7 +218,8 @@ def _echo(frame, th: AuditThresholds):
 
 
 def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=None):
-    """The per-record flags of one batch of records, computed in polars: the batch plus
+    """The per-record flags of one batch of records, computed in polars (the answer's ids
+    from output_ids, or their count alone from n_output_ids): the batch plus
     empty, has_tool_calls, echo, ids_len_mismatch, count_over_max, finish_class,
     think_marker, has_ids, has_reasoning, text_hash (hash of the completion, and of its tool
     calls when it has any), norm_hash (hash of its normalized text; null when that is
@@ -219,6 +233,8 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
     th = thresholds or AuditThresholds()
     c = pl.col
     recs = with_optional(records)
+    n_ids = c("output_ids").list.len() if "output_ids" in recs.columns else c("n_output_ids")
+    recs = recs.with_columns(_n_ids=n_ids)
     last_user = c("messages").list.eval(
         pl.element().filter(pl.element().struct.field("role") == "user").struct.field("content")
     )
@@ -234,7 +250,7 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
         _echo(recs, th),
         empty=blank(c("completion")) & ~calls,
         has_tool_calls=calls,
-        ids_len_mismatch=(c("output_ids").list.len() != c("completion_tokens")).fill_null(False),
+        ids_len_mismatch=(c("_n_ids") != c("completion_tokens")).fill_null(False),
         count_over_max=over,
         finish_class=pl.when(length_only & ~blank(c("reasoning")))
         .then(pl.lit("length_in_reasoning"))
@@ -242,7 +258,7 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
         think_marker=pl.any_horizontal(
             c("completion").str.contains(m, literal=True) for m in THINK_MARKERS
         ),
-        has_ids=c("output_ids").is_not_null(),
+        has_ids=c("_n_ids").is_not_null(),
         has_reasoning=c("reasoning").fill_null("").str.strip_chars() != "",
         text_hash=text.otherwise(c("completion")).hash(HASH_SEED),
         norm_hash=pl.when(c("_norm") != "").then(c("_norm").hash(HASH_SEED)),
@@ -259,7 +275,7 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
             recs["earlier_turns"].scatter(rows, pl.Series(n_earlier, dtype=pl.Int64)),
             recs["earlier_length"].scatter(rows, pl.Series(n_length, dtype=pl.Int64)),
         )
-    return recs
+    return recs.drop("_n_ids")
 
 
 def dup_flags(flags) -> list:

@@ -10,8 +10,9 @@ Jupyter kernel and the console elsewhere; ipywidgets is imported only by the wid
     print(monitor.text(mon.last))            # plain-text summary for headless runs
 
 `kit.watch(run_dir)` follows a run started in another process by polling
-`kit.run.progress.progress(run_dir)` (a few small queries on the run database: the totals
-table, not the records) until every dataset is done or the run stalls.
+`kit.run.progress.progress(run_dir)` (a few small rows of the run database: the totals, the
+writer's prompt counts and its live status; no record, no prompt key) until every dataset is
+done or the run stalls.
 """
 
 from __future__ import annotations

@@ -116,12 +116,12 @@ class TextSample:
         sample.checks(tok, 0.5)  # dataset, prompt_id, sample, ids_text_mismatch, under_reported
     """
 
-    COLUMNS = ["dataset", "prompt_id", "sample", "completion", "reasoning", "output_ids",
+    COLUMNS = ["dataset", "prompt_id", "sample", "completion", "reasoning",
                "completion_tokens", "count_source", "tool_calls"]  # fmt: skip
     KEYS = ["dataset", "prompt_id", "sample"]
 
-    def __init__(self, size: int | None, seed: int = HASH_SEED) -> None:
-        self.size, self.seed = size, seed
+    def __init__(self, size: int | None, seed: int = HASH_SEED, ids_for=None) -> None:
+        self.size, self.seed, self.ids_for = size, seed, ids_for
         self.kept: dict = {}  # dataset -> its kept rows
         self.bound: dict = {"_ids": {}, "_count": {}}  # check -> dataset -> prio to be under
         self.done = None  # keys + ids_text_mismatch + under_reported of the rows checked
@@ -149,10 +149,13 @@ class TextSample:
         import polars as pl
 
         c = pl.col
-        rows = with_optional(batch).select(
+        batch = with_optional(batch)
+        ids = "output_ids" if "output_ids" in batch.columns else "n_output_ids"
+        rows = batch.select(
             *self.COLUMNS,
+            *(["output_ids"] if ids == "output_ids" else []),
             _prio=pl.struct(self.KEYS).hash(self.seed),
-            _ids=c("output_ids").is_not_null(),
+            _ids=c(ids).is_not_null(),
             _count=c("count_source").ne_missing("retokenized"),
         )
         rows = self._keep(rows.filter(self._may_enter("_ids") | self._may_enter("_count")))
@@ -184,6 +187,12 @@ class TextSample:
         if self.done is not None:
             rows = rows.join(self.done, on=self.KEYS, how="anti")
         ids, counts = rows.filter("_ids"), rows.filter("_count")
+        if "output_ids" not in ids.columns:  # read by key, the sample's alone
+            none = pl.lit(None, pl.List(pl.Int64)).alias("output_ids")
+            found = self.ids_for(ids.select(self.KEYS)) if ids.height else None
+            ids = (
+                ids.join(found, on=self.KEYS, how="left") if ids.height else ids.with_columns(none)
+            )
         ids = ids.select(self.KEYS).with_columns(ids_text_flags(ids, tokenizer))
         counts = counts.select(self.KEYS).with_columns(under_reported_flags(counts, tokenizer, ratio))  # fmt: skip
         new = rows.select(self.KEYS).join(ids, on=self.KEYS, how="left")

@@ -225,11 +225,16 @@ def migrated(conn: sqlite3.Connection) -> bool:
     return all(name in done for name, _ in MIGRATIONS)
 
 
-def integrity(run_dir) -> list[str]:
-    """SQLite's integrity check of run_dir's database: [] when it is sound, else its problems."""
+def integrity(run_dir, *, quick: bool = False) -> list[str]:
+    """SQLite's integrity check of run_dir's database: [] when it is sound, else its problems.
+    quick: `PRAGMA quick_check`, every page and record checked but not that each index
+    holds exactly its table's rows (that cross-check is the O(N log N) part: 13 of 17 CPU-s
+    at 1M records)."""
     conn = connect(run_dir)
     try:
-        rows = [r for (r,) in conn.execute("PRAGMA integrity_check")]
+        rows = [
+            r for (r,) in conn.execute(f"PRAGMA {'quick_check' if quick else 'integrity_check'}")
+        ]
     except sqlite3.DatabaseError as e:
         return [str(e)]
     finally:

@@ -16,7 +16,10 @@ never the truth: deleting it costs one render) keeps, per
 dataset, what too_long found under a key of everything it depends on (the tokenizer's files
 and chat_template_hash, max_context, max_tokens, the dataset's template kwargs, a hash of
 its prompts' dataset, prompt_id, messages and tools, the versions of polars, transformers
-and tokenizers); a start whose key matches reuses it, any other renders again. It also
+and tokenizers); a start whose key matches reuses it, any other renders again. Where every stored prompt
+of a dataset has its content hash for id (kit.load's ids; the writer counts the others),
+the ids alone stand for the texts: a restart finds the entry by them, reading no text (an
+edited prompt is still refused when it is sent, its hash checked). It also
 keeps the tokenizer's chat_template_hash and context under the tokenizer files' names,
 sizes and mtimes, so a restart loads no tokenizer when those are unchanged.
 """
@@ -138,18 +141,26 @@ def apply(frame, config, run_dir, done) -> tuple[Skips, list[tuple]]:
     from kit.run.queues import prompt_text
 
     found: dict[tuple, int] = {}
+    custom = _custom_ids(run_dir)
     for name in frame["dataset"].unique(maintain_order=True).to_list():
-        part = prompt_text(frame, run_dir, name)  # a resume reads one dataset's text at a time
-        if "tools" not in part.columns:  # the same key from a frame and from the database
-            part = part.with_columns(tools=pl.lit(None, dtype=pl.String))
-        part = part.select("dataset", "prompt_id", "messages", "tools")
-        part = part.unique(subset=["prompt_id"], keep="first").sort("prompt_id")
         kwargs = config.sampling_for(name).chat_template_kwargs
-        key = cache.key(part, config.chat_template_hash, limit, max_tokens, kwargs)
-        hit = cache.get(name, key)
+        facts = (config.chat_template_hash, limit, max_tokens, kwargs)
+        ids_key = None
+        if custom.get(name) == 0:  # every id is its prompt's content hash: the ids say it all
+            keys = frame.filter(pl.col("dataset") == name).select("dataset", "prompt_id")
+            ids_key = cache.key(keys.unique().sort("prompt_id"), *facts)
+        hit = cache.get(name, ids_key)
         if hit is None:
-            hit = too_long(part, config.tokenizer, limit, max_tokens, kwargs)
-            cache.put(name, key, hit)
+            part = prompt_text(frame, run_dir, name)  # a resume reads one dataset's text at a time
+            if "tools" not in part.columns:  # the same key from a frame and from the database
+                part = part.with_columns(tools=pl.lit(None, dtype=pl.String))
+            part = part.select("dataset", "prompt_id", "messages", "tools")
+            part = part.unique(subset=["prompt_id"], keep="first").sort("prompt_id")
+            key = cache.key(part, *facts)
+            hit = cache.get(name, key)
+            if hit is None:
+                hit = too_long(part, config.tokenizer, limit, max_tokens, kwargs)
+            cache.put(name, key, hit, ids_key)
         found |= hit
     cache.save()
     if isinstance(done, pl.DataFrame):  # RunStore.done(): the keys of these prompts only
@@ -165,6 +176,16 @@ def apply(frame, config, run_dir, done) -> tuple[Skips, list[tuple]]:
         for (ds, pid), (tokens, samples) in sorted(skips.items())
     ]
     return skips, rows
+
+
+def _custom_ids(run_dir) -> dict[str, int]:
+    """dataset -> its stored prompts whose id is not their content hash (absent: unknown)."""
+    from kit.run.reader import is_run_dir, open_db, prompt_state
+
+    if not is_run_dir(run_dir):
+        return {}
+    with open_db(run_dir) as conn:
+        return prompt_state(conn)["custom_ids"]
 
 
 def template_hash(tokenizer, run_dir) -> str:
@@ -251,17 +272,20 @@ class _Cache:
 
     def get(self, dataset: str, key: str | None) -> dict | None:
         entry = self.datasets.get(dataset)
-        if key is None or not isinstance(entry, dict) or entry.get("key") != key:
+        if key is None or not isinstance(entry, dict) or key not in (entry.get("key"), entry.get("ids_key")):  # fmt: skip
             return None
         try:
             return {(dataset, str(pid)): int(n) for pid, n in entry["too_long"]}
         except (KeyError, TypeError, ValueError):
             return None
 
-    def put(self, dataset: str, key: str | None, found: dict) -> None:
+    def put(self, dataset: str, key: str | None, found: dict, ids_key: str | None = None) -> None:
+        """Keep too_long's answer under its key (and the ids-only key, when it has one)."""
         if key is not None:
             rows = [[pid, n] for (_, pid), n in found.items()]
-            self.datasets[dataset], self.changed = {"key": key, "too_long": rows}, True
+            entry = {"key": key, "ids_key": ids_key, "too_long": rows}
+            if self.datasets.get(dataset) != entry:
+                self.datasets[dataset], self.changed = entry, True
 
     def save(self) -> None:
         """Write guard.json when something changed (atomically; a failure is only a miss)."""

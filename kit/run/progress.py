@@ -1,9 +1,10 @@
 """Progress of a run from its database: what kit.watch polls every second.
 
 Totals come from the `totals` table, which the writer updates in the transaction that
-commits the records they count, so a poll costs a few small queries however large the run
-is. tokens/s is taken from the records of the last window (the table's tail by rowid);
-in-flight and retry counts from the live runner's status row while it is fresh.
+commits the records they count, and prompt counts from the writer's count of them, so a
+poll reads a few small rows however large the run is (no record and no prompt key).
+tokens/s, in-flight and retry counts come from the live runner's status row while it is
+fresh (the runner's own rate over its last 30 s of answers); a run not writing has none.
 """
 
 from __future__ import annotations
@@ -11,18 +12,16 @@ from __future__ import annotations
 import json
 import time
 
-from kit.run.reader import config_doc, open_db, totals
+from kit.run.reader import config_doc, open_db, prompt_state, totals
 from kit.types import DatasetProgress, RunConfig
 
-_TAIL = 20_000  # most recent records read for tokens/s
 
-
-def progress(run_dir, *, window_s: float = 30.0, stale_s: float = 15.0) -> list[DatasetProgress]:
+def progress(run_dir, *, stale_s: float = 15.0) -> list[DatasetProgress]:
     """Where each dataset of a run stands, from its database.
 
-    Tokens, samples and truncations from the committed totals; tokens/s from the t_done of
-    records in the last `window_s` seconds; in-flight and retry counts from the runner's
-    status while it writes it (older than `stale_s`: not live); `skipped` from the skips.
+    Tokens, samples and truncations from the committed totals; tokens/s, in-flight and
+    retry counts from the runner's status while it writes it (older than `stale_s`: not
+    live, tokens/s 0); `skipped` from the skips.
 
     Example: [p.tokens_done for p in progress("data/runs/demo")] -> [4012, 2561]
     """
@@ -32,10 +31,9 @@ def progress(run_dir, *, window_s: float = 30.0, stale_s: float = 15.0) -> list[
             raise FileNotFoundError(f"{run_dir} holds no run configuration yet")
         config = RunConfig.from_dict(doc)
         done = totals(conn)
-        prompts = dict(conn.execute("SELECT dataset, count(*) FROM prompts GROUP BY dataset").fetchall())  # fmt: skip
+        prompts = prompt_state(conn)["counts"]
         skipped = dict(conn.execute("SELECT dataset, sum(samples) FROM skips GROUP BY dataset").fetchall())  # fmt: skip
         errors = dict(conn.execute(_OPEN_ERRORS).fetchall())
-        rates = _rates(conn, window_s)
         row = conn.execute("SELECT value FROM state WHERE key = 'status'").fetchone()
     live = _live(row[0] if row else None, stale_s)
     n = config.sampling.n
@@ -43,7 +41,6 @@ def progress(run_dir, *, window_s: float = 30.0, stale_s: float = 15.0) -> list[
     for name in dict.fromkeys([*config.budgets, *prompts]):
         p = DatasetProgress(dataset=name, budget=int(config.budgets.get(name, 0)))
         p.samples_done, p.tokens_done, p.truncated = done.get(name, (0, 0, 0))
-        p.tokens_per_s = rates.get(name, 0.0)
         p.errors, p.prompts_total = errors.get(name, 0), prompts.get(name, 0) * n
         p.skipped = int(skipped.get(name) or 0)
         _apply_live(p, live.get(name))
@@ -56,22 +53,6 @@ _OPEN_ERRORS = (
     "(SELECT 1 FROM records r WHERE r.dataset = e.dataset AND r.prompt_id = e.prompt_id "
     "AND r.sample = e.sample) GROUP BY dataset"
 )
-
-
-def _rates(conn, window_s: float) -> dict[str, float]:
-    """dataset -> completion tokens/s over the records of the last window_s seconds."""
-    now = time.time()
-    rows = conn.execute(
-        "SELECT dataset, t_done, completion_tokens FROM records WHERE rowid > "
-        "(SELECT coalesce(max(rowid), 0) FROM records) - ? AND t_done >= ?",
-        (_TAIL, now - window_s),
-    ).fetchall()
-    first: dict[str, float] = {}
-    tokens: dict[str, int] = {}
-    for ds, t, c in rows:
-        first[ds] = min(first.get(ds, t), t)
-        tokens[ds] = tokens.get(ds, 0) + c
-    return {ds: tokens[ds] / max(now - first[ds], 1.0) for ds in tokens}
 
 
 def _live(text: str | None, stale_s: float) -> dict:
@@ -100,6 +81,8 @@ def _apply_live(p: DatasetProgress, live: dict | None) -> None:
     """Merge the runner's live counts; derive the state from the totals otherwise."""
     if live:
         p.in_flight, p.retries = live.get("in_flight", 0), live.get("retries", 0)
+        if not live.get("stale"):
+            p.tokens_per_s = float(live.get("tokens_per_s") or 0.0)
         if isinstance(live.get("note"), str):
             p.note = live["note"]  # e.g. "run stopped: stopped by SIGTERM", or a Retry-After cap
     if p.budget and p.tokens_done >= p.budget:

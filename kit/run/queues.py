@@ -223,18 +223,19 @@ def _permutation(size: int, dataset: str, seed: int):
     return np.random.default_rng(int.from_bytes(key, "little")).permutation(size)
 
 
-def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None) -> dict[str, _Dataset]:  # fmt: skip
+def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None, totals=None) -> dict[str, _Dataset]:  # fmt: skip
     """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals.
 
     `done`: the records already written, as RunStore.done()'s frame (one row per key);
-    read once, not once per dataset.
+    read once, not once per dataset. `totals`: RunStore.totals() (none: nothing done).
     Messages and tools are taken out of the frame only for prompts with a sample to send;
     on a resume they are read from the database as the queue reaches them (PromptQueue).
     """
     import polars as pl
 
     n = config.sampling.n
-    totals, done_ids = _done_parts(done)
+    done_ids = _done_ids(done)
+    totals = totals or {}
     skipped: dict[str, int] = {}
     skip_ids: dict[str, list] = {}
     for (ds, pid), (_, samples) in skips.items():
@@ -242,7 +243,7 @@ def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir
         skip_ids.setdefault(ds, []).append(pid)
     out = {}
     for (name,), part in frame.group_by("dataset", maintain_order=True):
-        ids = part["prompt_id"].unique().sort()  # bytes order: sorted()'s code point order
+        ids = _sorted_unique(part["prompt_id"])
         order = ids.gather(_permutation(len(ids), name, config.seed))
         order = order.filter(
             ~order.is_in(pl.Series(skip_ids.get(name, []), dtype=pl.String).implode())
@@ -268,21 +269,23 @@ def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir
             sampling=replace(config.sampling_for(name), n=1), tools=queue.tools,
         )  # fmt: skip
         d.skipped = skipped.get(name, 0)
-        d.tokens_done, d.samples_done, d.truncated = totals.get(name, (0, 0, 0))
+        d.samples_done, d.tokens_done, d.truncated = totals.get(name, (0, 0, 0))
         out[name] = d
     return out
 
 
-def _done_parts(done) -> tuple[dict, dict]:
-    """(dataset -> (tokens, samples, truncated), (dataset, sample) -> Series of the prompt
-    ids done) of RunStore.done()'s frame, in one pass."""
-    import polars as pl
+def _sorted_unique(ids):
+    """The ids unique and sorted in bytes order (sorted()'s code point order); as the key
+    index gives them on a resume they already are, which one comparison pass confirms."""
+    if len(ids) > 1 and not (ids.slice(1) > ids.slice(0, len(ids) - 1)).all():
+        return ids.unique().sort()
+    return ids
 
-    length = (pl.col("finish_reason") == "length").sum()
-    agg = done.group_by("dataset").agg(pl.col("completion_tokens").sum(), pl.len(), length)
-    totals = {ds: (int(t), int(k), int(x)) for ds, t, k, x in agg.iter_rows()}
+
+def _done_ids(done) -> dict:
+    """(dataset, sample) -> Series of the prompt ids done, of RunStore.done()'s frame."""
     parts = done.select("dataset", "sample", "prompt_id").partition_by("dataset", "sample", as_dict=True)  # fmt: skip
-    return totals, {key: part["prompt_id"] for key, part in parts.items()}
+    return {key: part["prompt_id"] for key, part in parts.items()}
 
 
 def prompt_text(frame, run_dir, dataset: str):

@@ -26,6 +26,7 @@ RECORD_COLUMNS = (
     "endpoint", "latency_s", "attempts", "t_done", "turns", "tool_calls",
 )  # fmt: skip
 PROMPT_COLUMNS = ("messages", "tools")  # joined onto records with prompts=True
+COMPUTED = {"n_output_ids": "length(r.output_ids) / 4"}  # by SQL, no blob read: the ids' count
 
 
 class PromptMismatch(ValueError):
@@ -74,14 +75,22 @@ def state(run_dir, key: str) -> str | None:
 
 
 def done_frame(conn: sqlite3.Connection):
-    """dataset, prompt_id, sample, completion_tokens, finish_reason of every stored record, in
-    key order: read from the index records_done alone, not the records' text pages."""
+    """dataset, prompt_id, sample of every stored record, read from the index records_done
+    alone (not the records' text pages); their counts are the totals table's (totals)."""
     import polars as pl
 
-    schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "completion_tokens": pl.Int64, "finish_reason": pl.String}  # fmt: skip
-    cur = conn.execute(f"SELECT {', '.join(schema)} FROM records INDEXED BY records_done")
-    parts = [pl.DataFrame(rows, schema=schema, orient="row") for rows in _chunks(cur, 200_000)]
-    return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    schema = {"prompt_id": pl.String, "sample": pl.Int64}
+    return _grouped(conn, "SELECT dataset, json_group_array(prompt_id), json_group_array(sample) FROM records INDEXED BY records_done GROUP BY dataset", [], schema)  # fmt: skip
+
+
+def _grouped(conn: sqlite3.Connection, sql: str, args: list, schema: dict):
+    """Rows of (dataset, a JSON array per column of `schema`) -> one frame with dataset first:
+    no Python tuple per row (2.5x less CPU than fetchmany at 1M keys; no ADBC import)."""
+    import orjson
+    import polars as pl
+
+    parts = [pl.DataFrame(dict(zip(schema, map(orjson.loads, cols), strict=True)), schema=schema).select(pl.lit(ds, pl.String).alias("dataset"), *schema) for ds, *cols in conn.execute(sql, args)]  # fmt: skip
+    return pl.concat(parts) if parts else pl.DataFrame(schema={"dataset": pl.String} | schema)
 
 
 def done_records(run_dir):
@@ -129,7 +138,7 @@ def record_batches(
     Args:
         run_dir: the run directory.
         datasets: only these datasets (None: all).
-        columns: the record columns wanted (RECORD_COLUMNS; None: all).
+        columns: the record columns wanted (RECORD_COLUMNS, or COMPUTED's; None: all).
         prompts: also each record's prompt, `messages` (list of {role, content}; with
             all_turns as sent, holding the target's earlier answers) and `tools` (JSON
             text), each checked against the hash stored with it (PromptMismatch).
@@ -143,9 +152,9 @@ def record_batches(
             batch.group_by("dataset").agg(pl.col("completion_tokens").sum())
     """
     cols = list(columns or RECORD_COLUMNS)
-    if bad := [c for c in cols if c not in RECORD_COLUMNS]:
-        raise ValueError(f"unknown record columns {bad}; choose from {RECORD_COLUMNS}")
-    names = [(f"r.{c}", c) for c in cols]  # (SQL expression, column)
+    if bad := [c for c in cols if c not in RECORD_COLUMNS and c not in COMPUTED]:
+        raise ValueError(f"unknown record columns {bad}; choose from {RECORD_COLUMNS + tuple(COMPUTED)}")  # fmt: skip
+    names = [(COMPUTED.get(c, f"r.{c}"), c) for c in cols]  # (SQL expression, column)
     if prompts == "earlier":  # compact JSON: `["assistant",` only opens an assistant message
         names += [("p.prompt_id IS NOT NULL", "_found"), ("r.dataset", "_dataset"), ("r.prompt_id", "_prompt_id"), ("instr(p.messages, '[\"assistant\",') > 0", "earlier")]  # fmt: skip
     elif prompts:
@@ -163,6 +172,18 @@ def record_batches(
         yield _finish(raw, prompts)
 
 
+def ids_by_key(run_dir, keys):
+    """output_ids (lists) of chosen records, by key: keys, a frame of dataset, prompt_id,
+    sample -> those columns and output_ids, one row per key found (the audit's sample)."""
+    import polars as pl
+
+    sql = "SELECT r.dataset, r.prompt_id, r.sample, r.output_ids FROM json_each(?) k JOIN records r ON r.dataset = json_extract(k.value, '$[0]') AND r.prompt_id = json_extract(k.value, '$[1]') AND r.sample = json_extract(k.value, '$[2]')"  # fmt: skip
+    with open_db(run_dir) as conn:
+        found = conn.execute(sql, (json.dumps(keys.select("dataset", "prompt_id", "sample").rows()),)).fetchall()  # fmt: skip
+    frame = pl.DataFrame(found, schema={"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "output_ids": pl.Binary}, orient="row")  # fmt: skip
+    return frame.with_columns(ids_series(frame["output_ids"].to_arrow(), "output_ids"))
+
+
 def owned(frame):
     """A frame of record_batches with its own copy of its columns, for a caller that keeps a
     few columns of every batch: a column read through ADBC keeps the whole Arrow batch it
@@ -177,7 +198,7 @@ def _sql_schema(names: list[str]) -> dict:
     import polars as pl
 
     typed = record_schema() | {"output_ids": pl.Binary, "prompt_ids": pl.Binary, "messages": pl.String}  # fmt: skip
-    typed |= {"_found": pl.Int64, "_dataset": pl.String, "_prompt_id": pl.String, "_hash": pl.String, "_content_id": pl.Int64, "earlier": pl.Int64}  # fmt: skip
+    typed |= {"n_output_ids": pl.Int64, "_found": pl.Int64, "_dataset": pl.String, "_prompt_id": pl.String, "_hash": pl.String, "_content_id": pl.Int64, "earlier": pl.Int64}  # fmt: skip
     return {n: typed[n] for n in names}
 
 
@@ -394,11 +415,10 @@ def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
     schema = {"dataset": pl.String, "prompt_id": pl.String, "n_turns": pl.Int64, "row": pl.Int64, "messages": pl.String, "tools": pl.String, "hash": pl.String, "content_id": pl.Int64}  # fmt: skip
     schema = {c: schema[c] for c in cols}
     datasets = None if datasets is None else list(datasets)
-    if not text and ids is None:  # keys only: the key index, as Arrow when ADBC can read it
+    if not text and ids is None:  # keys only: the key index, a JSON array per dataset
         where = f" WHERE dataset IN ({', '.join('?' * len(datasets))})" if datasets is not None else ""  # fmt: skip
-        sql = f"SELECT dataset, prompt_id FROM prompts INDEXED BY prompts_key{where}"
-        parts = list(sql_frames(run_dir, sql, datasets or [], schema, 200_000))
-        return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+        with open_db(run_dir) as conn:
+            return _grouped(conn, f"SELECT dataset, json_group_array(prompt_id) FROM prompts INDEXED BY prompts_key{where} GROUP BY dataset", datasets or [], {"prompt_id": pl.String})  # fmt: skip
     parts = []
     with open_db(run_dir) as conn:
         for rows in _prompt_rows(conn, cols, datasets, ids):
@@ -473,6 +493,15 @@ def skips_frame(run_dir):
     with open_db(run_dir) as conn:
         rows = conn.execute(f"SELECT {', '.join(schema)} FROM skips ORDER BY dataset, prompt_id").fetchall()  # fmt: skip
     return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def prompt_state(conn: sqlite3.Connection) -> dict:
+    """{"counts": dataset -> prompts, "custom_ids": dataset -> those whose id is not their content
+    hash} as the writer keeps them (state "prompts"); else counted, custom ids unknown (absent)."""
+    row = conn.execute("SELECT value FROM state WHERE key = 'prompts'").fetchone()
+    if row is not None:
+        return json.loads(row[0])
+    return {"counts": dict(conn.execute("SELECT dataset, count(*) FROM prompts GROUP BY dataset").fetchall()), "custom_ids": {}}  # fmt: skip
 
 
 def totals(conn: sqlite3.Connection) -> dict[str, tuple[int, int, int]]:

@@ -99,10 +99,10 @@ class _Runner:
         self.timeout = config.timeout or 120.0 + 0.5 * config.sampling.max_tokens
         self.retry_base, self.no_endpoint_timeout = config.retry_base, config.no_endpoint_timeout
         try:  # a failure here must release the run directory's lock
-            done = store.done()  # a frame of keys and counts, no text
+            done = store.done()  # a frame of keys, no text
             skips, rows = _guard.apply(frame, config, run_dir, done)  # too long for the context
             store.write_skips(rows)
-            self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips, run_dir)
+            self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips, run_dir, store.totals())  # fmt: skip
         except BaseException:
             store.close()
             raise

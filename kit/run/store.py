@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import socket
@@ -27,7 +28,7 @@ from pathlib import Path
 from kit.run import db
 from kit.run.db import RECORD_SQL, TOTALS_SQL, prompt_rows, record_row
 from kit.run.legacy import import_old_layout
-from kit.run.reader import config_doc, done_frame
+from kit.run.reader import config_doc, done_frame, prompt_state, totals
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
 
 
@@ -87,7 +88,7 @@ class RunStore:
     Example:
         store = RunStore("data/runs/demo")
         store.init(config, prompts)     # refuses a changed fingerprint unless force=True
-        done = store.done()             # frame: dataset, prompt_id, sample, completion_tokens, finish_reason
+        done = store.done()             # frame: dataset, prompt_id, sample (store.totals(): counts)
         store.append(record); store.close()
     """
 
@@ -134,6 +135,9 @@ class RunStore:
         same = old is not None and config.source_hashes and old.get("source_hashes") == config.source_hashes  # fmt: skip
         if prompts_frame is not None and not same:  # the same prompt ids are stored already
             self.add_prompts(prompts_frame)  # before the config that says they are
+        elif self.conn.execute("SELECT 1 FROM state WHERE key = 'prompts'").fetchone() is None:
+            with self._transaction():  # a database from before the count was kept
+                self._put_state("prompts", json.dumps(prompt_state(self.conn)))
         doc = json.dumps(config.to_dict())
         with self._transaction():
             self.conn.execute(
@@ -143,10 +147,22 @@ class RunStore:
             )
 
     def add_prompts(self, frame) -> None:
-        """Add a prompt frame's prompts (kit.load's columns), a chunk per transaction."""
+        """Add a prompt frame's prompts (kit.load's columns), a chunk per transaction, and
+        count them per dataset in the same transaction (state "prompts", reader.prompt_state:
+        what kit.watch reads instead of counting a million keys, and how many have ids that
+        are not content hashes, which the context guard's cache key needs to know)."""
         for rows in prompt_rows(frame):
             with self._transaction():
-                self.conn.executemany(db.PROMPT_SQL, rows)  # fmt: skip
+                doc = prompt_state(self.conn)
+                counts, custom = doc["counts"], doc["custom_ids"]
+                for (ds, content_id), run in itertools.groupby(rows, lambda r: (r[0], r[7])):
+                    if ds not in counts:  # a new dataset: its custom ids are known from here
+                        counts[ds], custom[ds] = 0, 0
+                    added = self.conn.executemany(db.PROMPT_SQL, list(run)).rowcount  # ignored: 0
+                    counts[ds] += added
+                    if not content_id and ds in custom:
+                        custom[ds] += added
+                self._put_state("prompts", json.dumps(doc))
 
     def _take_lock(self) -> None:
         """Hold an exclusive flock on run.sqlite itself until close(); RunLocked when taken.
@@ -181,10 +197,15 @@ class RunStore:
 
     # -- reading (writer side)
     def done(self):
-        """The records already stored: a frame of dataset, prompt_id, sample,
-        completion_tokens, finish_reason (one row per key, no text)."""
+        """The records already stored: a frame of dataset, prompt_id, sample (one row per
+        key, no text)."""
         self.flush()
         return done_frame(self.conn)
+
+    def totals(self) -> dict[str, tuple[int, int, int]]:
+        """dataset -> (samples, completion tokens, truncated) of the records stored."""
+        self.flush()
+        return totals(self.conn)
 
     # -- writing
     def append(self, record: Record) -> None:
@@ -251,10 +272,13 @@ class RunStore:
     def set_state(self, key: str, value: str) -> None:
         """Store one state row (a JSON text or a plain one), committed now."""
         with self._transaction():
-            self.conn.execute(
-                "INSERT INTO state VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (key, value),
-            )
+            self._put_state(key, value)
+
+    def _put_state(self, key: str, value: str) -> None:
+        self.conn.execute(
+            "INSERT INTO state VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
 
     def write_skips(self, rows: list[tuple]) -> None:
         """Replace the skips table: (dataset, prompt_id, prompt_tokens, max_tokens,
