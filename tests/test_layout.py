@@ -55,6 +55,28 @@ def _imported(package: str, name: str) -> str:
     return f"{package}.{name}" if is_module else package
 
 
+def private_uses(path: Path) -> list[str]:
+    """Another kit module's `_private` names this file imports or reads off an imported module
+    (`from kit.x import _y`, `from kit import x` then `x._y`); dunders are public."""
+    tree = ast.parse(path.read_text())
+    modules, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "kit" or node.module.startswith("kit."):
+                for a in node.names:
+                    target = _imported(node.module, a.name)
+                    if target != node.module:  # a module: its alias names it here
+                        modules[a.asname or a.name] = target
+                    elif a.name.startswith("_"):
+                        found.append(f"{node.module}.{a.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            name, attr = node.value.id, node.attr
+            if name in modules and attr.startswith("_") and not attr.startswith("__"):
+                found.append(f"{modules[name]}.{attr}")
+    return found
+
+
 def graph() -> dict[str, set[str]]:
     return {module_name(p): kit_imports(p) for p in sorted(KIT.rglob("*.py"))}
 
@@ -100,6 +122,21 @@ def test_from_a_package_import_a_module_is_that_module(tmp_path):
     assert kit_imports(path) == {
         "kit.run.progress", "kit.run.db", "kit.run.reader", "kit.serve", "kit.plan", "kit",
     }  # fmt: skip
+
+
+def test_private_uses_are_found(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "from kit.run.queues import Stall, _Dataset\n"
+        "from kit.run import guard as _guard\n"
+        "_guard.check(1)\n_guard._cache\n_guard.__name__\n"
+    )
+    assert private_uses(path) == ["kit.run.queues._Dataset", "kit.run.guard._cache"]
+
+
+def test_no_module_uses_another_modules_private_names():
+    uses = {module_name(p): u for p in sorted(KIT.rglob("*.py")) if (u := private_uses(p))}
+    assert uses == {}
 
 
 def test_no_import_cycle():

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
+from kit.plan import inputs
 from kit.plan.estimate import TOTAL
-from kit.plan.inputs import _check_known, _counts, _positive, _samples_frame
 from kit.plan.lengths import profile
 
 if TYPE_CHECKING:
@@ -48,11 +48,11 @@ def allocate(
     """
     import polars as pl
 
-    _positive(hours, "hours", allow_none=False)
-    _positive(throughput, "throughput", allow_none=False)
-    stats = {r["dataset"]: r for r in profile(_samples_frame(samples)).iter_rows(named=True)}
-    available = _counts(prompts_available, "prompts_available")
-    _check_known(dict.fromkeys(stats), stats, available)
+    inputs.positive(hours, "hours", allow_none=False)
+    inputs.positive(throughput, "throughput", allow_none=False)
+    stats = {r["dataset"]: r for r in profile(inputs.samples_frame(samples)).iter_rows(named=True)}
+    available = inputs.counts(prompts_available, "prompts_available")
+    inputs.check_known(dict.fromkeys(stats), stats, available)
     caps = {name: available[name] * stats[name]["mean"] for name in stats}
     w = _weights(split, weights, caps)
     given = _water_fill(hours * 3600 * throughput, caps, w)
@@ -97,7 +97,7 @@ def _weights(split: str, weights: dict | None, caps: dict[str, float]) -> dict[s
             raise ValueError(
                 f"weights[{name!r}]: dataset has no completion samples (samples has: {sorted(caps)})"
             )
-        _positive(value, f"weights[{name!r}]", allow_none=False)
+        inputs.positive(value, f"weights[{name!r}]", allow_none=False)
     return {name: float(weights.get(name, 0.0)) for name in caps}
 
 

@@ -32,8 +32,8 @@ import math
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
-from kit.plan.inputs import _budgets, _check_known, _counts, _positive, _progress, _samples_frame
-from kit.plan.lengths import _truncated_expr, profile
+from kit.plan import inputs, lengths
+from kit.plan.lengths import profile
 from kit.plan.pilots import PILOT_PER_DATASET, PilotResult, Throughput
 
 if TYPE_CHECKING:
@@ -168,21 +168,21 @@ def budget(
         max_tokens = samples.sampling.max_tokens
     if concurrency is None and isinstance(samples, PilotResult):
         concurrency = samples.concurrency
-    _positive(concurrency, "concurrency")
+    inputs.positive(concurrency, "concurrency")
     throughput, servers_note = _servers(throughput, servers)
     rate, time_note = _rate(throughput, concurrency)
     time_note = "; ".join(n for n in (servers_note, time_note) if n) or None
-    frame = _samples_frame(samples)
+    frame = inputs.samples_frame(samples)
     stats = {
         row["dataset"]: row for row in profile(frame, max_tokens=max_tokens).iter_rows(named=True)
     }
-    available = _counts(prompts_available, "prompts_available")
-    wanted = _budgets(budgets, sorted(stats))
-    _check_known(wanted, stats, available)
-    _positive(sample_cap, "sample_cap")
+    available = inputs.counts(prompts_available, "prompts_available")
+    wanted = inputs.budgets(budgets, sorted(stats))
+    inputs.check_known(wanted, stats, available)
+    inputs.positive(sample_cap, "sample_cap")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    progress = _progress(done)
+    progress = inputs.progress(done)
     uncensored = _uncensored_p99(frame, max_tokens)
     rows = [
         _plan_row(
@@ -211,7 +211,7 @@ def _servers(throughput: Any, servers: int | None) -> tuple[Any, str | None]:
     """(throughput for `servers` endpoints, note); unchanged without servers."""
     if servers is None:
         return throughput, None
-    _positive(servers, "servers")
+    inputs.positive(servers, "servers")
     if not isinstance(throughput, Throughput):
         raise ValueError(
             f"servers={servers} scales a measured Throughput (a pilot's), got throughput={throughput!r}"
@@ -225,10 +225,10 @@ def _rate(throughput: Any, concurrency: int | None) -> tuple[float | None, str |
     """(tokens/s, note) from a number or a Throughput; the note when its concurrency is
     not the run's."""
     if not isinstance(throughput, Throughput):
-        _positive(throughput, "throughput")
+        inputs.positive(throughput, "throughput")
         return throughput, None
     rate, measured = throughput.tokens_per_s, throughput.concurrency
-    _positive(rate, f"throughput (measured with {measured} in flight)")
+    inputs.positive(rate, f"throughput (measured with {measured} in flight)")
     if measured == concurrency:
         return rate, None
     said = f"time from {rate:,.1f} tok/s measured with {measured} requests in flight"
@@ -325,7 +325,7 @@ def _uncensored_p99(frame: pl.DataFrame, max_tokens: int | None) -> dict[str, fl
     """p99 of the completions that did not hit max_tokens, per dataset."""
     import polars as pl
 
-    hit = _truncated_expr(frame, "completion_tokens", max_tokens)
+    hit = lengths.truncated_expr(frame, "completion_tokens", max_tokens)
     kept = frame if hit is None else frame.filter(hit == 0)
     agg = kept.group_by("dataset").agg(pl.col("completion_tokens").quantile(0.99, "linear"))
     return dict(agg.iter_rows())

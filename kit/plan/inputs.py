@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import polars as pl
 
 
-def _samples_frame(samples: Any) -> pl.DataFrame:
+def samples_frame(samples: Any) -> pl.DataFrame:
     """Completion-length samples as a frame with dataset, completion_tokens[, finish_reason]."""
     import polars as pl
 
@@ -40,7 +40,7 @@ def _samples_frame(samples: Any) -> pl.DataFrame:
     return samples
 
 
-def _counts(value: Any, field: str) -> dict[str, int]:
+def counts(value: Any, field: str) -> dict[str, int]:
     """A dataset -> int mapping from a dict or a frame with a dataset column (rows counted)."""
     import polars as pl
 
@@ -58,7 +58,7 @@ def _counts(value: Any, field: str) -> dict[str, int]:
     return dict(value)
 
 
-def _budgets(budgets: Any, names: list[str]) -> dict[str, float]:
+def budgets(budgets: Any, names: list[str]) -> dict[str, float]:
     """Validated budgets: a dict, or one number for every dataset in names."""
     if not isinstance(budgets, dict):
         budgets = {name: budgets for name in names}
@@ -68,7 +68,7 @@ def _budgets(budgets: Any, names: list[str]) -> dict[str, float]:
     return budgets
 
 
-def _progress(done: Any) -> dict[str, tuple[int, int]]:
+def progress(done: Any) -> dict[str, tuple[int, int]]:
     """Progress so far: dataset -> (samples, tokens), from a dict or a frame."""
     import polars as pl
 
@@ -94,7 +94,7 @@ def _progress(done: Any) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _positive(value: Any, field: str, allow_none: bool = True) -> None:
+def positive(value: Any, field: str, allow_none: bool = True) -> None:
     """Raise ValueError unless value is a positive finite number (or None when allowed)."""
     if value is None and allow_none:
         return
@@ -108,7 +108,7 @@ def _positive(value: Any, field: str, allow_none: bool = True) -> None:
         raise ValueError(f"{field} must be a positive number, got {value!r}")
 
 
-def _check_known(budgets: dict, stats: dict, available: dict) -> None:
+def check_known(budgets: dict, stats: dict, available: dict) -> None:
     """Every budgeted dataset must have samples and a prompt count."""
     for name in budgets:
         if name not in stats:

@@ -42,7 +42,7 @@ def profile(
         if name not in frame.columns:
             raise ValueError(f"frame has no {name!r} column (columns: {frame.columns})")
     x = pl.col(column)
-    truncated = _truncated_expr(frame, column, max_tokens)
+    truncated = truncated_expr(frame, column, max_tokens)
     aggs = [
         pl.len().alias("n"),
         x.mean().alias("mean"),
@@ -56,7 +56,7 @@ def profile(
     return frame.filter(x.is_not_null()).group_by(by).agg(aggs).sort(by)
 
 
-def _truncated_expr(frame: pl.DataFrame, column: str, max_tokens: int | None) -> Any:
+def truncated_expr(frame: pl.DataFrame, column: str, max_tokens: int | None) -> Any:
     """A boolean expression: the completion hit max_tokens; None when nothing tells."""
     import polars as pl
 
