@@ -15,7 +15,7 @@ CPU time, the process's peak RSS and, for kit's steps, the ratio to its plain ba
   watch           kit.run.progress.progress, first read, nothing writing
   watch_writing   the same while a writer process commits records (every 256 or 1 s)
   plain_watch     the totals table by a plain sqlite3 query (what watch needs at least)
-  restart         kit.run.runner._Runner.create(None, config): read the stored prompts, check
+  restart         kit.run.runner.Runner.create(None, config): read the stored prompts, check
                   the fingerprint, read the done keys, guard (with --tokenizer; its cache in
                   guard.json filled by a first, untimed, restart), queues: everything before
                   the first request (the store's close is not timed)
@@ -93,7 +93,7 @@ def child(step: str, run_dir: str) -> None:
 
     from kit.run.progress import progress
     from kit.run.reader import done_frame, open_db, prompts_frame, read_config
-    from kit.run.runner import _Runner
+    from kit.run.runner import Runner
 
     plain = f"file:{Path(run_dir) / 'run.sqlite'}?mode=ro"
     w0, c0 = time.perf_counter(), time.process_time()
@@ -114,7 +114,7 @@ def child(step: str, run_dir: str) -> None:
         conn = sqlite3.connect(plain, uri=True)
         n = sum(s for (s,) in conn.execute("SELECT samples FROM totals"))
     else:
-        runner = _Runner.create(None, read_config(run_dir), run_dir=run_dir, force=False, expected_tokens=None)  # fmt: skip
+        runner = Runner.create(None, read_config(run_dir), run_dir=run_dir, force=False, expected_tokens=None)  # fmt: skip
         n = sum(len(d.queue) for d in runner.datasets.values())
         w1, c1 = time.perf_counter(), time.process_time()
         runner.store.close()

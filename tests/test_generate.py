@@ -208,7 +208,7 @@ class Ticks:
 def test_progress_callback_at_most_once_a_second(server, tmp_path, monkeypatch):
     # the runner's report clock moves 0.25 s per scheduling step: a callback every 4th step
     ticks = Ticks(0.25)
-    monkeypatch.setattr(runner_module._Runner, "clock", staticmethod(ticks))
+    monkeypatch.setattr(runner_module.Runner, "clock", staticmethod(ticks))
     calls = []
     kit.generate_sync(
         prompts({"a": 100}), config(server, {"a": 2000}, concurrency=4), run_dir=tmp_path / "run",

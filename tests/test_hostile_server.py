@@ -27,7 +27,7 @@ from kit.run.backends import OpenAIChat, VLLMChat
 from kit.run.progress import progress
 from kit.run.reader import errors_frame as read_errors
 from kit.run.reader import read_config, records_frame, state
-from kit.run.runner import _Runner
+from kit.run.runner import Runner
 from kit.types import BackendError, RunConfig, Sampling
 
 KEY_ENV = "KIT_HOSTILE_KEY"
@@ -265,7 +265,7 @@ def test_retry_after_over_the_cap_is_shown_and_warned_once(tmp_path, monkeypatch
     """Item 5: a server asking Retry-After: 3600 got a silent 300 s wait per retry: nothing in
     the monitor, nothing in the log. Now the dataset's line carries a note and one warning
     is issued per run, however many 429s arrive."""
-    monkeypatch.setattr(_Runner, "retry_after_cap", 0.05)  # the rule, without the 300 s wait
+    monkeypatch.setattr(Runner, "retry_after_cap", 0.05)  # the rule, without the 300 s wait
     out = io.StringIO()
     with FaultServer(FaultConfig(mode="429", first_k=8, retry_after="3600")) as srv:
         with warnings.catch_warnings(record=True) as caught:

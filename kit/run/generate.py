@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
-from kit.run.runner import _Runner
+from kit.run.runner import Runner
 from kit.types import DatasetProgress, RunConfig
 
 
@@ -63,7 +63,7 @@ class Run:
         run.summary()           # budget, tokens_done, overshoot, shortfall, errors per dataset
     """
 
-    def __init__(self, runner: _Runner, task: asyncio.Task | None = None) -> None:
+    def __init__(self, runner: Runner, task: asyncio.Task | None = None) -> None:
         self.run_dir = runner.store.run_dir
         self._runner = runner
         self.task = task
@@ -148,7 +148,7 @@ async def generate(
     """
     if not isinstance(config, RunConfig):
         raise TypeError(f"generate: config must be a kit.RunConfig, got {type(config).__name__}")
-    runner = _Runner.create(
+    runner = Runner.create(
         prompts, config, run_dir=run_dir, force=force, expected_tokens=expected_tokens
     )
     runner.callback = progress
@@ -160,7 +160,7 @@ async def generate(
 
 
 @contextlib.contextmanager
-def _stop_on_sigterm(runner: _Runner):
+def _stop_on_sigterm(runner: Runner):
     """While a foreground run lasts, SIGTERM (`kill PID`) asks for the clean stop Ctrl-C gets.
 
     The handler runs on the event loop, between awaits: never inside a write or an fsync.

@@ -1,9 +1,9 @@
 """A run's per-dataset queues and live state: what the runner schedules from.
 
-_prompt_frame(prompts, run_dir)  the prompt frame given, or the run's stored prompts (no text)
+prompt_frame(prompts, run_dir)   the prompt frame given, or the run's stored prompts (no text)
 seeded_order(ids, dataset, seed) the order a dataset's (prompt_id, sample) pairs go in
-_datasets(frame, config, ...)    one _Dataset per dataset: its queue of samples not yet
-                                 done nor skipped, its done totals, sampling and tools
+dataset_queues(frame, config, ...) one DatasetQueue per dataset: its queue of samples
+                                 not yet done nor skipped, its done totals, sampling and tools
 PromptQueue                      that queue; on a resume it reads texts as its head reaches them
 """
 
@@ -97,7 +97,7 @@ class PromptQueue:
 
 
 @dataclass
-class _Dataset:
+class DatasetQueue:
     """Live state of one dataset in a run."""
 
     name: str
@@ -166,7 +166,7 @@ class _Dataset:
         )  # fmt: skip
 
 
-def _dataset_paths(prompts, run_dir) -> dict[str, str]:
+def dataset_paths(prompts, run_dir) -> dict[str, str]:
     """dataset -> source path: from a LoadResult, or the run's recorded ones on resume."""
     if prompts is None and is_run_dir(run_dir):
         try:
@@ -176,7 +176,7 @@ def _dataset_paths(prompts, run_dir) -> dict[str, str]:
     return dict(getattr(prompts, "paths", None) or {})
 
 
-def _prompt_frame(prompts, run_dir):
+def prompt_frame(prompts, run_dir):
     """The prompt frame to run: given, or the run's stored prompts on resume (without their
     text: that of prompts with work left is read later, prompt_text)."""
     import polars as pl
@@ -216,14 +216,14 @@ def seeded_order(prompt_ids, dataset: str, seed: int, n: int = 1) -> list[tuple[
 
 def _permutation(size: int, dataset: str, seed: int):
     """seeded_order's shuffle as positions into the sorted ids (numpy's generator, seeded by
-    a hash of seed and dataset): _datasets gathers a polars column with it, no str per prompt."""
+    a hash of seed and dataset): dataset_queues gathers a polars column with it, no str per prompt."""
     import numpy as np
 
     key = hashlib.blake2b(f"{seed}:{dataset}".encode(), digest_size=8).digest()
     return np.random.default_rng(int.from_bytes(key, "little")).permutation(size)
 
 
-def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None, totals=None) -> dict[str, _Dataset]:  # fmt: skip
+def dataset_queues(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None, totals=None) -> dict[str, DatasetQueue]:  # fmt: skip
     """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals.
 
     `done`: the records already written, as RunStore.done()'s frame (one row per key);
@@ -264,7 +264,7 @@ def _datasets(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir
             messages = dict(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))  # fmt: skip
             queue = PromptQueue(todo, messages, _tools(part))
         prior = float(priors.get(name, config.sampling.max_tokens / 2))
-        d = _Dataset(
+        d = DatasetQueue(
             name=name, budget=config.budgets[name], queue=queue, total=len(ids) * n, prior=prior,
             sampling=replace(config.sampling_for(name), n=1), tools=queue.tools,
         )  # fmt: skip

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kit.run import db
 from kit.run.legacy import import_old_layout, is_old_layout
-from kit.types import ErrorRecord, Record, RunConfig
+from kit.types import Record, RunConfig
 
 BATCH = 10_000  # records per frame a reader yields
 RECORD_COLUMNS = (
@@ -146,10 +146,6 @@ def record_batches(
             message (found by SQL in its JSON; no text read here, so none checked: for a
             reader that uses no prompt's text, or reads those it uses with prompts_frame).
         batch_size: rows per frame.
-
-    Example:
-        for batch in record_batches("data/runs/demo", columns=["dataset", "completion_tokens"]):
-            batch.group_by("dataset").agg(pl.col("completion_tokens").sum())
     """
     cols = list(columns or RECORD_COLUMNS)
     if bad := [c for c in cols if c not in RECORD_COLUMNS and c not in COMPUTED]:
@@ -350,28 +346,19 @@ def records_frame(run_dir, datasets=None, *, prompts: bool = True):
     """Every record as one frame (with its prompt by default): for small runs and tests."""
     import polars as pl
 
-    parts = list(record_batches(run_dir, datasets=datasets, prompts=prompts))
-    if parts:
+    if parts := list(record_batches(run_dir, datasets=datasets, prompts=prompts)):
         return pl.concat(parts)
-    schema = record_schema()
     cols = list(RECORD_COLUMNS) + (list(PROMPT_COLUMNS) if prompts else [])
-    return pl.DataFrame(schema={c: schema[c] for c in cols})
+    return pl.DataFrame(schema={c: record_schema()[c] for c in cols})
 
 
 def records(run_dir, datasets=None) -> Iterator[Record]:
     """The run's records as Record objects, messages as the runner sent them."""
     for batch in record_batches(run_dir, datasets=datasets, prompts=True):
         for row in batch.iter_rows(named=True):
-            yield to_record(row)
-
-
-def to_record(row: dict) -> Record:
-    """A record_batches row (with prompts: messages already as sent) -> a Record."""
-    json_cols = ("turns", "tool_calls")
-    turns, calls = (json.loads(row[k]) if row.get(k) else None for k in json_cols)
-    tools = json.loads(row["tools"]) if row.get("tools") else None
-    fields = {k: row[k] for k in RECORD_COLUMNS if k not in json_cols}
-    return Record(**fields, messages=row["messages"], tools=tools, turns=turns, tool_calls=calls)
+            turns, calls, tools = (json.loads(row[k]) if row[k] else None for k in ("turns", "tool_calls", "tools"))  # fmt: skip
+            fields = {k: row[k] for k in RECORD_COLUMNS if k not in ("turns", "tool_calls")}
+            yield Record(**fields, messages=row["messages"], tools=tools, turns=turns, tool_calls=calls)  # fmt: skip
 
 
 def as_sent(messages: list[dict], turns) -> list[dict]:
@@ -431,9 +418,7 @@ def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
     if parts:
         return pl.concat(parts)
     frame = pl.DataFrame(schema=schema).drop("hash", "content_id", strict=False)
-    return (
-        frame.with_columns(pl.col("messages").cast(record_schema()["messages"])) if text else frame
-    )
+    return frame.with_columns(pl.col("messages").cast(record_schema()["messages"])) if text else frame  # fmt: skip
 
 
 _ID_CHUNK = 50_000  # prompt ids looked up per statement
@@ -458,30 +443,15 @@ def _prompt_rows(conn, cols: list[str], datasets, ids) -> Iterator[list]:
 
 
 def errors_frame(run_dir):
-    """Every ErrorRecord as a frame, with `resolved` (the key now has a record).
-
-    Example: errors_frame(run_dir).filter(~pl.col("resolved")) -> the effective error set
-    """
+    """Every ErrorRecord as a frame, with `resolved` (the key now has a record; the rest are
+    the effective error set)."""
     import polars as pl
 
-    sql = (
-        "SELECT e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t, "
-        "EXISTS (SELECT 1 FROM records r WHERE r.dataset = e.dataset AND "
-        "r.prompt_id = e.prompt_id AND r.sample = e.sample) FROM errors e ORDER BY e.id"
-    )
+    sql = "SELECT e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t, EXISTS (SELECT 1 FROM records r WHERE r.dataset = e.dataset AND r.prompt_id = e.prompt_id AND r.sample = e.sample) FROM errors e ORDER BY e.id"  # fmt: skip
     schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "error": pl.String, "attempts": pl.Int64, "t": pl.Float64, "resolved": pl.Boolean}  # fmt: skip
     with open_db(run_dir) as conn:
         rows = conn.execute(sql).fetchall()
     return pl.DataFrame(rows, schema=schema, orient="row")
-
-
-def open_errors(run_dir) -> dict[tuple, ErrorRecord]:
-    """The effective error set: the latest ErrorRecord per key that has no record."""
-    frame = errors_frame(run_dir)
-    out = {}
-    for row in frame.filter(~frame["resolved"]).drop("resolved").iter_rows(named=True):
-        out[(row["dataset"], row["prompt_id"], row["sample"])] = ErrorRecord(**row)
-    return out
 
 
 def skips_frame(run_dir):

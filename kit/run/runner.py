@@ -55,7 +55,7 @@ from kit.data.sources import source_hashes
 from kit.run import guard as _guard
 from kit.run import turns as _turns
 from kit.run.answers import redact
-from kit.run.queues import Stall, _Dataset, _dataset_paths, _datasets, _prompt_frame
+from kit.run.queues import DatasetQueue, Stall, dataset_paths, dataset_queues, prompt_frame
 from kit.run.store import RunStore
 from kit.types import BackendError, Completion, DatasetProgress, ErrorRecord, Record, RunConfig
 
@@ -65,18 +65,16 @@ from kit.types import BackendError, Completion, DatasetProgress, ErrorRecord, Re
 _DEAD_KINDS = ("connect", "timeout", "http_5xx", "no_endpoint")
 
 
-class _Runner:
+class Runner:
     """Scheduling, budget accounting, retries and clean stops for one run."""
 
     clock = staticmethod(time.monotonic)  # paces progress reports (a test injects a fake one)
     retry_after_cap = 300.0  # s: the longest a server's Retry-After is obeyed
 
     @classmethod
-    def create(
-        cls, prompts, config: RunConfig, *, run_dir, force: bool, expected_tokens
-    ) -> _Runner:
+    def create(cls, prompts, config: RunConfig, *, run_dir, force: bool, expected_tokens) -> Runner:
         """Check the prompts against the config, open the store, build the queues."""
-        frame = _prompt_frame(prompts, run_dir)
+        frame = prompt_frame(prompts, run_dir)
         if config.turns != "all_turns":
             _refuse_user_runs(frame)
         names = frame["dataset"].unique(maintain_order=True).to_list()
@@ -87,7 +85,7 @@ class _Runner:
             config,
             budgets=config.budgets_for(names),
             source_hashes=source_hashes(frame),
-            datasets=_dataset_paths(prompts, run_dir) or dict(config.datasets),
+            datasets=dataset_paths(prompts, run_dir) or dict(config.datasets),
             chat_template_hash=template,
         )
         # one commit per wave of in-flight results at most (a kill -9 loses in-flight work
@@ -102,7 +100,7 @@ class _Runner:
             done = store.done()  # a frame of keys, no text
             skips, rows = _guard.apply(frame, config, run_dir, done)  # too long for the context
             store.write_skips(rows)
-            self.datasets = _datasets(frame, config, done, expected_tokens or {}, skips, run_dir, store.totals())  # fmt: skip
+            self.datasets = dataset_queues(frame, config, done, expected_tokens or {}, skips, run_dir, store.totals())  # fmt: skip
         except BaseException:
             store.close()
             raise
@@ -197,7 +195,7 @@ class _Runner:
         self._done.append(task)
         self._wake.set()
 
-    def _admissible(self, d: _Dataset) -> bool:
+    def _admissible(self, d: DatasetQueue) -> bool:
         """Whether one more request for d keeps the budget promise."""
         if not d.queue or d.stopped or d.failed or d.committed >= d.budget:
             return False
@@ -213,7 +211,9 @@ class _Runner:
         k = _turns.slots(messages) if self.config.turns == "all_turns" else 1
         return k * self.config.sampling.max_tokens
 
-    async def _request(self, d: _Dataset, prompt_id: str, sample: int, messages: list) -> Record:
+    async def _request(
+        self, d: DatasetQueue, prompt_id: str, sample: int, messages: list
+    ) -> Record:
         """One sample (every turn of it with all_turns); raises when a request failed."""
         sampling = d.sampling
         if sampling.seed is not None:
@@ -239,7 +239,7 @@ class _Runner:
             record.completion_tokens = total
         return record
 
-    async def _complete(self, d: _Dataset, messages: list, sampling, tools):
+    async def _complete(self, d: DatasetQueue, messages: list, sampling, tools):
         """One request with retries -> (Completion, backend, attempt); raises the last error."""
         task = asyncio.current_task()
         for attempt in range(1, self.config.max_attempts + 1):
@@ -274,7 +274,7 @@ class _Runner:
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
-    def _judge(self, d: _Dataset, e: BackendError, backend) -> None:
+    def _judge(self, d: DatasetQueue, e: BackendError, backend) -> None:
         """Count failed attempts (the stall rules) and answers that cannot succeed (a dataset
         with only those fails). Note (and warn once about) a Retry-After over the cap."""
         if e.kind != "http_429":  # a server asking to wait is alive
@@ -302,7 +302,7 @@ class _Runner:
                     stacklevel=2,
                 )
 
-    def _fail_dataset(self, d: _Dataset, reason: str) -> None:
+    def _fail_dataset(self, d: DatasetQueue, reason: str) -> None:
         """Feed d no more (state "failed", the reason in its note); stop the run when every
         dataset failed."""
         if d.failed:
@@ -374,7 +374,7 @@ class _Runner:
                 d.release(t)
                 d.queue.appendleft(t.meta[1:])
 
-    def _fail(self, d: _Dataset, prompt_id: str, sample: int, exc: BaseException) -> None:
+    def _fail(self, d: DatasetQueue, prompt_id: str, sample: int, exc: BaseException) -> None:
         """Log a request that failed every attempt; stop the run when no endpoint answers."""
         if isinstance(exc, BackendError):
             message = str(exc)
