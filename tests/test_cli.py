@@ -5,7 +5,10 @@ run-directory guard and its papermill-style parameter injection."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import queue
+import time
 from pathlib import Path
 
 import nbformat
@@ -348,6 +351,47 @@ def test_the_demo_parameters_are_notebook_parameters():
     given = {*demo.DEMO_PARAMETERS, "run_dir", "data", "out_dir", "overwrite"}
     given |= {"base_url", "model", "tokenizer"}
     assert given <= known, given - known
+
+
+class MissedWakeUp:
+    """A kernel channel whose reply is there, but a poll that began before it arrived sleeps
+    out its whole timeout (pyzmq's missed wake-up); a later poll sees it."""
+
+    def __init__(self, arrives_after: float | None):
+        self.arrives = None if arrives_after is None else time.monotonic() + arrives_after
+        self.polls = []
+
+    async def get_msg(self, timeout=None):
+        self.polls.append(timeout)
+        began = time.monotonic()
+        if self.arrives is not None and began >= self.arrives:
+            return {"msg_type": "execute_reply"}
+        await asyncio.sleep(timeout)
+        raise queue.Empty
+
+
+def test_a_reply_missed_by_one_poll_is_read_by_the_next():
+    """Before: nbclient polled the shell once for a cell's whole timeout (an hour), and the demo
+    sat idle after 01_plan's planner cell had finished (about 1 run in 10)."""
+    channel = MissedWakeUp(arrives_after=0.05)
+    demo.poll_in_slices(channel, step=0.2)
+    reply = asyncio.run(asyncio.wait_for(channel.get_msg(timeout=3600), 5))  # unsliced: 3600 s
+    assert reply == {"msg_type": "execute_reply"} and channel.polls[0] == pytest.approx(0.2)
+
+
+def test_sliced_polls_keep_the_timeout_and_wait_forever_without_one():
+    channel = MissedWakeUp(arrives_after=None)  # never
+    demo.poll_in_slices(channel, step=0.1)
+    start = time.monotonic()
+    with pytest.raises(queue.Empty):
+        asyncio.run(channel.get_msg(timeout=0.35))
+    assert 0.3 < time.monotonic() - start < 1.5 and sum(channel.polls) == pytest.approx(0.35, abs=0.05)  # fmt: skip
+
+    async def a_second_of_none():
+        return await asyncio.wait_for(channel.get_msg(timeout=None), 1.0)
+
+    with pytest.raises(TimeoutError):  # no timeout: still polling when cancelled
+        asyncio.run(a_second_of_none())
 
 
 def test_plan_json_is_what_the_notebooks_and_cli_share(planned):

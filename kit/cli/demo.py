@@ -12,6 +12,7 @@ import contextlib
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from kit.cli.commands import REPO, SAMPLES, audit_run
@@ -107,6 +108,31 @@ def parameterized(name: str, parameters: dict):
     return inject_parameters(nb, {k: v for k, v in parameters.items() if k in names})
 
 
+def poll_in_slices(channel, step: float = 1.0) -> None:
+    """Make a kernel client channel's get_msg poll in `step`-second slices up to its timeout.
+
+    zmq.asyncio can miss a socket's wake-up (pyzmq #1558): the kernel's reply sits unread
+    until the poll times out, and nbclient polls the shell for a cell's whole timeout. The
+    demo stalled that way for the hour after 01_plan's planner cell had finished (about 1 run
+    in 10; tests/test_cli.py). A poll that starts after the message arrived sees it.
+    """
+    from queue import Empty
+
+    get = channel.get_msg
+
+    async def get_msg(timeout: float | None = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = step if deadline is None else deadline - time.monotonic()
+            try:
+                return await get(timeout=max(0.0, min(step, left)))
+            except Empty:
+                if deadline is not None and left <= step:
+                    raise
+
+    channel.get_msg = get_msg
+
+
 def run_notebooks(run_dir: Path, parameters: dict) -> Path:
     """Execute the four notebooks in order, each given the `parameters` its parameters cell
     names (injected after it); executed copies go to run_dir/notebooks."""
@@ -114,6 +140,13 @@ def run_notebooks(run_dir: Path, parameters: dict) -> Path:
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
     from traitlets.config import Config
+
+    class Client(NotebookClient):
+        async def async_start_new_kernel_client(self):
+            kc = await super().async_start_new_kernel_client()
+            for channel in (kc.shell_channel, kc.iopub_channel):
+                poll_in_slices(channel)
+            return kc
 
     out = run_dir / "notebooks"
     out.mkdir(parents=True, exist_ok=True)
@@ -124,7 +157,7 @@ def run_notebooks(run_dir: Path, parameters: dict) -> Path:
         # and ipykernel has no "running over TCP without encryption" warning to print
         with tempfile.TemporaryDirectory(prefix="kit-kernel-") as sockets:
             ipc = Config({"KernelManager": {"transport": "ipc", "ip": f"{sockets}/ipc"}})
-            client = NotebookClient(  # its own kernel manager: shut down after the notebook
+            client = Client(  # its own kernel manager: shut down after the notebook
                 nb, timeout=3600, kernel_name="python3", config=ipc,
                 resources={"metadata": {"path": str(REPO / "notebooks")}},
             )  # fmt: skip
