@@ -172,7 +172,9 @@ def planner_table(nb: NotebookPage) -> dict[str, dict]:
     """dataset -> row of the plan table shown under the planner widgets."""
     rows = nb.page.locator(".jp-NotebookPanel .widget-output").first.evaluate(PLAN_TABLE_JS)
     assert rows, f"{nb.path}: no plan table under the planner widgets"
-    return {row["dataset"].strip('"'): row for row in rows}  # polars shows strings quoted
+    quoted = [v for row in rows for v in row.values() if v.startswith('"')]
+    assert not quoted, f"plan table cells shown in quotes: {quoted[:3]}"
+    return {row["dataset"]: row for row in rows}
 
 
 def budget_box(nb: NotebookPage, dataset: str):
@@ -186,7 +188,7 @@ def wait_table(nb: NotebookPage, dataset: str, budget: int, timeout: float = 60)
     deadline = time.monotonic() + timeout
     while True:
         row = planner_table(nb).get(dataset, {})
-        shown = row.get("budget", "").strip('"').replace(",", "")  # polars quotes strings
+        shown = row.get("budget", "").replace(",", "")
         if re.fullmatch(r"[\d.]+", shown) and float(shown) == budget:
             return row
         if time.monotonic() > deadline:

@@ -372,7 +372,7 @@ class MissedWakeUp:
 
 def test_a_reply_missed_by_one_poll_is_read_by_the_next():
     """Before: nbclient polled the shell once for a cell's whole timeout (an hour), and the demo
-    sat idle after 01_plan's planner cell had finished (about 1 run in 10)."""
+    sat idle after 01_plan's planner cell had finished (4 runs of 23)."""
     channel = MissedWakeUp(arrives_after=0.05)
     demo.poll_in_slices(channel, step=0.2)
     reply = asyncio.run(asyncio.wait_for(channel.get_msg(timeout=3600), 5))  # unsliced: 3600 s

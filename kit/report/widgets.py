@@ -110,13 +110,13 @@ class Planner:
         self._draw()
 
     def _draw(self) -> None:
-        from IPython.display import display
+        from IPython.display import HTML, display
 
-        from kit.report import charts
+        from kit.report import charts, tables
 
         self.output.clear_output(wait=True)
         with self.output:
-            display(summary_frame(self.table))
+            display(HTML(tables.html(summary_frame(self.table))))
             display(charts.samples_needed(self.table) | charts.budget_vs_cap(self.table))
 
     def summary(self) -> str:
