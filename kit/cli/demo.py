@@ -114,7 +114,8 @@ def poll_in_slices(channel, step: float = 1.0) -> None:
     zmq.asyncio can miss a socket's wake-up (pyzmq #1558): the kernel's reply sits unread
     until the poll times out, and nbclient polls the shell for a cell's whole timeout. The
     demo stalled that way for the hour after 01_plan's planner cell had finished (4 runs of
-    23 of 01_plan alone, over IPC and TCP; tests/test_cli.py). A poll that starts after the message arrived sees it.
+    23 of 01_plan alone, over IPC and TCP; tests/test_cli.py). A poll that starts after the
+    message arrived sees it.
     """
     from queue import Empty
 

@@ -169,25 +169,11 @@ def _len(ids) -> int | None:
     return None if ids is None else len(ids)
 
 
-def lcs_len(a: str, b: str) -> int:
-    """Length of the longest common subsequence of two texts (rapidfuzz's Indel distance).
-
-    difflib's matching blocks are a common subsequence, so 2 * lcs_len / (len(a) + len(b))
-    bounds SequenceMatcher.ratio() from above, at a small part of its cost.
-
-    Example:
-        >>> lcs_len("water boils", "water is boiling")
-        10
-    """
-    from rapidfuzz.distance import Indel
-
-    return (len(a) + len(b) - Indel.distance(a, b)) // 2
-
-
 def _mostly_equal(u: str, c: str, similarity: float) -> bool:
-    """difflib's ratio >= similarity, after the cheaper bound has not ruled it out: 2 *
-    lcs_len / (len(u) + len(c)) (rapidfuzz's Indel similarity, given the cutoff so that it
-    stops early; a hair under it against float rounding) bounds difflib's ratio from above."""
+    """difflib's ratio >= similarity, after the cheaper bound has not ruled it out: difflib's
+    matching blocks are a common subsequence, so 2 * LCS / (len(u) + len(c)), rapidfuzz's
+    Indel similarity, bounds its ratio from above (given the cutoff so that it stops early;
+    a hair under it against float rounding; tests/test_audit_scale.py)."""
     from rapidfuzz.distance import Indel
 
     if Indel.normalized_similarity(u, c, score_cutoff=similarity - 1e-9) < similarity - 1e-9:

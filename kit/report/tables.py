@@ -42,8 +42,9 @@ def html(frame) -> str:
     """
     from html import escape
 
+    side = ["left"] + ["right"] * (len(frame.columns) - 1)
+
     def cells(tag: str, values) -> str:
-        side = ["left"] + ["right"] * (len(frame.columns) - 1)
         return "".join(f'<{tag} style="text-align:{s}">{escape("" if v is None else str(v))}</{tag}>' for s, v in zip(side, values, strict=True))  # fmt: skip
 
     body = "".join(f"<tr>{cells('td', row)}</tr>" for row in frame.iter_rows())

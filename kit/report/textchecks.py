@@ -188,11 +188,7 @@ class TextSample:
             rows = rows.join(self.done, on=self.KEYS, how="anti")
         ids, counts = rows.filter("_ids"), rows.filter("_count")
         if "output_ids" not in ids.columns:  # read by key, the sample's alone
-            none = pl.lit(None, pl.List(pl.Int64)).alias("output_ids")
-            found = self.ids_for(ids.select(self.KEYS)) if ids.height else None
-            ids = (
-                ids.join(found, on=self.KEYS, how="left") if ids.height else ids.with_columns(none)
-            )
+            ids = ids.join(self.ids_for(ids.select(self.KEYS)), on=self.KEYS, how="left")
         ids = ids.select(self.KEYS).with_columns(ids_text_flags(ids, tokenizer))
         counts = counts.select(self.KEYS).with_columns(under_reported_flags(counts, tokenizer, ratio))  # fmt: skip
         new = rows.select(self.KEYS).join(ids, on=self.KEYS, how="left")

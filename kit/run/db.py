@@ -232,9 +232,8 @@ def integrity(run_dir, *, quick: bool = False) -> list[str]:
     at 1M records)."""
     conn = connect(run_dir)
     try:
-        rows = [
-            r for (r,) in conn.execute(f"PRAGMA {'quick_check' if quick else 'integrity_check'}")
-        ]
+        pragma = "quick_check" if quick else "integrity_check"
+        rows = [r for (r,) in conn.execute(f"PRAGMA {pragma}")]
     except sqlite3.DatabaseError as e:
         return [str(e)]
     finally:
