@@ -163,7 +163,7 @@ def test_serve_passes_host_and_port_through(monkeypatch):
 
 def fake_pilot(prompts, config, *, per_dataset, progress=None):
     """A PilotResult without a server: 12 completions of 40..62 tokens per dataset."""
-    names = sorted(prompts["dataset"].unique().to_list())
+    names = sorted(getattr(prompts, "frame", prompts)["dataset"].unique().to_list())
     rows = [{"dataset": d, "prompt_id": f"p{i}", "completion_tokens": 40 + 2 * i,
              "finish_reason": "stop", "count_source": "usage", "prompt_tokens": 20,
              "latency_s": 0.1} for d in names for i in range(12)]  # fmt: skip

@@ -193,6 +193,32 @@ def test_sync_matches_async(server, tmp_path):
     assert len(s) == 65 and s.equals(a) and s.equals(t)
 
 
+def test_a_load_result_runs_without_its_frame_read_whole(server, tmp_path, monkeypatch):
+    """kit.generate(LoadResult): the store takes its prompts a part at a time and the queues
+    read the texts back by key (as a resume does); the records equal those of its frame."""
+    from kit.data import sources
+
+    rows = [{"instruction": f"{ds} task {i}"} for ds in "ab" for i in range(23)]
+    for ds in "ab":
+        (tmp_path / f"{ds}.jsonl").write_text("".join(f'{{"instruction": "{ds} task {i}"}}\n' for i in range(23)))  # fmt: skip
+    monkeypatch.setattr(sources, "CHUNK", 5)
+    loaded = kit.load([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])
+    frame = loaded.frame
+    assert len(loaded.parts) == 10 and frame.height == len(rows)
+    cfg = config(server, {"a": 100_000, "b": 100_000}, sampling=Sampling(max_tokens=40, temperature=0.0, seed=3))  # fmt: skip
+    kit.generate_sync(frame, cfg, run_dir=tmp_path / "f")
+    monkeypatch.setattr(sources.LoadResult, "frame", property(lambda self: pytest.fail("frame read")))  # fmt: skip
+    kit.generate_sync(loaded, cfg, run_dir=tmp_path / "l")
+    cols = ["dataset", "prompt_id", "sample", "messages", "completion", "completion_tokens"]
+    f, g = (records_frame(tmp_path / d).select(cols).sort(cols[:3]) for d in "fl")
+    assert f.height == 46 and f.equals(g)
+    assert (
+        reader.prompts_frame(tmp_path / "l")
+        .sort("prompt_id")
+        .equals(reader.prompts_frame(tmp_path / "f").sort("prompt_id"))
+    )
+
+
 class Ticks:
     """A fake clock: each call moves it on by `step` seconds; `.t` reads it without moving."""
 

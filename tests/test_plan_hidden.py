@@ -87,7 +87,7 @@ def test_parse_plan_budgets_bytes_and_tokens():
 
 def fake_pilot(prompts, config, *, per_dataset, progress=None):
     """12 completions of 40..62 tokens (mean 51) with 20-token prompts per dataset."""
-    names = sorted(prompts["dataset"].unique().to_list())
+    names = sorted(getattr(prompts, "frame", prompts)["dataset"].unique().to_list())
     rows = [{"dataset": d, "prompt_id": f"p{i}", "completion_tokens": 40 + 2 * i,
              "finish_reason": "stop", "count_source": "usage", "prompt_tokens": 20,
              "latency_s": 0.1} for d in names for i in range(12)]  # fmt: skip

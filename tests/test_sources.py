@@ -394,6 +394,49 @@ def test_prompts_moved_into_frame_parts_as_they_load_give_the_same_frame(monkeyp
     assert "tools" not in kit.load({"c": data["c"]}).frame.columns
 
 
+def test_a_load_streams_files_into_parquet_parts_it_removes(tmp_path, monkeypatch):
+    """JSONL and Parquet are read a block at a time and the prompts written a part at a time:
+    no step holds a whole file or every prompt. frame, batches() and scan() give the same
+    rows in load order; the parts' directory goes with the LoadResult."""
+    import gc
+
+    from kit.data import readers
+
+    rows = [{"instruction": f"task {i}"} if i % 9 else "{broken" for i in range(40)]
+    write_jsonl(tmp_path / "a.jsonl", rows)
+    pl.DataFrame({"problem": [f"p{i}" for i in range(11)]}).write_parquet(tmp_path / "b.parquet")
+    whole = kit.load(tmp_path).frame
+    monkeypatch.setattr(readers, "BLOCK", 4)
+    monkeypatch.setattr(sources, "CHUNK", 6)
+    res = kit.load(tmp_path)
+    assert res.frame.equals(whole) and res.height == whole.height == 35 + 11
+    assert [b.height for b in res.batches()] == [6] * 7 + [4]  # a: 35 = 5x6 + 5, b on top
+    assert pl.concat(list(res.batches())).equals(whole) and res.scan().collect().equals(whole)
+    assert res.skipped == {"a": {"bad_json": 5}, "b": {}} and res.rows == {"a": 40, "b": 11}
+    assert res.summary()["prompts"].to_list() == [35, 11]
+    assert res.source_hashes() == sources.source_hashes(whole)
+    spill = res.spill
+    assert sorted(p.name for p in spill.iterdir()) == [f"part-{i:05d}.parquet" for i in range(8)]
+    del res
+    gc.collect()
+    assert not spill.exists()
+
+
+def test_a_mapped_tools_column_past_the_first_block_is_found(tmp_path, monkeypatch):
+    """Detection reads a file's head; a mapped tools column met only later is no error, one
+    no row holds is (named, as before streaming)."""
+    from kit.data import readers
+
+    monkeypatch.setattr(readers, "BLOCK", 4)
+    tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    rows = [{"q": f"q{i}"} | ({"fns": tool} if i == 30 else {}) for i in range(40)]
+    res = kit.load(write_jsonl(tmp_path / "t.jsonl", rows), mapping={"prompt": "q", "tools": "fns"})
+    assert res.frame["tools"].null_count() == 39 and res.with_tools == {"t": 1}
+    rows = [{"q": f"q{i}"} for i in range(40)]
+    with pytest.raises(ValueError, match=r"mapping columns \['fns'\] not found in .*t2.jsonl"):
+        kit.load(write_jsonl(tmp_path / "t2.jsonl", rows), mapping={"prompt": "q", "tools": "fns"})
+
+
 @pytest.mark.slow
 def test_100k_rows_load_in_seconds(tmp_path):
     path = tmp_path / "big.jsonl"

@@ -234,13 +234,12 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
 
     shape = hs.shape_for(target_config, config.tokenizer, needed=bool(hidden))
 
-    frame = loaded.frame
-    names = sorted(frame["dataset"].unique().to_list())
+    names = sorted(name for name, n in loaded.prompts.items() if n)
     budgets = config.budgets_for(names)
-    if config.tokenizer:
-        print(_table(plan.profile_prompts(frame, config.tokenizer)))
+    if config.tokenizer:  # the prompts are read a part at a time, here and below
+        print(_table(plan.profile_prompts(loaded, config.tokenizer)))
     print(f"pilot: up to {per_dataset} prompts per dataset ...", file=sys.stderr, flush=True)
-    result = plan.pilot_sync(frame, config, per_dataset=per_dataset, progress=_counter("pilot"))
+    result = plan.pilot_sync(loaded, config, per_dataset=per_dataset, progress=_counter("pilot"))
     print(file=sys.stderr)
     if result.errors:
         print(f"pilot: {len(result.errors)} requests failed, first: {result.errors[0]}")
@@ -260,7 +259,7 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
     table = plan.budget(
         budgets,
         result,
-        prompts_available=frame,
+        prompts_available=loaded,
         throughput=throughput or result.throughput,
         concurrency=config.concurrency,
         sample_cap=sample_cap,
@@ -317,7 +316,7 @@ def cmd_plan(args) -> int:
         turns=args.turns,
         datasets=loaded.paths,
     )
-    config.budgets_for(sorted(loaded.frame["dataset"].unique().to_list()))  # before the pilot
+    config.budgets_for(sorted(name for name, n in loaded.prompts.items() if n))  # before the pilot
     from kit.serve import DEFAULT_ENGINE
 
     engine = args.engine or DEFAULT_ENGINE

@@ -32,7 +32,7 @@ FORMATS = (
     "turns",
     "mapping",
 )
-_DETECT_ROWS = 200  # rows whose keys decide the format
+DETECT_ROWS = 200  # rows whose keys decide the format
 _ROLES = {
     "user": "user",
     "human": "user",
@@ -46,12 +46,12 @@ _ROLES = {
 
 
 def columns(rows: list | pl.DataFrame) -> list[str]:
-    """Keys with a non-null value in the first _DETECT_ROWS object rows."""
+    """Keys with a non-null value in the first DETECT_ROWS object rows."""
     if isinstance(rows, pl.DataFrame):
-        head = rows.head(_DETECT_ROWS)
+        head = rows.head(DETECT_ROWS)
         return [c for c in head.columns if head.height == 0 or head[c].null_count() < head.height]
     keys: dict[str, None] = {}
-    for row in [r for r in rows if isinstance(r, dict)][:_DETECT_ROWS]:
+    for row in [r for r in rows if isinstance(r, dict)][:DETECT_ROWS]:
         keys.update((k, None) for k, v in row.items() if v is not None)
     return list(keys)
 

@@ -1,6 +1,8 @@
 """File and in-memory readers behind kit.data.sources: rows in order, never a crash on a row.
 
-read(source) gives the rows of a file or in-memory object; a row that cannot be parsed
+read(source) gives the rows of a file or in-memory object as blocks (lists of rows, or
+polars frames of a columnar source), a block at a time: a JSONL or Parquet file is never
+held whole (a JSON document is: its parser needs it all). A row that cannot be parsed
 becomes a Skip in its place (a JSONL line that is not JSON, a row nested too deep for the
 JSON parser). list_dir(path) splits a directory into the files kit reads and the ones it
 ignores, each with the reason (unsupported type, a directory, a symlink loop, a broken
@@ -14,6 +16,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -23,6 +26,7 @@ BLANK = object()  # a blank JSONL line: keeps row == line index, not counted as 
 _TOO_DEEP = "nested too deep for the JSON parser"
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)  # strings and brackets
 _WS = re.compile(r"[ \t\n\r]*")
+BLOCK = 10_000  # rows (JSONL lines, Parquet rows) read per block
 
 
 class Skip(Exception):
@@ -34,10 +38,12 @@ class Skip(Exception):
         self.detail = detail
 
 
-def read(source) -> list | pl.DataFrame:
-    """All rows of a source, in order; a row that fails to parse becomes a Skip."""
+def read(source) -> Iterator[list | pl.DataFrame]:
+    """The rows of a source in order, as blocks (a list of rows, or a frame of a columnar
+    source); a row that fails to parse becomes a Skip. A missing or unreadable file raises
+    here, before any block."""
     if not isinstance(source, Path):
-        return _read_memory(source)
+        return iter([_read_memory(source)])
     if problem := file_problem(source):
         if problem == "no such file" and source.suffix.lower() not in SUFFIXES:
             problem = _unsupported(source)  # the first thing to fix
@@ -45,7 +51,9 @@ def read(source) -> list | pl.DataFrame:
             raise FileNotFoundError(f"no such file: {source}")
         raise ValueError(f"{source}: {problem}")
     kind = SUFFIXES[source.suffix.lower()]
-    return {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[kind](source)
+    if kind == "json":
+        return iter([_read_json(source)])
+    return _read_jsonl(source) if kind == "jsonl" else _read_parquet(source)
 
 
 def file_problem(path: Path) -> str | None:
@@ -84,23 +92,32 @@ def list_dir(path: Path) -> tuple[list[Path], list[dict]]:
     return found, ignored
 
 
-def _read_jsonl(path: Path) -> list:
-    """Rows of a JSONL file; blank lines are ignored, row = 0-based line number."""
-    rows: list = []
-    with open(path, "rb") as f:
-        for i, line in enumerate(f):
-            if i == 0:
-                line = line.removeprefix(b"\xef\xbb\xbf")  # UTF-8 byte-order mark
-            if not line.strip():
-                rows.append(BLANK)  # keeps row == line index; not counted as a row
-                continue
-            try:
-                rows.append(json.loads(line))
-            except ValueError as exc:
-                rows.append(Skip("bad_json", f"line {i + 1}: {exc}"))
-            except RecursionError:
-                rows.append(Skip("too_deep", f"line {i + 1}: {_TOO_DEEP}"))
-    return rows
+def _read_jsonl(path: Path) -> Iterator[list]:
+    """Rows of a JSONL file, BLOCK lines at a time (opened before the first); blank lines are
+    ignored, row = 0-based line number."""
+    f = open(path, "rb")  # noqa: SIM115 - an error opening it is the caller's, now
+
+    def blocks():
+        with f:
+            rows: list = []
+            for i, line in enumerate(f):
+                if i == 0:
+                    line = line.removeprefix(b"\xef\xbb\xbf")  # UTF-8 byte-order mark
+                if len(rows) == BLOCK:
+                    yield rows
+                    rows = []
+                if not line.strip():
+                    rows.append(BLANK)  # keeps row == line index; not counted as a row
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as exc:
+                    rows.append(Skip("bad_json", f"line {i + 1}: {exc}"))
+                except RecursionError:
+                    rows.append(Skip("too_deep", f"line {i + 1}: {_TOO_DEEP}"))
+            yield rows
+
+    return blocks()
 
 
 def _read_json(path: Path) -> list:
@@ -112,7 +129,7 @@ def _read_json(path: Path) -> list:
         return _read_json_deep(path, data.decode(json.detect_encoding(data), "surrogatepass"))
     except ValueError as exc:
         if "Extra data" in str(exc):
-            return _read_jsonl(path)
+            return [row for block in _read_jsonl(path) for row in block]
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(doc, dict) and isinstance(doc.get("data"), list):
         doc = doc["data"]
@@ -130,7 +147,7 @@ def _read_json_deep(path: Path, text: str) -> list:
     if text.startswith("{", pos):
         end = _value_end(text, pos)
         if text[end:].strip():
-            return _read_jsonl(path)  # JSONL named .json
+            return [row for block in _read_jsonl(path) for row in block]  # JSONL named .json
         pos = _data_array(text, pos, path)
     if not text.startswith("[", pos):
         raise ValueError(f'{path}: expected a JSON list of rows or {{"data": [...]}}')
@@ -194,12 +211,31 @@ def _ws(text: str, pos: int) -> int:
     return _WS.match(text, pos).end()
 
 
-def _read_parquet(path: Path) -> pl.DataFrame:
-    """A Parquet file as a frame (rows become dicts after the format is known)."""
+def _read_parquet(path: Path) -> Iterator[pl.DataFrame]:
+    """A Parquet file as frames of BLOCK rows (rows become dicts after the format is known);
+    its footer is read before the first."""
+    import pyarrow.parquet as pq
+
+    def fail(exc: Exception):
+        return ValueError(f"{path}: cannot read Parquet ({type(exc).__name__}: {exc})")
+
     try:
-        return pl.read_parquet(path)
-    except Exception as exc:  # polars raises several error types for a bad file
-        raise ValueError(f"{path}: cannot read Parquet ({type(exc).__name__}: {exc})") from None
+        file = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several error types for a bad file
+        raise fail(exc) from None
+
+    def blocks():
+        empty = True
+        try:
+            for batch in file.iter_batches(batch_size=BLOCK):
+                empty = False
+                yield pl.from_arrow(batch)
+        except Exception as exc:
+            raise fail(exc) from None
+        if empty:
+            yield pl.from_arrow(file.schema_arrow.empty_table())
+
+    return blocks()
 
 
 def _read_memory(obj) -> list | pl.DataFrame:

@@ -16,17 +16,24 @@ from __future__ import annotations
 
 import hashlib
 import html
+import itertools
 import json
+import shutil
+import tempfile
 import warnings
+import weakref
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
 from kit.data.formats import (
+    DETECT_ROWS,
     FORMATS,
     Undetectable,
+    columns,
     detect,
     frame_rows,
     prompt,
@@ -65,11 +72,19 @@ TOOLS = "tools"  # the optional column: compact JSON array of OpenAI tools, or n
 MAX_SKIP_ROWS = 1000  # skipped rows kept per dataset in LoadResult.skipped_rows (counts are exact)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class LoadResult:
-    """Prompts loaded from one or more datasets, with what was dropped and why."""
+    """Prompts loaded from one or more datasets, with what was dropped and why.
 
-    frame: pl.DataFrame  # dataset, prompt_id, messages, n_turns, row (see kit.types) [, tools]
+    The prompts are not held in memory: kit.load writes them as it reads, in parts of at
+    most CHUNK prompts, to Parquet files in a temporary directory of its own (under TMPDIR),
+    removed with this object. `frame` reads them all into one frame; `batches()` gives them
+    a part at a time and `scan()` lazily, for millions of prompts.
+    """
+
+    parts: list[Path] = field(default_factory=list)  # the prompt frame's parts, in order
+    prompts: dict[str, int] = field(default_factory=dict)  # dataset -> prompts kept
+    with_tools: dict[str, int] = field(default_factory=dict)  # dataset -> prompts with tools
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)  # dataset -> reason -> rows
     duplicates: dict[str, int] = field(default_factory=dict)  # dataset -> rows dropped as repeats
     formats: dict[str, str | None] = field(
@@ -83,17 +98,37 @@ class LoadResult:
         default_factory=dict
     )  # dataset -> {"path", "format", "mapping", "strip"}
     stripped: dict[str, int] = field(default_factory=dict)  # dataset -> prompts strip changed
+    spill: Path | None = None  # the temporary directory of `parts` (kit made it; removed with this)
+
+    @property
+    def height(self) -> int:
+        """Prompts kept, over every dataset."""
+        return sum(self.prompts.values())
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        """The prompt frame (dataset, prompt_id, messages, n_turns, row, and `tools` when some
+        prompt has tool definitions), read whole from the parts: each call reads it again."""
+        return self.scan().collect()
+
+    def scan(self) -> pl.LazyFrame:
+        """The prompt frame as a polars LazyFrame over the parts (nothing read until collected)."""
+        schema = SCHEMA | ({TOOLS: pl.String} if sum(self.with_tools.values()) else {})
+        if not self.parts:
+            return pl.LazyFrame(schema=schema)
+        return pl.scan_parquet(self.parts).select(list(schema))
+
+    def batches(self) -> Iterator[pl.DataFrame]:
+        """The prompt frame a part (at most CHUNK prompts) at a time, in order."""
+        keep = list(SCHEMA) + ([TOOLS] if sum(self.with_tools.values()) else [])
+        for part in self.parts:
+            yield pl.read_parquet(part).select(keep)
 
     def summary(self) -> pl.DataFrame:
         """One row per dataset: format, rows read, prompts kept (with_tools: how many carry
         tool definitions), duplicates, (strip=True) stripped, skips by reason. (Directory entries not loaded are in
         `ignored_files` and the repr.)"""
-        kept = Counter(self.frame["dataset"].to_list())
-        tooled = Counter(
-            self.frame.filter(pl.col(TOOLS).is_not_null())["dataset"].to_list()
-            if TOOLS in self.frame.columns
-            else []
-        )
+        kept, tooled = self.prompts, self.with_tools
         out = []
         for name, fmt in self.formats.items():
             skips = self.skipped.get(name, {})
@@ -118,14 +153,14 @@ class LoadResult:
 
     def source_hashes(self) -> dict[str, str]:
         """dataset -> 16-hex hash of its sorted prompt_ids (RunConfig.source_hashes)."""
-        return source_hashes(self.frame)
+        return source_hashes(self.scan().select("dataset", "prompt_id").collect())
 
     def _headline(self) -> str:
         skipped = sum(sum(s.values()) for s in self.skipped.values())
         dups, n = sum(self.duplicates.values()), len(self.ignored_files)
         ignored = f", {n} file{'s' * (n != 1)} ignored" if n else ""
         return (
-            f"LoadResult: {len(self.formats)} datasets, {self.frame.height} prompts, "
+            f"LoadResult: {len(self.formats)} datasets, {self.height} prompts, "
             f"{skipped} skipped, {dups} duplicates{ignored}"
         )
 
@@ -216,13 +251,12 @@ def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
     """Load [(dataset, source, format or None, mapping or None, strip)]; raise every
     failure at once."""
     cols: dict[str, list] = {key: [] for key in [*SCHEMA, TOOLS]}
-    parts: list[pl.DataFrame] = []  # cols turned into Arrow-backed frames as they fill
-    result = LoadResult(frame=pl.DataFrame(schema=SCHEMA), ignored_files=ignored)
+    result = LoadResult(ignored_files=ignored)
     skip_rows: list[dict] = []
     failures: list[Exception] = []
     for ds, source, fmt, mapping, strip in items:
         try:
-            rows, fmt, columnar = _read_source(ds, source, fmt, mapping)
+            rows, fmt, columnar, check = _read_source(ds, source, fmt, mapping)
         except (ValueError, OSError) as exc:
             failures.append(exc)
             continue
@@ -231,9 +265,14 @@ def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
         result.specs[ds] = {"path": result.paths[ds], "format": fmt, "mapping": mapping}
         if strip:
             result.specs[ds]["strip"] = True
-        _convert(ds, rows, (fmt, mapping, strip), columnar, (cols, parts), result, skip_rows)
+        try:
+            _convert(ds, rows, (fmt, mapping, strip), columnar, cols, result, skip_rows)
+            check()
+        except (ValueError, OSError) as exc:  # a file that goes bad past its first block
+            failures.append(exc)
     _raise_failures(failures)
-    result.frame = _frame(cols, parts)
+    if cols["dataset"]:
+        _spill(cols, result)
     result.skipped_rows = pl.DataFrame(
         skip_rows,
         schema={"dataset": pl.String, "row": pl.Int64, "reason": pl.String, "detail": pl.String},
@@ -243,18 +282,42 @@ def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
 
 
 def _read_source(ds: str, source, fmt: str | None, mapping: dict | None) -> tuple:
-    """(rows, format, columnar) of one source; raises ValueError/OSError when it cannot be
-    used at all. columnar: nested values came from typed columns (kit.data.tools.drop_nulls)."""
+    """(rows, format, columnar, check) of one source: rows an iterator (a block read at a
+    time), check() to call once they are read (a mapped tools column must be in some row).
+    Raises ValueError/OSError when it cannot be used at all. columnar: nested values came
+    from typed columns (kit.data.tools.drop_nulls)."""
     label = str(source) if isinstance(source, Path) else f"in-memory dataset {ds!r}"
-    rows = read(source)
-    columnar = isinstance(rows, pl.DataFrame) or hasattr(source, "columns")  # pandas too
+    blocks = read(source)
+    head = next(blocks, [])
+    while isinstance(head, list) and sum(isinstance(r, dict) for r in head) < DETECT_ROWS:
+        more = next(blocks, None)  # detection reads the first DETECT_ROWS object rows
+        if more is None:
+            break
+        head += more
+    columnar = isinstance(head, pl.DataFrame) or hasattr(source, "columns")  # pandas too
     columnar = columnar or hasattr(source, "column_names")  # datasets.Dataset
-    fmt = fmt or detect(rows, label)
+    fmt = fmt or detect(head, label)
+    following = next(blocks, None)  # None: the head is every row
+    key = (mapping or {}).get("tools")
+    # a JSONL file's rows past its head: the mapped tools column is looked for as they stream
+    seen = [key is None or isinstance(head, pl.DataFrame) or following is None]
     if mapping:
-        check_mapping_columns(mapping, rows, label)
-    if isinstance(rows, pl.DataFrame):
-        rows = frame_rows(rows, fmt, mapping)
-    return rows, fmt, columnar
+        check_mapping_columns({k: v for k, v in mapping.items() if k != "tools" or seen[0]}, head, label)  # fmt: skip
+
+    def rows():
+        rest = () if following is None else itertools.chain([following], blocks)
+        for block in itertools.chain([head], rest):
+            if isinstance(block, pl.DataFrame):
+                block = frame_rows(block, fmt, mapping)
+            elif not seen[0]:
+                seen[0] = any(isinstance(r, dict) and key in r for r in block)
+            yield from block
+
+    def check():
+        if not seen[0] and (found := columns(head)):
+            raise ValueError(f"mapping columns [{key!r}] not found in {label}; columns found {found}")  # fmt: skip
+
+    return rows(), fmt, columnar, check
 
 
 def _raise_failures(failures: list[Exception]) -> None:
@@ -278,8 +341,7 @@ def _raise_failures(failures: list[Exception]) -> None:
 
 def _warn_empty(result: LoadResult) -> None:
     """Warn, naming each file and why, when a dataset kept no prompt at all."""
-    kept = Counter(result.frame["dataset"].to_list())
-    empty = [ds for ds in result.formats if not kept.get(ds)]
+    empty = [ds for ds in result.formats if not result.prompts.get(ds)]
     if not empty:
         return
     parts = []
@@ -323,22 +385,13 @@ def prompt_id(messages: list[dict], tools: str | None = None) -> str:
     return hashlib.blake2b(payload.encode("utf-8"), digest_size=8).hexdigest()
 
 
-CHUNK = 50_000  # prompts held as Python objects at most: then moved into a frame part
+CHUNK = 50_000  # prompts held as Python objects at most: then written as a part
 
 
-def _frame(cols: dict[str, list], parts: list) -> pl.DataFrame:
-    """The prompt frame of the parts and what cols still hold (cols are emptied); the tools
-    column only when some prompt has tools."""
-    if cols["dataset"] or not parts:
-        parts.append(_part(cols))
-    frame = pl.concat(parts, rechunk=False)
-    parts.clear()
-    return frame if frame[TOOLS].null_count() < frame.height else frame.drop(TOOLS)
-
-
-def _part(cols: dict[str, list]) -> pl.DataFrame:
-    """Column lists -> a frame part, and the lists emptied (messages go through pyarrow:
-    40x faster than polars; a part holds strings, not a Python object per message)."""
+def _spill(cols: dict[str, list], result: LoadResult) -> None:
+    """Write what cols hold as the next Parquet part of result (cols are emptied; messages go
+    through pyarrow: 40x faster than polars; a part holds strings, not a Python object per
+    message). The first part makes result's temporary directory, removed with result."""
     import pyarrow as pa
 
     struct = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -347,7 +400,13 @@ def _part(cols: dict[str, list]) -> pl.DataFrame:
     frame = pl.DataFrame({k: cols[k] for k in schema if k != "messages"}, schema_overrides=schema)
     for values in cols.values():
         values.clear()
-    return frame.insert_column(2, messages.alias("messages")).cast(schema)
+    frame = frame.insert_column(2, messages.alias("messages")).cast(schema)
+    if result.spill is None:
+        result.spill = Path(tempfile.mkdtemp(prefix="kit-load-"))
+        weakref.finalize(result, shutil.rmtree, result.spill, ignore_errors=True)
+    path = result.spill / f"part-{len(result.parts):05d}.parquet"
+    frame.write_parquet(path, compression="lz4", statistics=False)
+    result.parts.append(path)
 
 
 # ---------------------------------------------------------------- prompts
@@ -374,17 +433,16 @@ def _skip(skip: Skip, ds: str, row: int, skips: Counter, skip_rows: list) -> Non
         skip_rows.append({"dataset": ds, "row": row, "reason": skip.reason, "detail": skip.detail})
 
 
-def _convert(ds, rows, how, columnar, out, result: LoadResult, skip_rows) -> None:
-    """Append the prompts of one dataset to out (cols, parts: cols move into a part every
-    CHUNK prompts); count skips, duplicates and (strip on) stripped prompts in result.
+def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> None:
+    """Append the prompts of one dataset to cols (written as a part of result every CHUNK
+    prompts); count prompts, skips, duplicates and (strip on) stripped prompts in result.
     how: (format, mapping, strip). A row's tools are read once its prompt is valid: a
     prompt problem is named first."""
     fmt, mapping, strip = how
-    cols, parts = out
     runs = user_runs(fmt, mapping)
     seen: set[str] = set()
     skips: Counter = Counter()
-    dups = n_rows = stripped = 0
+    dups = n_rows = stripped = kept = tooled = 0
     for i, row in enumerate(rows):
         if row is BLANK:
             continue
@@ -413,12 +471,15 @@ def _convert(ds, rows, how, columnar, out, result: LoadResult, skip_rows) -> Non
                 dups += 1
                 continue
             seen.add(pid)
+            kept += 1
+            tooled += tools is not None
             n_user = sum(m["role"] == "user" for m in messages)
             for key, value in zip(SCHEMA, (ds, pid, messages, n_user, i), strict=True):
                 cols[key].append(value)
             cols[TOOLS].append(tools)
             if len(cols["dataset"]) >= CHUNK:
-                parts.append(_part(cols))
+                _spill(cols, result)
+    result.prompts[ds], result.with_tools[ds] = kept, tooled
     result.skipped[ds] = {r: skips[r] for r in REASONS if skips[r]}
     result.duplicates[ds] = dups
     result.rows[ds] = n_rows

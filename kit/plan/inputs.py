@@ -41,8 +41,12 @@ def samples_frame(samples: Any) -> pl.DataFrame:
 
 
 def counts(value: Any, field: str) -> dict[str, int]:
-    """A dataset -> int mapping from a dict or a frame with a dataset column (rows counted)."""
+    """A dataset -> int mapping from a dict, a frame with a dataset column (rows counted) or a
+    LoadResult (its prompts per dataset)."""
     import polars as pl
+
+    if hasattr(value, "scan") and isinstance(getattr(value, "prompts", None), dict):
+        return {name: n for name, n in value.prompts.items() if n}
 
     if isinstance(value, pl.DataFrame):
         if "dataset" not in value.columns:

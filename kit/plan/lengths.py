@@ -71,19 +71,24 @@ def truncated_expr(frame: pl.DataFrame, column: str, max_tokens: int | None) -> 
 
 
 def profile_prompts(frame: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
-    """Prompt-length profile per dataset (counts `prompt_tokens` with the tokenizer if absent).
+    """Prompt-length profile per dataset (counts `prompt_tokens` with the tokenizer if absent;
+    `frame` may be a LoadResult: counted a part at a time).
 
     Example:
         >>> f = pl.DataFrame({"dataset": ["a", "a"], "prompt_tokens": [31, 45]})
         >>> profile_prompts(f).select("dataset", "n", "mean").rows()
         [('a', 2, 38.0)]
     """
-    if "prompt_tokens" not in frame.columns:
+    if hasattr(frame, "batches") or "prompt_tokens" not in frame.columns:
         if tokenizer is None:
             raise ValueError("frame has no 'prompt_tokens' column: pass tokenizer= to count them")
-        from kit.tokens import count_prompt_tokens
+        import polars as pl
 
-        frame = count_prompt_tokens(tokenizer, frame)
+        from kit.tokens import count_prompt_tokens, load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer)
+        parts = getattr(frame, "batches", lambda: [frame])()  # a LoadResult: a part at a time
+        frame = pl.concat([count_prompt_tokens(tokenizer, part).select("dataset", "prompt_tokens") for part in parts])  # fmt: skip
     return profile(frame, "prompt_tokens")
 
 

@@ -29,6 +29,8 @@ from kit.types import RunConfig, Sampling
 if TYPE_CHECKING:
     import polars as pl
 
+    from kit.data.sources import LoadResult
+
 _COLUMNS = """dataset:String prompt_id:String completion_tokens:Int64 finish_reason:String
     count_source:String prompt_tokens:Int64 latency_s:Float64 t_done:Float64 endpoint:String"""  # name:polars dtype
 
@@ -203,7 +205,7 @@ def measure_throughput(frame: pl.DataFrame, concurrency: int | None = None) -> T
 
 
 def pilot_sample(
-    prompts: pl.DataFrame,
+    prompts: pl.DataFrame | LoadResult,
     per_dataset: int | float | dict[str, int] = PILOT_PER_DATASET,
     *,
     seed: int = 0,
@@ -211,7 +213,8 @@ def pilot_sample(
     """A seeded random sample of prompts per dataset, independent of the file's row order.
 
     Args:
-        prompts: a prompt frame (dataset, prompt_id, messages, ...).
+        prompts: a prompt frame (dataset, prompt_id, messages, ...), or a LoadResult (the
+            sample is chosen from its keys, as from its frame, and only its rows are read).
         per_dataset: rows per dataset (int, capped at what exists; default 30), a
             fraction in (0, 1) of each dataset (rounded up), or a dict dataset -> rows.
         seed: the sampling seed.
@@ -228,6 +231,9 @@ def pilot_sample(
     """
     import polars as pl
 
+    loaded = prompts if hasattr(prompts, "scan") else None  # a LoadResult: sampled by key
+    if loaded is not None:
+        prompts = loaded.scan().select("dataset", "prompt_id").collect().with_columns(messages=pl.lit(None))  # fmt: skip
     for name in ("dataset", "prompt_id", "messages"):
         if name not in prompts.columns:
             raise ValueError(f"prompts has no {name!r} column (columns: {prompts.columns})")
@@ -244,7 +250,12 @@ def pilot_sample(
         k = _how_many(per_dataset, name, group.height)
         if k:
             parts.append(group.sample(n=k, seed=seed, shuffle=True))
-    return pl.concat(parts) if parts else prompts.head(0)
+    chosen = pl.concat(parts) if parts else prompts.head(0)
+    if loaded is None:
+        return chosen
+    keys = chosen.select("dataset", "prompt_id")  # their rows read from the parts, in this order
+    found = loaded.scan().join(keys.lazy(), on=["dataset", "prompt_id"], how="semi").collect()
+    return keys.join(found, on=["dataset", "prompt_id"], how="left", maintain_order="left")
 
 
 def _how_many(per_dataset: Any, name: str, available: int) -> int:
@@ -279,7 +290,7 @@ async def pilot(
     records stay there.
 
     Args:
-        prompts: a prompt frame (kit.load(...).frame).
+        prompts: a prompt frame or a LoadResult (kit.load(...): only the sample is read).
         config: the run's kit.RunConfig (model, endpoints, sampling, api, concurrency,
             seed, timeouts); its budgets are not used: a pilot sends every chosen prompt.
             `sampling.n` is samples per prompt, as in a run, so a pilot can take more
@@ -304,7 +315,8 @@ async def pilot(
         raise ValueError(f"per_dataset={per_dataset!r} picks no prompts: nothing to pilot")
     sizes = dict(chosen.group_by("dataset").len().iter_rows())
     n, max_tokens = config.sampling.n, config.sampling.max_tokens
-    _warn_weak(sizes, n, dict(prompts.group_by("dataset").len().iter_rows()))
+    loaded = getattr(prompts, "prompts", None)  # a LoadResult's counts, or the frame's
+    _warn_weak(sizes, n, loaded if isinstance(loaded, dict) else dict(prompts.group_by("dataset").len().iter_rows()))  # fmt: skip
     # budgets no pilot can reach: every chosen prompt is sent n times, then its dataset is exhausted
     budgets = {d: k * n * (max_tokens + 64) + 1 for d, k in sizes.items()}
     config = replace(config, budgets=budgets)

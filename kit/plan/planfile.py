@@ -97,25 +97,29 @@ def write_plan(
 
 
 def _prompt_specs(prompts) -> tuple[pl.DataFrame, dict[str, dict]]:
-    """(prompt frame, dataset -> load spec) of a LoadResult or a frame (in-memory specs)."""
+    """(prompts, dataset -> load spec) of a LoadResult (kept as it is: its prompts are
+    stored a part at a time) or a frame (in-memory specs)."""
     import polars as pl
 
-    frame = getattr(prompts, "frame", prompts)
-    if not isinstance(frame, pl.DataFrame):
+    frame = prompts.scan() if hasattr(prompts, "scan") else prompts
+    if not isinstance(frame, pl.DataFrame | pl.LazyFrame):
         raise ValueError(f"prompts must be a prompt frame or a LoadResult, got {type(prompts).__name__}")  # fmt: skip
-    if missing := {"dataset", "prompt_id", "messages"} - set(frame.columns):
-        raise ValueError(f"prompts lacks columns {sorted(missing)}; found {frame.columns}: pass kit.load(...)")  # fmt: skip
-    if frame.height == 0:
+    found = frame.collect_schema().names()
+    if missing := {"dataset", "prompt_id", "messages"} - set(found):
+        raise ValueError(f"prompts lacks columns {sorted(missing)}; found {found}: pass kit.load(...)")  # fmt: skip
+    names = (
+        frame.lazy().select("dataset").unique(maintain_order=True).collect()["dataset"].to_list()
+    )
+    if not names:
         raise ValueError("prompts holds no prompt: nothing to plan a run for")
-    names = frame["dataset"].unique(maintain_order=True).to_list()
     known = getattr(prompts, "specs", {})
     specs = {name: dict(known.get(name, {"path": "", "format": None, "mapping": None})) for name in names}  # fmt: skip
     for spec in specs.values():  # absolute: generate may run from another directory
         spec["path"] = str(Path(spec["path"]).absolute()) if spec["path"] else ""
-    return frame, specs
+    return prompts, specs
 
 
-def _write_prompts(run_dir: Path, frame: pl.DataFrame) -> None:
+def _write_prompts(run_dir: Path, frame) -> None:
     """The plan's prompts into the run database (kit.run.store.store_prompts, under the
     writer's lock); refused over a started run with other prompts."""
     from kit.run.store import store_prompts

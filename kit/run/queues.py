@@ -177,8 +177,9 @@ def dataset_paths(prompts, run_dir) -> dict[str, str]:
 
 
 def prompt_frame(prompts, run_dir):
-    """The prompt frame to run: given, or the run's stored prompts on resume (without their
-    text: that of prompts with work left is read later, prompt_text)."""
+    """The prompt frame to run: given, or without text (that of prompts with work left is
+    read from the store later, prompt_text) the keys of a LoadResult, whose prompts the store
+    takes a part at a time, or of the run's stored prompts on resume."""
     import polars as pl
 
     if prompts is None:
@@ -186,7 +187,11 @@ def prompt_frame(prompts, run_dir):
         if frame is None or frame.height == 0:
             raise ValueError(f"prompts=None but {run_dir} holds no stored prompts: pass the prompt frame")  # fmt: skip
         return frame
-    frame = getattr(prompts, "frame", prompts)
+    if hasattr(prompts, "batches"):  # a LoadResult: its keys; the prompts stream into the store
+        if prompts.height == 0:
+            raise ValueError("the LoadResult holds no prompts")
+        return prompts.scan().select("dataset", "prompt_id").collect()
+    frame = prompts
     if not isinstance(frame, pl.DataFrame):
         raise ValueError(
             f"prompts must be a polars DataFrame or a LoadResult, got {type(prompts).__name__}"

@@ -76,7 +76,7 @@ class Runner:
         """Check the prompts against the config, open the store, build the queues."""
         frame = prompt_frame(prompts, run_dir)
         if config.turns != "all_turns":
-            _refuse_user_runs(frame)
+            _refuse_user_runs(prompts.scan() if hasattr(prompts, "scan") else frame.lazy())
         names = frame["dataset"].unique(maintain_order=True).to_list()
         _guard.check(config.max_context, config.tokenizer, config.sampling.max_tokens)
         # kept in run_dir/guard.json while the tokenizer's files are unchanged: no load
@@ -91,7 +91,7 @@ class Runner:
         # one commit per wave of in-flight results at most (a kill -9 loses in-flight work
         # anyway); committing every 32 cost ~30% of requests/s at 256 in flight (bench_client)
         store = RunStore(run_dir, flush_every=max(32, config.concurrency))
-        store.init(config, frame if prompts is not None else None, force=force)
+        store.init(config, prompts, force=force)
         self = cls()
         self.config, self.store = config, store
         self.timeout = config.timeout or 120.0 + 0.5 * config.sampling.max_tokens
@@ -437,16 +437,19 @@ class Runner:
                 await self.pool.aclose()
 
 
-def _refuse_user_runs(frame) -> None:
-    """Prompts with user turns in a row (a list of user turns: the turns format) are
-    answered turn by turn only with turns="all_turns"; sent whole they are no chat."""
+def _refuse_user_runs(prompts) -> None:
+    """Prompts (a LazyFrame) with user turns in a row (a list of user turns: the turns
+    format) are answered turn by turn only with turns="all_turns"; sent whole they are no chat."""
     import polars as pl
 
-    if "messages" not in frame.columns:  # a resume: the fingerprint holds the turns mode
+    if (
+        "messages" not in prompts.collect_schema().names()
+    ):  # a resume: the fingerprint holds the turns mode
         return
     user = pl.element().struct.field("role") == "user"
     runs = pl.col("messages").list.eval(user & user.shift(1)).list.any().fill_null(False)
-    names = frame.filter(runs)["dataset"].unique(maintain_order=True).to_list()
+    found = prompts.filter(runs).select("dataset").unique(maintain_order=True).collect()
+    names = found["dataset"].to_list()
     if names:
         raise ValueError(
             f"datasets {names} hold lists of user turns (the turns format, e.g. MT-bench): "

@@ -151,7 +151,8 @@ class RunStore:
         count them per dataset in the same transaction (state "prompts", reader.prompt_state:
         what kit.watch reads instead of counting a million keys, and how many have ids that
         are not content hashes, which the context guard's cache key needs to know)."""
-        for rows in prompt_rows(frame):
+        frames = frame.batches() if hasattr(frame, "batches") else [frame]  # a LoadResult: by part
+        for rows in (rows for part in frames for rows in prompt_rows(part)):
             with self._transaction():
                 doc = prompt_state(self.conn)
                 counts, custom = doc["counts"], doc["custom_ids"]
@@ -323,7 +324,7 @@ class RunStore:
 
 
 def store_prompts(run_dir, frame) -> None:
-    """Store a prompt frame in run_dir's database before any run (kit.plan.write_plan), under
+    """Store a prompt frame (or a LoadResult's prompts, a part at a time) in run_dir's database before any run (kit.plan.write_plan), under
     the writer's lock; refused over a started run whose prompts are other ones."""
     store = RunStore(run_dir)
     store.run_dir.mkdir(parents=True, exist_ok=True)
@@ -335,7 +336,8 @@ def store_prompts(run_dir, frame) -> None:
             from kit.data.sources import source_hashes
 
             stored = config_doc(store.conn).get("source_hashes") or {}
-            if stored and stored != source_hashes(frame):
+            ids = frame.scan().select("dataset", "prompt_id").collect() if hasattr(frame, "scan") else frame  # fmt: skip
+            if stored and stored != source_hashes(ids):
                 raise ValueError(
                     f"{run_dir} holds a run over other prompts: write this plan into a new "
                     "run directory"
