@@ -25,6 +25,10 @@ under --workdir and reused while complete, put back as written after a step that
 Then each step in a fresh interpreter, measuring the wall time of the call and the process's
 peak RSS (VmHWM, see measure()), with a plain baseline in the same run where there is one:
   load               kit.load of the prompt files (1.25 x records prompts) | plain_load: orjson
+  fresh              kit.load of the prompt files, then kit.generate(LoadResult) into a new run
+                     directory (one request a dataset): seconds from the load's call to the first
+                     request, the prompts stored a part at a time on the way; its peak RSS is a
+                     fresh run's whole process
   watch              kit.run.progress.progress, first read, while a writer process commits
                      records into the run (RunStore, every 256 records or 1 s, status rows)
   audit              kit.audit(run_dir).summary()
@@ -87,13 +91,13 @@ import fleet  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct (fake fleet)"
 SPARE = 1.25  # part B: prompts per record (the unsent ones give a restart work to do)
-STEPS = ["load", "plain_load", "watch", "audit", "restart", "export_specforge", "plain_specforge",
+STEPS = ["load", "plain_load", "fresh", "watch", "audit", "restart", "export_specforge", "plain_specforge",
          "floor_specforge", "validate_specforge", "export_token_ids", "plain_token_ids",
          "validate_token_ids"]  # fmt: skip
 BASELINE = {"load": "plain_load", "export_specforge": "plain_specforge",
             "export_token_ids": "plain_token_ids"}  # fmt: skip
 LABELS = {"imports": "imports only (no call)", "load": "kit.load prompts", "plain_load": "plain load",
-          "watch": "watch 1st read (writing)", "audit": "audit", "restart": "restart to 1st request",
+          "fresh": "load+generate 1st request", "watch": "watch 1st read (writing)", "audit": "audit", "restart": "restart to 1st request",
           "export_specforge": "export specforge", "plain_specforge": "plain specforge",
           "floor_specforge": "write floor specforge", "validate_specforge": "validate specforge",
           "export_token_ids": "export token_ids", "plain_token_ids": "plain token_ids",
@@ -570,6 +574,35 @@ def _restart(run_dir: Path, args) -> dict:
             "new_records": stats["requests"], "stop": run.stop_reason}  # fmt: skip
 
 
+def _fresh(run_dir: Path, prompt_dir: Path, out: Path, args) -> dict:
+    """kit.load(prompt_dir) then kit.generate(LoadResult) into `out` (a new run directory,
+    removed after) with budgets of one token: seconds = from the load's call to the first
+    request at the endpoint."""
+    import urllib.request
+    from dataclasses import replace
+
+    import kit
+    from kit.run.reader import read_config
+
+    root = args.url.removesuffix("/v1")
+    urllib.request.urlopen(urllib.request.Request(root + "/reset", data=b"{}"), timeout=10).read()  # noqa: S310
+    config = read_config(run_dir)
+    config = replace(config, endpoints=[args.url], budgets=dict.fromkeys(config.budgets, 1))
+    shutil.rmtree(out, ignore_errors=True)
+    t_call = time.time()
+    loaded = kit.load(prompt_dir)
+    t_loaded = time.time()
+    run = kit.generate_sync(loaded, config, run_dir=out)
+    total = time.time() - t_call
+    stats = orjson.loads(urllib.request.urlopen(root + "/stats", timeout=10).read())  # noqa: S310
+    first = stats["first_t"]
+    shutil.rmtree(out, ignore_errors=True)
+    return {"seconds": None if first is None else first - t_call, "total_s": total,
+            "load_s": t_loaded - t_call, "records": loaded.height,
+            "from_exec_s": None if first is None else first - args.spawn_t,
+            "new_records": stats["requests"], "stop": run.stop_reason}  # fmt: skip
+
+
 def writer(run_dir: Path, ready: Path) -> None:
     """A live writer for the watch step: commits records (sample 1 of stored prompts) every
     256 records or second and a status row a second, ~1,000 records/s, until SIGTERM."""
@@ -624,7 +657,9 @@ def child(args) -> None:
     if step == "imports":
         pass  # the modules above, nothing called: the floor every step's RSS stands on
     elif step == "load":
-        info["records"] = kit.load(prompt_dir).frame.height
+        info["records"] = kit.load(prompt_dir).height
+    elif step == "fresh":
+        info |= _fresh(run_dir, prompt_dir, out, args)
     elif step == "plain_load":
         info["records"] = _plain_load(prompt_dir)
     elif step == "watch":
@@ -794,7 +829,7 @@ def part_b(args) -> None:
                 elif guess is not None and guess > args.skip_over:
                     doc = {"error": f"skipped (predicted {guess:,.0f} s > {args.skip_over:g} s from the rate at a smaller size)", "rss_mb": 0}  # fmt: skip
                 else:
-                    if step.startswith(("export", "plain", "floor")):
+                    if step.startswith(("export", "plain", "floor", "fresh")):
                         shutil.rmtree(out, ignore_errors=True)
                     doc = measure(step, run_dir, out, args, endpoint.urls[0])
                     if step in ("restart", "watch"):
@@ -884,6 +919,7 @@ def _cells(doc: dict, n: int) -> str:
     extra = ""
     if "total_s" in doc:
         extra = f"  [whole generating process {doc['total_s']:.1f} s, {doc['new_records']:,} new records; from exec {doc['from_exec_s']:.1f} s]"  # fmt: skip
+        extra += f" [kit.load {doc['load_s']:.1f} s]" if "load_s" in doc else ""
     if "ok" in doc:
         extra = f"  [ok={doc['ok']}{'' if doc['ok'] else ' ' + '; '.join(doc['problems'])}]"
     if "plain_seconds" in doc:
@@ -916,6 +952,7 @@ def print_table(results: dict, sizes: list[int]) -> None:
             )
             note = f"whole generating process {d['total_s']:.0f} s, +{d['new_records']:,} records" if step == "restart" else ""  # fmt: skip
             note = f"{d['records']:,} prompts" if step.endswith("load") else note
+            note = f"{d['records']:,} prompts loaded in {d['load_s']:.0f} s, stored, queued" if step == "fresh" else note  # fmt: skip
             per_s = f"{rate / max(s, 1e-9):,.0f}" if rate else "-"
             print(f"{LABELS[step]:<26}{n:>10,}{s:>9.2f}{d.get('cpu_s', float('nan')):>8.1f}{mb:>9,.0f}{per_s:>10}{ratio}  {note}")  # fmt: skip
     for n in sizes:
