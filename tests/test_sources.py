@@ -3,6 +3,7 @@ stable ids. Every input is written by the test itself; tests/test_samples.py che
 shipped files in data/samples."""
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -420,6 +421,25 @@ def test_a_load_streams_files_into_parquet_parts_it_removes(tmp_path, monkeypatc
     del res
     gc.collect()
     assert not spill.exists()
+
+
+def test_parts_a_killed_load_left_are_removed_and_nothing_else(tmp_path, monkeypatch):
+    """A kill -9 leaves kit-load-PID-* behind: the next load removes it when PID is gone and
+    it holds only part files; a live PID's, or one holding another file, stays."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)  # fmt: skip
+    dead = int(gone.stdout)
+    stale, kept, live = (tmp_path / f"kit-load-{pid}-x{i}" for i, pid in enumerate([dead, dead, 1]))  # fmt: skip
+    for d in (stale, kept, live):
+        d.mkdir()
+        (d / "part-00000.parquet").write_bytes(b"x")
+    (kept / "notes.txt").write_text("not kit's")
+    res = kit.load({"a": [{"instruction": "hi"}]})
+    assert res.spill.parent == tmp_path and res.spill.name.startswith(f"kit-load-{os.getpid()}-")
+    assert not stale.exists() and (kept / "notes.txt").exists() and (live / "part-00000.parquet").exists()  # fmt: skip
 
 
 def test_a_mapped_tools_column_past_the_first_block_is_found(tmp_path, monkeypatch):
