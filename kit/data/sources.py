@@ -1,5 +1,9 @@
 """Load prompt datasets into one polars prompt frame (kit.load): files, folders or rows.
 
+The frame is written as it is read, a part of CHUNK prompts at a time, to temporary Parquet
+files the LoadResult owns: no step holds every prompt (or, for JSONL and Parquet, a whole
+file), so a million prompts load in the memory of a few thousand.
+
 Each source's format is detected from its row keys (kit.data.formats has the table) or
 forced with `format=` / `mapping=`, for every source or per dataset. A prompt is the
 conversation up to its last user turn: a later answer is dropped before any check, so a
