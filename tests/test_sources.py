@@ -359,6 +359,24 @@ def test_prompt_id_is_the_documented_hash_of_stripped_messages():
     assert res.frame["prompt_id"].to_list() == [sources.prompt_id(messages)]
 
 
+def test_prompt_id_hashes_json_dumps_bytes_for_every_code_point():
+    """prompt_id's payload is json.dumps(ensure_ascii=False, compact) byte for byte, for every
+    code point (orjson writes it; a lone surrogate still fails as json's encoding does)."""
+    import hashlib
+
+    chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    for at in range(0, len(chars), 4096):
+        text = "".join(chars[at : at + 4096])
+        messages = [user(text), {"role": "assistant", "content": '"\\\n\t'}, user(text[::-1])]
+        tools = '[{"type":"function","function":{"name":"f\u00e9"}}]'
+        want = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False, separators=(",", ":"))  # fmt: skip
+        assert sources.prompt_id(messages) == hashlib.blake2b(want.encode(), digest_size=8).hexdigest()  # fmt: skip
+        whole = f'{{"messages":{want},"tools":{tools}}}'.encode()
+        assert sources.prompt_id(messages, tools) == hashlib.blake2b(whole, digest_size=8).hexdigest()  # fmt: skip
+    with pytest.raises(UnicodeEncodeError):
+        sources.prompt_id([user("a \ud800 b")])
+
+
 # ---------------------------------------------------------------- display and scale
 
 
