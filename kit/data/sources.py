@@ -22,12 +22,7 @@ import hashlib
 import html
 import itertools
 import json
-import os
-import re
-import shutil
-import tempfile
 import warnings
-import weakref
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +31,7 @@ from pathlib import Path
 import orjson
 import polars as pl
 
+from kit.data import parts
 from kit.data.formats import (
     DETECT_ROWS,
     FORMATS,
@@ -413,36 +409,10 @@ def _spill(cols: dict[str, list], result: LoadResult) -> None:
         values.clear()
     frame = frame.insert_column(2, messages.alias("messages")).cast(schema)
     if result.spill is None:
-        _remove_stale(Path(tempfile.gettempdir()))
-        result.spill = Path(tempfile.mkdtemp(prefix=f"kit-load-{os.getpid()}-"))
-        weakref.finalize(result, shutil.rmtree, result.spill, ignore_errors=True)
-    path = result.spill / f"part-{len(result.parts):05d}.parquet"
+        result.spill = parts.new_dir(result)
+    path = parts.part_path(result.spill, len(result.parts))
     frame.write_parquet(path, compression="lz4", statistics=False)
     result.parts.append(path)
-
-
-def _remove_stale(tmp: Path) -> None:
-    """Remove the parts directories a killed kit.load left (kit-load-PID-*, PID not running),
-    when they hold nothing but kit's part files."""
-    for spill in tmp.glob("kit-load-*-*"):
-        pid = spill.name.split("-")[2]
-        if not pid.isdigit() or not spill.is_dir() or spill.is_symlink():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # running (or another user's): not ours to touch
-        except ProcessLookupError:
-            pass
-        except OSError:
-            continue
-        files = list(spill.iterdir())
-        if all(_PART.fullmatch(f.name) and f.is_file() and not f.is_symlink() for f in files):
-            for f in files:
-                f.unlink(missing_ok=True)
-            spill.rmdir()
-
-
-_PART = re.compile(r"part-\d{5}\.parquet")
 
 
 # ---------------------------------------------------------------- prompts
