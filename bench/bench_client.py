@@ -6,6 +6,12 @@ each concurrency; the table gives requests/s, the ratio to the raw loop, and the
 process's CPU share: near 100% means the server, not the client, set the pace.
 
     python bench/bench_client.py [--requests 10000] [--concurrency 256 1024]
+    python bench/bench_client.py --pairs 11     # raw vs kit.generate, median of 11 pairs
+
+`--pairs N` runs N back-to-back (raw aiohttp, kit.generate) pairs per concurrency, in
+alternating order, and prints each pair's ratio with the median and range: on a machine
+shared with other work, a pair's two runs see the same load, so the median of pair ratios
+is the figure to quote.
 
 "kit.generate" is the whole runner: a synthetic prompt frame of n distinct prompts in one
 dataset with a budget every prompt fits in, a fresh run directory on disk (records are
@@ -22,6 +28,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -203,24 +210,49 @@ def run_table(url: str, pid: int, args) -> None:
                   f"{x_cpu:>7}{own:>11.0%}{srv:>11.0%}", flush=True)  # fmt: skip
 
 
+def run_pairs(url: str, pid: int, args) -> None:
+    """args.pairs (raw, kit.generate) pairs per concurrency, order alternating (ABBA...):
+    each pair's ratio of requests/s (and of client CPU per request, raw / kit), then the
+    median and the range of each."""
+    for conc in args.concurrency:
+        rates, cpus = [], []
+        for i in range(args.pairs):
+            order = ["raw aiohttp", "kit.generate"][:: 1 if i % 2 == 0 else -1]
+            got = {name: measure(CASES[name], url, args.requests, conc, pid) for name in order}
+            (raw, raw_own, _), (kit, kit_own, _) = got["raw aiohttp"], got["kit.generate"]
+            rates.append(kit / raw)
+            cpus.append((raw_own / raw) / (kit_own / kit))
+            print(f"in flight {conc:>5}  pair {i + 1:>2}: raw {raw:>6.0f} req/s, kit.generate "
+                  f"{kit:>6.0f} req/s = {rates[-1]:.2f}x (cpu/req {cpus[-1]:.2f}x)", flush=True)  # fmt: skip
+        for what, xs in (("req/s", rates), ("cpu/req", cpus)):
+            print(f"in flight {conc:>5}  kit.generate / raw {what} over {len(xs)} pairs: median "
+                  f"{statistics.median(xs):.2f}x, range {min(xs):.2f}-{max(xs):.2f}x", flush=True)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="kit client overhead vs a raw aiohttp loop")
     p.add_argument("--requests", type=int, default=5000, help="requests per case and round")
     p.add_argument("--concurrency", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds; the best is shown")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--pairs", type=int, default=0,
+                   help="instead of the table: N (raw, kit.generate) pairs, median ratio")  # fmt: skip
     args = p.parse_args(argv)
     port = free_port()
     server = _start_server(port)
     try:
         url = f"http://127.0.0.1:{port}/v1"
         asyncio.run(case_raw(url, 200, 32))  # warm-up
-        if "kit.generate" in args.cases:  # imports, and the frame built outside the timing
+        if args.pairs or "kit.generate" in args.cases:  # imports; the frame outside the timing
             _prompt_frame(args.requests)
             asyncio.run(case_generate(url, 200, 32))
-        print(f"up to {args.requests} requests per row, best of {args.repeat} interleaved rounds;")
         print("zero-latency fault server (raw asyncio) in its own process")
-        run_table(url, server.pid, args)
+        if args.pairs:
+            print(f"{args.requests} requests per run, {args.pairs} pairs per concurrency")
+            run_pairs(url, server.pid, args)
+        else:
+            print(f"up to {args.requests} requests per row, best of {args.repeat} interleaved rounds;")  # fmt: skip
+            run_table(url, server.pid, args)
         print("goal: kit.generate >= 0.70x raw aiohttp req/s at each concurrency")
         print("caveat: server CPU near 100% means the fault server set that row's pace; client")
         print("CPU well under 100% means the machine was contended by other work")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 
@@ -339,6 +340,35 @@ def test_cancelled_task_stops_cleanly(server, tmp_path):
     frame = run.status().frame
     assert frame["state"][0] == "stopped" and frame["in_flight"][0] == 0
     assert assert_no_duplicates(tmp_path / "run") == frame["samples_done"][0] >= 10
+
+
+def test_the_heap_is_frozen_only_while_a_run_schedules(server, tmp_path):
+    """gc.freeze while the run schedules (full collections skip the older heap), unfrozen
+    when it ends, even by a cancel; a heap frozen by the host process is left as it was."""
+    import gc
+
+    async def main(run_dir, stop):
+        run = await kit.generate(prompts({"a": 300}), config(server, {"a": 5000}, concurrency=4),
+                                 run_dir=run_dir, background=True)  # fmt: skip
+        await wait_for(lambda: run.status().frame["samples_done"].sum() >= 5, what="5 samples")
+        during = gc.get_freeze_count()
+        stop(run)
+        with contextlib.suppress(asyncio.CancelledError):
+            await run.wait()
+        return during
+
+    assert gc.get_freeze_count() == 0
+    assert asyncio.run(main(tmp_path / "a", lambda run: run.stop())) > 0
+    assert gc.get_freeze_count() == 0
+    assert asyncio.run(main(tmp_path / "b", lambda run: run.task.cancel())) > 0
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()  # it only shrinks, as frozen objects are freed
+        assert asyncio.run(main(tmp_path / "c", lambda run: run.stop())) <= frozen
+        assert 0 < gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_samples_are_sent_sample_major_in_a_seeded_prompt_order():
