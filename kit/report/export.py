@@ -58,6 +58,7 @@ against the text and kit's rendering run on a sample per dataset, which the mani
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -329,7 +330,7 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
     text = bool({"specforge", "parquet", "hf"} & set(opts.formats)) or config.turns == "all_turns"
     batches = record_batches(run_dir, columns=columns, prompts=True if text else "earlier", batch_size=BATCH)  # fmt: skip
     fetch = None if text else functools.partial(_with_prompts, run_dir)
-    with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool:
+    with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool, _read_ahead(batches) as batches:  # fmt: skip
 
         def later(fn, *args) -> None:
             while len(pending) >= WRITES_IN_FLIGHT:
@@ -361,6 +362,26 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
         if split in splits:
             splits[split].close(files)
     return done
+
+
+@contextmanager
+def _read_ahead(batches):
+    """The batches, each read by a thread while the caller works on the one before (SQLite,
+    ADBC and polars let go of the GIL as they read). The iterator is used and closed on
+    that thread only (a sqlite3 connection belongs to the thread that made it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ahead():
+        nxt = reader.submit(next, batches, None)
+        while (batch := nxt.result()) is not None:
+            nxt = reader.submit(next, batches, None)
+            yield batch
+
+    with ThreadPoolExecutor(1, thread_name_prefix="kit-read") as reader:
+        try:
+            yield ahead()
+        finally:
+            reader.submit(batches.close).result()
 
 
 def _problems(frame, opts, tok, config) -> list[str]:
