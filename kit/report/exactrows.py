@@ -219,10 +219,13 @@ def token_lines(frame) -> tuple[bytes, list[int]]:
     tail = pl.concat_str(pl.lit('], "ids_source": '), json_text(pl.col("ids_source")), pl.lit("}\n"))  # fmt: skip
     ends = frame.select(head.alias("h"), tail.alias("t"))
     zeros = frame["_zeros"].to_list() if "_zeros" in frame.columns else [None] * frame.height
-    masks = id_arrays(frame["loss_mask"].cast(pl.List(pl.Int64)))
+    general = frame["loss_mask"].filter(pl.Series(zeros, dtype=pl.Int64).is_null())
+    masks = iter(id_arrays(general.cast(pl.List(pl.Int64))))  # the rows without `_zeros`
     parts, offsets = [], [0]
-    for h, ids, z, mask, t in zip(ends["h"], id_arrays(frame["input_ids"]), zeros, masks, ends["t"], strict=True):  # fmt: skip
-        mask_text = ints(mask) if z is None else b"0, " * z + b"1, " * (len(ids) - z - 1) + b"1"
+    for h, ids, z, t in zip(ends["h"], id_arrays(frame["input_ids"]), zeros, ends["t"], strict=True):  # fmt: skip
+        mask_text = (
+            ints(next(masks)) if z is None else b"0, " * z + b"1, " * (len(ids) - z - 1) + b"1"
+        )
         row = (h.encode(), ints(ids), b'], "loss_mask": [', mask_text, t.encode())
         parts += row
         offsets.append(offsets[-1] + sum(map(len, row)))

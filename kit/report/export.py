@@ -58,6 +58,7 @@ against the text and kit's rendering run on a sample per dataset, which the mani
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,6 +214,8 @@ def export(
         r = export("data/runs/demo", "data/exports/demo", val_fraction=0.1, trim_to_budget=True)
         r.counts["alpaca"]  # -> e.g. {"records": 41, "tokens": 3998, "train": 37, "validation": 4}
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from kit.run.reader import read_config
 
     opts = ExportOptions(formats, drop_truncated, keep_truncated_conversations, drop_errors, drop_duplicates, trim_to_budget, mix, val_fraction, seed)  # fmt: skip
@@ -221,10 +224,13 @@ def export(
         targets = _targets(opts.formats) + (draftvocab.targets(draft_vocab) if draft_vocab is not None else [])  # fmt: skip
         owned_files(out_dir, overwrite, targets)  # refuse before any work
         config = read_config(run_dir)
-        tok = _tokenizer(tokenizer, config, opts)
-        light = light_frame(run_dir, opts)
-        kept, dropped = select(light, config.budgets, opts)
-        kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
+        with ThreadPoolExecutor(1, thread_name_prefix="kit-tokenizer") as loading:
+            # loading a tokenizer imports transformers (seconds): meanwhile, the selection
+            tok = loading.submit(_tokenizer, tokenizer, config, opts)
+            light = light_frame(run_dir, opts)
+            kept, dropped = select(light, config.budgets, opts)
+            kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
+            tok = tok.result()
         files: dict[str, dict] = {}
         ids = draftvocab.TokenCounts() if draft_vocab is not None else None  # counted as written
         written = _write(run_dir, stage.path, kept, config, tok, opts, files, dropped, ids)
@@ -329,7 +335,7 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
     text = bool({"specforge", "parquet", "hf"} & set(opts.formats)) or config.turns == "all_turns"
     batches = record_batches(run_dir, columns=columns, prompts=True if text else "earlier", batch_size=BATCH)  # fmt: skip
     fetch = None if text else functools.partial(_with_prompts, run_dir)
-    with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool:
+    with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool, _read_ahead(batches) as batches:  # fmt: skip
 
         def later(fn, *args) -> None:
             while len(pending) >= WRITES_IN_FLIGHT:
@@ -363,6 +369,26 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
     return done
 
 
+@contextmanager
+def _read_ahead(batches):
+    """The batches, each read by a thread while the caller works on the one before (SQLite,
+    ADBC and polars let go of the GIL as they read). The iterator is used and closed on
+    that thread only (a sqlite3 connection belongs to the thread that made it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ahead():
+        nxt = reader.submit(next, batches, None)
+        while (batch := nxt.result()) is not None:
+            nxt = reader.submit(next, batches, None)
+            yield batch
+
+    with ThreadPoolExecutor(1, thread_name_prefix="kit-read") as reader:
+        try:
+            yield ahead()
+        finally:
+            reader.submit(batches.close).result()
+
+
 def _problems(frame, opts, tok, config) -> list[str]:
     """A batch's rows against kit.validate's rules for the JSONL formats, checked as the typed
     columns they are rendered from (kit.validate of the staged folder then reads no row)."""
@@ -383,11 +409,13 @@ def _kept(batch, kept, at: int):
 
     bounds = pl.Series([at, at + batch.height], dtype=pl.UInt32)
     lo, hi = kept["_pos"].search_sorted(bounds).to_list()
-    window = kept.slice(lo, hi - lo).select("_pos", "split", _key=pl.struct("dataset", "prompt_id", "sample"))  # fmt: skip
-    frame = batch.with_row_index("_pos", offset=at).join(window, on="_pos", maintain_order="left")
-    if not (frame["_key"] == frame.select(pl.struct("dataset", "prompt_id", "sample")).to_series()).all():  # fmt: skip
+    window = kept.slice(lo, hi - lo)
+    if window.height < batch.height:  # some were dropped (all kept: the batch as it is)
+        batch = batch.select(pl.all().gather(window["_pos"] - at))
+    keys = ("dataset", "prompt_id", "sample")
+    if not all((batch[k] == window[k]).all() for k in keys):
         raise RuntimeError("export: the run's records changed order while they were exported")
-    return frame.drop("_pos", "_key")
+    return batch.with_columns(window["split"])
 
 
 def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict, fetch=None):

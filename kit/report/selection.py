@@ -131,6 +131,8 @@ def split_by_prompt(frame, val_fraction: float, seed: int):
     """
     import polars as pl
 
+    if not val_fraction:  # no prompt validates: nothing to shuffle
+        return frame.with_columns(split=pl.lit("train"))
     val_keys = []
     for name in sorted(frame["dataset"].unique().to_list()):
         ids = sorted(frame.filter(pl.col("dataset") == name)["prompt_id"].unique().to_list())

@@ -86,7 +86,7 @@ class JsonlSink:
         encoded = [json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in rows]
         self.write_rendered(b"".join(encoded), [0, *itertools.accumulate(map(len, encoded))])
 
-    def write_rendered(self, data: bytes, offsets: list[int]) -> None:
+    def write_rendered(self, data: bytes | memoryview, offsets: list[int]) -> None:
         """Lines already rendered and encoded, each ending in a newline (kit.report.convo.
         rendered); line i is data[offsets[i]:offsets[i + 1]]. Written as they are."""
         view = memoryview(data)

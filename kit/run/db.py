@@ -260,6 +260,19 @@ def content_hash(messages_json: str, tools: str | None) -> str:
     return hashlib.blake2b(payload.encode("utf-8"), digest_size=8).hexdigest()
 
 
+def content_hashes(messages, tools) -> list[str]:
+    """content_hash of each pair of two polars String series (messages JSON, tools), the
+    payloads made by polars: one blake2b call a prompt, no Python string built."""
+    import polars as pl
+
+    m, t = pl.col("m"), pl.col("t")
+    with_tools = pl.concat_str(pl.lit('{"messages":'), m, pl.lit(',"tools":'), t, pl.lit("}"))
+    payload = pl.when(t.is_null()).then(m).otherwise(with_tools).cast(pl.Binary)
+    texts = pl.DataFrame([messages.alias("m"), tools.alias("t")]).select(payload).to_series()
+    blake2b = hashlib.blake2b
+    return [blake2b(p, digest_size=8).hexdigest() for p in texts.to_list()]
+
+
 def prompt_rows(frame):
     """PROMPT_SQL's rows of a prompt frame, a chunk at a time: dataset, prompt_id, messages
     as the compact JSON kit.load's prompt_id hashes (encoded by polars, byte for byte

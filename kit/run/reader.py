@@ -238,8 +238,8 @@ def _adbc_frames(adbc, run_dir, sql: str, args: list, schema: dict, batch_size: 
     query = f"SELECT {first} UNION ALL SELECT * FROM ({sql})"
     path = db.db_path(run_dir).resolve()
     conn = adbc.connect(f"file:{path}?mode=ro")
+    cur = conn.cursor()
     try:
-        cur = conn.cursor()
         cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(batch_size)})
         cur.execute(query, args or None)
         carry = None  # rows read but not yet yielded: every frame but the last is whole
@@ -251,12 +251,12 @@ def _adbc_frames(adbc, run_dir, sql: str, args: list, schema: dict, batch_size: 
                 carry = carry.slice(batch_size)
         if carry is not None and carry.height:
             yield carry
-        cur.close()
     except (adbc.Error, OSError) as e:  # its errors name SQLite's in text only
         if any(w in str(e) for w in ("malformed", "not a database")):
             raise db.damaged(path, e) from None
         raise
-    finally:
+    finally:  # also when the reader stops early: the statement first, then its connection
+        cur.close()
         conn.close()
 
 
@@ -275,8 +275,7 @@ def _finish(raw, prompts: bool):
         return out.drop("_found", "_dataset", "_prompt_id").with_columns(
             out["earlier"].cast(pl.Boolean)
         )
-    keys = list(zip(raw["_dataset"], raw["_prompt_id"], raw["_hash"], raw["_content_id"], strict=True))  # fmt: skip
-    check_prompts(keys, raw["messages"].to_list(), raw["tools"].to_list(), raw["_found"].to_list())
+    check_prompts(raw.select(dataset="_dataset", prompt_id="_prompt_id", messages="messages", tools="tools", hash="_hash", content_id="_content_id", found="_found"))  # fmt: skip
     out = out.drop("_found", "_dataset", "_prompt_id", "_hash", "_content_id")
     out = out.with_columns(messages_series(raw["messages"]))
     if "turns" in out.columns and out["turns"].is_not_null().any():  # all_turns: as sent
@@ -285,28 +284,29 @@ def _finish(raw, prompts: bool):
     return out
 
 
-def check_prompts(keys: list[tuple], messages: list, tools: list, found=None) -> None:
+def check_prompts(prompts) -> None:
     """Raise PromptMismatch when a prompt is missing, or its text does not hash to the hash
     stored with it (and, for kit.load's content ids, to its prompt_id); each distinct
     prompt is hashed once.
 
-    keys: (dataset, prompt_id, stored hash, content_id) per prompt.
+    prompts: a frame of dataset, prompt_id, messages (the stored JSON text), tools, hash (the
+    stored one), content_id and, optionally, found (0 where the record has no stored prompt).
     """
-    seen = set()
-    for i, (key, text, tl) in enumerate(zip(keys, messages, tools, strict=True)):
-        ds, pid, stored, content_id = key
-        if found is not None and not found[i]:
-            raise PromptMismatch(f"record ({ds!r}, {pid!r}) has no stored prompt in the run database")  # fmt: skip
-        if (ds, pid) in seen:
-            continue
-        seen.add((ds, pid))
-        h = db.content_hash(text, tl)
-        if h != stored or (content_id and h != pid):
-            raise PromptMismatch(
-                f"prompt ({ds!r}, {pid!r}) in the run database is not the prompt stored with it "
-                "(its text was changed after the run); nothing was paired with it. Restore the "
-                "run database from a copy"
-            )
+    import polars as pl
+
+    if "found" in prompts.columns and (missing := prompts["found"] == 0).any():
+        ds, pid = prompts.filter(missing).row(0)[:2]
+        raise PromptMismatch(f"record ({ds!r}, {pid!r}) has no stored prompt in the run database")  # fmt: skip
+    distinct = prompts.unique(["dataset", "prompt_id"], maintain_order=True)
+    got = pl.Series(db.content_hashes(distinct["messages"], distinct["tools"]), dtype=pl.String)
+    bad = (got != distinct["hash"]) | ((distinct["content_id"].fill_null(0) != 0) & (got != distinct["prompt_id"]))  # fmt: skip
+    if bad.any():
+        ds, pid = distinct.filter(bad).row(0)[:2]
+        raise PromptMismatch(
+            f"prompt ({ds!r}, {pid!r}) in the run database is not the prompt stored with it "
+            "(its text was changed after the run); nothing was paired with it. Restore the "
+            "run database from a copy"
+        )
 
 
 def ids_series(blobs, name: str = "ids"):
@@ -411,8 +411,7 @@ def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
         for rows in _prompt_rows(conn, cols, datasets, ids):
             part = pl.DataFrame(rows, schema=schema, orient="row")
             if text and part.height:
-                keys = list(zip(part["dataset"], part["prompt_id"], part["hash"], part["content_id"], strict=True))  # fmt: skip
-                check_prompts(keys, part["messages"].to_list(), part["tools"].to_list())
+                check_prompts(part)
                 part = part.with_columns(messages_series(part["messages"]))
             parts.append(part.drop("hash", "content_id", strict=False))
     if parts:
