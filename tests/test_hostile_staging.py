@@ -159,3 +159,27 @@ def test_a_kill_mid_swap_restores_the_previous_export(run, tmp_path):
     result = kit.export(run, out, formats=("specforge",), overwrite=True)
     assert not prev.exists() and rows(out) == 30 and validate(out).ok
     assert json.loads((out / "manifest.json").read_text())["counts"] == result.manifest["counts"]
+
+
+def test_a_short_write_fails_the_staged_check_and_is_not_swapped_in(run, tmp_path, monkeypatch):
+    """The staged folder is checked without reading its files again (the writer hashed and
+    counted the bytes it wrote): a file shorter on disk than the writer wrote, as a lost
+    write would leave it, fails the check, and the previous export stays."""
+    from kit.report import export as export_module
+    from kit.report.export import ExportInvalid
+
+    out = tmp_path / "out"
+    kit.export(run, out, formats=("specforge",))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    real = export_module.validate
+
+    def after_a_lost_write(path, **kw):
+        data = (path / "specforge" / "train.jsonl").read_bytes()
+        (path / "specforge" / "train.jsonl").write_bytes(data[: len(data) // 2])
+        return real(path, **kw)
+
+    monkeypatch.setattr(export_module, "validate", after_a_lost_write)
+    with pytest.raises(ExportInvalid, match=r"specforge/train.jsonl: \d+ bytes on disk, the export wrote \d+"):  # fmt: skip
+        kit.export(run, out, formats=("specforge",), overwrite=True)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert validate(out).ok

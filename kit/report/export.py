@@ -28,8 +28,9 @@ batch at a time (each prompt checked against its hash: an edited one stops the e
 PromptMismatch, and the files begun are removed), and the kept ones written
 (kit.report.writers). A token_ids-only export reads the text of only the prompts its rows
 use (exact rows use none). Each batch's rows are checked against kit.validate's rules as
-they are rendered; the staged folder is then validated without parsing them again
-(validate(rows=False)) and swapped in. Memory holds one batch of text.
+they are rendered, and each file hashed and counted as it is written; the staged folder is
+then validated without reading its files again (validate(rows=False): the manifest, the
+listing, each file's size against what was written, the counts) and swapped in. Memory holds one batch of text.
 
 SpecForge format, field by field, as SpecForge reads it (sgl-project/SpecForge,
 docs/basic_usage/data_preparation.md "Option 1: Conversation Format" and

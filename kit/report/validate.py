@@ -61,10 +61,10 @@ def _digest(path: Path) -> tuple[str, int]:
     return h.hexdigest(), lines
 
 
-def file_entry(path: Path, rows: int | None, *, line_hashes: str | None = None, sha256: str | None = None) -> dict:  # fmt: skip
-    """The manifest entry of one written file; `sha256`: its hash as the writer computed it
-    while writing (else the file is read again for it)."""
-    entry = {"sha256": sha256 or sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
+def file_entry(path: Path, rows: int | None, *, line_hashes: str | None = None, sha256: str | None = None, size: int | None = None) -> dict:  # fmt: skip
+    """The manifest entry of one written file; `sha256` and `size`: its hash and bytes as the
+    writer counted them while writing (else the file is read again for them)."""
+    entry = {"sha256": sha256 or sha256_file(path), "bytes": path.stat().st_size if size is None else size, "rows": rows}  # fmt: skip
     if line_hashes:
         entry["line_hashes"] = line_hashes
     return entry
@@ -143,8 +143,10 @@ def _changed_lines(root: Path, rel: str, entry: dict) -> list[str]:
 
 
 def _check_files(root: Path, files: dict, rules: Rules, result: ValidationResult, read_rows: bool) -> dict[str, _Ids]:  # fmt: skip
-    """Existence, hashes, row counts and formats of every listed file; returns ids per JSONL
-    (with read_rows False, JSONL lines are counted, not parsed)."""
+    """Existence, hashes, row counts and formats of every listed file; returns ids per JSONL.
+    With read_rows False (kit.export's staged folder, whose writer hashed, counted and synced
+    each file's bytes as it wrote them) no file is read again: each one's size is checked
+    against the manifest and a JSONL file's lines are the rows the manifest says."""
     ids = {}
     for rel, entry in files.items():
         path = root / rel
@@ -152,9 +154,14 @@ def _check_files(root: Path, files: dict, rules: Rules, result: ValidationResult
             result.problems.append(f"{rel}: missing (listed in manifest.json)")
             continue
         result.files_checked += 1
-        sha, lines = _digest(path)
-        if sha != entry["sha256"]:
-            _add(result, _changed_lines(root, rel, entry))
+        if read_rows:
+            sha, lines = _digest(path)
+            if sha != entry["sha256"]:
+                _add(result, _changed_lines(root, rel, entry))
+        else:
+            lines = entry.get("rows")
+            if (size := path.stat().st_size) != entry.get("bytes"):
+                result.problems.append(f"{rel}: {size} bytes on disk, the export wrote {entry.get('bytes')}")  # fmt: skip
         hashes = entry.get("line_hashes")
         if hashes is not None and (hashes not in files or files[hashes].get("rows") != entry.get("rows")):  # fmt: skip
             result.problems.append(f"{rel}: its line-hash file {hashes} is not listed with {entry.get('rows')} rows in manifest.json")  # fmt: skip
@@ -261,9 +268,12 @@ def validate(path, *, rows: bool = True) -> ValidationResult:
 
     Args:
         path: the export directory (holding manifest.json).
-        rows: parse and check every JSONL line. False: count the lines only, and leave out
-            the per-row checks, ids_source's counts and the formats' same-ids check (kit.export's
-            check of its staged folder: the writer checked those on the rows it rendered).
+        rows: read every file, hash it and parse and check every JSONL line. False:
+            kit.export's check of its staged folder, whose writer checked the rows it rendered
+            and hashed and counted each file's bytes as it wrote them: no file is read again
+            (each one's size is checked against the manifest, a JSONL file's lines are the
+            rows it says), and the per-row checks, ids_source's counts and the formats'
+            same-ids check are left out.
     Returns:
         ValidationResult; `.ok`, `.problems` (e.g. "token_ids/train.jsonl line 3: loss_mask
         length 40 != input_ids length 41"), `.summary()`.

@@ -80,6 +80,7 @@ class JsonlSink:
         self._h = open(hashes, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed in close()
         self._behind = WriteBehind(self._f)
         self._sha, self._h_sha = hashlib.sha256(), hashlib.sha256()  # the files', as written
+        self._h_bytes = 0
 
     def write(self, rows: list[dict]) -> None:
         """Rows as json.dumps(row, ensure_ascii=False) lines."""
@@ -95,7 +96,8 @@ class JsonlSink:
         self._sha.update(data)
         self._behind.wrote(len(data))
         self._h.write(hashes)
-        self._h_sha.update(hashes.encode())
+        self._h_sha.update(encoded := hashes.encode())
+        self._h_bytes += len(encoded)
         self.rows += len(offsets) - 1
 
     def close(self, files: dict) -> None:
@@ -105,8 +107,8 @@ class JsonlSink:
         os.fsync(self._h.fileno())
         self._h.close()
         lh = f"linehashes/{self.rel}.txt"
-        files[self.rel] = file_entry(self.out_dir / self.rel, self.rows, line_hashes=lh, sha256=self._sha.hexdigest())  # fmt: skip
-        files[lh] = file_entry(self.out_dir / lh, self.rows, sha256=self._h_sha.hexdigest())
+        files[self.rel] = file_entry(self.out_dir / self.rel, self.rows, line_hashes=lh, sha256=self._sha.hexdigest(), size=self._behind.written)  # fmt: skip
+        files[lh] = file_entry(self.out_dir / lh, self.rows, sha256=self._h_sha.hexdigest(), size=self._h_bytes)  # fmt: skip
 
 
 class ParquetSink:
