@@ -554,20 +554,35 @@ def _write_floor(export_dir: Path, out: Path) -> dict:
 def _restart(run_dir: Path, args) -> dict:
     """kit.generate(None, ...) with budgets no run reaches: seconds = from the call to the
     first request at the endpoint (which records its time); it then sends every unsent prompt."""
-    import urllib.request
     from dataclasses import replace
 
     import kit
     from kit.run.reader import read_config
 
-    root = args.url.removesuffix("/v1")
-    urllib.request.urlopen(urllib.request.Request(root + "/reset", data=b"{}"), timeout=10).read()  # noqa: S310
+    _endpoint(args.url, "reset")
     config = read_config(run_dir)
     config = replace(config, endpoints=[args.url], budgets=dict.fromkeys(config.budgets, 10**15))
     t_call = time.time()
     run = kit.generate_sync(None, config, run_dir=run_dir)
+    return _first_request(args, t_call, run)
+
+
+def _endpoint(url: str, what: str) -> dict:
+    """The fake endpoint's /reset (POST) or /stats."""
+    import urllib.request
+
+    root = url.removesuffix("/v1")
+    req = (
+        urllib.request.Request(root + "/reset", data=b"{}") if what == "reset" else root + "/stats"
+    )
+    return orjson.loads(urllib.request.urlopen(req, timeout=10).read() or b"{}")  # noqa: S310
+
+
+def _first_request(args, t_call: float, run) -> dict:
+    """Seconds from t_call (and from the step's exec) to the endpoint's first request, the
+    whole call's, the requests it took."""
     total = time.time() - t_call
-    stats = orjson.loads(urllib.request.urlopen(root + "/stats", timeout=10).read())  # noqa: S310
+    stats = _endpoint(args.url, "stats")
     first = stats["first_t"]
     return {"seconds": None if first is None else first - t_call, "total_s": total,
             "from_exec_s": None if first is None else first - args.spawn_t,
@@ -578,14 +593,12 @@ def _fresh(run_dir: Path, prompt_dir: Path, out: Path, args) -> dict:
     """kit.load(prompt_dir) then kit.generate(LoadResult) into `out` (a new run directory,
     removed after) with budgets of one token: seconds = from the load's call to the first
     request at the endpoint."""
-    import urllib.request
     from dataclasses import replace
 
     import kit
     from kit.run.reader import read_config
 
-    root = args.url.removesuffix("/v1")
-    urllib.request.urlopen(urllib.request.Request(root + "/reset", data=b"{}"), timeout=10).read()  # noqa: S310
+    _endpoint(args.url, "reset")
     config = read_config(run_dir)
     config = replace(config, endpoints=[args.url], budgets=dict.fromkeys(config.budgets, 1))
     shutil.rmtree(out, ignore_errors=True)
@@ -593,14 +606,9 @@ def _fresh(run_dir: Path, prompt_dir: Path, out: Path, args) -> dict:
     loaded = kit.load(prompt_dir)
     t_loaded = time.time()
     run = kit.generate_sync(loaded, config, run_dir=out)
-    total = time.time() - t_call
-    stats = orjson.loads(urllib.request.urlopen(root + "/stats", timeout=10).read())  # noqa: S310
-    first = stats["first_t"]
+    done = _first_request(args, t_call, run)
     shutil.rmtree(out, ignore_errors=True)
-    return {"seconds": None if first is None else first - t_call, "total_s": total,
-            "load_s": t_loaded - t_call, "records": loaded.height,
-            "from_exec_s": None if first is None else first - args.spawn_t,
-            "new_records": stats["requests"], "stop": run.stop_reason}  # fmt: skip
+    return done | {"load_s": t_loaded - t_call, "records": loaded.height}
 
 
 def writer(run_dir: Path, ready: Path) -> None:

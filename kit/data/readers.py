@@ -120,6 +120,11 @@ def _read_jsonl(path: Path) -> Iterator[list]:
     return blocks()
 
 
+def _jsonl_rows(path: Path) -> list:
+    """Every row of a JSONL file at once (a JSONL file named .json, read as JSON is)."""
+    return [row for block in _read_jsonl(path) for row in block]
+
+
 def _read_json(path: Path) -> list:
     """Rows of a JSON file: a list of objects or {"data": [...]}; JSONL misnamed .json also works."""
     data = path.read_bytes()
@@ -129,7 +134,7 @@ def _read_json(path: Path) -> list:
         return _read_json_deep(path, data.decode(json.detect_encoding(data), "surrogatepass"))
     except ValueError as exc:
         if "Extra data" in str(exc):
-            return [row for block in _read_jsonl(path) for row in block]
+            return _jsonl_rows(path)
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(doc, dict) and isinstance(doc.get("data"), list):
         doc = doc["data"]
@@ -147,7 +152,7 @@ def _read_json_deep(path: Path, text: str) -> list:
     if text.startswith("{", pos):
         end = _value_end(text, pos)
         if text[end:].strip():
-            return [row for block in _read_jsonl(path) for row in block]  # JSONL named .json
+            return _jsonl_rows(path)  # JSONL named .json
         pos = _data_array(text, pos, path)
     if not text.startswith("[", pos):
         raise ValueError(f'{path}: expected a JSON list of rows or {{"data": [...]}}')

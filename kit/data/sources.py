@@ -116,16 +116,18 @@ class LoadResult:
 
     def scan(self) -> pl.LazyFrame:
         """The prompt frame as a polars LazyFrame over the parts (nothing read until collected)."""
-        schema = SCHEMA | ({TOOLS: pl.String} if sum(self.with_tools.values()) else {})
         if not self.parts:
-            return pl.LazyFrame(schema=schema)
-        return pl.scan_parquet(self.parts).select(list(schema))
+            return pl.LazyFrame(schema=self._schema())
+        return pl.scan_parquet(self.parts).select(list(self._schema()))
 
     def batches(self) -> Iterator[pl.DataFrame]:
         """The prompt frame a part (at most CHUNK prompts) at a time, in order."""
-        keep = list(SCHEMA) + ([TOOLS] if sum(self.with_tools.values()) else [])
         for part in self.parts:
-            yield pl.read_parquet(part).select(keep)
+            yield pl.read_parquet(part).select(list(self._schema()))
+
+    def _schema(self) -> dict:
+        """The frame's columns: the tools column only when some prompt has tools."""
+        return SCHEMA | ({TOOLS: pl.String} if any(self.with_tools.values()) else {})
 
     def summary(self) -> pl.DataFrame:
         """One row per dataset: format, rows read, prompts kept (with_tools: how many carry

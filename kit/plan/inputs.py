@@ -45,7 +45,9 @@ def counts(value: Any, field: str) -> dict[str, int]:
     LoadResult (its prompts per dataset)."""
     import polars as pl
 
-    if hasattr(value, "scan") and isinstance(getattr(value, "prompts", None), dict):
+    from kit.data.sources import LoadResult
+
+    if isinstance(value, LoadResult):
         return {name: n for name, n in value.prompts.items() if n}
 
     if isinstance(value, pl.DataFrame):

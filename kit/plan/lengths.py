@@ -79,7 +79,10 @@ def profile_prompts(frame: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
         >>> profile_prompts(f).select("dataset", "n", "mean").rows()
         [('a', 2, 38.0)]
     """
-    if hasattr(frame, "batches") or "prompt_tokens" not in frame.columns:
+    from kit.data.sources import LoadResult
+
+    loaded = isinstance(frame, LoadResult)
+    if loaded or "prompt_tokens" not in frame.columns:
         if tokenizer is None:
             raise ValueError("frame has no 'prompt_tokens' column: pass tokenizer= to count them")
         import polars as pl
@@ -87,7 +90,7 @@ def profile_prompts(frame: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
         from kit.tokens import count_prompt_tokens, load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
-        parts = getattr(frame, "batches", lambda: [frame])()  # a LoadResult: a part at a time
+        parts = frame.batches() if loaded else [frame]  # a LoadResult: a part at a time
         frame = pl.concat([count_prompt_tokens(tokenizer, part).select("dataset", "prompt_tokens") for part in parts])  # fmt: skip
     return profile(frame, "prompt_tokens")
 

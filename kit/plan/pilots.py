@@ -231,11 +231,13 @@ def pilot_sample(
     """
     import polars as pl
 
-    loaded = prompts if hasattr(prompts, "scan") else None  # a LoadResult: sampled by key
+    from kit.data.sources import LoadResult
+
+    loaded = prompts if isinstance(prompts, LoadResult) else None  # sampled by key
     if loaded is not None:
-        prompts = loaded.scan().select("dataset", "prompt_id").collect().with_columns(messages=pl.lit(None))  # fmt: skip
+        prompts = loaded.scan().select("dataset", "prompt_id").collect()
     for name in ("dataset", "prompt_id", "messages"):
-        if name not in prompts.columns:
+        if name not in prompts.columns and (loaded is None or name != "messages"):
             raise ValueError(f"prompts has no {name!r} column (columns: {prompts.columns})")
     if prompts.height == 0:
         raise ValueError("prompts is empty: nothing to pilot")
@@ -315,8 +317,10 @@ async def pilot(
         raise ValueError(f"per_dataset={per_dataset!r} picks no prompts: nothing to pilot")
     sizes = dict(chosen.group_by("dataset").len().iter_rows())
     n, max_tokens = config.sampling.n, config.sampling.max_tokens
-    loaded = getattr(prompts, "prompts", None)  # a LoadResult's counts, or the frame's
-    _warn_weak(sizes, n, loaded if isinstance(loaded, dict) else dict(prompts.group_by("dataset").len().iter_rows()))  # fmt: skip
+    from kit.data.sources import LoadResult
+
+    available = prompts.prompts if isinstance(prompts, LoadResult) else dict(prompts.group_by("dataset").len().iter_rows())  # fmt: skip
+    _warn_weak(sizes, n, available)
     # budgets no pilot can reach: every chosen prompt is sent n times, then its dataset is exhausted
     budgets = {d: k * n * (max_tokens + 64) + 1 for d, k in sizes.items()}
     config = replace(config, budgets=budgets)

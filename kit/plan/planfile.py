@@ -101,7 +101,9 @@ def _prompt_specs(prompts) -> tuple[pl.DataFrame, dict[str, dict]]:
     stored a part at a time) or a frame (in-memory specs)."""
     import polars as pl
 
-    frame = prompts.scan() if hasattr(prompts, "scan") else prompts
+    from kit.data.sources import LoadResult
+
+    frame = prompts.scan() if isinstance(prompts, LoadResult) else prompts
     if not isinstance(frame, pl.DataFrame | pl.LazyFrame):
         raise ValueError(f"prompts must be a prompt frame or a LoadResult, got {type(prompts).__name__}")  # fmt: skip
     found = frame.collect_schema().names()

@@ -249,20 +249,15 @@ PROMPT_CHUNK = 10_000  # prompts inserted per statement batch (a frame is stream
 PROMPT_SQL = "INSERT OR IGNORE INTO prompts VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 
 
-def content_hash(messages_json: str, tools: str | None) -> str:
-    """kit.load's prompt_id of stored messages JSON and tools (kit.data.sources.prompt_id).
+def content_hashes(messages, tools) -> list[str]:
+    """kit.load's prompt_id (kit.data.sources.prompt_id) of each pair of two polars String
+    series, stored messages JSON and tools; the payloads made by polars: one blake2b call a
+    prompt, no Python string built.
 
     Example:
-        >>> content_hash('[["user","Hi"]]', None)
-        'a8ae2d3c7604f939'
+        >>> content_hashes(pl.Series(['[["user","Hi"]]']), pl.Series([None], dtype=pl.String))
+        ['a8ae2d3c7604f939']
     """
-    payload = messages_json if tools is None else f'{{"messages":{messages_json},"tools":{tools}}}'
-    return hashlib.blake2b(payload.encode("utf-8"), digest_size=8).hexdigest()
-
-
-def content_hashes(messages, tools) -> list[str]:
-    """content_hash of each pair of two polars String series (messages JSON, tools), the
-    payloads made by polars: one blake2b call a prompt, no Python string built."""
     import polars as pl
 
     m, t = pl.col("m"), pl.col("t")
@@ -283,12 +278,11 @@ def prompt_rows(frame):
     text = pl.struct(pl.col("messages").list.eval(pair).alias("m")).struct.json_encode()
     for part in frame.iter_slices(PROMPT_CHUNK):
         part = part.with_columns(_json=text.str.slice(5).str.strip_suffix("}"))
+        if "tools" not in part.columns:
+            part = part.with_columns(tools=pl.lit(None, dtype=pl.String))
+        hashes = content_hashes(part["_json"], part["tools"])
         cols = [part[c].to_list() if c in part.columns else [None] * part.height for c in ("dataset", "prompt_id", "_json", "tools", "n_turns", "row")]  # fmt: skip
-        out = []
-        for ds, pid, msgs, tl, nt, row in zip(*cols, strict=True):
-            h = content_hash(msgs, tl)
-            out.append((ds, pid, msgs, tl, nt, row, h, int(h == pid)))
-        yield out
+        yield [(*row, h, int(h == row[1])) for *row, h in zip(*cols, hashes, strict=True)]
 
 
 RECORD_SQL = (

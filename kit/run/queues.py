@@ -182,12 +182,14 @@ def prompt_frame(prompts, run_dir):
     takes a part at a time, or of the run's stored prompts on resume."""
     import polars as pl
 
+    from kit.data.sources import LoadResult
+
     if prompts is None:
         frame = prompts_frame(run_dir, text=False) if is_run_dir(run_dir) else None
         if frame is None or frame.height == 0:
             raise ValueError(f"prompts=None but {run_dir} holds no stored prompts: pass the prompt frame")  # fmt: skip
         return frame
-    if hasattr(prompts, "batches"):  # a LoadResult: its keys; the prompts stream into the store
+    if isinstance(prompts, LoadResult):  # its keys; the prompts stream into the store
         if prompts.height == 0:
             raise ValueError("the LoadResult holds no prompts")
         return prompts.scan().select("dataset", "prompt_id").collect()

@@ -75,9 +75,11 @@ class Runner:
     @classmethod
     def create(cls, prompts, config: RunConfig, *, run_dir, force: bool, expected_tokens) -> Runner:
         """Check the prompts against the config, open the store, build the queues."""
+        from kit.data.sources import LoadResult
+
         frame = prompt_frame(prompts, run_dir)
         if config.turns != "all_turns":
-            _refuse_user_runs(prompts.scan() if hasattr(prompts, "scan") else frame.lazy())
+            _refuse_user_runs(prompts.scan() if isinstance(prompts, LoadResult) else frame.lazy())
         names = frame["dataset"].unique(maintain_order=True).to_list()
         _guard.check(config.max_context, config.tokenizer, config.sampling.max_tokens)
         # kept in run_dir/guard.json while the tokenizer's files are unchanged: no load
@@ -462,9 +464,7 @@ def _refuse_user_runs(prompts) -> None:
     format) are answered turn by turn only with turns="all_turns"; sent whole they are no chat."""
     import polars as pl
 
-    if (
-        "messages" not in prompts.collect_schema().names()
-    ):  # a resume: the fingerprint holds the turns mode
+    if "messages" not in prompts.collect_schema().names():  # a resume: the fingerprint holds it
         return
     user = pl.element().struct.field("role") == "user"
     runs = pl.col("messages").list.eval(user & user.shift(1)).list.any().fill_null(False)

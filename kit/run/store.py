@@ -151,7 +151,9 @@ class RunStore:
         count them per dataset in the same transaction (state "prompts", reader.prompt_state:
         what kit.watch reads instead of counting a million keys, and how many have ids that
         are not content hashes, which the context guard's cache key needs to know)."""
-        frames = frame.batches() if hasattr(frame, "batches") else [frame]  # a LoadResult: by part
+        from kit.data.sources import LoadResult
+
+        frames = frame.batches() if isinstance(frame, LoadResult) else [frame]  # by part
         for rows in (rows for part in frames for rows in prompt_rows(part)):
             with self._transaction():
                 doc = prompt_state(self.conn)
@@ -324,8 +326,9 @@ class RunStore:
 
 
 def store_prompts(run_dir, frame) -> None:
-    """Store a prompt frame (or a LoadResult's prompts, a part at a time) in run_dir's database before any run (kit.plan.write_plan), under
-    the writer's lock; refused over a started run whose prompts are other ones."""
+    """Store a prompt frame (or a LoadResult's prompts, a part at a time) in run_dir's
+    database before any run (kit.plan.write_plan), under the writer's lock; refused over a
+    started run whose prompts are other ones."""
     store = RunStore(run_dir)
     store.run_dir.mkdir(parents=True, exist_ok=True)
     import_old_layout(store.run_dir)
@@ -333,11 +336,11 @@ def store_prompts(run_dir, frame) -> None:
         store.conn = db.connect(store.run_dir, write=True)
         store._take_lock()
         if config_doc(store.conn) is not None:
-            from kit.data.sources import source_hashes
+            from kit.data.sources import LoadResult, source_hashes
 
             stored = config_doc(store.conn).get("source_hashes") or {}
-            ids = frame.scan().select("dataset", "prompt_id").collect() if hasattr(frame, "scan") else frame  # fmt: skip
-            if stored and stored != source_hashes(ids):
+            given = frame.source_hashes() if isinstance(frame, LoadResult) else source_hashes(frame)  # fmt: skip
+            if stored and stored != given:
                 raise ValueError(
                     f"{run_dir} holds a run over other prompts: write this plan into a new "
                     "run directory"
