@@ -69,8 +69,11 @@ async def case_raw(url: str, n: int, concurrency: int) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def one() -> None:
-            async with session.post(url + "/chat/completions", data=orjson.dumps(body),
-                                    headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+            async with session.post(
+                url + "/chat/completions",
+                data=orjson.dumps(body),
+                headers={"Content-Type": "application/json"},
+            ) as r:
                 orjson.loads(await r.read())["choices"][0]["message"]["content"]
 
         await _bounded(n, concurrency, one)
@@ -122,10 +125,15 @@ def _prompt_frame(n: int):
 
         msgs = [[{"role": "user", "content": f"{MESSAGES[0]['content']} (#{i})"}] for i in range(n)]
         _FRAMES[n] = pl.DataFrame(
-            {"dataset": ["bench"] * n, "prompt_id": [prompt_id(m) for m in msgs],
-             "messages": msgs, "n_turns": [1] * n, "row": list(range(n))},
+            {
+                "dataset": ["bench"] * n,
+                "prompt_id": [prompt_id(m) for m in msgs],
+                "messages": msgs,
+                "n_turns": [1] * n,
+                "row": list(range(n)),
+            },
             schema_overrides={"messages": MESSAGE_TYPE},
-        )  # fmt: skip
+        )
     return _FRAMES[n]
 
 
@@ -134,8 +142,14 @@ async def case_generate(url: str, n: int, concurrency: int) -> None:
     from kit.run.generate import generate
 
     frame = _prompt_frame(n)
-    config = RunConfig(model="m", endpoints=url, budgets=n * SAMPLING.max_tokens * 2,
-                       sampling=SAMPLING, concurrency=concurrency, max_attempts=1)  # fmt: skip
+    config = RunConfig(
+        model="m",
+        endpoints=url,
+        budgets=n * SAMPLING.max_tokens * 2,
+        sampling=SAMPLING,
+        concurrency=concurrency,
+        max_attempts=1,
+    )
     run_dir = Path(tempfile.mkdtemp(prefix="kit-bench-", dir=RUNS_ROOT))
     try:
         run = await generate(frame, config, run_dir=run_dir / "run")
@@ -146,8 +160,12 @@ async def case_generate(url: str, n: int, concurrency: int) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-CASES = {"raw aiohttp": case_raw, "kit pool+backend": case_kit, "kit.generate": case_generate,
-         "openai AsyncOpenAI": case_openai}  # fmt: skip
+CASES = {
+    "raw aiohttp": case_raw,
+    "kit pool+backend": case_kit,
+    "kit.generate": case_generate,
+    "openai AsyncOpenAI": case_openai,
+}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -206,8 +224,11 @@ def run_table(url: str, pid: int, args) -> None:
             x_rate = f"{rate[name] / raw_rate:.2f}" if raw_rate else "-"
             x_cpu = f"{raw_cpu / cpu_us[name]:.2f}" if raw_cpu else "-"
             own, srv = share[name]
-            print(f"{name:<20}{conc:>10}{rate[name]:>8.0f}{x_rate:>7}{cpu_us[name]:>12.0f}"
-                  f"{x_cpu:>7}{own:>11.0%}{srv:>11.0%}", flush=True)  # fmt: skip
+            print(
+                f"{name:<20}{conc:>10}{rate[name]:>8.0f}{x_rate:>7}{cpu_us[name]:>12.0f}"
+                f"{x_cpu:>7}{own:>11.0%}{srv:>11.0%}",
+                flush=True,
+            )
 
 
 def run_pairs(url: str, pid: int, args) -> None:
@@ -222,11 +243,17 @@ def run_pairs(url: str, pid: int, args) -> None:
             (raw, raw_own, _), (kit, kit_own, _) = got["raw aiohttp"], got["kit.generate"]
             rates.append(kit / raw)
             cpus.append((raw_own / raw) / (kit_own / kit))
-            print(f"in flight {conc:>5}  pair {i + 1:>2}: raw {raw:>6.0f} req/s, kit.generate "
-                  f"{kit:>6.0f} req/s = {rates[-1]:.2f}x (cpu/req {cpus[-1]:.2f}x)", flush=True)  # fmt: skip
+            print(
+                f"in flight {conc:>5}  pair {i + 1:>2}: raw {raw:>6.0f} req/s, kit.generate "
+                f"{kit:>6.0f} req/s = {rates[-1]:.2f}x (cpu/req {cpus[-1]:.2f}x)",
+                flush=True,
+            )
         for what, xs in (("req/s", rates), ("cpu/req", cpus)):
-            print(f"in flight {conc:>5}  kit.generate / raw {what} over {len(xs)} pairs: median "
-                  f"{statistics.median(xs):.2f}x, range {min(xs):.2f}-{max(xs):.2f}x", flush=True)  # fmt: skip
+            print(
+                f"in flight {conc:>5}  kit.generate / raw {what} over {len(xs)} pairs: median "
+                f"{statistics.median(xs):.2f}x, range {min(xs):.2f}-{max(xs):.2f}x",
+                flush=True,
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,8 +262,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--repeat", type=int, default=3, help="interleaved rounds; the best is shown")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    p.add_argument("--pairs", type=int, default=0,
-                   help="instead of the table: N (raw, kit.generate) pairs, median ratio")  # fmt: skip
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="instead of the table: N (raw, kit.generate) pairs, median ratio",
+    )
     args = p.parse_args(argv)
     port = free_port()
     server = _start_server(port)
@@ -251,7 +282,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{args.requests} requests per run, {args.pairs} pairs per concurrency")
             run_pairs(url, server.pid, args)
         else:
-            print(f"up to {args.requests} requests per row, best of {args.repeat} interleaved rounds;")  # fmt: skip
+            print(
+                f"up to {args.requests} requests per row, best of {args.repeat} interleaved rounds;"
+            )
             run_table(url, server.pid, args)
         print("goal: kit.generate >= 0.70x raw aiohttp req/s at each concurrency")
         print("caveat: server CPU near 100% means the fault server set that row's pace; client")

@@ -58,8 +58,18 @@ kit.generate_sync(frame, kit.RunConfig.from_dict(args["config"]), run_dir=args["
 
 
 def start_server(port: int, latency: float) -> subprocess.Popen:
-    cmd = [sys.executable, str(ROOT / "tests" / "faultserver.py"), "--port", str(port),
-           "--mode", "ok", "--latency", str(latency), "--max-words", "32"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "tests" / "faultserver.py"),
+        "--port",
+        str(port),
+        "--mode",
+        "ok",
+        "--latency",
+        str(latency),
+        "--max-words",
+        "32",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()  # "faultserver listening on ..."
     return proc
@@ -83,7 +93,9 @@ def part_a(args) -> None:
                 rate, _, _ = measure(case, url, args.requests, args.concurrency, server.pid)
                 best[name] = max(best[name], rate)
         raw = best["raw aiohttp"]
-        print(f"part A: {args.requests} requests, {args.concurrency} in flight, best of {args.repeat} interleaved rounds")  # fmt: skip
+        print(
+            f"part A: {args.requests} requests, {args.concurrency} in flight, best of {args.repeat} interleaved rounds"
+        )
         for name, rate in best.items():
             print(f"  {name:<24}{rate:>8.0f} req/s  {rate / raw:.2f}x raw")
         print("  goal: kit.generate >= 0.70x raw")
@@ -112,12 +124,26 @@ def _one_kill(work: Path, trial: int, url: str, args, rng: random.Random) -> dic
     import kit
 
     run_dir = work / f"run{trial}"
-    config = kit.RunConfig(model="m", endpoints=url, budgets={"bench": 10**9},
-                           sampling={"max_tokens": 32}, concurrency=args.kill_concurrency)  # fmt: skip
-    spec = {"prompts": str(work / "bench.jsonl"), "run_dir": str(run_dir), "config": config.to_dict()}  # fmt: skip
+    config = kit.RunConfig(
+        model="m",
+        endpoints=url,
+        budgets={"bench": 10**9},
+        sampling={"max_tokens": 32},
+        concurrency=args.kill_concurrency,
+    )
+    spec = {
+        "prompts": str(work / "bench.jsonl"),
+        "run_dir": str(run_dir),
+        "config": config.to_dict(),
+    }
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(spec)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(spec)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not _committed(run_dir) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -153,21 +179,33 @@ def part_b(args) -> None:
     rows = []
     try:
         url = f"http://127.0.0.1:{port}/v1"
-        print(f"part B: {args.kills} kill -9s of kit.generate ({args.kill_prompts} prompts, {args.kill_concurrency} in flight, server latency {args.latency} s, batch {batch})")  # fmt: skip
-        print(f"  {'trial':>5}{'taken in':>10}{'committed':>11}{'lost':>6}{'dup':>5}{'after resume':>14}{'refused':>9}")  # fmt: skip
+        print(
+            f"part B: {args.kills} kill -9s of kit.generate ({args.kill_prompts} prompts, {args.kill_concurrency} in flight, server latency {args.latency} s, batch {batch})"
+        )
+        print(
+            f"  {'trial':>5}{'taken in':>10}{'committed':>11}{'lost':>6}{'dup':>5}{'after resume':>14}{'refused':>9}"
+        )
         for trial in range(args.kills):
             r = _one_kill(work, trial, url, args, rng)
             rows.append(r)
             note = "  (ended before the kill)" if r["ended_by_itself"] else ""
-            print(f"  {trial:>5}{r['taken']:>10}{r['committed']:>11}{r['lost']:>6}{r['duplicated']:>5}{r['after_resume']:>14}{r['refused_on_resume']:>9}{note}", flush=True)  # fmt: skip
+            print(
+                f"  {trial:>5}{r['taken']:>10}{r['committed']:>11}{r['lost']:>6}{r['duplicated']:>5}{r['after_resume']:>14}{r['refused_on_resume']:>9}{note}",
+                flush=True,
+            )
     finally:
         server.terminate()
         server.wait(10)
         shutil.rmtree(work, ignore_errors=True)
     worst = max(r["lost"] for r in rows)
-    dups = sum(r["duplicated"] + r["refused_on_resume"] + r["after_resume"] - r["distinct_after"] for r in rows)  # fmt: skip
+    dups = sum(
+        r["duplicated"] + r["refused_on_resume"] + r["after_resume"] - r["distinct_after"]
+        for r in rows
+    )
     whole = all(r["distinct_after"] == args.kill_prompts for r in rows)
-    print(f"  most lost in one kill: {worst} (goal <= {batch}); duplicated: {dups} (goal 0); every resume complete: {whole}")  # fmt: skip
+    print(
+        f"  most lost in one kill: {worst} (goal <= {batch}); duplicated: {dups} (goal 0); every resume complete: {whole}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -100,10 +100,15 @@ async def one_way(name, endpoints, model, relays, args) -> dict:
     loaded = kit.load([str(ROOT / "data" / "samples" / f"{d}.jsonl") for d in DATASETS])
     budgets = dict.fromkeys(DATASETS, args.budget)
     config = kit.RunConfig(
-        model=model, endpoints=endpoints, api="vllm", budgets=budgets, tokenizer=model,
+        model=model,
+        endpoints=endpoints,
+        api="vllm",
+        budgets=budgets,
+        tokenizer=model,
         sampling=kit.Sampling(max_tokens=args.max_tokens, temperature=0.7, seed=1, n=4),
-        concurrency=args.concurrency, timeout=600,
-    )  # fmt: skip
+        concurrency=args.concurrency,
+        timeout=600,
+    )
     with tempfile.TemporaryDirectory(prefix=f"bench-fleet-{name}-") as tmp:
         t0 = time.time()
         run = await kit.generate(loaded, config, run_dir=Path(tmp) / "run", background=True)
@@ -124,8 +129,10 @@ def summarize(name, report, progress, t0, death, end, args) -> dict:
     before = sum(n for n, _, t in recs if t <= death)
     hit = [t for n, lat, t in recs if t - lat < death < t]  # in flight at the death
     after = sorted([death] + [t for _, _, t in recs if t > death])
-    held = all(p.state == "budget_reached" and p.tokens_done <= args.budget + args.max_tokens
-               for p in progress)  # fmt: skip
+    held = all(
+        p.state == "budget_reached" and p.tokens_done <= args.budget + args.max_tokens
+        for p in progress
+    )
     return {
         "way": name,
         "records": len(recs),
@@ -144,8 +151,11 @@ def summarize(name, report, progress, t0, death, end, args) -> dict:
 
 def mean_row(rows: list[dict]) -> dict:
     """The mean of each numeric figure over the runs of one way."""
-    return {k: sum(r[k] for r in rows) / len(rows) for k, v in rows[0].items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}  # fmt: skip
+    return {
+        k: sum(r[k] for r in rows) / len(rows)
+        for k, v in rows[0].items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def start_workers() -> list:
@@ -216,8 +226,10 @@ def main() -> None:
 
         args.model = str(prepare_model())
     rows = asyncio.run(main_async(args))
-    print(f"\nbudget {args.budget} x {len(DATASETS)} datasets, concurrency {args.concurrency}, "
-          f"max_tokens {args.max_tokens}; one of two workers dies at a third of the budget")  # fmt: skip
+    print(
+        f"\nbudget {args.budget} x {len(DATASETS)} datasets, concurrency {args.concurrency}, "
+        f"max_tokens {args.max_tokens}; one of two workers dies at a third of the budget"
+    )
     keys = list(rows[0])
     print("  ".join(f"{k:>15}" for k in keys))
     for r in rows:
@@ -225,10 +237,14 @@ def main() -> None:
             "  ".join(f"{v:>15.1f}" if isinstance(v, float) else f"{v!s:>15}" for v in r.values())
         )
     g, q = (mean_row([r for r in rows if r["way"] == way]) for way in ("gateway", "pool"))
-    print(f"means: recovery gateway {g['recovery s']:.1f} s, pool {q['recovery s']:.1f} s; "
-          f"errors {g['errors']:.0f} / {q['errors']:.0f}; retries {g['retries']:.1f} / {q['retries']:.1f}")  # fmt: skip
-    print(f"gateway/pool tokens/s before the death: {g['tok/s before'] / q['tok/s before']:.2f}x; "
-          f"over the run: {g['tok/s run'] / q['tok/s run']:.2f}x")  # fmt: skip
+    print(
+        f"means: recovery gateway {g['recovery s']:.1f} s, pool {q['recovery s']:.1f} s; "
+        f"errors {g['errors']:.0f} / {q['errors']:.0f}; retries {g['retries']:.1f} / {q['retries']:.1f}"
+    )
+    print(
+        f"gateway/pool tokens/s before the death: {g['tok/s before'] / q['tok/s before']:.2f}x; "
+        f"over the run: {g['tok/s run'] / q['tok/s run']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -159,13 +159,19 @@ async def run(args, url: str, model: str) -> None:
     )
     t0 = time.time()
     pilot_frame, errors, pilot_s = await two_stage_pilot(prompts, config, budgets, args)
-    print(f"pilot: {pilot_frame.height} completions, {len(errors)} errors, "
-          f"{pilot_frame['completion_tokens'].sum():,} tokens, {pilot_s:.0f} s")  # fmt: skip
+    print(
+        f"pilot: {pilot_frame.height} completions, {len(errors)} errors, "
+        f"{pilot_frame['completion_tokens'].sum():,} tokens, {pilot_s:.0f} s"
+    )
     sizes = dict(prompts.group_by("dataset").len().iter_rows())
     first = plan.budget(budgets, pilot_frame, prompts_available=sizes, max_tokens=args.max_tokens)
     first = first.filter(pl.col("dataset") != plan.TOTAL)
-    n = max(math.ceil(1.3 * (r["samples_needed_upper"] or 3 * r["samples_needed"])
-                      / sizes[r["dataset"]]) for r in first.iter_rows(named=True))  # fmt: skip
+    n = max(
+        math.ceil(
+            1.3 * (r["samples_needed_upper"] or 3 * r["samples_needed"]) / sizes[r["dataset"]]
+        )
+        for r in first.iter_rows(named=True)
+    )
     available = {d: k * n for d, k in sizes.items()}
     table = plan.budget(
         budgets, pilot_frame, prompts_available=available, max_tokens=args.max_tokens
@@ -180,11 +186,15 @@ async def run(args, url: str, model: str) -> None:
         result = await generate(prompts, config, run_dir=run_dir, expected_tokens=means)
         records = records_frame(run_dir, prompts=False)
         summary = {r["dataset"]: r for r in result.summary().iter_rows(named=True)}
-    print(f"run: {records.height} records, {records['completion_tokens'].sum():,} tokens, "
-          f"{time.time() - t1:.0f} s; all {time.time() - t0:.0f} s")  # fmt: skip
+    print(
+        f"run: {records.height} records, {records['completion_tokens'].sum():,} tokens, "
+        f"{time.time() - t1:.0f} s; all {time.time() - t0:.0f} s"
+    )
     report(table, records, prompts, budgets, n, args, summary)
-    pops = {name: part["completion_tokens"].to_list()
-            for (name,), part in records.group_by("dataset", maintain_order=True)}  # fmt: skip
+    pops = {
+        name: part["completion_tokens"].to_list()
+        for (name,), part in records.group_by("dataset", maintain_order=True)
+    }
     coverage(pops, budgets, args.seeds, args.max_tokens)
 
 
@@ -194,8 +204,10 @@ def report(table, records, prompts, budgets, n, args, summary) -> None:
 
     from kit.run.queues import seeded_order
 
-    head = (f"{'dataset':<15}{'pilot':>6}{'share':>7}{'mean':>7}{'cv':>6}{'trunc':>7}"
-            f"{'se':>6}{'predicted':>10}{'upper':>7}{'actual':>8}{'error':>8}{'tokens/budget':>15}")  # fmt: skip
+    head = (
+        f"{'dataset':<15}{'pilot':>6}{'share':>7}{'mean':>7}{'cv':>6}{'trunc':>7}"
+        f"{'se':>6}{'predicted':>10}{'upper':>7}{'actual':>8}{'error':>8}{'tokens/budget':>15}"
+    )
     print(head)
     worst = 0.0
     for r in table.iter_rows(named=True):
@@ -209,22 +221,30 @@ def report(table, records, prompts, budgets, n, args, summary) -> None:
         cv = r["std"] / r["mean"]
         se = cv * math.sqrt(1 / r["n_pilot"] + 1 / r["samples_needed"])
         done = summary[name]["tokens_done"]
-        print(f"{name:<15}{r['n_pilot']:>6}{r['n_pilot'] / (actual or 1):>7.1%}{r['mean']:>7.1f}"
-              f"{cv:>6.2f}{r['truncated_share']:>7.1%}{se:>6.1%}{r['samples_needed']:>10}"
-              f"{r['samples_needed_upper']:>7}{actual or 'n/a':>8}{err:>8.1%}"
-              f"{f'{done:,}/{budgets[name]:,}':>15}")  # fmt: skip
-    print("share = pilot / actual samples needed; se = the relative standard error the pilot's "
-          "spread implies for the prediction, cv * sqrt(1/pilot + 1/needed)")  # fmt: skip
+        print(
+            f"{name:<15}{r['n_pilot']:>6}{r['n_pilot'] / (actual or 1):>7.1%}{r['mean']:>7.1f}"
+            f"{cv:>6.2f}{r['truncated_share']:>7.1%}{se:>6.1%}{r['samples_needed']:>10}"
+            f"{r['samples_needed_upper']:>7}{actual or 'n/a':>8}{err:>8.1%}"
+            f"{f'{done:,}/{budgets[name]:,}':>15}"
+        )
+    print(
+        "share = pilot / actual samples needed; se = the relative standard error the pilot's "
+        "spread implies for the prediction, cv * sqrt(1/pilot + 1/needed)"
+    )
     print(f"worst error {worst:.1%} (goal <= 15%) {'OK' if worst <= 0.15 else 'MISSED'}")
     inside = []
     for r in table.iter_rows(named=True):
         mine = records.filter(pl.col("dataset") == r["dataset"])
         ids = prompts.filter(pl.col("dataset") == r["dataset"])["prompt_id"].unique().to_list()
-        actual = actual_samples_needed(mine, seeded_order(ids, r["dataset"], args.seed, n), budgets[r["dataset"]])  # fmt: skip
+        actual = actual_samples_needed(
+            mine, seeded_order(ids, r["dataset"], args.seed, n), budgets[r["dataset"]]
+        )
         if actual and r["samples_low"] is not None:
             inside.append(r["samples_low"] <= actual <= (r["samples_high"] or math.inf))
-            print(f"{r['dataset']:<15} interval {r['samples_low']}..{r['samples_high']} "
-                  f"actual {actual}: {'inside' if inside[-1] else 'OUTSIDE'}")  # fmt: skip
+            print(
+                f"{r['dataset']:<15} interval {r['samples_low']}..{r['samples_high']} "
+                f"actual {actual}: {'inside' if inside[-1] else 'OUTSIDE'}"
+            )
     print(f"this run: the interval held on {sum(inside)} of {len(inside)} datasets")
 
 
@@ -237,8 +257,13 @@ def draw_until(rng, lengths: list[int], budget: float) -> int:
     return k
 
 
-def coverage(populations: dict[str, list[int]], budgets: dict[str, int], seeds: int,
-             max_tokens: int | None, pilot: int = 30) -> float:  # fmt: skip
+def coverage(
+    populations: dict[str, list[int]],
+    budgets: dict[str, int],
+    seeds: int,
+    max_tokens: int | None,
+    pilot: int = 30,
+) -> float:
     """Per dataset and in all: how often the actual samples needed fall inside the plan's
     interval over `seeds` pilots of `pilot` lengths drawn from each population; prints a
     table and returns the share of trials inside."""
@@ -247,10 +272,14 @@ def coverage(populations: dict[str, list[int]], budgets: dict[str, int], seeds: 
 
     from kit import plan
 
-    print(f"interval coverage, {seeds} seeds, pilot {pilot} per dataset "
-          f"(level {plan.estimate.PREDICTION:.0%}):")  # fmt: skip
-    print(f"{'dataset':<15}{'budget':>10}{'needed':>8}{'cv':>6}{'trials':>8}{'inside':>8}"
-          f"{'no interval':>12}{'median |err|':>14}{'width':>8}")  # fmt: skip
+    print(
+        f"interval coverage, {seeds} seeds, pilot {pilot} per dataset "
+        f"(level {plan.estimate.PREDICTION:.0%}):"
+    )
+    print(
+        f"{'dataset':<15}{'budget':>10}{'needed':>8}{'cv':>6}{'trials':>8}{'inside':>8}"
+        f"{'no interval':>12}{'median |err|':>14}{'width':>8}"
+    )
     hits = trials = 0
     for name, lengths in populations.items():
         inside = n = none = 0
@@ -258,8 +287,12 @@ def coverage(populations: dict[str, list[int]], budgets: dict[str, int], seeds: 
         for seed in range(seeds):
             rng = random.Random(f"{name}-{seed}")
             sample = rng.choices(lengths, k=pilot)
-            row = plan.budget({name: budgets[name]}, {name: sample}, max_tokens=max_tokens,
-                              prompts_available={name: 10**9}).row(0, named=True)  # fmt: skip
+            row = plan.budget(
+                {name: budgets[name]},
+                {name: sample},
+                max_tokens=max_tokens,
+                prompts_available={name: 10**9},
+            ).row(0, named=True)
             actual = draw_until(rng, lengths, budgets[name])
             errs.append(abs(row["samples_needed"] - actual) / actual)
             if row["samples_low"] is None:
@@ -274,8 +307,10 @@ def coverage(populations: dict[str, list[int]], budgets: dict[str, int], seeds: 
         cv = statistics.pstdev(lengths) / mean
         share = f"{inside / n:.1%}" if n else "n/a"
         width = f"{statistics.median(widths):.0%}" if widths else "n/a"
-        print(f"{name:<15}{budgets[name]:>10,}{budgets[name] / mean:>8.0f}{cv:>6.2f}{n:>8}"
-              f"{share:>8}{none:>12}{statistics.median(errs):>14.1%}{width:>8}")  # fmt: skip
+        print(
+            f"{name:<15}{budgets[name]:>10,}{budgets[name] / mean:>8.0f}{cv:>6.2f}{n:>8}"
+            f"{share:>8}{none:>12}{statistics.median(errs):>14.1%}{width:>8}"
+        )
     share = hits / trials if trials else 0.0
     verdict = "OK" if share >= 0.9 else "MISSED"
     print(
@@ -295,10 +330,12 @@ def synthetic(args) -> None:
     rng = random.Random(0)
     cut = args.max_tokens if args.max_tokens != 96 else 4096  # fleet's max_tokens by default
     pops = {
-        name: [max(1, min(cut, round(rng.lognormvariate(math.log(median), sigma))))
-               for _ in range(20_000)]
+        name: [
+            max(1, min(cut, round(rng.lognormvariate(math.log(median), sigma))))
+            for _ in range(20_000)
+        ]
         for name, (median, sigma) in DATASETS.items()
-    }  # fmt: skip
+    }
     budgets = {name: int(400 * sum(p) / len(p)) for name, p in pops.items()}  # ~400 samples
     coverage(pops, budgets, args.seeds, cut)
 
@@ -309,8 +346,10 @@ def from_run(args) -> None:
 
     records = records_frame(args.lengths_from, prompts=False)
     config = read_config(args.lengths_from)
-    pops = {name: part["completion_tokens"].to_list()
-            for (name,), part in records.group_by("dataset", maintain_order=True)}  # fmt: skip
+    pops = {
+        name: part["completion_tokens"].to_list()
+        for (name,), part in records.group_by("dataset", maintain_order=True)
+    }
     budgets = {name: int(sum(p)) // 2 for name, p in pops.items()}  # half of what was made
     coverage(pops, budgets, args.seeds, config.sampling.max_tokens)
 

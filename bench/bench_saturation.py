@@ -68,11 +68,19 @@ async def run_raw(url: str, model: str, prompts: list, max_tokens: int, conc: in
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def one(messages) -> int:
-            body = {"model": model, "messages": messages, "max_tokens": max_tokens,
-                    "temperature": 0.0, "top_p": 1.0}  # fmt: skip
+            body = {
+                "model": model,
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "top_p": 1.0,
+            }
             async with sem:
-                async with session.post(url + "/chat/completions", data=orjson.dumps(body),
-                                        headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+                async with session.post(
+                    url + "/chat/completions",
+                    data=orjson.dumps(body),
+                    headers={"Content-Type": "application/json"},
+                ) as r:
                     data = orjson.loads(await r.read())
             if r.status != 200:
                 raise RuntimeError(f"raw request failed: {r.status} {data}")
@@ -87,10 +95,15 @@ async def run_kit(url: str, model: str, frame, max_tokens: int, conc: int) -> in
     from kit.types import RunConfig, Sampling
 
     config = RunConfig(
-        model=model, endpoints=url, budgets={DATASET: frame.height * max_tokens * 4},
-        sampling=Sampling(max_tokens=max_tokens, temperature=0.0), concurrency=conc, seed=SEED,
-        max_attempts=1, timeout=TIMEOUT,
-    )  # fmt: skip
+        model=model,
+        endpoints=url,
+        budgets={DATASET: frame.height * max_tokens * 4},
+        sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
+        concurrency=conc,
+        seed=SEED,
+        max_attempts=1,
+        timeout=TIMEOUT,
+    )
     run_dir = Path(tempfile.mkdtemp(prefix="kit-saturation-"))
     try:
         run = await generate(frame, config, run_dir=run_dir / "run")
@@ -123,8 +136,11 @@ def passes(url: str, model: str, frame, args) -> dict[str, list[tuple[int, float
             tokens, secs = timed(clients[name]())
             out[name].append((tokens, secs))
             load = os.getloadavg()[0]
-            print(f"{name:<4}{frame.height:>8}{tokens:>8}{secs:>9.1f}{tokens / secs:>8.1f}"
-                  f"{load:>7.1f}", flush=True)  # fmt: skip
+            print(
+                f"{name:<4}{frame.height:>8}{tokens:>8}{secs:>9.1f}{tokens / secs:>8.1f}"
+                f"{load:>7.1f}",
+                flush=True,
+            )
     return out
 
 
@@ -152,8 +168,10 @@ def main(argv: list[str] | None = None) -> None:
             run_raw(url, model, kit_order(frame), args.max_tokens, args.concurrency)
         )
         print(f"warm-up pass (raw, not counted): {tokens} tokens in {secs:.1f} s")
-        print(f"{args.prompts} prompts a pass, max_tokens {args.max_tokens}, "
-              f"concurrency {args.concurrency}, ABBA order")  # fmt: skip
+        print(
+            f"{args.prompts} prompts a pass, max_tokens {args.max_tokens}, "
+            f"concurrency {args.concurrency}, ABBA order"
+        )
         print(f"{'pass':<4}{'prompts':>8}{'tokens':>8}{'seconds':>9}{'tok/s':>8}{'load':>7}")
         out = passes(url, model, frame, args)
     finally:
@@ -165,8 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"kit / raw     {rate['kit'] / rate['raw']:.3f}  (goal >= 0.95)")
     secs = [s for v in out.values() for _, s in v]
     if max(secs) > 1.25 * min(secs):
-        print(f"warning: pass times ranged {min(secs):.1f}-{max(secs):.1f} s for the same work: the "
-              "server's pace varied more than any client difference; rerun on a quieter machine")  # fmt: skip
+        print(
+            f"warning: pass times ranged {min(secs):.1f}-{max(secs):.1f} s for the same work: the "
+            "server's pace varied more than any client difference; rerun on a quieter machine"
+        )
     print(f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)")
 
 

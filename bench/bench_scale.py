@@ -91,22 +91,62 @@ import fleet  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct (fake fleet)"
 SPARE = 1.25  # part B: prompts per record (the unsent ones give a restart work to do)
-STEPS = ["load", "plain_load", "fresh", "watch", "audit", "restart", "export_specforge", "plain_specforge",
-         "floor_specforge", "validate_specforge", "export_token_ids", "plain_token_ids",
-         "validate_token_ids"]  # fmt: skip
-BASELINE = {"load": "plain_load", "export_specforge": "plain_specforge",
-            "export_token_ids": "plain_token_ids"}  # fmt: skip
-LABELS = {"imports": "imports only (no call)", "load": "kit.load prompts", "plain_load": "plain load",
-          "fresh": "load+generate 1st request", "watch": "watch 1st read (writing)", "audit": "audit", "restart": "restart to 1st request",
-          "export_specforge": "export specforge", "plain_specforge": "plain specforge",
-          "floor_specforge": "write floor specforge", "validate_specforge": "validate specforge",
-          "export_token_ids": "export token_ids", "plain_token_ids": "plain token_ids",
-          "validate_token_ids": "validate token_ids"}  # fmt: skip
+STEPS = [
+    "load",
+    "plain_load",
+    "fresh",
+    "watch",
+    "audit",
+    "restart",
+    "export_specforge",
+    "plain_specforge",
+    "floor_specforge",
+    "validate_specforge",
+    "export_token_ids",
+    "plain_token_ids",
+    "validate_token_ids",
+]
+BASELINE = {
+    "load": "plain_load",
+    "export_specforge": "plain_specforge",
+    "export_token_ids": "plain_token_ids",
+}
+LABELS = {
+    "imports": "imports only (no call)",
+    "load": "kit.load prompts",
+    "plain_load": "plain load",
+    "fresh": "load+generate 1st request",
+    "watch": "watch 1st read (writing)",
+    "audit": "audit",
+    "restart": "restart to 1st request",
+    "export_specforge": "export specforge",
+    "plain_specforge": "plain specforge",
+    "floor_specforge": "write floor specforge",
+    "validate_specforge": "validate specforge",
+    "export_token_ids": "export token_ids",
+    "plain_token_ids": "plain token_ids",
+    "validate_token_ids": "validate token_ids",
+}
 # the JSONL layout's record line: Record fields in this order, messages and tools left out
 # (they were in prompts.parquet), as kit wrote them before issue 22's run database
-OLD_LINE = ["dataset", "prompt_id", "sample", "completion_tokens", "finish_reason", "t_done",
-            "completion", "count_source", "prompt_tokens", "output_ids", "prompt_ids", "endpoint",
-            "latency_s", "attempts", "reasoning", "turns"]  # fmt: skip
+OLD_LINE = [
+    "dataset",
+    "prompt_id",
+    "sample",
+    "completion_tokens",
+    "finish_reason",
+    "t_done",
+    "completion",
+    "count_source",
+    "prompt_tokens",
+    "output_ids",
+    "prompt_ids",
+    "endpoint",
+    "latency_s",
+    "attempts",
+    "reasoning",
+    "turns",
+]
 INDEXES = ("sqlite_autoindex_records_1", "records_done", "prompts_key")  # the keys' and done's
 RSS_MB, RESTART_S, WATCH_S, AUDIT_S = 1500, 5.0, 1.0, 40.0
 SPECFORGE_RATE, TOKEN_RATE, DB_RATIO, ID_BYTES = 30_000, 20_000, 1.5, 4.0
@@ -124,11 +164,19 @@ def prompt_frame(counts: dict[str, int], keep: dict | None = None):
         msgs, tools = zip(*(fleet.prompt(ds, i) for i in range(n)), strict=True)
         if keep is not None:
             keep.update(((ds, i), p) for i, p in enumerate(zip(msgs, tools, strict=True)))
-        parts.append(pl.DataFrame(
-            {"dataset": [ds] * n, "prompt_id": [prompt_id(m, t) for m, t in zip(msgs, tools, strict=True)],
-             "messages": list(msgs), "n_turns": [len(m) for m in msgs], "row": list(range(n)),
-             "tools": list(tools)},
-            schema_overrides={"messages": MESSAGE_TYPE, "tools": pl.String, "row": pl.Int64}))  # fmt: skip
+        parts.append(
+            pl.DataFrame(
+                {
+                    "dataset": [ds] * n,
+                    "prompt_id": [prompt_id(m, t) for m, t in zip(msgs, tools, strict=True)],
+                    "messages": list(msgs),
+                    "n_turns": [len(m) for m in msgs],
+                    "row": list(range(n)),
+                    "tools": list(tools),
+                },
+                schema_overrides={"messages": MESSAGE_TYPE, "tools": pl.String, "row": pl.Int64},
+            )
+        )
     return pl.concat(parts)
 
 
@@ -162,21 +210,31 @@ def part_a(args) -> None:
 
     budget = int(args.budget_millions * 1e6)
     counts = {d: math.ceil(budget / fleet.mean_length(d) * 1.3) + 50 for d in fleet.DATASETS}
-    print(f"== part A: {len(counts)} datasets x {budget:,} tokens, {sum(counts.values()):,} "
-          f"prompts, {args.endpoints} fake endpoints, concurrency {args.concurrency}", flush=True)  # fmt: skip
+    print(
+        f"== part A: {len(counts)} datasets x {budget:,} tokens, {sum(counts.values()):,} "
+        f"prompts, {args.endpoints} fake endpoints, concurrency {args.concurrency}",
+        flush=True,
+    )
     frame = prompt_frame(counts)
     run_dir = Path(args.workdir) / "full_run"
     shutil.rmtree(run_dir, ignore_errors=True)
     with fleet.Fleet(args.endpoints, args.latency_ms) as endpoints:
-        config = RunConfig(model=MODEL, endpoints=endpoints.urls, budgets=budget,
-                           sampling=Sampling(max_tokens=fleet.MAX_TOKENS), concurrency=args.concurrency)  # fmt: skip
+        config = RunConfig(
+            model=MODEL,
+            endpoints=endpoints.urls,
+            budgets=budget,
+            sampling=Sampling(max_tokens=fleet.MAX_TOKENS),
+            concurrency=args.concurrency,
+        )
         t0 = time.perf_counter()
         run = asyncio.run(generate(frame, config, run_dir=run_dir))
         wall = time.perf_counter() - t0
         rss_run = _status_kb("self", "VmHWM:") / 1024  # prompt frame + the runner, not the checks
         answered = endpoints.answered()
     summary = {r["dataset"]: r for r in run.summary().to_dicts()}
-    rows = {(ds, pid): row for ds, pid, row in frame.select("dataset", "prompt_id", "row").iter_rows()}  # fmt: skip
+    rows = {
+        (ds, pid): row for ds, pid, row in frame.select("dataset", "prompt_id", "row").iter_rows()
+    }
     old = _old_prompts_bytes(frame, Path(args.workdir) / "full_run_prompts.parquet")
     del frame
     found, seen, sample = _part_a_records(run_dir, rows)
@@ -185,25 +243,37 @@ def part_a(args) -> None:
     _part_a_budgets(summary, found)
     checks = {
         "record keys unique": n == len(seen),
-        "every record's prompt is in the prompt frame": all(None not in g["rows"] for g in found.values()),
+        "every record's prompt is in the prompt frame": all(
+            None not in g["rows"] for g in found.values()
+        ),
         "records and tokens == the runner's counts": all(
             found.get(ds, {}).get("records") == summary[ds]["samples_done"]
-            and found.get(ds, {}).get("tokens") == summary[ds]["tokens_done"] for ds in summary),
+            and found.get(ds, {}).get("tokens") == summary[ds]["tokens_done"]
+            for ds in summary
+        ),
         "each endpoint answer is one record (none lost, none twice)": all(
-            sorted(answered.get(ds, [])) == sorted(g["rows"]) for ds, g in found.items())
-            and sum(map(len, answered.values())) == n,
-        f"completion_tokens == SmolLM2 re-tokenized count ({len(sample)} records)": _retokenized(sample),
-    }  # fmt: skip
+            sorted(answered.get(ds, [])) == sorted(g["rows"]) for ds, g in found.items()
+        )
+        and sum(map(len, answered.values())) == n,
+        f"completion_tokens == SmolLM2 re-tokenized count ({len(sample)} records)": _retokenized(
+            sample
+        ),
+    }
     for name, ok in checks.items():
         print(f"  {name}: {'PASS' if ok else 'FAIL'}")
     tokens = sum(g["tokens"] for g in found.values())
     size = db_bytes(run_dir)
-    print(f"run: {wall:.1f} s wall, {n:,} records, {n / wall:,.0f} records/s, {tokens / wall:,.0f} "
-          f"tokens/s; stop_reason {run.stop_reason}; generating process peak RSS {rss_run:,.0f} MB "
-          f"(prompt frame + runner) {'PASS' if rss_run < RSS_MB else 'FAIL'} (< {RSS_MB} MB)")  # fmt: skip
-    print(f"run.sqlite: {size / 1e6:,.1f} MB, {size / max(n, 1):,.0f} bytes/record; JSONL layout "
-          f"(record lines + prompts.parquet): {old / 1e6:,.1f} MB; ratio {size / max(old, 1):.2f}x "
-          f"{'PASS' if size <= DB_RATIO * old else 'FAIL'} (<= {DB_RATIO}x)\n", flush=True)  # fmt: skip
+    print(
+        f"run: {wall:.1f} s wall, {n:,} records, {n / wall:,.0f} records/s, {tokens / wall:,.0f} "
+        f"tokens/s; stop_reason {run.stop_reason}; generating process peak RSS {rss_run:,.0f} MB "
+        f"(prompt frame + runner) {'PASS' if rss_run < RSS_MB else 'FAIL'} (< {RSS_MB} MB)"
+    )
+    print(
+        f"run.sqlite: {size / 1e6:,.1f} MB, {size / max(n, 1):,.0f} bytes/record; JSONL layout "
+        f"(record lines + prompts.parquet): {old / 1e6:,.1f} MB; ratio {size / max(old, 1):.2f}x "
+        f"{'PASS' if size <= DB_RATIO * old else 'FAIL'} (<= {DB_RATIO}x)\n",
+        flush=True,
+    )
 
 
 def _part_a_records(run_dir: Path, rows: dict) -> tuple[dict, set, list]:
@@ -220,23 +290,31 @@ def _part_a_records(run_dir: Path, rows: dict) -> tuple[dict, set, list]:
             got["records"] += 1
             got["tokens"] += row["completion_tokens"]
             got["rows"].append(rows.get((ds, pid)))
-            got["old_bytes"] += len(old_line(row | {"turns": json.loads(row["turns"]) if row["turns"] else None}))  # fmt: skip
+            got["old_bytes"] += len(
+                old_line(row | {"turns": json.loads(row["turns"]) if row["turns"] else None})
+            )
             if len(sample) < 1000 and len(seen) % 97 == 0:
                 sample.append((row["completion"], row["completion_tokens"]))
     return found, seen, sample
 
 
 def _part_a_budgets(summary: dict, found: dict) -> None:
-    print(f"{'dataset':<12}{'budget':>12}{'tokens':>12}{'over %':>8}{'records':>9}  within max(1%, max_tokens)")  # fmt: skip
+    print(
+        f"{'dataset':<12}{'budget':>12}{'tokens':>12}{'over %':>8}{'records':>9}  within max(1%, max_tokens)"
+    )
     ok_all = True
     for ds in fleet.DATASETS:
         s, g = summary[ds], found.get(ds, {"records": 0, "tokens": 0})
         slack = max(0.01 * s["budget"], fleet.MAX_TOKENS)
         within = s["budget"] <= g["tokens"] <= s["budget"] + slack
         ok_all &= within
-        print(f"{ds:<12}{s['budget']:>12,}{g['tokens']:>12,}{100 * (g['tokens'] / s['budget'] - 1):>8.2f}"
-              f"{g['records']:>9,}  {'yes' if within else 'NO'} ({s['state']})")  # fmt: skip
-    print(f"budgets: {'all within' if ok_all else 'SOME OUTSIDE'} [budget, budget + max(1%, {fleet.MAX_TOKENS})]")  # fmt: skip
+        print(
+            f"{ds:<12}{s['budget']:>12,}{g['tokens']:>12,}{100 * (g['tokens'] / s['budget'] - 1):>8.2f}"
+            f"{g['records']:>9,}  {'yes' if within else 'NO'} ({s['state']})"
+        )
+    print(
+        f"budgets: {'all within' if ok_all else 'SOME OUTSIDE'} [budget, budget + max(1%, {fleet.MAX_TOKENS})]"
+    )
 
 
 def _old_prompts_bytes(frame, path: Path) -> int:
@@ -286,7 +364,14 @@ class _Ids:
             self.tok.token_to_id("<|im_end|>"),
         )
         self.nl = self.enc("\n")
-        self.system = [self.start, *self.enc("system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"), self.end, *self.nl]  # fmt: skip
+        self.system = [
+            self.start,
+            *self.enc(
+                "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+            ),
+            self.end,
+            *self.nl,
+        ]
         self.heads = {r: [self.start, *self.enc(r + "\n")] for r in ("system", "user", "assistant")}
 
     def text(self, text: str) -> list[int]:
@@ -340,11 +425,18 @@ def synthesize(run_dir: Path, prompt_dir: Path, n: int) -> dict:
     _prompt_files(frame, prompt_dir)
     order = [(d, i) for d, c in counts.items() for i in range(c)]
     random.Random(n).shuffle(order)
-    ids = dict(zip(zip(frame["dataset"], frame["row"], strict=True), frame["prompt_id"], strict=True))  # fmt: skip
+    ids = dict(
+        zip(zip(frame["dataset"], frame["row"], strict=True), frame["prompt_id"], strict=True)
+    )
     tokens = dict.fromkeys(counts, 0)  # the budgets: what the records add up to (set at the end)
-    config = RunConfig(model=MODEL, endpoints=["http://127.0.0.1:9/v1"], budgets=dict.fromkeys(counts, 1),
-                       sampling=Sampling(max_tokens=fleet.MAX_TOKENS), concurrency=256,
-                       source_hashes=source_hashes(frame))  # fmt: skip
+    config = RunConfig(
+        model=MODEL,
+        endpoints=["http://127.0.0.1:9/v1"],
+        budgets=dict.fromkeys(counts, 1),
+        sampling=Sampling(max_tokens=fleet.MAX_TOKENS),
+        concurrency=256,
+        source_hashes=source_hashes(frame),
+    )
     old = parquet = _old_prompts_bytes(
         frame, prompt_dir.parent / f"{prompt_dir.name}_old_prompts.parquet"
     )
@@ -365,7 +457,14 @@ def synthesize(run_dir: Path, prompt_dir: Path, n: int) -> dict:
     store = RunStore(run_dir)
     store.init(replace(config, budgets=tokens))  # budgets may change; the fingerprint holds
     store.close()
-    return {"records": n, "synth_s": time.perf_counter() - t0, "old_bytes": old, "old_parquet_bytes": parquet, "ids": n_ids, "prompt_ids_differ_of_500": differ} | _sizes(run_dir)  # fmt: skip
+    return {
+        "records": n,
+        "synth_s": time.perf_counter() - t0,
+        "old_bytes": old,
+        "old_parquet_bytes": parquet,
+        "ids": n_ids,
+        "prompt_ids_differ_of_500": differ,
+    } | _sizes(run_dir)
 
 
 def _record(d: str, pid: str, msgs, tools, maker: _Ids, k: int, t_done: float):
@@ -375,11 +474,22 @@ def _record(d: str, pid: str, msgs, tools, maker: _Ids, k: int, t_done: float):
     text, tok, finish = fleet.completion(msgs, None, fleet.MAX_TOKENS)
     p_ids = maker.prompt(msgs)
     return Record(
-        dataset=d, prompt_id=pid, sample=0, messages=msgs, completion=text, finish_reason=finish,
-        completion_tokens=tok, count_source="server_ids", prompt_tokens=len(p_ids),
-        output_ids=maker.text(text), prompt_ids=p_ids, endpoint=f"http://127.0.0.1:{8001 + k % 4}/v1",
-        latency_s=round(0.02 + tok / 400, 4), t_done=round(t_done + k * 0.004, 3),
-        tools=json.loads(tools) if tools else None)  # fmt: skip
+        dataset=d,
+        prompt_id=pid,
+        sample=0,
+        messages=msgs,
+        completion=text,
+        finish_reason=finish,
+        completion_tokens=tok,
+        count_source="server_ids",
+        prompt_tokens=len(p_ids),
+        output_ids=maker.text(text),
+        prompt_ids=p_ids,
+        endpoint=f"http://127.0.0.1:{8001 + k % 4}/v1",
+        latency_s=round(0.02 + tok / 400, 4),
+        t_done=round(t_done + k * 0.004, 3),
+        tools=json.loads(tools) if tools else None,
+    )
 
 
 def _prompt_files(frame, prompt_dir: Path) -> None:
@@ -400,11 +510,15 @@ def _sizes(run_dir: Path) -> dict:
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         tables = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall())
-        blob = conn.execute("SELECT sum(length(output_ids)) + sum(length(prompt_ids)) FROM records").fetchone()[0]  # fmt: skip
-        keep = {"last_rowid": conn.execute("SELECT max(rowid) FROM records").fetchone()[0],
-                "totals": conn.execute("SELECT * FROM totals").fetchall(),
-                "state": conn.execute("SELECT * FROM state").fetchall(),
-                "config": conn.execute("SELECT * FROM config").fetchall()}  # fmt: skip
+        blob = conn.execute(
+            "SELECT sum(length(output_ids)) + sum(length(prompt_ids)) FROM records"
+        ).fetchone()[0]
+        keep = {
+            "last_rowid": conn.execute("SELECT max(rowid) FROM records").fetchone()[0],
+            "totals": conn.execute("SELECT * FROM totals").fetchall(),
+            "state": conn.execute("SELECT * FROM state").fetchall(),
+            "config": conn.execute("SELECT * FROM config").fetchall(),
+        }
     finally:
         conn.close()
     return {"db_bytes": db_bytes(run_dir), "tables": tables, "id_blob_bytes": blob, "keep": keep}
@@ -443,8 +557,11 @@ def run_dir_for(workdir: Path, n: int) -> tuple[Path, Path, dict]:
     print(f"-- {n:,} records: writing {run_dir} ...", flush=True)
     meta = synthesize(run_dir, prompt_dir, n)
     marker.write_text(json.dumps(meta))
-    print(f"   written in {meta['synth_s']:.0f} s, run.sqlite {meta['db_bytes'] / 1e9:.2f} GB "
-          f"({meta['db_bytes'] / n:,.0f} bytes/record, prompts included)", flush=True)  # fmt: skip
+    print(
+        f"   written in {meta['synth_s']:.0f} s, run.sqlite {meta['db_bytes'] / 1e9:.2f} GB "
+        f"({meta['db_bytes'] / n:,.0f} bytes/record, prompts included)",
+        flush=True,
+    )
     return run_dir, prompt_dir, meta
 
 
@@ -459,10 +576,18 @@ def _plain_load(prompt_dir: Path) -> int:
     parts = []
     for path in sorted(prompt_dir.glob("*.jsonl")):
         rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
-        parts.append(pl.DataFrame({
-            "dataset": [path.stem] * len(rows), "messages": [r["messages"] for r in rows],
-            "tools": [orjson.dumps(r["tools"]).decode() if r.get("tools") else None for r in rows]},
-            schema_overrides={"tools": pl.String}))  # fmt: skip
+        parts.append(
+            pl.DataFrame(
+                {
+                    "dataset": [path.stem] * len(rows),
+                    "messages": [r["messages"] for r in rows],
+                    "tools": [
+                        orjson.dumps(r["tools"]).decode() if r.get("tools") else None for r in rows
+                    ],
+                },
+                schema_overrides={"tools": pl.String},
+            )
+        )
     return pl.concat(parts).height
 
 
@@ -505,7 +630,7 @@ def _plain_token_ids(run_dir: Path, out: Path) -> int:
     eot = Tokenizer.from_file(str(fleet.TOKENIZER / "tokenizer.json")).token_to_id("<|im_end|>")
     out.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(f"file:{run_dir / 'run.sqlite'}?mode=ro", uri=True)
-    sql = "SELECT dataset, prompt_id, sample, finish_reason, prompt_ids, output_ids FROM records ORDER BY rowid"  # fmt: skip
+    sql = "SELECT dataset, prompt_id, sample, finish_reason, prompt_ids, output_ids FROM records ORDER BY rowid"
     n = 0
     with open(out / "train.jsonl", "wb") as f:
         cur = conn.execute(sql)
@@ -518,8 +643,16 @@ def _plain_token_ids(run_dir: Path, out: Path) -> int:
                 if finish == "stop":
                     ids.append(eot)
                     mask.append(1)
-                lines.append(orjson.dumps({"id": f"{ds}-{pid}-{sample}", "input_ids": ids,
-                                           "loss_mask": mask, "ids_source": "server"}))  # fmt: skip
+                lines.append(
+                    orjson.dumps(
+                        {
+                            "id": f"{ds}-{pid}-{sample}",
+                            "input_ids": ids,
+                            "loss_mask": mask,
+                            "ids_source": "server",
+                        }
+                    )
+                )
             f.write(b"\n".join(lines) + b"\n")
             n += len(rows)
     conn.close()
@@ -584,9 +717,13 @@ def _first_request(args, t_call: float, run) -> dict:
     total = time.time() - t_call
     stats = _endpoint(args.url, "stats")
     first = stats["first_t"]
-    return {"seconds": None if first is None else first - t_call, "total_s": total,
-            "from_exec_s": None if first is None else first - args.spawn_t,
-            "new_records": stats["requests"], "stop": run.stop_reason}  # fmt: skip
+    return {
+        "seconds": None if first is None else first - t_call,
+        "total_s": total,
+        "from_exec_s": None if first is None else first - args.spawn_t,
+        "new_records": stats["requests"],
+        "stop": run.stop_reason,
+    }
 
 
 def _fresh(run_dir: Path, prompt_dir: Path, out: Path, args) -> dict:
@@ -629,12 +766,27 @@ def writer(run_dir: Path, ready: Path) -> None:
     while not stop and k < len(keys):
         t = time.time()
         for ds, pid in keys[k : k + 100]:
-            store.append(Record(dataset=ds, prompt_id=pid, sample=1, messages=[], completion=text,
-                                finish_reason="stop", completion_tokens=300, count_source="usage",
-                                endpoint="http://127.0.0.1:9/v1", latency_s=0.1, t_done=time.time()))  # fmt: skip
+            store.append(
+                Record(
+                    dataset=ds,
+                    prompt_id=pid,
+                    sample=1,
+                    messages=[],
+                    completion=text,
+                    finish_reason="stop",
+                    completion_tokens=300,
+                    count_source="usage",
+                    endpoint="http://127.0.0.1:9/v1",
+                    latency_s=0.1,
+                    t_done=time.time(),
+                )
+            )
         k += 100
         if t - t_status >= 1.0:
-            progress = [DatasetProgress(dataset=d, budget=b, state="running", in_flight=32) for d, b in config.budgets.items()]  # fmt: skip
+            progress = [
+                DatasetProgress(dataset=d, budget=b, state="running", in_flight=32)
+                for d, b in config.budgets.items()
+            ]
             store.write_status(progress)
             t_status = t
         if k >= 512 and not ready.exists():
@@ -675,7 +827,10 @@ def child(args) -> None:
     elif step == "audit":
         report = kit.audit(run_dir)
         report.summary()
-        info |= {"records": int(report.datasets["records"].sum()), "findings": report.findings.height}  # fmt: skip
+        info |= {
+            "records": int(report.datasets["records"].sum()),
+            "findings": report.findings.height,
+        }
     elif step == "restart":
         info |= _restart(run_dir, args)
     elif step.startswith("export_"):
@@ -685,7 +840,10 @@ def child(args) -> None:
         info["records"] = sum(c.get("records", 0) for c in result.counts.values())
         if fmt == "token_ids":  # where the ids came from: exact (server) rows vs re-tokenized
             rows = result.manifest.get("token_rows") or {}
-            info["token_rows"] = {k: sum(d.get(k, 0) for d in rows.values()) for k in ("exact", "retokenized", "prompt_render_differs", "skipped")}  # fmt: skip
+            info["token_rows"] = {
+                k: sum(d.get(k, 0) for d in rows.values())
+                for k in ("exact", "retokenized", "prompt_render_differs", "skipped")
+            }
     elif step.startswith("validate_"):
         v = kit.validate(out)
         info |= {"ok": v.ok, "problems": v.problems[:3]}
@@ -724,9 +882,24 @@ def measure(step: str, run_dir: Path, out: Path, args, url: str, profile_out: st
     bg = _start_writer(run_dir, workdir) if step == "watch" else None
     log = open(workdir / f"step_{step}.log", "w")  # noqa: SIM115
     t_spawn = time.time()
-    cmd = [sys.executable, __file__, "--step", step, "--run-dir", str(run_dir), "--out", str(out),
-           "--result", str(result), "--url", url, "--spawn-t", repr(t_spawn),
-           "--profile-out", profile_out]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--step",
+        step,
+        "--run-dir",
+        str(run_dir),
+        "--out",
+        str(out),
+        "--result",
+        str(result),
+        "--url",
+        url,
+        "--spawn-t",
+        repr(t_spawn),
+        "--profile-out",
+        profile_out,
+    ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     killed, sampled = _watchdog(proc, args, t_spawn)
     log.close()
@@ -734,8 +907,11 @@ def measure(step: str, run_dir: Path, out: Path, args, url: str, profile_out: st
         bg.send_signal(signal.SIGTERM)
         bg.wait(60)
     doc = json.loads(result.read_text()) if result.exists() and not killed else {}
-    doc |= {"rss_mb": max(doc.get("hwm_mb", 0), sampled / 1024), "wall_s": time.time() - t_spawn,
-            "pages": "cold" if args.cold else "as cached"}  # fmt: skip
+    doc |= {
+        "rss_mb": max(doc.get("hwm_mb", 0), sampled / 1024),
+        "wall_s": time.time() - t_spawn,
+        "pages": "cold" if args.cold else "as cached",
+    }
     if killed:
         why = f"over {args.rss_limit_gb:g} GB RSS" if killed == "rss" else "timeout"
         doc["error"] = f"killed ({why})"
@@ -835,7 +1011,10 @@ def part_b(args) -> None:
                 if step.startswith("validate") and not _ok(made):
                     doc = {"error": "skipped (no export to validate)", "rss_mb": 0}
                 elif guess is not None and guess > args.skip_over:
-                    doc = {"error": f"skipped (predicted {guess:,.0f} s > {args.skip_over:g} s from the rate at a smaller size)", "rss_mb": 0}  # fmt: skip
+                    doc = {
+                        "error": f"skipped (predicted {guess:,.0f} s > {args.skip_over:g} s from the rate at a smaller size)",
+                        "rss_mb": 0,
+                    }
                 else:
                     if step.startswith(("export", "plain", "floor", "fresh")):
                         shutil.rmtree(out, ignore_errors=True)
@@ -902,8 +1081,12 @@ def _save(workdir: Path, step: str, n: int, doc: dict) -> None:
 def _kit_rev() -> str:
     """The commit kit's code was at, "+dirty" when kit/ has uncommitted changes."""
     git = ["git", "-C", str(ROOT)]
-    rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()  # fmt: skip
-    dirty = subprocess.run([*git, "status", "--porcelain", "kit"], capture_output=True, text=True).stdout.strip()  # fmt: skip
+    rev = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "kit"], capture_output=True, text=True
+    ).stdout.strip()
     return rev + ("+dirty" if dirty else "")
 
 
@@ -926,7 +1109,7 @@ def _cells(doc: dict, n: int) -> str:
         return f"no request reached the endpoint (peak {doc['rss_mb']:,.0f} MB)"
     extra = ""
     if "total_s" in doc:
-        extra = f"  [whole generating process {doc['total_s']:.1f} s, {doc['new_records']:,} new records; from exec {doc['from_exec_s']:.1f} s]"  # fmt: skip
+        extra = f"  [whole generating process {doc['total_s']:.1f} s, {doc['new_records']:,} new records; from exec {doc['from_exec_s']:.1f} s]"
         extra += f" [kit.load {doc['load_s']:.1f} s]" if "load_s" in doc else ""
     if "ok" in doc:
         extra = f"  [ok={doc['ok']}{'' if doc['ok'] else ' ' + '; '.join(doc['problems'])}]"
@@ -938,14 +1121,18 @@ def _cells(doc: dict, n: int) -> str:
 
 def print_table(results: dict, sizes: list[int]) -> None:
     sizes = sorted(sizes)
-    print(f"\n{'step':<26}{'records':>10}{'seconds':>9}{'cpu s':>8}{'peak MB':>9}{'rows/s':>10}{'x base':>8}  note")  # fmt: skip
+    print(
+        f"\n{'step':<26}{'records':>10}{'seconds':>9}{'cpu s':>8}{'peak MB':>9}{'rows/s':>10}{'x base':>8}  note"
+    )
     for step in ["imports", *STEPS]:
         for n in sizes:
             d = results.get(step, {}).get(n)
             if d is None:
                 continue
             if not _ok(d):
-                print(f"{LABELS[step]:<26}{n:>10,}  {d.get('error', 'no request')} (peak {d['rss_mb']:,.0f} MB)")  # fmt: skip
+                print(
+                    f"{LABELS[step]:<26}{n:>10,}  {d.get('error', 'no request')} (peak {d['rss_mb']:,.0f} MB)"
+                )
                 continue
             s, mb = d["seconds"], d["rss_mb"]
             if step == "imports":
@@ -958,20 +1145,32 @@ def print_table(results: dict, sizes: list[int]) -> None:
             rate = d.get("records") or (
                 n if step.startswith(("export", "plain", "audit", "watch")) else None
             )
-            note = f"whole generating process {d['total_s']:.0f} s, +{d['new_records']:,} records" if step == "restart" else ""  # fmt: skip
+            note = (
+                f"whole generating process {d['total_s']:.0f} s, +{d['new_records']:,} records"
+                if step == "restart"
+                else ""
+            )
             note = f"{d['records']:,} prompts" if step.endswith("load") else note
-            note = f"{d['records']:,} prompts loaded in {d['load_s']:.0f} s, stored, queued" if step == "fresh" else note  # fmt: skip
+            note = (
+                f"{d['records']:,} prompts loaded in {d['load_s']:.0f} s, stored, queued"
+                if step == "fresh"
+                else note
+            )
             per_s = f"{rate / max(s, 1e-9):,.0f}" if rate else "-"
-            print(f"{LABELS[step]:<26}{n:>10,}{s:>9.2f}{d.get('cpu_s', float('nan')):>8.1f}{mb:>9,.0f}{per_s:>10}{ratio}  {note}")  # fmt: skip
+            print(
+                f"{LABELS[step]:<26}{n:>10,}{s:>9.2f}{d.get('cpu_s', float('nan')):>8.1f}{mb:>9,.0f}{per_s:>10}{ratio}  {note}"
+            )
     for n in sizes:
         d = results.get("db_size", {}).get(n)
         if d:
             t = d["tables"]
-            print(f"{'run.sqlite':<26}{n:>10,}  {d['db_bytes'] / 1e9:.2f} GB = {d['db_bytes'] / d['old_bytes']:.2f}x the JSONL layout's "
-                  f"{d['old_bytes'] / 1e9:.2f} GB (lines {(d['old_bytes'] - d['old_parquet_bytes']) / 1e9:.2f}, prompts.parquet {d['old_parquet_bytes'] / 1e9:.2f}); "
-                  f"tables: records {t.get('records', 0) / 1e9:.2f} GB, prompts {t.get('prompts', 0) / 1e9:.2f} GB, indexes {sum(t.get(i, 0) for i in INDEXES) / 1e9:.2f} GB; "
-                  f"{d['id_blob_bytes'] / d['ids']:.2f} bytes/token id in the blobs, "
-                  f"{t.get('records', 0) / d['ids']:.2f} bytes of the records table per token id")  # fmt: skip
+            print(
+                f"{'run.sqlite':<26}{n:>10,}  {d['db_bytes'] / 1e9:.2f} GB = {d['db_bytes'] / d['old_bytes']:.2f}x the JSONL layout's "
+                f"{d['old_bytes'] / 1e9:.2f} GB (lines {(d['old_bytes'] - d['old_parquet_bytes']) / 1e9:.2f}, prompts.parquet {d['old_parquet_bytes'] / 1e9:.2f}); "
+                f"tables: records {t.get('records', 0) / 1e9:.2f} GB, prompts {t.get('prompts', 0) / 1e9:.2f} GB, indexes {sum(t.get(i, 0) for i in INDEXES) / 1e9:.2f} GB; "
+                f"{d['id_blob_bytes'] / d['ids']:.2f} bytes/token id in the blobs, "
+                f"{t.get('records', 0) / d['ids']:.2f} bytes of the records table per token id"
+            )
     print_targets(results, sizes)
 
 
@@ -997,25 +1196,42 @@ def print_targets(results: dict, sizes: list[int]) -> None:
                 if str(d.get("error", "")).startswith("skipped")
                 else _ok(d) and d["rss_mb"] < RSS_MB
             )
-            _target(f"peak RSS < {RSS_MB} MB: {LABELS[s]}", ok, f"{d['rss_mb']:,.0f} MB" + ("" if _ok(d) else f" ({d.get('error')})"))  # fmt: skip
+            _target(
+                f"peak RSS < {RSS_MB} MB: {LABELS[s]}",
+                ok,
+                f"{d['rss_mb']:,.0f} MB" + ("" if _ok(d) else f" ({d.get('error')})"),
+            )
     for step, limit in (("restart", RESTART_S), ("watch", WATCH_S), ("audit", AUDIT_S)):
         d = results.get(step, {}).get(big)
         if d is not None:
-            _target(f"{LABELS[step]} < {limit:g} s", _ok(d) and d["seconds"] < limit,
-                    f"{d['seconds']:.2f} s" if _ok(d) else d.get("error", "no request"))  # fmt: skip
+            _target(
+                f"{LABELS[step]} < {limit:g} s",
+                _ok(d) and d["seconds"] < limit,
+                f"{d['seconds']:.2f} s" if _ok(d) else d.get("error", "no request"),
+            )
     for n in sizes:
         k, p = results.get("export_specforge", {}).get(n), results.get("plain_specforge", {}).get(n)
         if _ok(k):
-            _target(f"export specforge >= {SPECFORGE_RATE:,}/s at {n:,}", n / k["seconds"] >= SPECFORGE_RATE, f"{n / k['seconds']:,.0f}/s")  # fmt: skip
+            _target(
+                f"export specforge >= {SPECFORGE_RATE:,}/s at {n:,}",
+                n / k["seconds"] >= SPECFORGE_RATE,
+                f"{n / k['seconds']:,.0f}/s",
+            )
             if _ok(p):
-                _target(f"export specforge <= plain exporter's time at {n:,}", k["seconds"] <= p["seconds"],
-                        f"{k['seconds']:.1f} vs {p['seconds']:.1f} s = x{k['seconds'] / p['seconds']:.2f}")  # fmt: skip
+                _target(
+                    f"export specforge <= plain exporter's time at {n:,}",
+                    k["seconds"] <= p["seconds"],
+                    f"{k['seconds']:.1f} vs {p['seconds']:.1f} s = x{k['seconds'] / p['seconds']:.2f}",
+                )
     for n in sizes:
         k = results.get("export_token_ids", {}).get(n)
         if k is not None:
             skipped = None if str(k.get("error", "")).startswith("skipped") else False
-            _target(f"export token_ids (server ids) >= {TOKEN_RATE:,}/s at {n:,}", n / k["seconds"] >= TOKEN_RATE if _ok(k) else skipped,
-                    f"{n / k['seconds']:,.0f}/s" if _ok(k) else k.get("error"))  # fmt: skip
+            _target(
+                f"export token_ids (server ids) >= {TOKEN_RATE:,}/s at {n:,}",
+                n / k["seconds"] >= TOKEN_RATE if _ok(k) else skipped,
+                f"{n / k['seconds']:,.0f}/s" if _ok(k) else k.get("error"),
+            )
     for n in sizes:
         d = results.get("db_size", {}).get(n)
         if d:
@@ -1044,11 +1260,25 @@ def texts_check(n: int = 20_000, size: int = 1336) -> None:
         raw = sum(len(t.encode()) for t in texts)
         return f"{raw / 1e6:6.1f} MB -> {out.tell() / 1e6:5.1f} MB: {raw / out.tell():.2f}x"
 
-    prompts = [json.dumps([[m["role"], m["content"]] for m in fleet.prompt(d, i)[0]]) for d in fleet.DATASETS for i in range(n // len(fleet.DATASETS))]  # fmt: skip
-    answers = [fleet.completion(fleet.prompt(d, i)[0], None, fleet.MAX_TOKENS)[0] for d in fleet.DATASETS for i in range(n // len(fleet.DATASETS))]  # fmt: skip
+    prompts = [
+        json.dumps([[m["role"], m["content"]] for m in fleet.prompt(d, i)[0]])
+        for d in fleet.DATASETS
+        for i in range(n // len(fleet.DATASETS))
+    ]
+    answers = [
+        fleet.completion(fleet.prompt(d, i)[0], None, fleet.MAX_TOKENS)[0]
+        for d in fleet.DATASETS
+        for i in range(n // len(fleet.DATASETS))
+    ]
     paths = glob.glob(f"{sys.prefix}/lib/python3*/site-packages/**/*.md", recursive=True)
     paths += glob.glob("/usr/share/doc/**/changelog*.gz", recursive=True)
-    docs = {(gzip.open(p, "rt", errors="replace") if p.endswith(".gz") else open(p, errors="replace")).read() for p in paths if "licen" not in p.lower()}  # fmt: skip
+    docs = {
+        (
+            gzip.open(p, "rt", errors="replace") if p.endswith(".gz") else open(p, errors="replace")
+        ).read()
+        for p in paths
+        if "licen" not in p.lower()
+    }
     prose = "\n".join(sorted(docs))
     cuts = [prose[i : i + size] for i in range(0, len(prose) - size, size)]
     random.Random(0).shuffle(cuts)
@@ -1059,7 +1289,11 @@ def texts_check(n: int = 20_000, size: int = 1336) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=["a", "b", "both"], default="both")
-    p.add_argument("--quick", action="store_true", help="a small try: 0.2M tokens per dataset, sizes 2000 10000")  # fmt: skip
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small try: 0.2M tokens per dataset, sizes 2000 10000",
+    )
     p.add_argument("--budget-millions", type=float, default=11.5, help="part A: tokens per dataset")
     p.add_argument("--sizes", type=int, nargs="+", default=[40_000, 200_000, 1_000_000])
     p.add_argument("--steps", nargs="+", default=STEPS, choices=STEPS)
@@ -1069,13 +1303,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--rss-limit-gb", type=float, default=8.0, help="kill a step over this RSS")
     p.add_argument("--step-timeout", type=float, default=3600.0)
-    p.add_argument("--skip-over", type=float, default=0.0, help="skip a step predicted over this many seconds (0: never)")  # fmt: skip
+    p.add_argument(
+        "--skip-over",
+        type=float,
+        default=0.0,
+        help="skip a step predicted over this many seconds (0: never)",
+    )
     p.add_argument("--keep-exports", action="store_true")
-    p.add_argument("--cold", action="store_true", help="drop run.sqlite's cached pages before each step (measure its disk reads)")  # fmt: skip
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop run.sqlite's cached pages before each step (measure its disk reads)",
+    )
     p.add_argument("--table-only", action="store_true", help="print the kept part B results")
     p.add_argument("--profile", choices=STEPS, help="run this step under cProfile at --sizes[0]")
     p.add_argument("--profile-top", type=int, default=25)
-    p.add_argument("--texts", action="store_true", help="how compressible fleet's texts are vs real prose")  # fmt: skip
+    p.add_argument(
+        "--texts", action="store_true", help="how compressible fleet's texts are vs real prose"
+    )
     for name in ("--step", "--run-dir", "--out", "--result", "--url", "--writer"):  # a child's
         p.add_argument(name, help=argparse.SUPPRESS)
     p.add_argument("--spawn-t", type=float, help=argparse.SUPPRESS)

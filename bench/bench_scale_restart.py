@@ -36,8 +36,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-STEPS = ["plain_done", "done", "plain_prompts", "prompts", "plain_watch", "watch", "watch_writing", "restart"]  # fmt: skip
-BASELINE = {"done": "plain_done", "prompts": "plain_prompts", "watch": "plain_watch", "watch_writing": "plain_watch"}  # fmt: skip
+STEPS = [
+    "plain_done",
+    "done",
+    "plain_prompts",
+    "prompts",
+    "plain_watch",
+    "watch",
+    "watch_writing",
+    "restart",
+]
+BASELINE = {
+    "done": "plain_done",
+    "prompts": "plain_prompts",
+    "watch": "plain_watch",
+    "watch_writing": "plain_watch",
+}
 NAMES = [f"ds{i}" for i in range(8)]
 
 
@@ -60,30 +74,47 @@ def build(run_dir: Path, n: int, tokenizer: str | None) -> None:
     per = n // len(NAMES)
     spare = int(per * 1.25)
     ids = {ds: [f"{rng.getrandbits(64):016x}" for _ in range(spare)] for ds in NAMES}
-    frame = pl.DataFrame({
-        "dataset": [ds for ds in NAMES for _ in range(spare)],
-        "prompt_id": [p for ds in NAMES for p in ids[ds]],
-        "messages": [_msgs(ds, i) for ds in NAMES for i in range(spare)],
-        "n_turns": [1] * (spare * len(NAMES)), "row": [i for _ in NAMES for i in range(spare)],
-    })  # fmt: skip
+    frame = pl.DataFrame(
+        {
+            "dataset": [ds for ds in NAMES for _ in range(spare)],
+            "prompt_id": [p for ds in NAMES for p in ids[ds]],
+            "messages": [_msgs(ds, i) for ds in NAMES for i in range(spare)],
+            "n_turns": [1] * (spare * len(NAMES)),
+            "row": [i for _ in NAMES for i in range(spare)],
+        }
+    )
     extra = {"tokenizer": tokenizer, "max_context": 8192} if tokenizer else {}
     config = RunConfig(
-        model="fake", endpoints="http://127.0.0.1:9/v1", budgets=dict.fromkeys(NAMES, 10**9),
-        sampling=Sampling(max_tokens=64), source_hashes=source_hashes(frame),
-        chat_template_hash=chat_template_hash(tokenizer) if tokenizer else None, **extra,
-    )  # fmt: skip
+        model="fake",
+        endpoints="http://127.0.0.1:9/v1",
+        budgets=dict.fromkeys(NAMES, 10**9),
+        sampling=Sampling(max_tokens=64),
+        source_hashes=source_hashes(frame),
+        chat_template_hash=chat_template_hash(tokenizer) if tokenizer else None,
+        **extra,
+    )
     store = RunStore(run_dir, flush_every=20_000, flush_interval=1e9)
     store.init(config, frame)
     t0 = time.time() - n
     for k in range(per * len(NAMES)):
         ds, i = NAMES[k % len(NAMES)], k // len(NAMES)
         tokens = 5 + (i * 7919) % 60
-        store.append(Record(
-            dataset=ds, prompt_id=ids[ds][i], sample=0, messages=_msgs(ds, i), completion="ok " * 4,
-            finish_reason="length" if tokens >= 60 else "stop", completion_tokens=tokens,
-            count_source="usage", prompt_tokens=20, endpoint="http://127.0.0.1:9/v1",
-            latency_s=0.5, t_done=t0 + k,
-        ))  # fmt: skip
+        store.append(
+            Record(
+                dataset=ds,
+                prompt_id=ids[ds][i],
+                sample=0,
+                messages=_msgs(ds, i),
+                completion="ok " * 4,
+                finish_reason="length" if tokens >= 60 else "stop",
+                completion_tokens=tokens,
+                count_source="usage",
+                prompt_tokens=20,
+                endpoint="http://127.0.0.1:9/v1",
+                latency_s=0.5,
+                t_done=t0 + k,
+            )
+        )
     store.close()
 
 
@@ -102,7 +133,11 @@ def child(step: str, run_dir: str) -> None:
             n = done_frame(conn).height
     elif step == "plain_done":
         conn = sqlite3.connect(plain, uri=True)
-        n = len(conn.execute("SELECT dataset, prompt_id, sample, completion_tokens, finish_reason FROM records").fetchall())  # fmt: skip
+        n = len(
+            conn.execute(
+                "SELECT dataset, prompt_id, sample, completion_tokens, finish_reason FROM records"
+            ).fetchall()
+        )
     elif step == "prompts":
         n = prompts_frame(run_dir, text=False).height
     elif step == "plain_prompts":
@@ -114,12 +149,19 @@ def child(step: str, run_dir: str) -> None:
         conn = sqlite3.connect(plain, uri=True)
         n = sum(s for (s,) in conn.execute("SELECT samples FROM totals"))
     else:
-        runner = Runner.create(None, read_config(run_dir), run_dir=run_dir, force=False, expected_tokens=None)  # fmt: skip
+        runner = Runner.create(
+            None, read_config(run_dir), run_dir=run_dir, force=False, expected_tokens=None
+        )
         n = sum(len(d.queue) for d in runner.datasets.values())
         w1, c1 = time.perf_counter(), time.process_time()
         runner.store.close()
         w0, c0 = w0 + time.perf_counter() - w1, c0 + time.process_time() - c1  # close not timed
-    doc = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0, "rss_mb": _peak_mb(), "n": n}  # fmt: skip
+    doc = {
+        "wall": time.perf_counter() - w0,
+        "cpu": time.process_time() - c0,
+        "rss_mb": _peak_mb(),
+        "n": n,
+    }
     print(json.dumps(doc))
 
 
@@ -137,9 +179,21 @@ def writer(run_dir: str, ready: str) -> None:
     k = 0
     while not stop and k < len(keys):
         for ds, pid in keys[k : k + 100]:
-            store.append(Record(dataset=ds, prompt_id=pid, sample=1, messages=[], completion="ok",
-                                finish_reason="stop", completion_tokens=1, count_source="usage",
-                                endpoint="http://127.0.0.1:9/v1", latency_s=0.1, t_done=time.time()))  # fmt: skip
+            store.append(
+                Record(
+                    dataset=ds,
+                    prompt_id=pid,
+                    sample=1,
+                    messages=[],
+                    completion="ok",
+                    finish_reason="stop",
+                    completion_tokens=1,
+                    count_source="usage",
+                    endpoint="http://127.0.0.1:9/v1",
+                    latency_s=0.1,
+                    t_done=time.time(),
+                )
+            )
         k += 100
         if k >= 512 and not Path(ready).exists():
             Path(ready).write_text(str(k))
@@ -172,7 +226,9 @@ def run_step(step: str, run_dir: Path) -> dict:
 def _start_writer(run_dir: Path) -> subprocess.Popen:
     ready = run_dir.parent / "writer_ready"
     ready.unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, __file__, "--writer", str(ready), "--run-dir", str(run_dir)], cwd=ROOT)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--writer", str(ready), "--run-dir", str(run_dir)], cwd=ROOT
+    )
     while not ready.exists():
         if proc.poll() is not None:
             raise SystemExit("the writer did not start")
@@ -184,9 +240,14 @@ def _drop_written(run_dir: Path) -> None:
     """Remove what the writer added (sample 1 records) and take their counts off the totals."""
     conn = sqlite3.connect(run_dir / "run.sqlite", isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
-    added = conn.execute("SELECT dataset, count(*), sum(completion_tokens), sum(finish_reason = 'length') FROM records WHERE sample = 1 GROUP BY dataset").fetchall()  # fmt: skip
+    added = conn.execute(
+        "SELECT dataset, count(*), sum(completion_tokens), sum(finish_reason = 'length') FROM records WHERE sample = 1 GROUP BY dataset"
+    ).fetchall()
     for ds, s, t, x in added:
-        conn.execute("UPDATE totals SET samples = samples - ?, tokens = tokens - ?, truncated = truncated - ? WHERE dataset = ?", (s, t, x, ds))  # fmt: skip
+        conn.execute(
+            "UPDATE totals SET samples = samples - ?, tokens = tokens - ?, truncated = truncated - ? WHERE dataset = ?",
+            (s, t, x, ds),
+        )
     conn.execute("DELETE FROM records WHERE sample = 1")
     conn.execute("COMMIT")
     conn.close()
@@ -221,14 +282,19 @@ def main() -> None:
     if "restart" in args.steps:
         run_step("restart", run_dir)  # untimed: fills guard.json (a first start renders once)
     size = sum(f.stat().st_size for f in run_dir.glob("run.sqlite*"))
-    print(f"{args.records:,} records, run.sqlite {size / 1e6:,.0f} MB; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")  # fmt: skip
+    print(
+        f"{args.records:,} records, run.sqlite {size / 1e6:,.0f} MB; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     print(f"{'step':<14}{'wall s':>8}{'cpu s':>8}{'peak MB':>9}{'result':>10}{'x plain':>9}")
     got: dict[str, dict] = {}
     for step in args.steps:
         d = got[step] = run_step(step, run_dir)
         base = got.get(BASELINE.get(step, ""))
         ratio = f"{d['wall'] / base['wall']:>9.2f}" if base else f"{'-':>9}"
-        print(f"{step:<14}{d['wall']:>8.2f}{d['cpu']:>8.2f}{d['rss_mb']:>9,.0f}{d['n']:>10,}{ratio}", flush=True)  # fmt: skip
+        print(
+            f"{step:<14}{d['wall']:>8.2f}{d['cpu']:>8.2f}{d['rss_mb']:>9,.0f}{d['n']:>10,}{ratio}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -130,8 +130,9 @@ def main() -> None:
     results = {}
     for engine in args.engines:
         t0 = time.perf_counter()
-        server = start(extra_args=shlex.split(args.extra_args), engine=engine, timeout=1200,
-                       temperature=0.0)  # fmt: skip
+        server = start(
+            extra_args=shlex.split(args.extra_args), engine=engine, timeout=1200, temperature=0.0
+        )
         startup = time.perf_counter() - t0
         rss = PeakRSS(server.pid)
         IDS.update(seen=0, with_ids=0, ask=server.api == "vllm")
@@ -146,8 +147,11 @@ def main() -> None:
         ids = f"{IDS['with_ids']}/{IDS['seen']}"
         results[engine] = {"startup": startup, "rates": rates, "rss": peak, "ids": ids}
         print(f"peak RSS {peak:,.0f} MB; answers with token ids {ids}")
-    print("\n| engine | start-up s | " + " | ".join(f"tok/s @{c}" for c in args.concurrency)
-          + " | peak RSS MB | token ids |")  # fmt: skip
+    print(
+        "\n| engine | start-up s | "
+        + " | ".join(f"tok/s @{c}" for c in args.concurrency)
+        + " | peak RSS MB | token ids |"
+    )
     print("|---" * (4 + len(args.concurrency)) + "|")
     for engine, r in results.items():
         cells = " | ".join(f"{r['rates'][c]:.1f}" for c in args.concurrency)

@@ -162,9 +162,12 @@ def main() -> None:
             f"{label:<26}{best[name]:>9.2f}{frame.height / best[name]:>11,.0f}"
             f"{total / best[name]:>11,.0f}{peak:>13,.0f}{before:>10,.0f}"
         )
-    print("  all runs (s): " + "; ".join(
-        f"{name} " + " ".join(f"{r['seconds']:.2f}" for r in rs) for name, rs in runs.items()
-    ))  # fmt: skip
+    print(
+        "  all runs (s): "
+        + "; ".join(
+            f"{name} " + " ".join(f"{r['seconds']:.2f}" for r in rs) for name, rs in runs.items()
+        )
+    )
     ratio = best["kit"] / best["raw"]
     print(
         f"total prompt tokens {total:,} (mean {total / frame.height:.1f}); counts equal raw on "

@@ -52,10 +52,15 @@ TOKENIZER = ROOT / "data" / "models" / "SmolLM2-135M-Instruct"
 MAX_TOKENS = 4096
 # dataset -> (median completion tokens, lognormal sigma); tool_calls prompts carry tools
 DATASETS = {
-    "chat_short": (150, 0.6), "tool_calls": (180, 0.7), "qa": (200, 0.8),
-    "summarize": (250, 0.6), "chat_long": (300, 0.7), "code": (500, 0.8),
-    "math": (700, 0.9), "reasoning": (1500, 1.0),
-}  # fmt: skip
+    "chat_short": (150, 0.6),
+    "tool_calls": (180, 0.7),
+    "qa": (200, 0.8),
+    "summarize": (250, 0.6),
+    "chat_long": (300, 0.7),
+    "code": (500, 0.8),
+    "math": (700, 0.9),
+    "reasoning": (1500, 1.0),
+}
 TOOLS_DATASET = "tool_calls"
 VOCAB = """the model answers with a short plain sentence about data tokens and budget target
 runs fast slow prompt reply server client each word counts once here more time people year way
@@ -76,13 +81,28 @@ average rate price cost plan design layer weight train batch loss""".split()
 _CORPUS_WORDS = 1 << 20  # a fixed random word stream; texts are slices of it
 _MAX_SLICE = 8192  # the longest text slice (words)
 _TOOL_DEFS = [
-    {"type": "function", "function": {"name": name, "description": f"{name.replace('_', ' ')} for the user",
-     "parameters": {"type": "object", "properties": {arg: {"type": "string", "description": f"the {arg}"}
-                                                     for arg in args}, "required": list(args[:1])}}}
-    for name, args in [("get_weather", ("city", "unit")), ("search_docs", ("query", "limit")),
-                       ("run_code", ("language", "source")), ("send_email", ("to", "subject", "body")),
-                       ("lookup_price", ("item", "currency"))]
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name.replace('_', ' ')} for the user",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    arg: {"type": "string", "description": f"the {arg}"} for arg in args
+                },
+                "required": list(args[:1]),
+            },
+        },
+    }
+    for name, args in [
+        ("get_weather", ("city", "unit")),
+        ("search_docs", ("query", "limit")),
+        ("run_code", ("language", "source")),
+        ("send_email", ("to", "subject", "body")),
+        ("lookup_price", ("item", "currency")),
+    ]
+]
 
 _corpus: tuple[str, array] | None = None
 
@@ -125,12 +145,15 @@ def prompt(dataset: str, index: int) -> tuple[list[dict], str | None]:
     """
     rng = random.Random(_digest(f"{dataset}:{index}"))
     total = rng.randint(50, 400)
-    shape = rng.choices([("user",), ("system", "user"), ("user", "assistant", "user")],
-                        weights=[6, 2, 2])[0]  # fmt: skip
+    shape = rng.choices(
+        [("user",), ("system", "user"), ("user", "assistant", "user")], weights=[6, 2, 2]
+    )[0]
     cuts = sorted(rng.sample(range(1, total), len(shape) - 1)) if len(shape) > 1 else []
     sizes = [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
-    messages = [{"role": role, "content": words(rng.randrange(_CORPUS_WORDS), k)}
-                for role, k in zip(shape, sizes, strict=True)]  # fmt: skip
+    messages = [
+        {"role": role, "content": words(rng.randrange(_CORPUS_WORDS), k)}
+        for role, k in zip(shape, sizes, strict=True)
+    ]
     messages[0]["content"] = f"[{dataset}] {index}. " + messages[0]["content"]
     tools = None
     if dataset == TOOLS_DATASET:
@@ -175,8 +198,10 @@ def mean_length(dataset: str, max_tokens: int = MAX_TOKENS, draws: int = 20_000)
     """The mean completion tokens of a dataset after the max_tokens cut (seeded Monte Carlo)."""
     median, sigma = DATASETS[dataset]
     rng = random.Random(7)
-    total = sum(min(max_tokens, max(1, round(median * math.exp(sigma * rng.gauss(0, 1)))))
-                for _ in range(draws))  # fmt: skip
+    total = sum(
+        min(max_tokens, max(1, round(median * math.exp(sigma * rng.gauss(0, 1)))))
+        for _ in range(draws)
+    )
     return total / draws
 
 
@@ -186,8 +211,11 @@ def check_vocab(tokenizer=TOKENIZER) -> list[str]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
-    problems = [w for w in VOCAB if any(len(tok.encode(x, add_special_tokens=False).ids) != 1
-                                        for x in (w, " " + w))]  # fmt: skip
+    problems = [
+        w
+        for w in VOCAB
+        if any(len(tok.encode(x, add_special_tokens=False).ids) != 1 for x in (w, " " + w))
+    ]
     for i in range(20):
         text = words(i * 9973, 50 + 200 * i)
         got = len(tok.encode(text, add_special_tokens=False).ids)
@@ -240,13 +268,23 @@ class _FleetConn(_Conn):
         st.tokens += n
         n_prompt = sum(len(m["content"].split()) + 4 for m in messages)
         out = {
-            "id": "chatcmpl-fleet", "object": "chat.completion", "created": int(time.time()),
+            "id": "chatcmpl-fleet",
+            "object": "chat.completion",
+            "created": int(time.time()),
             "model": req.get("model", ""),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish}],
-            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n,
-                      "total_tokens": n_prompt + n},
-        }  # fmt: skip
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": n,
+                "total_tokens": n_prompt + n,
+            },
+        }
         payload = _http(200, orjson.dumps(out))
         delay = random.uniform(0, st.latency)
         if delay > 0:
@@ -283,8 +321,14 @@ class Fleet:
 
     def start(self) -> Fleet:
         for port in self.ports:
-            cmd = [sys.executable, __file__, "--port", str(port), "--latency-ms",
-                   str(self.latency_ms)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--port",
+                str(port),
+                "--latency-ms",
+                str(self.latency_ms),
+            ]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
             self.procs.append(proc)
         for proc in self.procs:

@@ -25,9 +25,13 @@ if TYPE_CHECKING:
     import polars as pl
 
 __all__ = [
-    "chat_template_hash", "count_completion_tokens", "count_prompt_tokens", "encode_lengths",
-    "load_tokenizer", "render",
-]  # fmt: skip
+    "chat_template_hash",
+    "count_completion_tokens",
+    "count_prompt_tokens",
+    "encode_lengths",
+    "load_tokenizer",
+    "render",
+]
 
 _CHUNK = 2048  # conversations rendered / texts encoded per call (big batches encode slower)
 

@@ -169,9 +169,13 @@ class Backend(Protocol):
     url: str
 
     async def complete(
-        self, messages: list[Message], sampling: Sampling, *, timeout: float,
+        self,
+        messages: list[Message],
+        sampling: Sampling,
+        *,
+        timeout: float,
         tools: list[dict] | None = None,
-    ) -> Completion:  # fmt: skip
+    ) -> Completion:
         """Send one request (with these tool definitions); raise BackendError on failure."""
         ...
 
@@ -370,15 +374,27 @@ def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
     optional_int = lambda v, low: v is None or _is_int(v, low)  # noqa: E731
     return {
         "model": (isinstance(c.model, str) and c.model != "", "a non-empty model name"),
-        "endpoints": (isinstance(c.endpoints, list) and bool(c.endpoints)
-                      and all(isinstance(u, str) and u for u in c.endpoints), "a base URL or a non-empty list of them"),
-        "budgets": (isinstance(c.budgets, dict) or _is_pos(c.budgets), "a positive number or a dict dataset -> tokens"),
+        "endpoints": (
+            isinstance(c.endpoints, list)
+            and bool(c.endpoints)
+            and all(isinstance(u, str) and u for u in c.endpoints),
+            "a base URL or a non-empty list of them",
+        ),
+        "budgets": (
+            isinstance(c.budgets, dict) or _is_pos(c.budgets),
+            "a positive number or a dict dataset -> tokens",
+        ),
         "sampling": (isinstance(c.sampling, Sampling), "a kit.Sampling"),
         "api": (c.api in APIS, f"one of {APIS}"),
-        "api_key_env": (c.api_key_env is None or (isinstance(c.api_key_env, str) and c.api_key_env != ""),
-                        "the NAME of an environment variable (never the key itself)"),
+        "api_key_env": (
+            c.api_key_env is None or (isinstance(c.api_key_env, str) and c.api_key_env != ""),
+            "the NAME of an environment variable (never the key itself)",
+        ),
         "concurrency": (_is_int(c.concurrency, 1), "an int >= 1"),
-        "per_endpoint_concurrency": (optional_int(c.per_endpoint_concurrency, 1), "None or an int >= 1"),
+        "per_endpoint_concurrency": (
+            optional_int(c.per_endpoint_concurrency, 1),
+            "None or an int >= 1",
+        ),
         "policy": (c.policy in POLICIES, f"one of {POLICIES}"),
         "seed": (_is_int(c.seed, -(2**63)), "an int"),
         "max_attempts": (_is_int(c.max_attempts, 1), "an int >= 1"),
@@ -389,11 +405,15 @@ def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
         "max_consecutive_failures": (_is_int(c.max_consecutive_failures, 1), "an int >= 1"),
         "stall_timeout": (_is_pos(c.stall_timeout), "seconds > 0"),
         "turns": (c.turns in TURNS, f"one of {TURNS}"),
-        "template_kwargs": (isinstance(c.template_kwargs, dict) and all(
-            isinstance(k, str) and isinstance(v, dict) for k, v in c.template_kwargs.items()),
-            "a dict dataset -> chat_template_kwargs dict"),
+        "template_kwargs": (
+            isinstance(c.template_kwargs, dict)
+            and all(
+                isinstance(k, str) and isinstance(v, dict) for k, v in c.template_kwargs.items()
+            ),
+            "a dict dataset -> chat_template_kwargs dict",
+        ),
         "tokenizer": (c.tokenizer is None or isinstance(c.tokenizer, str), "None or a local path"),
-    }  # fmt: skip
+    }
 
 
 DatasetState = Literal["waiting", "running", "budget_reached", "exhausted", "stopped", "failed"]

@@ -23,9 +23,15 @@ from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEWPORT = {"width": 1400, "height": 1500}
 
 # JupyterLab user settings: no autosave (outputs never reach the repo), every cell in the
@@ -74,24 +80,36 @@ class JupyterLab:
         self.token = os.urandom(16).hex()
         write_lab_settings(state_dir / "settings")
         env = {
-            **os.environ, **env,
+            **os.environ,
+            **env,
             "JUPYTERLAB_SETTINGS_DIR": str(state_dir / "settings"),
             "JUPYTERLAB_WORKSPACES_DIR": str(state_dir / "workspaces"),
             "JUPYTER_RUNTIME_DIR": str(state_dir / "runtime"),
-        }  # fmt: skip
+        }
         self.log_path = state_dir / "jupyter.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
-             "--ip=127.0.0.1", f"--IdentityProvider.token={self.token}",
-             f"--ServerApp.root_dir={self.root_dir}", "--ServerApp.open_browser=False",
-             "--LabApp.news_url=None",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-             "--LabApp.extension_manager=readonly",
-             *(["--allow-root"] if os.geteuid() == 0 else [])],
-            env=env, cwd=self.root_dir, stdout=self._log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                f"--port={port}",
+                "--ip=127.0.0.1",
+                f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.root_dir={self.root_dir}",
+                "--ServerApp.open_browser=False",
+                "--LabApp.news_url=None",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabApp.extension_manager=readonly",
+                *(["--allow-root"] if os.geteuid() == 0 else []),
+            ],
+            env=env,
+            cwd=self.root_dir,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     @property
     def base(self) -> str:
@@ -104,9 +122,10 @@ class JupyterLab:
     def api(self, path: str, method: str = "GET"):
         """Call the server's REST API; the decoded JSON (None for an empty body)."""
         req = urllib.request.Request(
-            f"{self.base}/api/{path}", method=method,
+            f"{self.base}/api/{path}",
+            method=method,
             headers={"Authorization": f"token {self.token}"},
-        )  # fmt: skip
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             body = resp.read()
         return json.loads(body) if body else None

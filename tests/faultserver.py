@@ -77,19 +77,50 @@ import orjson
 
 MODES = ("ok", "429", "500", "400", "reset", "hang", "malformed", "nousage", "down")
 BAD_USAGE = {
-    "usage_negative": lambda n: -n, "usage_huge": lambda n: 10**9, "usage_bool": lambda n: True,
-    "usage_string": lambda n: str(n), "usage_float": lambda n: float(n), "usage_low": lambda n: 1,
-    "usage_half": lambda n: n // 2, "usage_zero": lambda n: 0,
-}  # fmt: skip
+    "usage_negative": lambda n: -n,
+    "usage_huge": lambda n: 10**9,
+    "usage_bool": lambda n: True,
+    "usage_string": lambda n: str(n),
+    "usage_float": lambda n: float(n),
+    "usage_low": lambda n: 1,
+    "usage_half": lambda n: n // 2,
+    "usage_zero": lambda n: 0,
+}
 MODES += (*BAD_USAGE, "ids_mismatch", "ids_lie", "error_200", "sse", "echo", "reasoning_number")
 REASONING_FIELDS = (None, "reasoning", "reasoning_content")
 ECHO_KINDS = ("error_200", "text_200", "400", "401", "500")
 VOCAB = [
-    "the", "model", "answers", "with", "a", "short", "plain", "sentence", "about", "data",
-    "tokens", "and", "budget", "drafts", "speculative", "decoding", "target", "runs", "fast",
-    "slow", "prompt", "reply", "server", "client", "each", "word", "counts", "once", "here",
+    "the",
+    "model",
+    "answers",
+    "with",
+    "a",
+    "short",
+    "plain",
+    "sentence",
+    "about",
+    "data",
+    "tokens",
+    "and",
+    "budget",
+    "drafts",
+    "speculative",
+    "decoding",
+    "target",
+    "runs",
+    "fast",
+    "slow",
+    "prompt",
+    "reply",
+    "server",
+    "client",
+    "each",
+    "word",
+    "counts",
+    "once",
+    "here",
     "more",
-]  # fmt: skip
+]
 
 
 @dataclass
@@ -251,11 +282,21 @@ def echo_body(headers: dict) -> bytes:
         decoded = ""
     target = headers.get(":target", "")
     query = unquote(target.partition("?")[2])
-    echo = {"as_sent": auth, "lower": auth.lower(), "upper": auth.upper(), "token": token,
-            "b64": base64.b64encode(auth.encode()).decode(), "quoted": quote(token, safe=""),
-            "token_b64": base64.b64encode(token.encode()).decode(), "decoded": decoded,
-            "target": target, "query": query}  # fmt: skip
-    out = orjson.dumps({"error": {"message": f"denied for {auth} at {target}", "type": "auth", "echo": echo}})  # fmt: skip
+    echo = {
+        "as_sent": auth,
+        "lower": auth.lower(),
+        "upper": auth.upper(),
+        "token": token,
+        "b64": base64.b64encode(auth.encode()).decode(),
+        "quoted": quote(token, safe=""),
+        "token_b64": base64.b64encode(token.encode()).decode(),
+        "decoded": decoded,
+        "target": target,
+        "query": query,
+    }
+    out = orjson.dumps(
+        {"error": {"message": f"denied for {auth} at {target}", "type": "auth", "echo": echo}}
+    )
     php = orjson.dumps(f"{token} {query}").replace(b"/", b"\\/")
     java = orjson.dumps(f"{token} {query}")
     for c in b"=+/":
@@ -266,8 +307,13 @@ def echo_body(headers: dict) -> bytes:
 def sse_body(body: dict, cfg: FaultConfig) -> bytes:
     """The answer as an event stream (what a streaming-only server sends)."""
     out = chat_response(body, cfg)
-    chunk = {"id": out["id"], "object": "chat.completion.chunk", "choices": [
-        {"index": 0, "delta": {"content": out["choices"][0]["message"]["content"] or ""}}]}  # fmt: skip
+    chunk = {
+        "id": out["id"],
+        "object": "chat.completion.chunk",
+        "choices": [
+            {"index": 0, "delta": {"content": out["choices"][0]["message"]["content"] or ""}}
+        ],
+    }
     return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
 
 
@@ -584,7 +630,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     for f in fields(FaultConfig):
-        kinds = {"int | None": int, "float": float, "int": int, "list[str] | None": lambda v: v.split(",")}  # fmt: skip
+        kinds = {
+            "int | None": int,
+            "float": float,
+            "int": int,
+            "list[str] | None": lambda v: v.split(","),
+        }
         kind = kinds.get(str(f.type), str)
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type == "bool" else kind
         p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)

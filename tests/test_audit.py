@@ -78,9 +78,28 @@ def plant_run(
     for r in records:
         tools = json.dumps(r.tools, separators=(",", ":")) if r.tools else None
         r.prompt_id = prompt_id(r.messages, tools)
-        rows.append({"dataset": r.dataset, "prompt_id": r.prompt_id, "messages": r.messages, "tools": tools, "n_turns": 1, "row": 0})  # fmt: skip
+        rows.append(
+            {
+                "dataset": r.dataset,
+                "prompt_id": r.prompt_id,
+                "messages": r.messages,
+                "tools": tools,
+                "n_turns": 1,
+                "row": 0,
+            }
+        )
     for ds, ps in (prompts or {}).items():
-        rows += [{"dataset": ds, "prompt_id": pid(p), "messages": [{"role": "user", "content": p}], "tools": None, "n_turns": 1, "row": i} for i, p in enumerate(ps)]  # fmt: skip
+        rows += [
+            {
+                "dataset": ds,
+                "prompt_id": pid(p),
+                "messages": [{"role": "user", "content": p}],
+                "tools": None,
+                "n_turns": 1,
+                "row": i,
+            }
+            for i, p in enumerate(ps)
+        ]
     store = RunStore(run_dir)
     store.init(cfg, pl.DataFrame(rows, schema=PROMPT_SCHEMA) if rows else None)
     for r in records:
@@ -91,7 +110,14 @@ def plant_run(
     return run_dir
 
 
-PROMPT_SCHEMA = {"dataset": pl.String, "prompt_id": pl.String, "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})), "tools": pl.String, "n_turns": pl.Int64, "row": pl.Int64}  # fmt: skip
+PROMPT_SCHEMA = {
+    "dataset": pl.String,
+    "prompt_id": pl.String,
+    "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
+    "tools": pl.String,
+    "n_turns": pl.Int64,
+    "row": pl.Int64,
+}
 
 
 ANSWERS = [
@@ -143,9 +169,25 @@ def messy_run(tmp_path, tok):
     bad_len.completion_tokens += 3
     recs += [bad_ids, bad_len]
     words = ["alpha", "beta", "gamma", "delta", "omega"]
-    recs += [make_record(tok, "over", 20 + i, f"Over {i}", f"{w} " * 60, finish="length", ids=False, completion_tokens=64) for i, w in enumerate(words)]  # fmt: skip
+    recs += [
+        make_record(
+            tok,
+            "over",
+            20 + i,
+            f"Over {i}",
+            f"{w} " * 60,
+            finish="length",
+            ids=False,
+            completion_tokens=64,
+        )
+        for i, w in enumerate(words)
+    ]
     errors = [ErrorRecord("messy", pid(f"failed {i}"), 0, "http_5xx: 503", 5, T0) for i in range(2)]
-    prompts = {"messy": [r.messages[0]["content"] for r in recs if r.dataset == "messy"] + [f"failed {i}" for i in range(2)] + ["never run"]}  # fmt: skip
+    prompts = {
+        "messy": [r.messages[0]["content"] for r in recs if r.dataset == "messy"]
+        + [f"failed {i}" for i in range(2)]
+        + ["never run"]
+    }
     prompts["over"] = [f"Over {i}" for i in range(8)]
     budgets = {"messy": 5000, "over": 100}
     return plant_run(tmp_path / "messy", recs, budgets=budgets, errors=errors, prompts=prompts)
@@ -261,7 +303,12 @@ def test_refused_duplicates_are_a_finding(tmp_path):
     store.close()
     report = kit.audit(run)
     found = report.findings.row(0, named=True)
-    assert (found["dataset"], found["check"], found["value"], found["severity"]) == ("(run)", "rejected_duplicates", 2.0, "warn")  # fmt: skip
+    assert (found["dataset"], found["check"], found["value"], found["severity"]) == (
+        "(run)",
+        "rejected_duplicates",
+        2.0,
+        "warn",
+    )
     assert "2 records were refused as duplicates" in report.summary()
     assert report.datasets["records"].to_list() == [3]
 
@@ -365,7 +412,13 @@ def test_charts_render_png(chart_run, tmp_path):
     from kit.report import charts
 
     report = kit.audit(chart_run)
-    builders = [charts.token_distributions, charts.budget_vs_actual, charts.finish_reasons, charts.throughput, charts.completion_vs_prompt]  # fmt: skip
+    builders = [
+        charts.token_distributions,
+        charts.budget_vs_actual,
+        charts.finish_reasons,
+        charts.throughput,
+        charts.completion_vs_prompt,
+    ]
     for build in builders:
         png = vlc.vegalite_to_png(build(report).to_json(), scale=1)
         assert png[:8] == b"\x89PNG\r\n\x1a\n", build.__name__
@@ -385,9 +438,17 @@ def test_reasoning_finish_class_and_think_markers(tmp_path):
     finish = dict(report.finish.select("finish_reason", "count").iter_rows())
     assert finish == {"stop": 2, "length": 1, "length_in_reasoning": 1}
     row = report.datasets.row(0, named=True)
-    assert (row["length"], row["length_in_reasoning"], row["think_markers"], row["reasoning"]) == (2, 1, 1, 2)  # fmt: skip
+    assert (row["length"], row["length_in_reasoning"], row["think_markers"], row["reasoning"]) == (
+        2,
+        1,
+        1,
+        2,
+    )
     found = {f["check"]: f["message"] for f in report.findings.iter_rows(named=True)}
-    assert "1 of 4 records (25.0%) finish_reason length with an empty answer" in found["length_in_reasoning"]  # fmt: skip
+    assert (
+        "1 of 4 records (25.0%) finish_reason length with an empty answer"
+        in found["length_in_reasoning"]
+    )
     assert "<think> / </think>" in found["think_markers"]
     assert report.records["finish_class"].to_list()[:2] == ["length_in_reasoning", "length"]
 
@@ -396,8 +457,17 @@ def test_all_turns_counts_are_checked_per_turn(tmp_path):
     """completion_tokens counts every generated turn, output_ids only the last one."""
     rec = make_record(None, "m", 0, "q", "last answer", ids=False)
     rec.output_ids, rec.count_source = list(range(60)), "server_ids"
-    turns = [{"content": "a", "reasoning": None, "finish_reason": "stop", "completion_tokens": 50,
-              "count_source": "server_ids", "output_ids": list(range(50)), "prompt_ids": [1]}]  # fmt: skip
+    turns = [
+        {
+            "content": "a",
+            "reasoning": None,
+            "finish_reason": "stop",
+            "completion_tokens": 50,
+            "count_source": "server_ids",
+            "output_ids": list(range(50)),
+            "prompt_ids": [1],
+        }
+    ]
     rec.turns, rec.completion_tokens = turns, 110  # > max_tokens + 1, but no turn is
     bad = make_record(None, "m", 1, "q2", "other answer", ids=False)
     bad.output_ids, bad.count_source = list(range(10)), "server_ids"
@@ -435,7 +505,7 @@ def spoil_page(run_dir: Path, table: str) -> None:
     path = run_dir / "run.sqlite"
     conn = sqlite3.connect(path)
     size = conn.execute("PRAGMA page_size").fetchone()[0]
-    root = conn.execute("SELECT rootpage FROM sqlite_schema WHERE name = ?", (table,)).fetchone()[0]  # fmt: skip
+    root = conn.execute("SELECT rootpage FROM sqlite_schema WHERE name = ?", (table,)).fetchone()[0]
     conn.close()
     with open(path, "r+b") as f:
         f.seek((root - 1) * size)
@@ -451,7 +521,10 @@ def test_integrity_check_failure_is_a_finding(tmp_path):
     assert report.records.height == 3
     found = report.findings.filter(pl.col("check") == "database_integrity").row(0, named=True)
     assert found["dataset"] == "(run)" and found["severity"] == "error" and not report.ok
-    assert "fails SQLite's integrity check" in found["message"] and "Restore it from a copy" in found["message"]  # fmt: skip
+    assert (
+        "fails SQLite's integrity check" in found["message"]
+        and "Restore it from a copy" in found["message"]
+    )
 
 
 def test_no_record_ids_are_read_unless_the_draft_vocabulary_is_asked_for(tmp_path, monkeypatch):
@@ -473,7 +546,11 @@ def test_no_record_ids_are_read_unless_the_draft_vocabulary_is_asked_for(tmp_pat
     assert report.draft_vocab is None and "draft vocabulary" not in report.summary()
     flags = report.records.sort("prompt_id").select("prompt_id", "has_ids", "ids_len_mismatch")
     got = {r[0]: r[1:] for r in flags.iter_rows()}
-    assert got == {recs[0].prompt_id: (True, False), recs[1].prompt_id: (True, True), recs[2].prompt_id: (False, False)}  # fmt: skip
+    assert got == {
+        recs[0].prompt_id: (True, False),
+        recs[1].prompt_id: (True, True),
+        recs[2].prompt_id: (False, False),
+    }
     assert "PRAGMA quick_check" in report.summary().splitlines()[-1]
     monkeypatch.setattr(reader, "ids_series", real)
     table = kit.audit(run, draft_vocab=4).draft_vocab

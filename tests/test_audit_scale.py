@@ -33,9 +33,20 @@ from kit.run.reader import errors_frame, read_config, records_frame
 from kit.run.store import RunStore
 from kit.types import ErrorRecord, RunConfig, Sampling
 
-FLAGS = ["empty", "dup_exact", "dup_near", "echo", "has_ids", "ids_len_mismatch",
-         "ids_text_mismatch", "under_reported", "count_over_max", "finish_class",
-         "think_marker", "has_reasoning"]  # fmt: skip
+FLAGS = [
+    "empty",
+    "dup_exact",
+    "dup_near",
+    "echo",
+    "has_ids",
+    "ids_len_mismatch",
+    "ids_text_mismatch",
+    "under_reported",
+    "count_over_max",
+    "finish_class",
+    "think_marker",
+    "has_reasoning",
+]
 
 
 def _last_user(messages) -> str:
@@ -156,16 +167,27 @@ def _records(tok):
     liar = make_record(tok, "a", 21, "Tell a long tale.", " ".join(ANSWERS), ids=False)
     liar.completion_tokens = 3  # far below the text's own count
     recs += [bad_ids, liar]
-    turns = [{"content": "a", "reasoning": None, "finish_reason": "stop", "completion_tokens": 50,
-              "count_source": "server_ids", "output_ids": list(range(50)), "prompt_ids": [1]}]  # fmt: skip
+    turns = [
+        {
+            "content": "a",
+            "reasoning": None,
+            "finish_reason": "stop",
+            "completion_tokens": 50,
+            "count_source": "server_ids",
+            "output_ids": list(range(50)),
+            "prompt_ids": [1],
+        }
+    ]
     plan = [(60, 50, 110), (10, 49, 60), (150, 50, 200)]  # ok, a turn's ids miss one, over max
     for k, (last_ids, turn_ids, count) in enumerate(plan):
         r = make_record(
             None, "m", 30 + k, f"multi {k}", f"final {('alpha', 'beta', 'gamma')[k]}", ids=False
         )
-        r.messages = [{"role": "user", "content": f"multi {k}"},
-                      {"role": "assistant", "content": "old"},
-                      {"role": "user", "content": "and then?"}]  # fmt: skip
+        r.messages = [
+            {"role": "user", "content": f"multi {k}"},
+            {"role": "assistant", "content": "old"},
+            {"role": "user", "content": "and then?"},
+        ]
         r.output_ids, r.count_source = list(range(last_ids)), "server_ids"
         r.turns, r.completion_tokens = [dict(turns[0], output_ids=list(range(turn_ids)))], count
         recs.append(r)
@@ -177,14 +199,21 @@ def hostile_run(tmp_path, tok):
     """A run written by RunStore holding every planted problem, and an error."""
     recs = _records(tok)
     prompts = [
-        {"dataset": r.dataset, "prompt_id": r.prompt_id, "messages": r.messages,
-         "n_turns": len(r.messages), "row": i}
+        {
+            "dataset": r.dataset,
+            "prompt_id": r.prompt_id,
+            "messages": r.messages,
+            "n_turns": len(r.messages),
+            "row": i,
+        }
         for i, r in enumerate(recs)
-    ]  # fmt: skip
+    ]
     config = RunConfig(
-        model="smollm2-135m", endpoints=["http://127.0.0.1:9/v1"],
-        budgets={"a": 2000, "b": 40, "m": 500}, sampling=Sampling(max_tokens=64, seed=1),
-    )  # fmt: skip
+        model="smollm2-135m",
+        endpoints=["http://127.0.0.1:9/v1"],
+        budgets={"a": 2000, "b": 40, "m": 500},
+        sampling=Sampling(max_tokens=64, seed=1),
+    )
     run_dir = tmp_path / "run"
     store = RunStore(run_dir)
     store.init(config, pl.DataFrame(prompts))
@@ -210,16 +239,24 @@ def test_streamed_audit_equals_the_whole_frame_checks(hostile_run, tok, monkeypa
     assert new.equals(flags.select(keys + FLAGS))
     assert {"completion", "messages", "output_ids", "reasoning"}.isdisjoint(report.records.columns)
     # every planted problem is there (the comparison above is not of two empty sets)
-    got = {c: report.records.filter(pl.col(c))["prompt_id"].to_list() for c in FLAGS[:9] if c != "has_ids"}  # fmt: skip
+    got = {
+        c: report.records.filter(pl.col(c))["prompt_id"].to_list()
+        for c in FLAGS[:9]
+        if c != "has_ids"
+    }
     assert got["dup_exact"] == [pid("q2"), pid("b5"), pid("b1y")]
     assert got["dup_near"] == [pid("q4"), pid("q12"), pid("q14"), pid("q16"), pid("b3")]
     echoes = ("Explain in detail how", "Describe the water cycle")
-    assert got["echo"] == [next(r.prompt_id for r in recs if r.messages[0]["content"].startswith(e)) for e in echoes]  # fmt: skip
+    assert got["echo"] == [
+        next(r.prompt_id for r in recs if r.messages[0]["content"].startswith(e)) for e in echoes
+    ]
     assert got["empty"] == [pid("q8"), pid("q9"), pid("q10")]
     assert got["ids_len_mismatch"] == [pid("Name a color."), pid("multi 1")]
     assert got["count_over_max"] == [pid("q15"), pid("multi 2")]  # Greek capitals: many tokens
     # ids without the reasoning (q8, q17), other ids (a color), made-up ids (multi-turn)
-    assert got["ids_text_mismatch"] == [pid(p) for p in ("q8", "q17", "Name a color.", "multi 0", "multi 1", "multi 2")]  # fmt: skip
+    assert got["ids_text_mismatch"] == [
+        pid(p) for p in ("q8", "q17", "Name a color.", "multi 0", "multi 1", "multi 2")
+    ]
     assert got["under_reported"] == [pid("Tell a long tale.")]
     assert report.records.filter(pl.col("think_marker"))["prompt_id"].to_list() == [pid("q7")]
     assert "length_in_reasoning" in report.records["finish_class"].to_list()
@@ -234,14 +271,18 @@ def test_texts_of_flagged_records_are_read_back(hostile_run, tok):
     assert texts["completion"].to_list()[0].endswith("It uses chaining.")
     assert texts["messages"].to_list()[0][0]["content"].startswith("Explain in detail")
     one = audit_mod.record_texts(hostile_run, [("b", pid("b1"), 0)], columns=["completion"])
-    assert one.to_dicts() == [{"dataset": "b", "prompt_id": pid("b1"), "sample": 0, "completion": ANSWERS[2]}]  # fmt: skip
+    assert one.to_dicts() == [
+        {"dataset": "b", "prompt_id": pid("b1"), "sample": 0, "completion": ANSWERS[2]}
+    ]
 
 
 # ---------------------------------------------------------------- the sampled tokenizer checks
 
 
 @pytest.mark.parametrize("batch_size", [4, 5000])
-def test_tokenizer_checks_run_on_a_seeded_sample_and_say_how_many(tmp_path, tok, monkeypatch, batch_size):  # fmt: skip
+def test_tokenizer_checks_run_on_a_seeded_sample_and_say_how_many(
+    tmp_path, tok, monkeypatch, batch_size
+):
     """With 4-record batches the first dataset's sample is checked while the second is read."""
     from test_audit import plant_run
 
@@ -270,7 +311,10 @@ def test_tokenizer_checks_run_on_a_seeded_sample_and_say_how_many(tmp_path, tok,
     small = report.datasets.filter(pl.col("dataset") == "small").row(0, named=True)
     assert (small["ids_text_checked"], small["count_checked"]) == (5, 5)  # all of a small one
     rows = {f["check"]: f for f in report.findings.iter_rows(named=True) if f["dataset"] == "big"}
-    assert "7 of 7 records with ids checked (a seeded sample of 40)" in rows["ids_text_mismatch"]["message"]  # fmt: skip
+    assert (
+        "7 of 7 records with ids checked (a seeded sample of 40)"
+        in rows["ids_text_mismatch"]["message"]
+    )
     assert "seeded sample of 7 of 40" in rows["count_under_reported"]["message"]
     assert [n for n in report.notes if n.startswith("big:")] == [
         "big: tokenizer checks on a seeded sample: ids decoded on 7 of 40 records with ids; "
@@ -279,7 +323,9 @@ def test_tokenizer_checks_run_on_a_seeded_sample_and_say_how_many(tmp_path, tok,
     assert not any(n.startswith("small:") for n in report.notes)
     checked = report.records.filter(pl.col("ids_text_mismatch").is_not_null())["prompt_id"]
     # the sample is the 7 smallest key hashes of each dataset, whatever the batches
-    prio = report.records.select("dataset", "prompt_id", h=pl.struct("dataset", "prompt_id", "sample").hash(HASH_SEED))  # fmt: skip
+    prio = report.records.select(
+        "dataset", "prompt_id", h=pl.struct("dataset", "prompt_id", "sample").hash(HASH_SEED)
+    )
     want = prio.filter(pl.col("h").rank("ordinal").over("dataset") <= 7)["prompt_id"]
     assert sorted(checked.to_list()) == sorted(want.to_list())
     full = kit.audit(run, tokenizer=tok, thresholds=AuditThresholds(text_check_sample=None))
@@ -329,10 +375,30 @@ def test_charts_hold_aggregates_not_records(tmp_path):
 def test_normalized_matches_normalize_text():
     from kit.report.flags import normalized
 
-    texts = ["Hello,  World! 42", "  lead and trail  ", "a\tb\n\nc", "tabs\t \t", "x² y³ ½",
-             "Ｆｕｌｌｗｉｄｔｈ ＡＢＣ", "ﬁne ligature …", "snake_case and-dash", "ΟΔΟΣ ΣΟΦΟΣ",
-             HINDI, "e\u0301 cafe\u0301", "Ⅻ roman Ⅷ", "", "!!!", "   ", "a  b", "a , b",
-             "emoji 🙂 ok", "İstanbul", "straße", "\x1c\x1d sep", "a.b,c;d"]  # fmt: skip
+    texts = [
+        "Hello,  World! 42",
+        "  lead and trail  ",
+        "a\tb\n\nc",
+        "tabs\t \t",
+        "x² y³ ½",
+        "Ｆｕｌｌｗｉｄｔｈ ＡＢＣ",
+        "ﬁne ligature …",
+        "snake_case and-dash",
+        "ΟΔΟΣ ΣΟΦΟΣ",
+        HINDI,
+        "e\u0301 cafe\u0301",
+        "Ⅻ roman Ⅷ",
+        "",
+        "!!!",
+        "   ",
+        "a  b",
+        "a , b",
+        "emoji 🙂 ok",
+        "İstanbul",
+        "straße",
+        "\x1c\x1d sep",
+        "a.b,c;d",
+    ]
     got = normalized(pl.Series(texts + [None])).to_list()
     assert got == [normalize_text(t) for t in texts] + [""]
 

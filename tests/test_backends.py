@@ -169,9 +169,14 @@ def test_sglang_needs_a_tokenizer():
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [({"type": "length", "length": 9}, "length"), ({"type": "stop", "matched": 2}, "stop"),
-     ({"type": "abort", "message": "x"}, "abort"), ("stop", "stop"), (None, "unknown")],
-)  # fmt: skip
+    [
+        ({"type": "length", "length": 9}, "length"),
+        ({"type": "stop", "matched": 2}, "stop"),
+        ({"type": "abort", "message": "x"}, "abort"),
+        ("stop", "stop"),
+        (None, "unknown"),
+    ],
+)
 def test_normalize_finish(raw, expected):
     assert normalize_finish(raw) == expected
 
@@ -181,9 +186,14 @@ def test_normalize_finish(raw, expected):
 
 @pytest.mark.parametrize(
     ("mode", "kind", "status", "retryable"),
-    [("429", "http_429", 429, True), ("500", "http_5xx", 500, True), ("400", "http_4xx", 400, False),
-     ("reset", "connect", None, True), ("malformed", "malformed", None, True)],
-)  # fmt: skip
+    [
+        ("429", "http_429", 429, True),
+        ("500", "http_5xx", 500, True),
+        ("400", "http_4xx", 400, False),
+        ("reset", "connect", None, True),
+        ("malformed", "malformed", None, True),
+    ],
+)
 def test_fault_becomes_the_right_error(srv, mode, kind, status, retryable):
     srv.configure(mode=mode, retry_after="3")
     err = run(error_of(OpenAIChat(srv.base_url, "m")))
@@ -307,9 +317,11 @@ def test_make_backend():
 
 def test_pool_validates_its_config():
     b = [OpenAIChat("http://h:1/v1", "m")]
-    for kwargs, field in [({"per_endpoint_concurrency": 0}, "per_endpoint_concurrency"),
-                          ({"fail_threshold": 0}, "fail_threshold"),
-                          ({"health_interval": -1}, "health_interval")]:  # fmt: skip
+    for kwargs, field in [
+        ({"per_endpoint_concurrency": 0}, "per_endpoint_concurrency"),
+        ({"fail_threshold": 0}, "fail_threshold"),
+        ({"health_interval": -1}, "health_interval"),
+    ]:
         with pytest.raises(ValueError, match=field):
             EndpointPool(b, **kwargs)
     with pytest.raises(ValueError, match="distinct"):
@@ -341,8 +353,11 @@ def test_pool_least_loaded_and_per_endpoint_limit():
 
 def test_pool_takes_dead_endpoint_out_and_brings_it_back():
     async def go(a, b):
-        pool = EndpointPool([OpenAIChat(a.base_url, "m"), OpenAIChat(b.base_url, "m")],
-                            health_interval=0.1, fail_threshold=2)  # fmt: skip
+        pool = EndpointPool(
+            [OpenAIChat(a.base_url, "m"), OpenAIChat(b.base_url, "m")],
+            health_interval=0.1,
+            fail_threshold=2,
+        )
         await pool.start()
         a.kill()
         served = {a.base_url: 0, b.base_url: 0}
@@ -372,8 +387,9 @@ def test_pool_takes_dead_endpoint_out_and_brings_it_back():
 def test_pool_no_endpoint_after_timeout_and_429_keeps_endpoint():
     async def go(s):
         url = s.base_url
-        pool = EndpointPool([OpenAIChat(url, "m")], health_interval=0.1, fail_threshold=1,
-                            no_endpoint_timeout=0.3)  # fmt: skip
+        pool = EndpointPool(
+            [OpenAIChat(url, "m")], health_interval=0.1, fail_threshold=1, no_endpoint_timeout=0.3
+        )
         await pool.start()
         try:
             b = pool.backends[0]

@@ -83,8 +83,19 @@ def test_parse_budgets():
 
 
 def test_budget_for_an_unknown_dataset_names_the_missing_ones(tmp_path, capsys):
-    argv = ["plan", "--samples", str(CHAT), "--run-dir", str(tmp_path / "r"),
-            "--budget", "essays=100", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]  # fmt: skip
+    argv = [
+        "plan",
+        "--samples",
+        str(CHAT),
+        "--run-dir",
+        str(tmp_path / "r"),
+        "--budget",
+        "essays=100",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+    ]
     code, _, err = run_main(argv, capsys)
     assert code == 2
     assert_one_line_error(err, "chat_general")
@@ -154,8 +165,14 @@ def test_serve_passes_host_and_port_through(monkeypatch):
     seen = {}
     monkeypatch.setattr("kit.serve.server.serve_forever", lambda **kw: seen.update(kw) or 0)
     assert cli.main(["serve", "--host", "0.0.0.0", "--port", "8123"]) == 0
-    assert seen == {"host": "0.0.0.0", "port": 8123, "temperature": 0.7, "top_p": 1.0,
-                    "timeout": None, "engine": "vllm"}  # fmt: skip
+    assert seen == {
+        "host": "0.0.0.0",
+        "port": 8123,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "timeout": None,
+        "engine": "vllm",
+    }
 
 
 # ------------------------------------------------------------- plan -> generate, faked
@@ -164,9 +181,19 @@ def test_serve_passes_host_and_port_through(monkeypatch):
 def fake_pilot(prompts, config, *, per_dataset, progress=None):
     """A PilotResult without a server: 12 completions of 40..62 tokens per dataset."""
     names = sorted(getattr(prompts, "frame", prompts)["dataset"].unique().to_list())
-    rows = [{"dataset": d, "prompt_id": f"p{i}", "completion_tokens": 40 + 2 * i,
-             "finish_reason": "stop", "count_source": "usage", "prompt_tokens": 20,
-             "latency_s": 0.1} for d in names for i in range(12)]  # fmt: skip
+    rows = [
+        {
+            "dataset": d,
+            "prompt_id": f"p{i}",
+            "completion_tokens": 40 + 2 * i,
+            "finish_reason": "stop",
+            "count_source": "usage",
+            "prompt_tokens": 20,
+            "latency_s": 0.1,
+        }
+        for d in names
+        for i in range(12)
+    ]
     fake_pilot.calls.append({"config": config, "per_dataset": per_dataset})
     return kit.plan.PilotResult(frame=pl.DataFrame(rows), wall_s=2.0, sampling=config.sampling)
 
@@ -185,9 +212,25 @@ def planned(tmp_path, monkeypatch, capsys) -> Path:
     fake_pilot.calls = []
     monkeypatch.setattr(kit.plan, "pilot_sync", fake_pilot)
     run_dir = tmp_path / "run"
-    argv = ["plan", "--samples", str(CHAT), "--run-dir", str(run_dir), "--budget", "3000",
-            "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--max-tokens", "64",
-            "--concurrency", "8", "--timeout", "30"]  # fmt: skip
+    argv = [
+        "plan",
+        "--samples",
+        str(CHAT),
+        "--run-dir",
+        str(run_dir),
+        "--budget",
+        "3000",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--max-tokens",
+        "64",
+        "--concurrency",
+        "8",
+        "--timeout",
+        "30",
+    ]
     code, out, err = run_main(argv, capsys)
     assert code == 0, err
     assert "plan written" in out
@@ -213,8 +256,19 @@ def test_generate_applies_only_the_flags_given(planned, monkeypatch, capsys):
         return FakeRun()
 
     monkeypatch.setattr(kit, "generate_sync", fake_generate)
-    argv = ["generate", "--run-dir", str(planned), "--base-url", "http://a/v1",
-            "--base-url", "http://b/v1", "--concurrency", "4", "--budget", "chat_general=500"]  # fmt: skip
+    argv = [
+        "generate",
+        "--run-dir",
+        str(planned),
+        "--base-url",
+        "http://a/v1",
+        "--base-url",
+        "http://b/v1",
+        "--concurrency",
+        "4",
+        "--budget",
+        "chat_general=500",
+    ]
     code, out, err = run_main(argv, capsys)
     assert code == 0, err
     (prompts, config, kw) = calls[0]
@@ -242,9 +296,21 @@ def test_plan_with_a_mapping_runs_from_the_run_dir(tmp_path, monkeypatch, capsys
     rows = [{"question": f"What is {i} + {i}?", "sys": "Be brief."} for i in range(20)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
-    argv = ["plan", "--samples", str(data), "--run-dir", str(run_dir), "--budget", "500",
-            "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
-            "--mapping", '{"prompt": "question", "system": "sys"}']  # fmt: skip
+    argv = [
+        "plan",
+        "--samples",
+        str(data),
+        "--run-dir",
+        str(run_dir),
+        "--budget",
+        "500",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--mapping",
+        '{"prompt": "question", "system": "sys"}',
+    ]
     code, _, err = run_main(argv, capsys)
     assert code == 0, err
     plan = kit.plan.read_plan(run_dir)
@@ -252,8 +318,9 @@ def test_plan_with_a_mapping_runs_from_the_run_dir(tmp_path, monkeypatch, capsys
     frame = prompts_frame(run_dir).sort("row")
     assert frame.height == 20
     assert frame["messages"][0].to_list() == [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 0 + 0?"}
-    ]  # fmt: skip
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 0 + 0?"},
+    ]
     calls = []
     monkeypatch.setattr(kit, "generate_sync", lambda p, c, **kw: calls.append(p) or FakeRun())
     (run_dir / "run.sqlite").rename(tmp_path / "kept.sqlite")
@@ -267,12 +334,28 @@ def test_plan_with_a_mapping_runs_from_the_run_dir(tmp_path, monkeypatch, capsys
 
 @pytest.mark.parametrize(
     "mapping, needle",
-    [("{prompt: question}", "must be a JSON object"), ('["question"]', "must map field names"),
-     ('{"prompt": "nope"}', "nope")],
-)  # fmt: skip
+    [
+        ("{prompt: question}", "must be a JSON object"),
+        ('["question"]', "must map field names"),
+        ('{"prompt": "nope"}', "nope"),
+    ],
+)
 def test_a_bad_mapping_is_one_line(mapping, needle, tmp_path, capsys):
-    argv = ["plan", "--samples", str(CHAT), "--run-dir", str(tmp_path / "r"), "--budget", "5",
-            "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--mapping", mapping]  # fmt: skip
+    argv = [
+        "plan",
+        "--samples",
+        str(CHAT),
+        "--run-dir",
+        str(tmp_path / "r"),
+        "--budget",
+        "5",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--mapping",
+        mapping,
+    ]
     code, _, err = run_main(argv, capsys)
     assert code == 2
     assert_one_line_error(err, needle)
@@ -385,7 +468,9 @@ def test_sliced_polls_keep_the_timeout_and_wait_forever_without_one():
     start = time.monotonic()
     with pytest.raises(queue.Empty):
         asyncio.run(channel.get_msg(timeout=0.35))
-    assert 0.3 < time.monotonic() - start < 1.5 and sum(channel.polls) == pytest.approx(0.35, abs=0.05)  # fmt: skip
+    assert 0.3 < time.monotonic() - start < 1.5 and sum(channel.polls) == pytest.approx(
+        0.35, abs=0.05
+    )
 
     async def a_second_of_none():
         return await asyncio.wait_for(channel.get_msg(timeout=None), 1.0)
@@ -448,13 +533,23 @@ def test_logs_show_every_plan_row_and_the_export_as_text(tmp_path, capsys):
 
     names = [f"dataset_{i:02d}" for i in range(40)]
     table = kit.plan.budget(
-        dict.fromkeys(names, 10_000), {n: [40, 64, 30, 64, 52] for n in names},
+        dict.fromkeys(names, 10_000),
+        {n: [40, 64, 30, 64, 52] for n in names},
         prompts_available=dict.fromkeys(names, 500),
-    )  # fmt: skip
+    )
     text = summary_text(table)
     assert "…" not in text and "..." not in text and "shape:" not in text
     assert all(n in text for n in names)
-    head = ["dataset", "budget", "mean", "samples (90%)", "upper", "prompts", "time (90%)", "cap tokens"]  # fmt: skip
+    head = [
+        "dataset",
+        "budget",
+        "mean",
+        "samples (90%)",
+        "upper",
+        "prompts",
+        "time (90%)",
+        "cap tokens",
+    ]
     assert all(c in text.splitlines()[1] for c in head)
     assert max(len(line) for line in text.splitlines()) <= 160  # a row a person can read
     assert "notes:" in text and "weak: a pilot of 5" in text  # the notes below, whole
@@ -482,16 +577,24 @@ def test_records_streams_jsonl_one_record_a_line(tmp_path, capsys):
 
     from kit.types import Record
 
-    recs = [make_record(None, ("a", "b")[i % 2], i, f"q{i}", ANSWERS[i], ids=False) for i in range(4)]  # fmt: skip
+    recs = [
+        make_record(None, ("a", "b")[i % 2], i, f"q{i}", ANSWERS[i], ids=False) for i in range(4)
+    ]
     recs[0].output_ids, recs[0].reasoning = [5, 6, 7], "thinking"
     run = plant_run(tmp_path / "run", recs, budgets={"a": 100, "b": 100})
     code, out, err = run_main(["records", str(run)], capsys)
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
     assert [list(r) for r in rows] == [[f.name for f in fields(Record)]] * 4
-    assert [(r["dataset"], r["prompt_id"], r["completion"]) for r in rows] == [(r.dataset, r.prompt_id, r.completion) for r in recs]  # fmt: skip
+    assert [(r["dataset"], r["prompt_id"], r["completion"]) for r in rows] == [
+        (r.dataset, r.prompt_id, r.completion) for r in recs
+    ]
     assert rows[0]["messages"] == [{"role": "user", "content": "q0"}]
-    assert (rows[0]["output_ids"], rows[0]["reasoning"], rows[1]["output_ids"]) == ([5, 6, 7], "thinking", None)  # fmt: skip
+    assert (rows[0]["output_ids"], rows[0]["reasoning"], rows[1]["output_ids"]) == (
+        [5, 6, 7],
+        "thinking",
+        None,
+    )
     code, out, _ = run_main(["records", str(run), "--dataset", "b"], capsys)
     assert code == 0 and [json.loads(line)["dataset"] for line in out.splitlines()] == ["b", "b"]
     code, _, err = run_main(["records", str(run), "--dataset", "nope"], capsys)
@@ -505,8 +608,12 @@ def test_records_streams_jsonl_one_record_a_line(tmp_path, capsys):
 def test_every_option_has_help_and_every_command_is_named(capsys):
     p = cli.parser()
     sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-    missing = [f"{name} {a.dest}" for name, sp in sub.choices.items() for a in sp._actions
-               if not a.help and not isinstance(a, argparse._HelpAction)]  # fmt: skip
+    missing = [
+        f"{name} {a.dest}"
+        for name, sp in sub.choices.items()
+        for a in sp._actions
+        if not a.help and not isinstance(a, argparse._HelpAction)
+    ]
     assert missing == []
     assert all(name in p.description for name in sub.choices)
     code, out, _ = run_main(["plan", "--help"], capsys)
@@ -537,7 +644,11 @@ def test_demo_kernels_talk_over_ipc_without_the_tcp_warning(tmp_path, monkeypatc
     down when its notebook ends (a kernel manager passed in would be left running)."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("print('hi')")]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}  # fmt: skip
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     monkeypatch.setattr(demo, "NOTEBOOKS", ("01_plan",))
     monkeypatch.setattr(demo, "parameterized", lambda name, parameters: nb)
     monkeypatch.chdir(tmp_path)

@@ -41,24 +41,41 @@ MAX_TOKENS = 40
 
 def _frame() -> pl.DataFrame:
     rows = [
-        {"dataset": ds, "prompt_id": f"{ds}-{i:04d}", "messages": [{"role": "user", "content": f"{ds} task {i}"}], "n_turns": 1, "row": i}
+        {
+            "dataset": ds,
+            "prompt_id": f"{ds}-{i:04d}",
+            "messages": [{"role": "user", "content": f"{ds} task {i}"}],
+            "n_turns": 1,
+            "row": i,
+        }
         for ds in BUDGETS
         for i in range(150)
-    ]  # fmt: skip
+    ]
     return pl.DataFrame(rows)
 
 
 def _config(url: str, **kw) -> RunConfig:
-    base = dict(model="fake", endpoints=url, budgets=BUDGETS, concurrency=8, retry_base=0.02,
-                sampling={"max_tokens": MAX_TOKENS})  # fmt: skip
+    base = dict(
+        model="fake",
+        endpoints=url,
+        budgets=BUDGETS,
+        concurrency=8,
+        retry_base=0.02,
+        sampling={"max_tokens": MAX_TOKENS},
+    )
     return RunConfig(**(base | kw))
 
 
 def _spawn(frame_path: Path, run_dir: Path, config: RunConfig) -> subprocess.Popen:
     args = {"prompts": str(frame_path), "run_dir": str(run_dir), "config": config.to_dict()}
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", RUNNER, json.dumps(args)], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", RUNNER, json.dumps(args)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _count(run_dir: Path) -> int:
@@ -74,7 +91,7 @@ def _records(run_dir: Path) -> dict[tuple, tuple]:
     """Every committed record, read through kit.run.reader: key -> every field of it (the
     prompt's messages included); asserts no key is stored twice."""
     frame = reader.records_frame(run_dir)
-    rows = [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in frame.iter_rows()]  # fmt: skip
+    rows = [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in frame.iter_rows()]
     keys = [row[:3] for row in rows]
     assert len(keys) == len(set(keys)), f"{len(keys) - len(set(keys))} duplicate keys"
     return dict(zip(keys, rows, strict=True))
@@ -95,11 +112,20 @@ def _as_answered(run_dir: Path, fault: FaultConfig) -> None:
     sampling = reader.read_config(run_dir).sampling
     for rec in reader.records(run_dir):
         seed = None if sampling.seed is None else sampling.seed + rec.sample
-        body = {"messages": rec.messages, "seed": seed, "max_tokens": sampling.max_tokens, "return_token_ids": True}  # fmt: skip
+        body = {
+            "messages": rec.messages,
+            "seed": seed,
+            "max_tokens": sampling.max_tokens,
+            "return_token_ids": True,
+        }
         answer = chat_response(body, fault)
         choice = answer["choices"][0]
         got = (rec.completion, rec.finish_reason, rec.completion_tokens)
-        assert got == (choice["message"]["content"], choice["finish_reason"], answer["usage"]["completion_tokens"]), rec.key  # fmt: skip
+        assert got == (
+            choice["message"]["content"],
+            choice["finish_reason"],
+            answer["usage"]["completion_tokens"],
+        ), rec.key
         assert rec.output_ids is None or rec.output_ids == choice["token_ids"], rec.key
 
 
@@ -114,9 +140,15 @@ def wait_for(cond, timeout: float = 60.0, what: str = "condition") -> None:
 
 def _wait_records(proc: subprocess.Popen, run_dir: Path, target: int, timeout: float = 120) -> None:
     """Wait until `target` records are committed; fail if the runner ended before."""
-    wait_for(lambda: proc.poll() is not None or _count(run_dir) >= target, timeout,
-             f"{target} committed records")  # fmt: skip
-    assert proc.poll() is None, f"runner ended by itself ({proc.returncode}) before {target} records: " + proc.stderr.read().decode()[-2000:]  # fmt: skip
+    wait_for(
+        lambda: proc.poll() is not None or _count(run_dir) >= target,
+        timeout,
+        f"{target} committed records",
+    )
+    assert proc.poll() is None, (
+        f"runner ended by itself ({proc.returncode}) before {target} records: "
+        + proc.stderr.read().decode()[-2000:]
+    )
 
 
 def _check(run_dir: Path, before: dict, budgets: dict, max_tokens: int, fault=None) -> dict:
@@ -181,8 +213,14 @@ def test_kill_9_against_the_embedded_server(embedded_server, tmp_path):
     frame.write_parquet(tmp_path / "prompts.parquet")
     budgets = dict.fromkeys(frame["dataset"].unique(maintain_order=True).to_list(), 300)
     run_dir = tmp_path / "run"
-    config = RunConfig(model=embedded_server.model, endpoints=embedded_server.base_url,
-                       budgets=budgets, concurrency=8, sampling={"max_tokens": 48}, timeout=900)  # fmt: skip
+    config = RunConfig(
+        model=embedded_server.model,
+        endpoints=embedded_server.base_url,
+        budgets=budgets,
+        concurrency=8,
+        sampling={"max_tokens": 48},
+        timeout=900,
+    )
     proc = _spawn(tmp_path / "prompts.parquet", run_dir, config)
     try:
         _wait_records(proc, run_dir, target=4, timeout=600)
@@ -191,8 +229,14 @@ def test_kill_9_against_the_embedded_server(embedded_server, tmp_path):
         proc.wait(60)
     before = _records(run_dir)
     # resume from the run database alone, in a fresh process
-    out = subprocess.run([sys.executable, "-c", RESUME, str(run_dir)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=1800, env=os.environ | {"PYTHONPATH": str(ROOT)})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", RESUME, str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     got = _check(run_dir, before, budgets, 48)
     print(f"\nembedded crash trial: {got}\n{out.stdout}")
@@ -249,17 +293,39 @@ def test_sigterm_stops_kit_generate_cleanly(tmp_path):
     fault = FaultConfig(latency=0.01, min_words=5, max_words=40)
     with FaultServer(fault) as srv:
         plan_dir = tmp_path / "plan"
-        plan = _kit("plan", "--samples", str(samples), "--run-dir", str(plan_dir),
-                    "--budget", "1000000", "--base-url", srv.base_url, "--model", "fake",
-                    "--max-tokens", "40", "--concurrency", "16", "--pilot-per-dataset", "4",
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        plan = _kit(
+            "plan",
+            "--samples",
+            str(samples),
+            "--run-dir",
+            str(plan_dir),
+            "--budget",
+            "1000000",
+            "--base-url",
+            srv.base_url,
+            "--model",
+            "fake",
+            "--max-tokens",
+            "40",
+            "--concurrency",
+            "16",
+            "--pilot-per-dataset",
+            "4",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         assert plan.wait(300) == 0, plan.stderr.read().decode()[-2000:]
         for trial in range(10):
             run_dir = tmp_path / f"run{trial}"
             run_dir.mkdir()
             (run_dir / "plan.json").write_bytes((plan_dir / "plan.json").read_bytes())
-            proc = _kit("generate", "--run-dir", str(run_dir),
-                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+            proc = _kit(
+                "generate",
+                "--run-dir",
+                str(run_dir),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             try:
                 _wait_records(proc, run_dir, target=rng.randint(5, 300))
                 time.sleep(rng.random() * 0.05)

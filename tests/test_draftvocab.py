@@ -40,7 +40,7 @@ def records():
             ids=False,
             output_ids=ids,
             count_source="server_ids",
-        )  # fmt: skip
+        )
         for j, (d, rows) in enumerate(IDS.items())
         for i, ids in enumerate(rows)
     ]
@@ -51,13 +51,22 @@ def records():
 def run(tmp_path) -> Path:
     run_dir = plant_run(tmp_path / "run", records(), budgets={"a": 100, "b": 100})
     (tmp_path / "target").mkdir()
-    (tmp_path / "target" / "config.json").write_text(json.dumps({"hidden_size": 32, "num_hidden_layers": 4, "vocab_size": V}))  # fmt: skip
+    (tmp_path / "target" / "config.json").write_text(
+        json.dumps({"hidden_size": 32, "num_hidden_layers": 4, "vocab_size": V})
+    )
     return run_dir
 
 
 def test_selection_ties_and_fill():
     total = draftvocab.TokenCounts()
-    total.add(pl.DataFrame({"dataset": ["a", "a", "b", "b"], "output_ids": [r for rows in IDS.values() for r in rows]}))  # fmt: skip
+    total.add(
+        pl.DataFrame(
+            {
+                "dataset": ["a", "a", "b", "b"],
+                "output_ids": [r for rows in IDS.values() for r in rows],
+            }
+        )
+    )
     freq = total.total()
     assert draftvocab.select_ids(freq, 6).tolist() == TOP6
     assert draftvocab.select_ids(freq, 12).tolist() == TOP12
@@ -103,11 +112,23 @@ def test_export_refuses_without_a_target_vocab_and_bad_k(run, tmp_path):
     with pytest.raises(ValueError, match="needs the target's vocab_size"):
         kit.export(run, tmp_path / "x", formats=("specforge",), draft_vocab=6)
     with pytest.raises(ValueError, match="positive number of token ids, got 0"):
-        kit.export(run, tmp_path / "y", formats=("specforge",), draft_vocab=0, target_config=tmp_path / "target")  # fmt: skip
+        kit.export(
+            run,
+            tmp_path / "y",
+            formats=("specforge",),
+            draft_vocab=0,
+            target_config=tmp_path / "target",
+        )
 
 
 def test_export_caps_k_at_the_target_vocab(run, tmp_path):
-    res = kit.export(run, tmp_path / "out", formats=("specforge",), draft_vocab=1000, target_config=tmp_path / "target")  # fmt: skip
+    res = kit.export(
+        run,
+        tmp_path / "out",
+        formats=("specforge",),
+        draft_vocab=1000,
+        target_config=tmp_path / "target",
+    )
     assert res.manifest["draft_vocab"]["draft_vocab_size"] == V
     assert np.load(tmp_path / "out" / "draft_vocab" / f"d2t-{V}.npy").tolist() == [0] * V
 
@@ -115,32 +136,72 @@ def test_export_caps_k_at_the_target_vocab(run, tmp_path):
 @pytest.mark.parametrize(("k", "top"), [(6, TOP6), (12, TOP12)])
 def test_trainers_load_the_mapping_kit_claims(run, tmp_path, k, top):
     out = tmp_path / "out"
-    res = kit.export(run, out, formats=("specforge",), draft_vocab=k, target_config=tmp_path / "target")  # fmt: skip
+    res = kit.export(
+        run, out, formats=("specforge",), draft_vocab=k, target_config=tmp_path / "target"
+    )
     assert kit.validate(out).ok
     assert set(draftvocab.targets(k)) <= set(res.manifest["files"])
     assert f"draft vocabulary of {k:,} (target {V:,})" in res.summary()
     assert TRAINERS.exists(), f"{TRAINERS} missing: build it with `make trainers`"
     proc = subprocess.run(
-        [str(TRAINERS), str(REPO / "tests" / "trainers_vocab.py"), str(out / "draft_vocab"), str(k), str(V)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+        [
+            str(TRAINERS),
+            str(REPO / "tests" / "trainers_vocab.py"),
+            str(out / "draft_vocab"),
+            str(k),
+            str(V),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    want = {"d2t": [t - i for i, t in enumerate(top)], "t2d": top, "t2d_len": V,
-            "d2t_dtype": "torch.int64", "t2d_dtype": "torch.bool"}  # fmt: skip
+    want = {
+        "d2t": [t - i for i, t in enumerate(top)],
+        "t2d": top,
+        "t2d_len": V,
+        "d2t_dtype": "torch.int64",
+        "t2d_dtype": "torch.bool",
+    }
     assert got["specforge"]["loaded"] == want
     assert got["specforge"]["from_counts"] == want  # SpecForge's own rule on kit's counts
     assert got["speculators"]["loaded"] == want
     assert got["speculators"]["from_freq"] == want  # speculators' own rule on token_freq.pt
-    assert got["speculators"]["token_freq"] == {"3": 1, "5": 3, "7": 3, "9": 3, "12": 1, "20": 3, "21": 2, "22": 1}  # fmt: skip
+    assert got["speculators"]["token_freq"] == {
+        "3": 1,
+        "5": 3,
+        "7": 3,
+        "9": 3,
+        "12": 1,
+        "20": 3,
+        "21": 2,
+        "22": 1,
+    }
 
 
 def test_kit_export_draft_vocab_flag(run, tmp_path, capsys):
     from kit import cli
 
     out = tmp_path / "out"
-    argv = ["export", str(run), str(out), "--format", "specforge", "--draft-vocab", "--target-config", str(tmp_path / "target")]  # fmt: skip
+    argv = [
+        "export",
+        str(run),
+        str(out),
+        "--format",
+        "specforge",
+        "--draft-vocab",
+        "--target-config",
+        str(tmp_path / "target"),
+    ]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert f"draft vocabulary of {V} (target {V})" in printed  # the default 32,000, capped
-    assert sorted(p.name for p in (out / "draft_vocab").iterdir()) == ["d2t-64.npy", "draft_vocab.json", "t2d-64.npy", "token_freq.pt", "vocab_mapping.pt"]  # fmt: skip
+    assert sorted(p.name for p in (out / "draft_vocab").iterdir()) == [
+        "d2t-64.npy",
+        "draft_vocab.json",
+        "t2d-64.npy",
+        "token_freq.pt",
+        "vocab_mapping.pt",
+    ]

@@ -42,7 +42,10 @@ def set_config(run, **changes):
     conn = sqlite3.connect(run / "run.sqlite")
     doc = json.loads(conn.execute("SELECT doc FROM config").fetchone()[0]) | changes
     with conn:
-        conn.execute("UPDATE config SET fingerprint = ?, doc = ?", (RunConfig.from_dict(doc).fingerprint(), json.dumps(doc)))  # fmt: skip
+        conn.execute(
+            "UPDATE config SET fingerprint = ?, doc = ?",
+            (RunConfig.from_dict(doc).fingerprint(), json.dumps(doc)),
+        )
     conn.close()
     return run
 
@@ -63,7 +66,10 @@ def varied_records(tok):
     recs[3].prompt_ids = tok.encode(rendered, add_special_tokens=False)  # as a server returns them
     recs[4].output_ids = None  # counted by usage: the completion is tokenized
     recs[4].count_source = "usage"
-    recs += [make_record(tok, "code", 10 + i, f"Write code {i}.", f"print({i} * 'héllo 日本')") for i in range(4)]  # fmt: skip
+    recs += [
+        make_record(tok, "code", 10 + i, f"Write code {i}.", f"print({i} * 'héllo 日本')")
+        for i in range(4)
+    ]
     return recs
 
 
@@ -120,7 +126,12 @@ def test_specforge_format_field_by_field(planted, tmp_path):
 @pytest.mark.server
 def test_token_rows_on_planted_records(planted, tmp_path, tok):
     out = tmp_path / "out"
-    result = export(planted, out, formats=("token_ids", "specforge", "parquet"), keep_truncated_conversations=True)  # fmt: skip
+    result = export(
+        planted,
+        out,
+        formats=("token_ids", "specforge", "parquet"),
+        keep_truncated_conversations=True,
+    )
     rows = read_jsonl(out / "token_ids/train.jsonl")
     convs = read_jsonl(out / "specforge/train.jsonl")
     finish = records_frame(planted).sort("t_done")["finish_reason"].to_list()
@@ -130,8 +141,11 @@ def test_token_rows_on_planted_records(planted, tmp_path, tok):
         check_token_row(tok, row, conv["conversations"], fin)
     # the server's own ids were used where they decode to the stored text
     assert result.manifest["token_id_sources"] == {
-        "output_ids": 9, "completion_retokenized": 1, "prompt_ids": 1, "prompt_tokenized": 9,
-    }  # fmt: skip
+        "output_ids": 9,
+        "completion_retokenized": 1,
+        "prompt_ids": 1,
+        "prompt_tokenized": 9,
+    }
     assert rows[2]["loss_mask"][-2:] == [
         0,
         0,
@@ -158,7 +172,13 @@ def test_ids_that_do_not_match_text_are_retokenized(tmp_path, tok, model_dir):
 
 @pytest.mark.server
 def test_trim_to_budget_is_exact(planted, tmp_path):
-    result = export(planted, tmp_path / "out", formats=("specforge",), trim_to_budget=True, keep_truncated_conversations=True)  # fmt: skip
+    result = export(
+        planted,
+        tmp_path / "out",
+        formats=("specforge",),
+        trim_to_budget=True,
+        keep_truncated_conversations=True,
+    )
     recs = records_frame(planted).filter(pl.col("dataset") == "chat").sort("t_done")
     tokens = recs["completion_tokens"].to_list()
     kept = result.counts["chat"]["records"]
@@ -182,7 +202,11 @@ def split_ids(out):
 
 
 def test_split_is_seeded_and_disjoint(tmp_path):
-    recs = [make_record(None, ds, i, f"{ds} prompt {i}", f"answer {ds} {chr(97 + i % 26)}", ids=False) for ds in ("a", "b") for i in range(20)]  # fmt: skip
+    recs = [
+        make_record(None, ds, i, f"{ds} prompt {i}", f"answer {ds} {chr(97 + i % 26)}", ids=False)
+        for ds in ("a", "b")
+        for i in range(20)
+    ]
     recs += [make_record(None, "a", 40, "a prompt 3", "second sample", ids=False, sample=1)]
     run = plant_run(tmp_path / "run", recs, budgets={"a": 10**6, "b": 10**6})
     kw = dict(formats=("specforge",), val_fraction=0.25)
@@ -200,8 +224,22 @@ def test_split_is_seeded_and_disjoint(tmp_path):
 
 
 def test_mix_by_token_share(tmp_path):
-    recs = [make_record(None, "a", i, f"a{i}", " ".join(["x"] * 10) + f" {chr(97 + i)}", ids=False, completion_tokens=10) for i in range(20)]  # fmt: skip
-    recs += [make_record(None, "b", 50 + i, f"b{i}", f"y {chr(97 + i)}", ids=False, completion_tokens=10) for i in range(5)]  # fmt: skip
+    recs = [
+        make_record(
+            None,
+            "a",
+            i,
+            f"a{i}",
+            " ".join(["x"] * 10) + f" {chr(97 + i)}",
+            ids=False,
+            completion_tokens=10,
+        )
+        for i in range(20)
+    ]
+    recs += [
+        make_record(None, "b", 50 + i, f"b{i}", f"y {chr(97 + i)}", ids=False, completion_tokens=10)
+        for i in range(5)
+    ]
     recs += [make_record(None, "c", 90, "c0", "z", ids=False, completion_tokens=10)]
     run = plant_run(tmp_path / "run", recs, budgets={"a": 1000, "b": 1000, "c": 1000})
     result = export(run, tmp_path / "out", formats=("specforge",), mix={"a": 3, "b": 1})
@@ -226,8 +264,9 @@ def test_drop_options(tmp_path):
     result = export(run, tmp_path / "b", **opts)
     assert result.dropped == {"truncated": 1, "duplicates": 1}
     assert [r["id"] for r in read_jsonl(tmp_path / "b/specforge/train.jsonl")] == [
-        f"d-{pid('q0')}-0", f"d-{pid('q3')}-0",
-    ]  # fmt: skip
+        f"d-{pid('q0')}-0",
+        f"d-{pid('q3')}-0",
+    ]
 
 
 def test_options_validate(tmp_path):
@@ -251,7 +290,13 @@ def test_options_validate(tmp_path):
 def test_manifest_contents_and_no_secret(tmp_path, tok, model_dir, monkeypatch):
     monkeypatch.setenv("KIT_TEST_KEY", SECRET)
     recs = varied_records(tok)
-    run = plant_run(tmp_path / "run", recs, budgets={"chat": 60, "code": 1000}, tokenizer=str(model_dir), api_key_env="KIT_TEST_KEY")  # fmt: skip
+    run = plant_run(
+        tmp_path / "run",
+        recs,
+        budgets={"chat": 60, "code": 1000},
+        tokenizer=str(model_dir),
+        api_key_env="KIT_TEST_KEY",
+    )
     set_config(run, endpoints=[f"http://user:{SECRET}@127.0.0.1:8000/v1?key={SECRET}"])
     fingerprint = read_config(run).fingerprint()
     out = tmp_path / "out"
@@ -310,11 +355,17 @@ def test_real_server_run_token_rows(embedded_server, model_dir, tok, tmp_path):
     questions = ["What is 2 + 2?", "Name a primary color."]
     prompts = pl.DataFrame(
         [
-            {"dataset": ds, "prompt_id": pid(ds + q), "messages": [{"role": "user", "content": q}], "n_turns": 1, "row": i}
+            {
+                "dataset": ds,
+                "prompt_id": pid(ds + q),
+                "messages": [{"role": "user", "content": q}],
+                "n_turns": 1,
+                "row": i,
+            }
             for ds in ("qa", "chat")
             for i, q in enumerate(questions)
         ]
-    )  # fmt: skip
+    )
     config = kit.RunConfig(
         model=embedded_server.model,
         endpoints=embedded_server.base_url,
@@ -328,7 +379,11 @@ def test_real_server_run_token_rows(embedded_server, model_dir, tok, tmp_path):
     out = tmp_path / "out"
     result = export(run.run_dir, out, val_fraction=0.5, keep_truncated_conversations=True)
     assert sum(c["records"] for c in result.counts.values()) == 4, kit.audit(run.run_dir).summary()
-    finish = dict(records_frame(run.run_dir).select(pl.format("{}-{}-{}", "dataset", "prompt_id", "sample"), "finish_reason").iter_rows())  # fmt: skip
+    finish = dict(
+        records_frame(run.run_dir)
+        .select(pl.format("{}-{}-{}", "dataset", "prompt_id", "sample"), "finish_reason")
+        .iter_rows()
+    )
     n = 0
     for split in ("train", "validation"):
         rows = read_jsonl(out / f"token_ids/{split}.jsonl")
@@ -369,15 +424,27 @@ def test_jsonl_files_go_to_disk_as_written(tmp_path, monkeypatch):
 
     from kit.report import writers
 
-    recs = [make_record(None, "d", i, f"q{i} " * 20, ANSWERS[i % len(ANSWERS)] * 5, ids=False) for i in range(60)]  # fmt: skip
+    recs = [
+        make_record(None, "d", i, f"q{i} " * 20, ANSWERS[i % len(ANSWERS)] * 5, ids=False)
+        for i in range(60)
+    ]
     run = plant_run(tmp_path / "run", recs, budgets={"d": 10**6})
     whole = export(run, tmp_path / "whole", formats=("specforge",))
     calls = []
     real_sync, real_advise = os.fdatasync, os.posix_fadvise
     monkeypatch.setattr(writers, "SYNC_EVERY", 512)
     monkeypatch.setattr("kit.report.export.BATCH", 4)  # many writes: a few rows each
-    monkeypatch.setattr(writers.os, "fdatasync", lambda fd: (calls.append(("sync", fd)), real_sync(fd))[1])  # fmt: skip
-    monkeypatch.setattr(writers.os, "posix_fadvise", lambda fd, at, n, how: (calls.append(("drop", fd, at, n, how)), real_advise(fd, at, n, how))[1])  # fmt: skip
+    monkeypatch.setattr(
+        writers.os, "fdatasync", lambda fd: (calls.append(("sync", fd)), real_sync(fd))[1]
+    )
+    monkeypatch.setattr(
+        writers.os,
+        "posix_fadvise",
+        lambda fd, at, n, how: (
+            calls.append(("drop", fd, at, n, how)),
+            real_advise(fd, at, n, how),
+        )[1],
+    )
     pieces = export(run, tmp_path / "pieces", formats=("specforge",))
     path = "specforge/train.jsonl"
     assert (tmp_path / "pieces" / path).read_bytes() == (tmp_path / "whole" / path).read_bytes()
@@ -403,7 +470,12 @@ def test_an_old_layout_run_exports_byte_for_byte_as_the_old_code_did(tmp_path):
     """tests/fixtures/old_layout: a run of the JSONL layout and its SpecForge export by the
     code before the run database; the reader imports the run on first open."""
     shutil.copytree(OLD / "run", tmp_path / "run")
-    result = export(tmp_path / "run", tmp_path / "out", formats=("specforge",), keep_truncated_conversations=True)  # fmt: skip
+    result = export(
+        tmp_path / "run",
+        tmp_path / "out",
+        formats=("specforge",),
+        keep_truncated_conversations=True,
+    )
     old = json.loads((OLD / "export/manifest.json").read_text())
     for rel in ("specforge/train.jsonl", "linehashes/specforge/train.jsonl.txt"):
         assert (tmp_path / "out" / rel).read_bytes() == (OLD / "export" / rel).read_bytes(), rel
@@ -416,7 +488,9 @@ def test_an_old_layout_run_exports_byte_for_byte_as_the_old_code_did(tmp_path):
 def _swap_prompts(run, a: str, b: str) -> None:
     """Swap two stored prompts' text in the run database, as a hand edit would."""
     conn = sqlite3.connect(run / "run.sqlite")
-    text = dict(conn.execute("SELECT prompt_id, messages FROM prompts WHERE prompt_id IN (?, ?)", (a, b)))  # fmt: skip
+    text = dict(
+        conn.execute("SELECT prompt_id, messages FROM prompts WHERE prompt_id IN (?, ?)", (a, b))
+    )
     with conn:
         for pid_, other in ((a, b), (b, a)):
             conn.execute("UPDATE prompts SET messages = ? WHERE prompt_id = ?", (text[other], pid_))
@@ -462,16 +536,27 @@ def _prompts() -> pl.DataFrame:
                     {"role": "user", "content": f"second {i}"},
                 ]
             tools = json.dumps(TOOLS) if ds == "agent" and i % 2 == 0 else None
-            rows.append({"dataset": ds, "prompt_id": f"{ds}{i:02d}", "messages": messages,
-                         "tools": tools, "n_turns": len(messages), "row": i})  # fmt: skip
+            rows.append(
+                {
+                    "dataset": ds,
+                    "prompt_id": f"{ds}{i:02d}",
+                    "messages": messages,
+                    "tools": tools,
+                    "n_turns": len(messages),
+                    "row": i,
+                }
+            )
     return pl.DataFrame(rows)
 
 
 def _config() -> RunConfig:
     return RunConfig(
-        model="m", endpoints=["http://127.0.0.1:9/v1"], sampling=Sampling(max_tokens=64),
-        budgets={"chat": 60, "agent": 80, "multi": 10**6}, turns="all_turns",
-    )  # fmt: skip
+        model="m",
+        endpoints=["http://127.0.0.1:9/v1"],
+        sampling=Sampling(max_tokens=64),
+        budgets={"chat": 60, "agent": 80, "multi": 10**6},
+        turns="all_turns",
+    )
 
 
 def _stored_run(run_dir) -> list[Record]:
@@ -481,19 +566,36 @@ def _stored_run(run_dir) -> list[Record]:
     for k, p in enumerate(prompts.to_dicts()):
         messages, turns = p["messages"], None
         if p["dataset"] == "multi":
-            turns = [{"content": f"target answer {k}", "reasoning": None, "finish_reason": "stop",
-                      "completion_tokens": 3, "count_source": "usage", "output_ids": None,
-                      "prompt_ids": None}]  # fmt: skip
+            turns = [
+                {
+                    "content": f"target answer {k}",
+                    "reasoning": None,
+                    "finish_reason": "stop",
+                    "completion_tokens": 3,
+                    "count_source": "usage",
+                    "output_ids": None,
+                    "prompt_ids": None,
+                }
+            ]
             messages = [dict(m) for m in messages]
             messages[1]["content"] = f"target answer {k}"
         text = "same answer" if k % 5 == 0 else f"answer number {k} " + "word " * (k % 7)
-        out.append(Record(
-            dataset=p["dataset"], prompt_id=p["prompt_id"], sample=0, messages=messages,
-            completion=text, finish_reason="length" if k % 6 == 0 else "stop",
-            completion_tokens=5 + k % 9, count_source="usage", t_done=T0 + (k * 7919) % 101 + k / 1000,
-            reasoning="thinking it over" if k % 4 == 0 else None,
-            tools=json.loads(p["tools"]) if p["tools"] else None, turns=turns,
-        ))  # fmt: skip
+        out.append(
+            Record(
+                dataset=p["dataset"],
+                prompt_id=p["prompt_id"],
+                sample=0,
+                messages=messages,
+                completion=text,
+                finish_reason="length" if k % 6 == 0 else "stop",
+                completion_tokens=5 + k % 9,
+                count_source="usage",
+                t_done=T0 + (k * 7919) % 101 + k / 1000,
+                reasoning="thinking it over" if k % 4 == 0 else None,
+                tools=json.loads(p["tools"]) if p["tools"] else None,
+                turns=turns,
+            )
+        )
     out.sort(key=lambda r: r.t_done)
     store = RunStore(run_dir)
     store.init(_config(), prompts)
@@ -520,17 +622,27 @@ def _files(out, part: str = "") -> dict[str, bytes]:
         dict(mix={"chat": 1, "agent": 2}),
     ],
 )
-def test_the_export_is_the_same_in_any_batch_size_with_or_without_token_rows(tmp_path, monkeypatch, model_dir, opts):  # fmt: skip
+def test_the_export_is_the_same_in_any_batch_size_with_or_without_token_rows(
+    tmp_path, monkeypatch, model_dir, opts
+):
     """SpecForge lines (the one renderer: polars), tables and counts do not depend on the
     batch size or on which formats go along: reasoning, tools, all_turns answers, options."""
     records = _stored_run(tmp_path / "run")
     got, token_files = [], []
-    for formats, batch in [(("specforge", "token_ids", "parquet"), 10_000), (("specforge", "parquet"), 10_000), (("specforge", "parquet"), 3), (("specforge", "token_ids", "parquet"), 3)]:  # fmt: skip
+    for formats, batch in [
+        (("specforge", "token_ids", "parquet"), 10_000),
+        (("specforge", "parquet"), 10_000),
+        (("specforge", "parquet"), 3),
+        (("specforge", "token_ids", "parquet"), 3),
+    ]:
         monkeypatch.setattr(export_mod, "BATCH", batch)
         out = tmp_path / f"out-{len(formats)}-{batch}"
         result = export(tmp_path / "run", out, formats=formats, tokenizer=model_dir, **opts)
         assert validate(out).ok and not result.dropped.pop("template_mismatch", 0)
-        tables = {p.stem: pl.read_parquet(p).drop("input_ids", "loss_mask", "ids_source", strict=False) for p in (out / "parquet").glob("*.parquet")}  # fmt: skip
+        tables = {
+            p.stem: pl.read_parquet(p).drop("input_ids", "loss_mask", "ids_source", strict=False)
+            for p in (out / "parquet").glob("*.parquet")
+        }
         got.append((_files(out, "specforge"), tables, result.counts, result.dropped))
         if "token_ids" in formats:  # token rows too: the same in any batch size
             token_files.append((_files(out, "token_ids"), result.manifest["token_rows"]))
@@ -540,7 +652,12 @@ def test_the_export_is_the_same_in_any_batch_size_with_or_without_token_rows(tmp
     assert got[0][1].keys() == got[1][1].keys() == got[2][1].keys()
     for s, table in got[0][1].items():
         assert table.equals(got[1][1][s]) and table.equals(got[2][1][s]) and table.height
-    rows = [json.loads(x) for f, data in got[0][0].items() if f.startswith("specforge/") for x in data.splitlines()]  # fmt: skip
+    rows = [
+        json.loads(x)
+        for f, data in got[0][0].items()
+        if f.startswith("specforge/")
+        for x in data.splitlines()
+    ]
     assert rows and len({r["id"] for r in rows}) == len(rows)
     by_id = {f"{r.dataset}-{r.prompt_id}-0": r for r in records}
     for row in rows:  # the conversation as the runner sent it, then the completion
@@ -556,7 +673,13 @@ def test_a_key_written_twice_is_exported_once_and_its_first_copy(tmp_path):
     store.init(_config())
     store.append(dataclasses.replace(first, completion="a later copy", t_done=T0 + 500))
     store.close()
-    result = export(tmp_path, tmp_path / "out", formats=("specforge",), drop_errors=False, keep_truncated_conversations=True)  # fmt: skip
+    result = export(
+        tmp_path,
+        tmp_path / "out",
+        formats=("specforge",),
+        drop_errors=False,
+        keep_truncated_conversations=True,
+    )
     rows = read_jsonl(tmp_path / "out/specforge/train.jsonl")
     assert len(rows) == 36 and sum(c["records"] for c in result.counts.values()) == 36
     mine = [r for r in rows if r["id"] == f"{first.dataset}-{first.prompt_id}-0"]
@@ -599,17 +722,50 @@ def test_specforge_lines_are_json_dumps_byte_for_byte():
 
     odd = "".join(chr(c) for c in range(0x20)) + '"\\/\x7f\u2028\u00e9\U0001f600 \\n'
     rows = [
-        {"dataset": "d", "prompt_id": "p0", "sample": 0, "completion": odd, "reasoning": odd,
-         "messages": [{"role": "system", "content": odd}, {"role": "user", "content": ""}]},
-        {"dataset": "d/é", "prompt_id": 'p"1', "sample": 3, "completion": "", "reasoning": "",
-         "messages": []},
-        {"dataset": "d", "prompt_id": "p2", "sample": 1, "completion": "ok", "reasoning": None,
-         "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": odd}]},
-        {"dataset": "d", "prompt_id": "p3", "sample": 0, "completion": "ok", "reasoning": None,
-         "messages": [{"role": "user", "content": "hi"}]},
-    ]  # fmt: skip
-    stored = [json.dumps(TOOLS, separators=(",", ":")), None, json.dumps([{"x": 1.5e-05, "é": odd}]), "[]"]  # fmt: skip
-    call = {"id": "c\u2028", "type": "function", "function": {"name": "f", "arguments": json.dumps({"q": odd})}}  # fmt: skip
+        {
+            "dataset": "d",
+            "prompt_id": "p0",
+            "sample": 0,
+            "completion": odd,
+            "reasoning": odd,
+            "messages": [{"role": "system", "content": odd}, {"role": "user", "content": ""}],
+        },
+        {
+            "dataset": "d/é",
+            "prompt_id": 'p"1',
+            "sample": 3,
+            "completion": "",
+            "reasoning": "",
+            "messages": [],
+        },
+        {
+            "dataset": "d",
+            "prompt_id": "p2",
+            "sample": 1,
+            "completion": "ok",
+            "reasoning": None,
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": odd}],
+        },
+        {
+            "dataset": "d",
+            "prompt_id": "p3",
+            "sample": 0,
+            "completion": "ok",
+            "reasoning": None,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    ]
+    stored = [
+        json.dumps(TOOLS, separators=(",", ":")),
+        None,
+        json.dumps([{"x": 1.5e-05, "é": odd}]),
+        "[]",
+    ]
+    call = {
+        "id": "c\u2028",
+        "type": "function",
+        "function": {"name": "f", "arguments": json.dumps({"q": odd})},
+    }
     calls = [json.dumps([call], ensure_ascii=False), None, json.dumps([call, call]), "[]"]
     frame = pl.DataFrame(rows).with_columns(
         tools_json=pl.Series(tools_json(stored), dtype=pl.String),
@@ -641,7 +797,7 @@ def test_token_lines_are_json_dumps_byte_for_byte():
             "loss_mask": [0, 0, 1, 1],
             "ids_source": "server",
             "_zeros": 2,
-        },  # fmt: skip
+        },
         {
             "dataset": "d",
             "prompt_id": "p1",
@@ -650,7 +806,7 @@ def test_token_lines_are_json_dumps_byte_for_byte():
             "loss_mask": [0, 1, 0, 1, 1],
             "ids_source": "retokenized",
             "_zeros": None,
-        },  # fmt: skip
+        },
         {
             "dataset": "d",
             "prompt_id": "p2",
@@ -659,10 +815,24 @@ def test_token_lines_are_json_dumps_byte_for_byte():
             "loss_mask": [0, 1],
             "ids_source": "server",
             "_zeros": 1,
-        },  # fmt: skip
+        },
     ]
-    frame = pl.DataFrame(rows, schema_overrides={"loss_mask": pl.List(pl.Int8), "_zeros": pl.UInt32})  # fmt: skip
-    want = [json.dumps({"id": f"{r['dataset']}-{r['prompt_id']}-{r['sample']}", "input_ids": r["input_ids"], "loss_mask": r["loss_mask"], "ids_source": r["ids_source"]}, ensure_ascii=False) + "\n" for r in rows]  # fmt: skip
+    frame = pl.DataFrame(
+        rows, schema_overrides={"loss_mask": pl.List(pl.Int8), "_zeros": pl.UInt32}
+    )
+    want = [
+        json.dumps(
+            {
+                "id": f"{r['dataset']}-{r['prompt_id']}-{r['sample']}",
+                "input_ids": r["input_ids"],
+                "loss_mask": r["loss_mask"],
+                "ids_source": r["ids_source"],
+            },
+            ensure_ascii=False,
+        )
+        + "\n"
+        for r in rows
+    ]
     data, offsets = token_lines(frame)
     assert data == "".join(want).encode()
     assert offsets == [0, *itertools.accumulate(len(w.encode()) for w in want)]
@@ -696,7 +866,7 @@ def test_drop_duplicates_keys_tool_calls_as_the_audit_does(tmp_path):
 
     def call(city: str) -> list[dict]:
         args = json.dumps({"city": city})
-        return [{"id": "c", "type": "function", "function": {"name": "weather", "arguments": args}}]  # fmt: skip
+        return [{"id": "c", "type": "function", "function": {"name": "weather", "arguments": args}}]
 
     recs = [
         make_record(None, "fc", i, f"q{i}", "", ids=False, completion_tokens=9, tool_calls=c)

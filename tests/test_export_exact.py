@@ -54,7 +54,9 @@ def enc(tok, text: str) -> list[int]:
 
 def prompt_ids(tok, messages, **kw) -> list[int]:
     """The prompt's ids as a server renders and tokenizes it."""
-    return enc(tok, tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw))  # fmt: skip
+    return enc(
+        tok, tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
+    )
 
 
 def spans(tok, row) -> list[str]:
@@ -116,9 +118,17 @@ def test_exact_rows_are_the_server_ids(tmp_path, tok, model_dir):
     assert rows[f"d-{recs[2].prompt_id}-0"]["input_ids"][-1] != eos  # length: never closed
     assert rows[f"d-{recs[4].prompt_id}-0"]["ids_source"] == "retokenized"
     counts = result.manifest["token_rows"]["d"]
-    assert counts == {"exact": 4, "retokenized": 1, "end_of_turn_appended": 1, "prompt_render_differs": 1}  # fmt: skip
+    assert counts == {
+        "exact": 4,
+        "retokenized": 1,
+        "end_of_turn_appended": 1,
+        "prompt_render_differs": 1,
+    }
     text = result.summary()
-    assert "d: 1 row: the server's prompt ids differ from kit's rendering; the server's ids are used" in text  # fmt: skip
+    assert (
+        "d: 1 row: the server's prompt ids differ from kit's rendering; the server's ids are used"
+        in text
+    )
     assert "d: token rows 4 exact (server ids), 1 approximate: re-tokenized text" in text
     table = pl.read_parquet(tmp_path / "out/parquet/train.parquet")
     assert sorted(table["ids_source"].to_list()) == ["retokenized"] + ["server"] * 4
@@ -129,25 +139,45 @@ def test_exact_rows_are_the_server_ids(tmp_path, tok, model_dir):
 
 
 @pytest.mark.server
-def test_exact_row_checks_run_on_a_stated_sample_and_a_lie_widens_them(tmp_path, tok, model_dir, monkeypatch):  # fmt: skip
+def test_exact_row_checks_run_on_a_stated_sample_and_a_lie_widens_them(
+    tmp_path, tok, model_dir, monkeypatch
+):
     """The server's ids are checked against the text and kit's rendering on the first
     CHECK_SAMPLE rows of each dataset (manifest token_checks); a lie found there has every
     later row of that dataset decoded, so its later lies are re-tokenized too; past a clean
     sample nothing is decoded, and the manifest says so."""
     monkeypatch.setattr(exactrows, "CHECK_SAMPLE", 2)
     wrong = enc(tok, "Something else entirely.") + [tok.eos_token_id]
-    recs = {ds: [make_record(tok, ds, i, f"{ds} question {i}?", ANSWERS[i]) for i in range(6)] for ds in ("liar", "late")}  # fmt: skip
+    recs = {
+        ds: [make_record(tok, ds, i, f"{ds} question {i}?", ANSWERS[i]) for i in range(6)]
+        for ds in ("liar", "late")
+    }
     for r in recs["liar"] + recs["late"]:
         r.prompt_ids = prompt_ids(tok, r.messages)
     for r in (recs["liar"][1], recs["liar"][4], recs["late"][4]):  # in the sample, and past it
         r.output_ids = wrong
-    run = plant_run(tmp_path / "run", recs["liar"] + recs["late"], budgets={"liar": 10_000, "late": 10_000}, tokenizer=str(model_dir))  # fmt: skip
+    run = plant_run(
+        tmp_path / "run",
+        recs["liar"] + recs["late"],
+        budgets={"liar": 10_000, "late": 10_000},
+        tokenizer=str(model_dir),
+    )
     result = export(run, tmp_path / "out", formats=("token_ids",))
     rows, checks = result.manifest["token_rows"], result.manifest["token_checks"]["per_dataset"]
     assert (rows["liar"]["exact"], rows["liar"]["ids_text_differ"]) == (4, 2)
-    assert checks["liar"] == {"exact_candidates": 6, "ids_decoded": 6, "prompt_rendered": 2, "decoded_all": True}  # fmt: skip
+    assert checks["liar"] == {
+        "exact_candidates": 6,
+        "ids_decoded": 6,
+        "prompt_rendered": 2,
+        "decoded_all": True,
+    }
     assert rows["late"]["exact"] == 6 and "ids_text_differ" not in rows["late"]
-    assert checks["late"] == {"exact_candidates": 6, "ids_decoded": 2, "prompt_rendered": 2, "decoded_all": False}  # fmt: skip
+    assert checks["late"] == {
+        "exact_candidates": 6,
+        "ids_decoded": 2,
+        "prompt_rendered": 2,
+        "decoded_all": False,
+    }
     assert "500" not in result.manifest["token_checks"]["how"] and validate(tmp_path / "out").ok
 
 
@@ -169,7 +199,11 @@ def test_reasoning_tools_and_template_kwargs(tmp_path, think_tok, tok, model_dir
     sf = {r["id"]: r for r in read_jsonl(tmp_path / "out/specforge/train.jsonl")}
     ra, rb, rc = (sf[f"{r.dataset}-{r.prompt_id}-{r.sample}"] for r in (a, b, c))
     assert ra["tools"] == TOOLS and "tools" not in rb and set(rc) == {"id", "conversations"}
-    assert ra["conversations"][-1] == {"role": "assistant", "content": "5", "reasoning_content": a.reasoning}  # fmt: skip
+    assert ra["conversations"][-1] == {
+        "role": "assistant",
+        "content": "5",
+        "reasoning_content": a.reasoning,
+    }
     assert rc["conversations"][-1] == {"role": "assistant", "content": "Hi!"}
     rows = {r["id"]: r for r in read_jsonl(tmp_path / "out/token_ids/train.jsonl")}
     row_a, row_b, row_c = rows[ra["id"]], rows[rb["id"]], rows[rc["id"]]
@@ -179,7 +213,9 @@ def test_reasoning_tools_and_template_kwargs(tmp_path, think_tok, tok, model_dir
     assert spans(t, row_b) == ["<think>\nFour and four make eight.\n</think>\n\n8<|im_end|>"]
     assert spans(t, row_c) == ["Hi!<|im_end|>"]  # the empty think block is the prompt's
     assert "# Tools" in t.decode(row_a["input_ids"])
-    assert t.decode(row_c["input_ids"]).endswith("assistant\n<think>\n\n</think>\n\nHi!<|im_end|>\n")  # fmt: skip
+    assert t.decode(row_c["input_ids"]).endswith(
+        "assistant\n<think>\n\n</think>\n\nHi!<|im_end|>\n"
+    )
     # the prompt kit renders (tools, enable_thinking=False) is the server's: nothing differs
     rows_made = result.manifest["token_rows"]
     assert rows_made == {"math": {"exact": 1, "retokenized": 1}, "think": {"retokenized": 1}}
@@ -205,9 +241,17 @@ def multi_turn(tok, i, users, answers, *, exact=True):
     for u, ans in zip(users[:-1], answers[:-1], strict=True):
         msgs.append({"role": "user", "content": u})
         out = enc(tok, ans) + [tok.eos_token_id]
-        turns.append({"content": ans, "reasoning": None, "finish_reason": "stop",
-                      "completion_tokens": len(out), "count_source": "server_ids",
-                      "output_ids": out, "prompt_ids": prompt_ids(tok, msgs)})  # fmt: skip
+        turns.append(
+            {
+                "content": ans,
+                "reasoning": None,
+                "finish_reason": "stop",
+                "completion_tokens": len(out),
+                "count_source": "server_ids",
+                "output_ids": out,
+                "prompt_ids": prompt_ids(tok, msgs),
+            }
+        )
         msgs.append({"role": "assistant", "content": ans})
     msgs.append({"role": "user", "content": users[-1]})
     rec = make_record(tok, "multi", i, users[-1], answers[-1], prompt_id=f"m{i}")
@@ -227,9 +271,18 @@ def test_all_turns_trains_every_target_turn_in_both_exports(tmp_path, tok, model
         multi_turn(tok, 3, users[1:], ["Saturn has rings.", "Polaris."]),
     ]
     # the server tokenized an earlier answer its own way: not verbatim in the later prompt
-    recs[2].turns[0]["output_ids"] = [t for ch in "Jupiter" for t in enc(tok, ch)] + enc(tok, ", the largest.")  # fmt: skip
+    recs[2].turns[0]["output_ids"] = [t for ch in "Jupiter" for t in enc(tok, ch)] + enc(
+        tok, ", the largest."
+    )
     # the server's prompt does not hold the earlier answer at all: the row is re-tokenized
-    recs[3].prompt_ids = prompt_ids(tok, [{"role": "user", "content": "Name a planet."}, {"role": "assistant", "content": "Pluto."}, {"role": "user", "content": "And a star?"}])  # fmt: skip
+    recs[3].prompt_ids = prompt_ids(
+        tok,
+        [
+            {"role": "user", "content": "Name a planet."},
+            {"role": "assistant", "content": "Pluto."},
+            {"role": "user", "content": "And a star?"},
+        ],
+    )
     run = plant_run(tmp_path / "run", recs, budgets={"multi": 10_000}, tokenizer=str(model_dir))
     set_config(run, turns="all_turns")
     result = export(run, tmp_path / "out", formats=("specforge", "token_ids"))
@@ -242,10 +295,19 @@ def test_all_turns_trains_every_target_turn_in_both_exports(tmp_path, tok, model
     assert counts["earlier_turns_rendered"] == 1  # rec 2: its own ids are not in the prompt
     assert assert_exports_agree(tok, tmp_path / "out") == 4
     rows = {r["id"]: r for r in read_jsonl(tmp_path / "out/token_ids/train.jsonl")}
-    assert [rows[f"multi-{r.prompt_id}-0"]["ids_source"] for r in recs] == ["server", "retokenized", "server", "retokenized"]  # fmt: skip
+    assert [rows[f"multi-{r.prompt_id}-0"]["ids_source"] for r in recs] == [
+        "server",
+        "retokenized",
+        "server",
+        "retokenized",
+    ]
     first = rows[f"multi-{recs[0].prompt_id}-0"]
     assert first["input_ids"] == recs[0].prompt_ids + recs[0].output_ids
-    assert spans(tok, first) == ["Hello! How can I help?<|im_end|>", "Mars is a planet.<|im_end|>", "The Sun.<|im_end|>"]  # fmt: skip
+    assert spans(tok, first) == [
+        "Hello! How can I help?<|im_end|>",
+        "Mars is a planet.<|im_end|>",
+        "The Sun.<|im_end|>",
+    ]
     assert "rows with earlier target turns, trained in every format" in result.summary()
 
 
@@ -253,7 +315,11 @@ def test_all_turns_trains_every_target_turn_in_both_exports(tmp_path, tok, model
 def test_last_turn_never_trains_dataset_turns(tmp_path, tok, model_dir):
     recs = [make_record(tok, "chat", i, f"Tell me fact {i}.", ANSWERS[i]) for i in range(3)]
     for r in recs[:2]:
-        r.messages = [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello, how can I help?"}, *r.messages]  # fmt: skip
+        r.messages = [
+            {"role": "user", "content": "Hi!"},
+            {"role": "assistant", "content": "Hello, how can I help?"},
+            *r.messages,
+        ]
     recs[0].prompt_ids = prompt_ids(tok, recs[0].messages)  # exact row with a dataset turn
     run = plant_run(tmp_path / "run", recs, budgets={"chat": 10_000}, tokenizer=str(model_dir))
     result = export(run, tmp_path / "out", formats=("specforge", "token_ids"))
@@ -272,18 +338,27 @@ def test_last_turn_never_trains_dataset_turns(tmp_path, tok, model_dir):
 def test_specforge_rows_carry_tools_and_reasoning_without_a_tokenizer(tmp_path):
     recs = [make_record(None, "d", i, f"q{i}", ANSWERS[i], ids=False) for i in range(3)]
     recs[0].tools, recs[0].reasoning = TOOLS, "Think first."
-    recs[1].messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, *recs[1].messages]  # fmt: skip
+    recs[1].messages = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        *recs[1].messages,
+    ]
     run = plant_run(tmp_path / "run", recs, budgets={"d": 1000})
     result = export(run, tmp_path / "out", formats=("specforge", "parquet"))
     rows = read_jsonl(tmp_path / "out/specforge/train.jsonl")
-    assert rows[0]["tools"] == TOOLS and rows[0]["conversations"][-1]["reasoning_content"] == "Think first."  # fmt: skip
+    assert (
+        rows[0]["tools"] == TOOLS
+        and rows[0]["conversations"][-1]["reasoning_content"] == "Think first."
+    )
     assert [set(r) for r in rows[1:]] == [{"id", "conversations"}] * 2
     assert result.manifest["turns"]["rows_with_earlier_turns"] == {"d": 1}
     assert validate(tmp_path / "out").ok
     path = tmp_path / "out/specforge/train.jsonl"
     bad = dict(rows[0], tools={"name": "add"})
     path.write_text("\n".join(json.dumps(r) for r in [bad, *rows[1:]]) + "\n")
-    assert "line 1: 'tools' must be a list of tool definitions" in validate(tmp_path / "out").summary()  # fmt: skip
+    assert (
+        "line 1: 'tools' must be a list of tool definitions" in validate(tmp_path / "out").summary()
+    )
 
 
 def test_token_rows_alone_read_only_the_prompts_they_use(tmp_path, tok, model_dir, monkeypatch):
@@ -299,7 +374,11 @@ def test_token_rows_alone_read_only_the_prompts_they_use(tmp_path, tok, model_di
     monkeypatch.setattr(exactrows, "CHECK_SAMPLE", 2)
     recs = [make_record(tok, "d", i, f"Tell me fact {i}.", ANSWERS[i]) for i in range(6)]
     recs[5] = make_record(tok, "d", 5, "No ids here.", ANSWERS[5], ids=False)
-    recs[3].messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, *recs[3].messages]  # fmt: skip
+    recs[3].messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        *recs[3].messages,
+    ]
     for r in recs[:5]:
         r.prompt_ids = prompt_ids(tok, r.messages)
     run = plant_run(tmp_path / "run", recs, budgets={"d": 1000}, tokenizer=str(model_dir))
@@ -314,7 +393,11 @@ def test_token_rows_alone_read_only_the_prompts_they_use(tmp_path, tok, model_di
 
     def swap(a, b):
         with sqlite3.connect(run / "run.sqlite") as conn:
-            text = dict(conn.execute("SELECT prompt_id, messages FROM prompts WHERE prompt_id IN (?, ?)", (a, b)))  # fmt: skip
+            text = dict(
+                conn.execute(
+                    "SELECT prompt_id, messages FROM prompts WHERE prompt_id IN (?, ?)", (a, b)
+                )
+            )
             for x, y in ((a, b), (b, a)):
                 conn.execute("UPDATE prompts SET messages = ? WHERE prompt_id = ?", (text[y], x))
         conn.close()
@@ -347,7 +430,10 @@ def test_rows_that_break_the_format_stop_the_export_before_the_swap(tmp_path, to
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     recs[1].prompt_ids = recs[1].prompt_ids + [len(tok) + 5]
     bad = plant_run(tmp_path / "bad", recs, budgets={"d": 1000}, tokenizer=str(model_dir))
-    with pytest.raises(ExportInvalid, match=f"row d-{recs[1].prompt_id}-0: a token id is not below the vocabulary size {len(tok)}"):  # fmt: skip
+    with pytest.raises(
+        ExportInvalid,
+        match=f"row d-{recs[1].prompt_id}-0: a token id is not below the vocabulary size {len(tok)}",
+    ):
         export(bad, out, formats=("token_ids",), overwrite=True)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert validate(out).ok

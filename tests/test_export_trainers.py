@@ -32,7 +32,9 @@ def planted(tmp_path, tok, model_dir):
     recs[1].completion_tokens -= 1
     recs[2] = make_record(tok, "d", 2, "Tell me fact 2.", ANSWERS[2], finish="length", ids=False)
     recs[3].reasoning = "Recall the ocean sizes."
-    recs[0].tool_calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]  # fmt: skip
+    recs[0].tool_calls = [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    ]
     recs.append(make_record(tok, "e", 5, "Tell me fact 5.", ANSWERS[5]))
     budgets = {"d": 1000, "e": 1000}
     return plant_run(tmp_path / "run", recs, budgets=budgets, tokenizer=str(model_dir)), recs
@@ -56,7 +58,12 @@ def test_length_rows_left_out_of_conversations_and_counted(tmp_path, tok, model_
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:1] + lines) + "\n")
     assert not validate(tmp_path / "out").ok
-    kept = export(run, tmp_path / "kept", formats=("specforge", "token_ids"), keep_truncated_conversations=True)  # fmt: skip
+    kept = export(
+        run,
+        tmp_path / "kept",
+        formats=("specforge", "token_ids"),
+        keep_truncated_conversations=True,
+    )
     assert len(read_jsonl(tmp_path / "kept/specforge/train.jsonl")) == 5
     assert kept.manifest["trainers"]["length"]["conversations"] == "kept"
     assert kept.manifest["trainers"]["length"]["rows"] == {"d": {"train": 2, "validation": 0}}
@@ -105,8 +112,11 @@ def test_template_parts_read_off_the_tokenizer(tok):
     from test_export_exact import THINK_TEMPLATE
     from transformers import AutoTokenizer
 
-    assert chatml_parts(tok) == {"assistant_header": "<|im_start|>assistant\n",
-                                 "user_header": "<|im_start|>user\n", "end_of_turn_token": "<|im_end|>"}  # fmt: skip
+    assert chatml_parts(tok) == {
+        "assistant_header": "<|im_start|>assistant\n",
+        "user_header": "<|im_start|>user\n",
+        "end_of_turn_token": "<|im_end|>",
+    }
     assert not renders_reasoning(tok)
     think = AutoTokenizer.from_pretrained(tok.name_or_path, local_files_only=True)
     think.chat_template = THINK_TEMPLATE  # Qwen3-like: the last turn's reasoning_content rendered

@@ -25,16 +25,28 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def prompts(n: int, datasets=("a",)) -> pl.DataFrame:
     rows = [
-        {"dataset": ds, "prompt_id": f"{ds}-{i:04d}", "messages": [{"role": "user", "content": f"{ds} item {i}"}], "n_turns": 1, "row": i}
+        {
+            "dataset": ds,
+            "prompt_id": f"{ds}-{i:04d}",
+            "messages": [{"role": "user", "content": f"{ds} item {i}"}],
+            "n_turns": 1,
+            "row": i,
+        }
         for ds in datasets
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return pl.DataFrame(rows)
 
 
 def config(url, **kw) -> RunConfig:
-    base = dict(model="fake", endpoints=url, budgets={"a": 1_000_000},
-                sampling=Sampling(max_tokens=40), concurrency=8, retry_base=0.02)  # fmt: skip
+    base = dict(
+        model="fake",
+        endpoints=url,
+        budgets={"a": 1_000_000},
+        sampling=Sampling(max_tokens=40),
+        concurrency=8,
+        retry_base=0.02,
+    )
     return RunConfig(**(base | kw))
 
 
@@ -63,8 +75,12 @@ def test_429_honours_retry_after(tmp_path):
 
 @pytest.mark.parametrize(
     "mode",  # 500s and resets take the endpoint out: the pool's 5 s health probe brings it back
-    [pytest.param("500", marks=pytest.mark.slow), pytest.param("reset", marks=pytest.mark.slow), "malformed"],
-)  # fmt: skip
+    [
+        pytest.param("500", marks=pytest.mark.slow),
+        pytest.param("reset", marks=pytest.mark.slow),
+        "malformed",
+    ],
+)
 def test_transient_faults_are_retried(tmp_path, mode):
     with FaultServer(FaultConfig(mode=mode, fraction=0.3, seed=5)) as srv:
         cfg = config(srv.base_url, max_attempts=6)
@@ -163,9 +179,19 @@ def test_full_disk_stops_the_run_cleanly(tmp_path):
     prompts(400).write_parquet(tmp_path / "p.parquet")
     with FaultServer(FaultConfig(latency=0.01)) as srv:
         cfg = config(srv.base_url, budgets={"a": 8000}, concurrency=32)
-        a = {"prompts": str(tmp_path / "p.parquet"), "run_dir": str(tmp_path / "run"), "config": cfg.to_dict()}  # fmt: skip
-        out = subprocess.run([sys.executable, "-c", FULL_DISK, json.dumps(a)], capture_output=True, text=True,
-                             timeout=120, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})  # fmt: skip
+        a = {
+            "prompts": str(tmp_path / "p.parquet"),
+            "run_dir": str(tmp_path / "run"),
+            "config": cfg.to_dict(),
+        }
+        out = subprocess.run(
+            [sys.executable, "-c", FULL_DISK, json.dumps(a)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env=os.environ | {"PYTHONPATH": str(ROOT)},
+        )
         assert "STOPPED:" in out.stdout and "nothing half-written was kept" in out.stdout, (
             out.stderr[-2000:]
         )

@@ -42,8 +42,14 @@ def kit_cli(*args: str, **popen) -> subprocess.Popen:
     """`kit ARGS` in a child process, on this work tree's package."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     code = "import sys; from kit.cli import main; sys.exit(main())"
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **popen,
+    )
 
 
 def kit_run(*args: str, timeout: float = 600) -> tuple[int, str, str]:
@@ -54,9 +60,28 @@ def kit_run(*args: str, timeout: float = 600) -> tuple[int, str, str]:
 
 def plan_args(run_dir: Path, url: str, model: str, *more: str) -> list[str]:
     samples = [str(SAMPLES / f"{name}.jsonl") for name in DATASETS]
-    return ["plan", "--samples", *samples, "--run-dir", str(run_dir), "--budget", str(BUDGET),
-            "--base-url", url, "--model", model, "--api", "vllm", "--max-tokens", str(MAX_TOKENS),
-            "--pilot-per-dataset", "4", "--concurrency", "16", *more]  # fmt: skip
+    return [
+        "plan",
+        "--samples",
+        *samples,
+        "--run-dir",
+        str(run_dir),
+        "--budget",
+        str(BUDGET),
+        "--base-url",
+        url,
+        "--model",
+        model,
+        "--api",
+        "vllm",
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--pilot-per-dataset",
+        "4",
+        "--concurrency",
+        "16",
+        *more,
+    ]
 
 
 def records(run_dir: Path, out: Path) -> tuple[object, list[dict], dict]:
@@ -65,9 +90,12 @@ def records(run_dir: Path, out: Path) -> tuple[object, list[dict], dict]:
     report = kit.audit(run_dir)
     result = kit.export(run_dir, out, formats=("token_ids",))
     assert kit.validate(out).ok
-    rows = [orjson.loads(line) for split in ("train", "validation")
-            if (out / f"token_ids/{split}.jsonl").exists()
-            for line in (out / f"token_ids/{split}.jsonl").read_bytes().splitlines()]  # fmt: skip
+    rows = [
+        orjson.loads(line)
+        for split in ("train", "validation")
+        if (out / f"token_ids/{split}.jsonl").exists()
+        for line in (out / f"token_ids/{split}.jsonl").read_bytes().splitlines()
+    ]
     return report, rows, result.manifest
 
 
@@ -113,7 +141,9 @@ def gw(workers):
 def test_worker_killed_mid_run_behind_the_gateway(workers, gw, tmp_path):
     survivor, victim = workers
     run_dir = tmp_path / "run"
-    code, _, err = kit_run(*plan_args(run_dir, gw.base_url, victim.model, "--tokenizer", victim.model))  # fmt: skip
+    code, _, err = kit_run(
+        *plan_args(run_dir, gw.base_url, victim.model, "--tokenizer", victim.model)
+    )
     assert code == 0, err
     victim_before = served(victim)
     t0 = time.monotonic()
@@ -155,9 +185,11 @@ def test_worker_killed_mid_run_behind_the_gateway(workers, gw, tmp_path):
     assert sum(c.get("exact", 0) for c in made.values()) == len(rows), made
     assert sum(c.get("prompt_render_differs", 0) for c in made.values()) == 0, made
     assert sum(sum(r["loss_mask"]) for r in rows) == int(recs["completion_tokens"].sum())
-    print(f"\ngateway run: {len(rows)} records in {elapsed:.1f} s; victim killed at "
-          f"{killed_at:.1f} s, {after} records finished after on the survivor; {retries} "
-          f"retries; every token-id row exact")  # fmt: skip
+    print(
+        f"\ngateway run: {len(rows)} records in {elapsed:.1f} s; victim killed at "
+        f"{killed_at:.1f} s, {after} records finished after on the survivor; {retries} "
+        f"retries; every token-id row exact"
+    )
 
 
 # ---------------------------------------------------------------- bad input, fault servers

@@ -22,10 +22,16 @@ from kit.types import RunConfig, Sampling
 def prompts(sizes: dict[str, int]) -> pl.DataFrame:
     """A prompt frame: sizes = {dataset: number of prompts}."""
     rows = [
-        {"dataset": ds, "prompt_id": f"{ds}-{i:04d}", "messages": [{"role": "user", "content": f"{ds} question {i}"}], "n_turns": 1, "row": i}
+        {
+            "dataset": ds,
+            "prompt_id": f"{ds}-{i:04d}",
+            "messages": [{"role": "user", "content": f"{ds} question {i}"}],
+            "n_turns": 1,
+            "row": i,
+        }
         for ds, n in sizes.items()
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return pl.DataFrame(rows)
 
 
@@ -37,7 +43,14 @@ def server():
 
 def config(srv, budgets, **kw) -> RunConfig:
     """The tests' RunConfig: the fault server, max_tokens 40, fast retries."""
-    base = dict(model="fake", endpoints=srv.base_url, budgets=budgets, sampling=Sampling(max_tokens=40), concurrency=16, retry_base=0.02)  # fmt: skip
+    base = dict(
+        model="fake",
+        endpoints=srv.base_url,
+        budgets=budgets,
+        sampling=Sampling(max_tokens=40),
+        concurrency=16,
+        retry_base=0.02,
+    )
     return RunConfig(**(base | kw))
 
 
@@ -60,7 +73,12 @@ def assert_no_duplicates(run_dir) -> int:
     f = records_frame(run_dir, prompts=False)
     keys = list(f.select("dataset", "prompt_id", "sample").iter_rows())
     assert len(keys) == len(set(keys)), Counter(keys).most_common(3)
-    sums = {ds: (n, t) for ds, n, t in f.group_by("dataset").agg(pl.len(), pl.col("completion_tokens").sum()).iter_rows()}  # fmt: skip
+    sums = {
+        ds: (n, t)
+        for ds, n, t in f.group_by("dataset")
+        .agg(pl.len(), pl.col("completion_tokens").sum())
+        .iter_rows()
+    }
     with open_db(run_dir) as conn:
         assert {ds: (n, t) for ds, (n, t, _) in reader.totals(conn).items()} == sums
     return len(keys)
@@ -201,14 +219,22 @@ def test_a_load_result_runs_without_its_frame_read_whole(server, tmp_path, monke
 
     rows = [{"instruction": f"{ds} task {i}"} for ds in "ab" for i in range(23)]
     for ds in "ab":
-        (tmp_path / f"{ds}.jsonl").write_text("".join(f'{{"instruction": "{ds} task {i}"}}\n' for i in range(23)))  # fmt: skip
+        (tmp_path / f"{ds}.jsonl").write_text(
+            "".join(f'{{"instruction": "{ds} task {i}"}}\n' for i in range(23))
+        )
     monkeypatch.setattr(sources, "CHUNK", 5)
     loaded = kit.load([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])
     frame = loaded.frame
     assert len(loaded.parts) == 10 and frame.height == len(rows)
-    cfg = config(server, {"a": 100_000, "b": 100_000}, sampling=Sampling(max_tokens=40, temperature=0.0, seed=3))  # fmt: skip
+    cfg = config(
+        server,
+        {"a": 100_000, "b": 100_000},
+        sampling=Sampling(max_tokens=40, temperature=0.0, seed=3),
+    )
     kit.generate_sync(frame, cfg, run_dir=tmp_path / "f")
-    monkeypatch.setattr(sources.LoadResult, "frame", property(lambda self: pytest.fail("frame read")))  # fmt: skip
+    monkeypatch.setattr(
+        sources.LoadResult, "frame", property(lambda self: pytest.fail("frame read"))
+    )
     kit.generate_sync(loaded, cfg, run_dir=tmp_path / "l")
     cols = ["dataset", "prompt_id", "sample", "messages", "completion", "completion_tokens"]
     f, g = (records_frame(tmp_path / d).select(cols).sort(cols[:3]) for d in "fl")
@@ -238,9 +264,11 @@ def test_progress_callback_at_most_once_a_second(server, tmp_path, monkeypatch):
     monkeypatch.setattr(runner_module.Runner, "clock", staticmethod(ticks))
     calls = []
     kit.generate_sync(
-        prompts({"a": 100}), config(server, {"a": 2000}, concurrency=4), run_dir=tmp_path / "run",
+        prompts({"a": 100}),
+        config(server, {"a": 2000}, concurrency=4),
+        run_dir=tmp_path / "run",
         progress=lambda p: calls.append((ticks.t, p)),
-    )  # fmt: skip
+    )
     gaps = [b[0] - a[0] for a, b in zip(calls[:-2], calls[1:-1], strict=True)]
     assert len(calls) >= 3 and all(g >= 1.0 for g in gaps), gaps
     assert len(calls) <= ticks.calls / 4 + 2  # the steps in between were not reported
@@ -253,9 +281,11 @@ def test_bad_settings_raise(tmp_path):
     with pytest.raises(ValueError, match=r"no entry for datasets \['a'\]"):
         kit.generate_sync(frame, cfg, run_dir=tmp_path / "run")
     with pytest.raises(ValueError, match=r"names datasets \['b'\] that have no prompts"):
-        kit.generate_sync(prompts({"a": 3, "b": 2}).filter(pl.col("dataset") == "a"),
-                          RunConfig(**(cfg.to_dict() | {"budgets": {"a": 5, "b": 10}})),
-                          run_dir=tmp_path / "run")  # fmt: skip
+        kit.generate_sync(
+            prompts({"a": 3, "b": 2}).filter(pl.col("dataset") == "a"),
+            RunConfig(**(cfg.to_dict() | {"budgets": {"a": 5, "b": 10}})),
+            run_dir=tmp_path / "run",
+        )
     with pytest.raises(TypeError, match="config must be a kit.RunConfig, got dict"):
         kit.generate_sync(frame, cfg.to_dict(), run_dir=tmp_path / "run")
     with pytest.raises(ValueError, match="prompt frame lacks columns"):
@@ -303,10 +333,15 @@ def test_real_server_holds_budgets(embedded_server, tmp_path):
     for policy in ("drain", "cancel"):
         run_dir = tmp_path / policy
         cfg = RunConfig(
-            model=embedded_server.model, endpoints=embedded_server.base_url, budgets=budgets,
-            sampling=Sampling(max_tokens=max_tokens, temperature=0.7), concurrency=16,
-            policy=policy, tokenizer=str(embedded_server.model_dir), timeout=900,
-        )  # fmt: skip
+            model=embedded_server.model,
+            endpoints=embedded_server.base_url,
+            budgets=budgets,
+            sampling=Sampling(max_tokens=max_tokens, temperature=0.7),
+            concurrency=16,
+            policy=policy,
+            tokenizer=str(embedded_server.model_dir),
+            timeout=900,
+        )
         t0 = time.monotonic()
         run = kit.generate_sync(frame, cfg, run_dir=run_dir)
         print(f"\n{policy}: {time.monotonic() - t0:.0f} s\n{run.summary()}")
@@ -348,8 +383,12 @@ def test_the_heap_is_frozen_only_while_a_run_schedules(server, tmp_path):
     import gc
 
     async def main(run_dir, stop):
-        run = await kit.generate(prompts({"a": 300}), config(server, {"a": 5000}, concurrency=4),
-                                 run_dir=run_dir, background=True)  # fmt: skip
+        run = await kit.generate(
+            prompts({"a": 300}),
+            config(server, {"a": 5000}, concurrency=4),
+            run_dir=run_dir,
+            background=True,
+        )
         await wait_for(lambda: run.status().frame["samples_done"].sum() >= 5, what="5 samples")
         during = gc.get_freeze_count()
         stop(run)

@@ -29,19 +29,37 @@ def frame(spec: dict[str, dict[str, int]]) -> pl.DataFrame:
         for kind, count in kinds.items():
             for i in range(count):
                 text = f"{kind} question {i} " + "word " * words[kind]
-                rows.append({"dataset": ds, "prompt_id": f"{ds}-{kind}-{i}", "n_turns": 1, "row": len(rows), "messages": [{"role": "user", "content": text}]})  # fmt: skip
+                rows.append(
+                    {
+                        "dataset": ds,
+                        "prompt_id": f"{ds}-{kind}-{i}",
+                        "n_turns": 1,
+                        "row": len(rows),
+                        "messages": [{"role": "user", "content": text}],
+                    }
+                )
     return pl.DataFrame(rows)
 
 
 def config(srv, budgets, model_dir, **kw) -> RunConfig:
-    base = dict(model="fake", endpoints=srv.base_url, budgets=budgets, tokenizer=str(model_dir), sampling=Sampling(max_tokens=MAX_TOKENS), concurrency=8, retry_base=0.02)  # fmt: skip
+    base = dict(
+        model="fake",
+        endpoints=srv.base_url,
+        budgets=budgets,
+        tokenizer=str(model_dir),
+        sampling=Sampling(max_tokens=MAX_TOKENS),
+        concurrency=8,
+        retry_base=0.02,
+    )
     return RunConfig(**(base | kw))
 
 
 @pytest.mark.server
 @pytest.mark.slow
 def test_long_prompts_are_skipped_counted_and_listed(model_dir, tmp_path):
-    prompts = frame({"a": {"short": 60, "medium": 5, "long": 5}, "b": {"short": 20, "medium": 4, "long": 3}})  # fmt: skip
+    prompts = frame(
+        {"a": {"short": 60, "medium": 5, "long": 5}, "b": {"short": 20, "medium": 4, "long": 3}}
+    )
     counted = count_prompt_tokens(model_dir, prompts)  # the truth, every prompt tokenized
     truth = counted.filter(pl.col("prompt_tokens") + MAX_TOKENS > MAX_CONTEXT)
     assert sorted(truth["prompt_id"]) == sorted(p for p in prompts["prompt_id"] if "long" in p)
@@ -85,7 +103,9 @@ def test_default_context_comes_from_the_model(model_dir, tmp_path):
     assert model_context(model_dir) == 8192  # config.json max_position_embeddings
     nested = tmp_path / "nested"
     nested.mkdir()
-    (nested / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096}}))  # fmt: skip
+    (nested / "config.json").write_text(
+        json.dumps({"text_config": {"max_position_embeddings": 4096}})
+    )
     assert model_context(nested) == 4096
     bare = tmp_path / "bare"  # no config.json: the tokenizer's model_max_length
     bare.mkdir()
@@ -94,7 +114,13 @@ def test_default_context_comes_from_the_model(model_dir, tmp_path):
     assert model_context(bare) == 8192
 
     prompts = frame({"a": {"short": 6}})
-    huge = {"dataset": "a", "prompt_id": "a-huge", "n_turns": 1, "row": 6, "messages": [{"role": "user", "content": "word " * 9000}]}  # fmt: skip
+    huge = {
+        "dataset": "a",
+        "prompt_id": "a-huge",
+        "n_turns": 1,
+        "row": 6,
+        "messages": [{"role": "user", "content": "word " * 9000}],
+    }
     prompts = pl.concat([prompts, pl.DataFrame([huge])])
     with FaultServer(FaultConfig(min_words=5, max_words=30)) as srv:
         cfg = config(srv, {"a": 10_000}, model_dir)
@@ -110,7 +136,12 @@ def test_default_context_comes_from_the_model(model_dir, tmp_path):
 def test_no_tokenizer_no_guard_and_bad_settings_raise(tmp_path):
     prompts = frame({"a": {"short": 3, "long": 2}})
     with FaultServer(FaultConfig(min_words=5, max_words=30)) as srv:
-        args = dict(model="fake", endpoints=srv.base_url, sampling=Sampling(max_tokens=MAX_TOKENS), retry_base=0.02)  # fmt: skip
+        args = dict(
+            model="fake",
+            endpoints=srv.base_url,
+            sampling=Sampling(max_tokens=MAX_TOKENS),
+            retry_base=0.02,
+        )
         run = kit.generate_sync(
             prompts, RunConfig(budgets={"a": 10_000}, **args), run_dir=tmp_path / "run"
         )
@@ -126,7 +157,9 @@ def test_no_tokenizer_no_guard_and_bad_settings_raise(tmp_path):
     ]
     for extra, message in bad:
         with pytest.raises(ValueError, match=message):
-            kit.generate_sync(prompts, RunConfig(budgets={"a": 100}, **args, **extra), run_dir=tmp_path / "bad")  # fmt: skip
+            kit.generate_sync(
+                prompts, RunConfig(budgets={"a": 100}, **args, **extra), run_dir=tmp_path / "bad"
+            )
     assert not (tmp_path / "bad").exists()
 
 
@@ -141,8 +174,17 @@ def tiny_tokenizer(folder, template: str = "{{ m['role'] }} {{ m['content'] }}\n
     tok = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "<s>": 1}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(folder / "tokenizer.json"))
-    chat = "{% for m in messages %}" + template + "{% endfor %}{% if add_generation_prompt %}assistant{% endif %}"  # fmt: skip
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "bos_token": "<s>", "chat_template": chat}  # fmt: skip
+    chat = (
+        "{% for m in messages %}"
+        + template
+        + "{% endfor %}{% if add_generation_prompt %}assistant{% endif %}"
+    )
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "[UNK]",
+        "bos_token": "<s>",
+        "chat_template": chat,
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 300}))
     return folder
@@ -151,7 +193,14 @@ def tiny_tokenizer(folder, template: str = "{{ m['role'] }} {{ m['content'] }}\n
 def guard_config(tok, **kw) -> RunConfig:
     from kit.tokens import chat_template_hash
 
-    base = dict(model="fake", endpoints="http://127.0.0.1:1/v1", budgets={"a": 1000, "b": 1000}, tokenizer=str(tok), sampling=Sampling(max_tokens=MAX_TOKENS), max_context=MAX_CONTEXT)  # fmt: skip
+    base = dict(
+        model="fake",
+        endpoints="http://127.0.0.1:1/v1",
+        budgets={"a": 1000, "b": 1000},
+        tokenizer=str(tok),
+        sampling=Sampling(max_tokens=MAX_TOKENS),
+        max_context=MAX_CONTEXT,
+    )
     config = RunConfig(**(base | kw))
     return dataclasses.replace(config, chat_template_hash=chat_template_hash(str(tok)))
 
@@ -194,11 +243,15 @@ def test_guard_cache_is_reused_until_what_it_depends_on_changes(tmp_path, render
     done = {("a", "a-long-0", 0): (5, "stop")}  # done samples are not skipped (not cached)
     assert ("a", "a-long-0") not in guard.apply(prompts, config, run_dir, done)[0] and renders == []
 
-    for changed in (dataclasses.replace(config, max_context=500),
-                    dataclasses.replace(config, sampling=Sampling(max_tokens=360))):  # fmt: skip
+    for changed in (
+        dataclasses.replace(config, max_context=500),
+        dataclasses.replace(config, sampling=Sampling(max_tokens=360)),
+    ):
         renders.clear()
         got = guard.apply(prompts, changed, run_dir, {})[0]
-        assert renders == ["a", "b"] and {k: v[0] for k, v in got.items()} == truth(prompts, changed)  # fmt: skip
+        assert renders == ["a", "b"] and {k: v[0] for k, v in got.items()} == truth(
+            prompts, changed
+        )
     assert {pid for _, pid in got} > {pid for _, pid in skips}  # 360 of 400 for max_tokens: more
     renders.clear()
     assert guard.apply(prompts, config, run_dir, {})[0] == skips and renders == [
@@ -211,8 +264,9 @@ def test_guard_cache_is_reused_until_what_it_depends_on_changes(tmp_path, render
     edited = prompts.with_columns(
         pl.when(pl.col("prompt_id") == "b-short-0")
         .then(pl.lit([{"role": "user", "content": long_text}]))
-        .otherwise(pl.col("messages")).alias("messages")
-    )  # fmt: skip
+        .otherwise(pl.col("messages"))
+        .alias("messages")
+    )
     got = guard.apply(edited, config, run_dir, {})[0]
     assert renders == ["b"] and ("b", "b-short-0") in got
     renders.clear()
@@ -221,7 +275,9 @@ def test_guard_cache_is_reused_until_what_it_depends_on_changes(tmp_path, render
     assert renders == ["b"]  # b's template kwargs changed: b rendered again
 
 
-def test_guard_cache_holds_the_tokenizer_facts_while_its_files_are_unchanged(tmp_path, renders, monkeypatch):  # fmt: skip
+def test_guard_cache_holds_the_tokenizer_facts_while_its_files_are_unchanged(
+    tmp_path, renders, monkeypatch
+):
     import kit.tokens
 
     tok = tiny_tokenizer(tmp_path / "tok")
@@ -254,7 +310,9 @@ def test_guard_cache_holds_the_tokenizer_facts_while_its_files_are_unchanged(tmp
     assert renders == ["a"]
     (run_dir / "guard.json").write_bytes(b"\x00garbage")  # a spoiled cache is only a miss
     renders.clear()
-    assert list(guard.apply(prompts, config, run_dir, {})[0]) == [("a", "a-long-0")] and renders == ["a"]  # fmt: skip
+    assert list(guard.apply(prompts, config, run_dir, {})[0]) == [
+        ("a", "a-long-0")
+    ] and renders == ["a"]
 
 
 def test_a_restart_renders_nothing_and_loads_no_tokenizer(tmp_path, monkeypatch):
@@ -263,7 +321,15 @@ def test_a_restart_renders_nothing_and_loads_no_tokenizer(tmp_path, monkeypatch)
     tok = tiny_tokenizer(tmp_path / "tok")
     prompts = frame({"a": {"short": 5, "long": 2}})
     with FaultServer(FaultConfig(min_words=5, max_words=20)) as srv:
-        config = RunConfig(model="fake", endpoints=srv.base_url, budgets={"a": 10_000}, tokenizer=str(tok), sampling=Sampling(max_tokens=MAX_TOKENS), max_context=MAX_CONTEXT, retry_base=0.02)  # fmt: skip
+        config = RunConfig(
+            model="fake",
+            endpoints=srv.base_url,
+            budgets={"a": 10_000},
+            tokenizer=str(tok),
+            sampling=Sampling(max_tokens=MAX_TOKENS),
+            max_context=MAX_CONTEXT,
+            retry_base=0.02,
+        )
         run = kit.generate_sync(prompts, config, run_dir=tmp_path / "run")
         assert srv.stats()["requests"] == 5
         listed = skips_frame(tmp_path / "run")
@@ -289,7 +355,9 @@ def test_a_restart_over_content_ids_reads_no_prompt_text(tmp_path, renders, monk
 
     tok = tiny_tokenizer(tmp_path / "tok")
     prompts = frame({"a": {"short": 4, "long": 2}, "b": {"short": 3, "long": 1}})
-    prompts = prompts.with_columns(prompt_id=pl.Series([prompt_id(m) for m in prompts["messages"].to_list()]))  # fmt: skip
+    prompts = prompts.with_columns(
+        prompt_id=pl.Series([prompt_id(m) for m in prompts["messages"].to_list()])
+    )
     config, run_dir = guard_config(tok), tmp_path / "run"
     store = RunStore(run_dir)
     store.init(config, prompts)

@@ -87,10 +87,15 @@ def test_deeply_nested_row_is_skipped_not_fatal(tmp_path):
         "[" + json.dumps(good[0]) + ", " + deep_row() + ",\n" + json.dumps(good[1]) + "]"
     )
     wrapped = tmp_path / "wrapped.json"  # {"data": [...]} too
-    wrapped.write_text('{"note": {"a": [1, "]"]}, "data": [' + deep_row() + ", " + json.dumps(good[1]) + "]}")  # fmt: skip
+    wrapped.write_text(
+        '{"note": {"a": [1, "]"]}, "data": [' + deep_row() + ", " + json.dumps(good[1]) + "]}"
+    )
     res = kit.load([listed, wrapped])
     assert res.skipped == {"listed": {"too_deep": 1}, "wrapped": {"too_deep": 1}}
-    assert res.frame.group_by("dataset").len().sort("dataset").rows() == [("listed", 2), ("wrapped", 1)]  # fmt: skip
+    assert res.frame.group_by("dataset").len().sort("dataset").rows() == [
+        ("listed", 2),
+        ("wrapped", 1),
+    ]
 
 
 def test_unsupported_files_in_a_directory_are_listed_not_silent(tmp_path):
@@ -121,7 +126,9 @@ def test_symlink_loop_is_reported_per_path_and_the_rest_loads(tmp_path):
     assert list(res.formats) == ["a"] and res.frame.height == 1
     ignored = {Path(f["path"]).name: f["reason"] for f in res.ignored_files}
     assert "symlink loop" in ignored["loop.jsonl"]
-    assert "broken symlink" in ignored["dangling.jsonl"] and "gone.jsonl" in ignored["dangling.jsonl"]  # fmt: skip
+    assert (
+        "broken symlink" in ignored["dangling.jsonl"] and "gone.jsonl" in ignored["dangling.jsonl"]
+    )
     with pytest.raises(ValueError, match=r"loop\.jsonl.*symlink loop"):
         kit.load(tmp_path / "loop.jsonl")  # named on its own: nothing else to load
 
@@ -160,8 +167,13 @@ def test_all_undetectable_files_reported_at_once(tmp_path):
 
 def seed_task(i: int, instruction: str, instances: list) -> dict:
     """A row shaped like self-instruct's seed_tasks.jsonl."""
-    return {"id": f"seed_task_{i}", "name": f"task_{i}", "instruction": instruction,
-            "instances": instances, "is_classification": False}  # fmt: skip
+    return {
+        "id": f"seed_task_{i}",
+        "name": f"task_{i}",
+        "instruction": instruction,
+        "instances": instances,
+        "is_classification": False,
+    }
 
 
 def test_alpaca_seed_tasks_read_the_nested_input(tmp_path):
@@ -178,7 +190,7 @@ def test_alpaca_seed_tasks_read_the_nested_input(tmp_path):
                 {"input": "I love it.", "output": "positive"},
                 {"input": "I hate it.", "output": "negative"},
             ],
-        ),  # fmt: skip
+        ),
         seed_task(3, "Answer.", []),  # no instance: the instruction alone
         seed_task(4, "Broken.", "not a list"),
         seed_task(5, "Broken too.", [{"input": {"nested": "dict"}, "output": ""}]),
@@ -232,8 +244,14 @@ def plan_and_run(tmp_path, prompts, name: str) -> tuple[Path, pl.DataFrame, dict
     run_dir = tmp_path / "run"
     frame = getattr(prompts, "frame", prompts)
     with FaultServer() as srv:
-        config = RunConfig(model="fake", endpoints=srv.base_url, budgets=1,
-                           sampling=Sampling(max_tokens=40), concurrency=4, retry_base=0.02)  # fmt: skip
+        config = RunConfig(
+            model="fake",
+            endpoints=srv.base_url,
+            budgets=1,
+            sampling=Sampling(max_tokens=40),
+            concurrency=4,
+            retry_base=0.02,
+        )
         table = pl.DataFrame({"dataset": [name], "budget": [1_000_000]})
         kit.plan.write_plan(run_dir, table, config, prompts=prompts)
         del prompts  # nothing but the run directory from here
@@ -276,7 +294,7 @@ def test_plan_from_a_mapped_file_runs_from_its_run_dir_and_records_its_spec(tmp_
             "path": str(path),
             "format": "mapping",
             "mapping": {"prompt": "question", "system": "sys"},
-        }  # fmt: skip
+        }
     }
     run_dir, frame, plan = plan_and_run(tmp_path, loaded, "qa")
     assert plan["sources"] == loaded.specs
@@ -311,7 +329,9 @@ def test_bad_unicode_and_too_deep_tools_are_skipped_at_load_and_the_run_sends_th
     deep_tool = {"type": "function", "function": {"name": "g", "parameters": nested_schema(200)}}
     rows = [json.dumps({"messages": [user(f"fine {i}")]}) for i in range(10)]
     rows[3] = '{"messages": [{"role": "user", "content": "bad \\ud800 text"}]}'
-    rows[7] = '{"messages": [{"role": "system", "content": "\\udfff"}, {"role": "user", "content": "q"}]}'  # fmt: skip
+    rows[7] = (
+        '{"messages": [{"role": "system", "content": "\\udfff"}, {"role": "user", "content": "q"}]}'
+    )
     rows += [json.dumps({"messages": [user("tool ok")], "tools": [tool]})]
     rows += [json.dumps({"messages": [user("tool deep")], "tools": [deep_tool]})]
     path = write_jsonl(tmp_path / "mixed.jsonl", rows)
@@ -323,8 +343,13 @@ def test_bad_unicode_and_too_deep_tools_are_skipped_at_load_and_the_run_sends_th
     assert "nested deeper than 254 levels" in skipped[11]["detail"]
     assert res.frame.height == 9
     with FaultServer() as srv:
-        cfg = RunConfig(model="m", endpoints=srv.base_url, budgets=10**6,
-                        sampling=Sampling(max_tokens=20), retry_base=0.01)  # fmt: skip
+        cfg = RunConfig(
+            model="m",
+            endpoints=srv.base_url,
+            budgets=10**6,
+            sampling=Sampling(max_tokens=20),
+            retry_base=0.01,
+        )
         run = kit.generate_sync(res, cfg, run_dir=tmp_path / "run")
         assert srv.stats()["requests"] == 9
     assert run.summary()["errors"][0] == 0 and run.stop_reason is None and not run.failed

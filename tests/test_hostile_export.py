@@ -23,14 +23,30 @@ def exported(tmp_path_factory, model_dir) -> Path:
     """A real run of N prompts (the fault server's ids spell the text with the model's
     tokenizer) exported as SpecForge, token ids and Parquet."""
     root = tmp_path_factory.mktemp("export")
-    rows = [{"dataset": "a", "prompt_id": f"a-{i:03d}", "n_turns": 1, "row": i,
-             "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(N)]  # fmt: skip
+    rows = [
+        {
+            "dataset": "a",
+            "prompt_id": f"a-{i:03d}",
+            "n_turns": 1,
+            "row": i,
+            "messages": [{"role": "user", "content": f"question {i}"}],
+        }
+        for i in range(N)
+    ]
     with FaultServer(FaultConfig(tokenizer=str(model_dir), max_words=20)) as srv:
-        cfg = kit.RunConfig(model="m", endpoints=srv.base_url, budgets=10**6, api="vllm",
-                            sampling=kit.Sampling(max_tokens=40), tokenizer=str(model_dir))  # fmt: skip
+        cfg = kit.RunConfig(
+            model="m",
+            endpoints=srv.base_url,
+            budgets=10**6,
+            api="vllm",
+            sampling=kit.Sampling(max_tokens=40),
+            tokenizer=str(model_dir),
+        )
         run = kit.generate_sync(pl.DataFrame(rows), cfg, run_dir=root / "run")
     assert run.summary()["samples_done"][0] == N
-    kit.export(root / "run", root / "out", formats=("specforge", "token_ids", "parquet"), val_fraction=0.1)  # fmt: skip
+    kit.export(
+        root / "run", root / "out", formats=("specforge", "token_ids", "parquet"), val_fraction=0.1
+    )
     return root / "out"
 
 
@@ -85,20 +101,43 @@ def test_validate_is_strict_about_files_rows_and_a_malformed_manifest(exported, 
         problems = broken(exported, tmp_path, change)
         assert any(needle in p for p in problems), (needle, problems)
 
-    one(lambda out: (out / "specforge/stray.jsonl").write_text("{}\n"), "specforge/stray.jsonl: not listed in manifest.json")  # fmt: skip
+    one(
+        lambda out: (out / "specforge/stray.jsonl").write_text("{}\n"),
+        "specforge/stray.jsonl: not listed in manifest.json",
+    )
     one(
         lambda out: (out / "token_ids/validation.jsonl").unlink(),
         "token_ids/validation.jsonl: missing",
     )
-    one(lambda out: (out / "linehashes/specforge/train.jsonl.txt").unlink(), "linehashes/specforge/train.jsonl.txt: missing")  # fmt: skip
-    one(edit_manifest(lambda m: m["files"].pop("linehashes/token_ids/train.jsonl.txt")),
-        "its line-hash file linehashes/token_ids/train.jsonl.txt is not listed")  # fmt: skip
-    one(edit_manifest(lambda m: m.__setitem__("files", {})), "counts say 36 train rows, but it lists no specforge/train.jsonl")  # fmt: skip
-    one(edit_token_row(lambda r: r["input_ids"].__setitem__(0, 49152)), "token id 49152 is not below the vocabulary size 49152")  # fmt: skip
-    one(edit_token_row(lambda r: r.__setitem__("loss_mask", [0] * len(r["loss_mask"]))), "loss_mask is all 0")  # fmt: skip
-    one(edit_token_row(lambda r: r.__setitem__("loss_mask", [1] * len(r["loss_mask"]))), "the prompt is trained")  # fmt: skip
+    one(
+        lambda out: (out / "linehashes/specforge/train.jsonl.txt").unlink(),
+        "linehashes/specforge/train.jsonl.txt: missing",
+    )
+    one(
+        edit_manifest(lambda m: m["files"].pop("linehashes/token_ids/train.jsonl.txt")),
+        "its line-hash file linehashes/token_ids/train.jsonl.txt is not listed",
+    )
+    one(
+        edit_manifest(lambda m: m.__setitem__("files", {})),
+        "counts say 36 train rows, but it lists no specforge/train.jsonl",
+    )
+    one(
+        edit_token_row(lambda r: r["input_ids"].__setitem__(0, 49152)),
+        "token id 49152 is not below the vocabulary size 49152",
+    )
+    one(
+        edit_token_row(lambda r: r.__setitem__("loss_mask", [0] * len(r["loss_mask"]))),
+        "loss_mask is all 0",
+    )
+    one(
+        edit_token_row(lambda r: r.__setitem__("loss_mask", [1] * len(r["loss_mask"]))),
+        "the prompt is trained",
+    )
     one(edit_token_row(lambda r: r["loss_mask"].__setitem__(-3, 0)), "stretches of 1s")
-    one(edit_token_row(lambda r: r.__setitem__("ids_source", "retokenized")), "disagrees with manifest.json token_rows")  # fmt: skip
+    one(
+        edit_token_row(lambda r: r.__setitem__("ids_source", "retokenized")),
+        "disagrees with manifest.json token_rows",
+    )
     one(edit_manifest(lambda m: m.pop("tokenizer")), "tokenizer.vocab_size missing")
     # malformed manifests: a problem each, never a traceback
     for text, needle in [
@@ -108,12 +147,21 @@ def test_validate_is_strict_about_files_rows_and_a_malformed_manifest(exported, 
     ]:
         one(lambda out, t=text: (out / "manifest.json").write_text(t), needle)
     for fn, needle in [
-        (lambda m: m["files"].__setitem__("../../etc/passwd", {"sha256": "x"}), "outside the export's folders"),
-        (lambda m: m["files"].__setitem__("specforge/train.jsonl", "abc"), "must be an object with a 'sha256'"),
-        (lambda m: m["files"]["specforge/train.jsonl"].__setitem__("rows", "36"), ".rows must be an int"),
+        (
+            lambda m: m["files"].__setitem__("../../etc/passwd", {"sha256": "x"}),
+            "outside the export's folders",
+        ),
+        (
+            lambda m: m["files"].__setitem__("specforge/train.jsonl", "abc"),
+            "must be an object with a 'sha256'",
+        ),
+        (
+            lambda m: m["files"]["specforge/train.jsonl"].__setitem__("rows", "36"),
+            ".rows must be an int",
+        ),
         (lambda m: m.__setitem__("counts", {"a": {"train": "36"}}), "'counts' must be an object"),
         (lambda m: m.pop("options"), "'options.formats' must be a list"),
-    ]:  # fmt: skip
+    ]:
         one(edit_manifest(fn), needle)
 
 
@@ -122,7 +170,9 @@ def test_export_onto_a_full_disk_is_one_line_and_exit_1(exported, tmp_path, caps
     JSONL writer, a polars ComputeError from Parquet). Now both are one line, exit 1."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
     try:
@@ -135,7 +185,11 @@ def test_export_onto_a_full_disk_is_one_line_and_exit_1(exported, tmp_path, caps
             code = cli.main(["export", str(run_dir), str(disk / formats[0]), "--format", *formats])
             err = capsys.readouterr().err.strip()
             assert code == 1 and "Traceback" not in err, err
-            assert len(err.splitlines()) == 1 and err.startswith("kit: error: No space left on device"), err  # fmt: skip
-            assert what in err and err.endswith("free some space (or choose another directory), then run it again")  # fmt: skip
+            assert len(err.splitlines()) == 1 and err.startswith(
+                "kit: error: No space left on device"
+            ), err
+            assert what in err and err.endswith(
+                "free some space (or choose another directory), then run it again"
+            )
     finally:
         subprocess.run(["umount", str(disk)], check=True)

@@ -44,16 +44,28 @@ kit.generate_sync(pl.read_parquet(args["prompts"]), kit.RunConfig.from_dict(args
 
 def _frame(n: int = 20, datasets=("a",)) -> pl.DataFrame:
     rows = [
-        {"dataset": ds, "prompt_id": f"{ds}-{i:04d}", "messages": [{"role": "user", "content": f"{ds} task {i}"}], "n_turns": 1, "row": i}
+        {
+            "dataset": ds,
+            "prompt_id": f"{ds}-{i:04d}",
+            "messages": [{"role": "user", "content": f"{ds} task {i}"}],
+            "n_turns": 1,
+            "row": i,
+        }
         for ds in datasets
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return pl.DataFrame(rows)
 
 
 def _config(url: str, budgets=None, **kw) -> RunConfig:
-    base = dict(model="fake", endpoints=url, budgets=budgets or {"a": 10**6}, concurrency=4,
-                retry_base=0.02, sampling={"max_tokens": 40})  # fmt: skip
+    base = dict(
+        model="fake",
+        endpoints=url,
+        budgets=budgets or {"a": 10**6},
+        concurrency=4,
+        retry_base=0.02,
+        sampling={"max_tokens": 40},
+    )
     return RunConfig(**(base | kw))
 
 
@@ -120,7 +132,10 @@ def test_export_overwrite_replaces_only_the_files_its_manifest_lists(tmp_path):
     assert not (out / "parquet" / "train.parquet").exists()  # kit's own old file is gone
     on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     assert on_disk == set(second.files) | set(mine) | {"manifest.json"}
-    extra = [f"{rel}: not listed in manifest.json (a file the export did not write)" for rel in sorted(mine)]  # fmt: skip
+    extra = [
+        f"{rel}: not listed in manifest.json (a file the export did not write)"
+        for rel in sorted(mine)
+    ]
     assert validate(out).problems == extra  # issue 23: kept, but named by kit.validate
 
     # a file kit wrote but someone edited since is no longer kit's to delete: refused
@@ -150,14 +165,22 @@ def _spawn(tmp_path: Path, run_dir: Path, config: RunConfig) -> subprocess.Popen
     _frame().write_parquet(frame_path)
     args = {"prompts": str(frame_path), "run_dir": str(run_dir), "config": config.to_dict()}
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", RUNNER, json.dumps(args)], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", RUNNER, json.dumps(args)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _wait_running(proc: subprocess.Popen, srv: FaultServer, requests: int) -> None:
     """Wait until the server has seen `requests` requests: the runner is past its lock."""
-    wait_for(lambda: proc.poll() is not None or srv.stats()["requests"] >= requests, 120,
-             "the first runner's requests")  # fmt: skip
+    wait_for(
+        lambda: proc.poll() is not None or srv.stats()["requests"] >= requests,
+        120,
+        "the first runner's requests",
+    )
     assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
 
 
@@ -236,7 +259,10 @@ def test_lock_is_released_when_the_holder_is_killed_9(tmp_path):
 
 def _big_run(tmp_path: Path) -> Path:
     """A closed run whose records span many pages (1 KB completions)."""
-    recs = [make_record(None, "d", i, f"Question {i}?", f"{ANSWERS[i % 6]} {i} " * 30, ids=False) for i in range(200)]  # fmt: skip
+    recs = [
+        make_record(None, "d", i, f"Question {i}?", f"{ANSWERS[i % 6]} {i} " * 30, ids=False)
+        for i in range(200)
+    ]
     return plant_run(tmp_path / "run", recs, budgets={"d": 10**6})
 
 
@@ -266,8 +292,11 @@ def test_a_damaged_database_is_one_line_with_what_to_do(tmp_path, capsys, damage
     with pytest.raises(DatabaseDamaged):
         export(run, tmp_path / "api-out", formats=("specforge",))
     capsys.readouterr()
-    for argv in (["audit", str(run)], ["export", str(run), str(tmp_path / "out"), "--format", "specforge"],
-                 ["records", str(run)]):  # fmt: skip
+    for argv in (
+        ["audit", str(run)],
+        ["export", str(run), str(tmp_path / "out"), "--format", "specforge"],
+        ["records", str(run)],
+    ):
         code = cli_main(argv)
         err = capsys.readouterr().err
         lines = err.strip().splitlines()
@@ -283,7 +312,9 @@ def test_prompts_swapped_after_the_run_are_refused_by_name(tmp_path, capsys):
 
     run = _small_run(tmp_path)
     conn = sqlite3.connect(run / "run.sqlite")
-    (a, ma), (b, mb) = conn.execute("SELECT prompt_id, messages FROM prompts ORDER BY prompt_id LIMIT 2").fetchall()  # fmt: skip
+    (a, ma), (b, mb) = conn.execute(
+        "SELECT prompt_id, messages FROM prompts ORDER BY prompt_id LIMIT 2"
+    ).fetchall()
     conn.execute("UPDATE prompts SET messages = ? WHERE prompt_id = ?", (mb, a))
     conn.execute("UPDATE prompts SET messages = ? WHERE prompt_id = ?", (ma, b))
     conn.commit()
@@ -295,8 +326,11 @@ def test_prompts_swapped_after_the_run_are_refused_by_name(tmp_path, capsys):
         export(run, tmp_path / "api-out", formats=("specforge",))
     assert not (tmp_path / "api-out" / "specforge" / "train.jsonl").exists()
     capsys.readouterr()
-    for argv in (["audit", str(run)], ["export", str(run), str(tmp_path / "out"), "--format", "specforge"],
-                 ["records", str(run)]):  # fmt: skip
+    for argv in (
+        ["audit", str(run)],
+        ["export", str(run), str(tmp_path / "out"), "--format", "specforge"],
+        ["records", str(run)],
+    ):
         code = cli_main(argv)
         captured = capsys.readouterr()
         lines = captured.err.strip().splitlines()
@@ -367,8 +401,9 @@ def test_audit_flags_a_server_that_under_reports(tmp_path, model_dir):
         r.completion_tokens = len(tok.encode(r.completion, add_special_tokens=False))
     for r in recs[4:7]:
         r.completion_tokens = 3  # the server says 3 tokens for ~60
-    run = plant_run(tmp_path / "run", recs, budgets={"honest": 1000, "liar": 1000},
-                    tokenizer=str(model_dir))  # fmt: skip
+    run = plant_run(
+        tmp_path / "run", recs, budgets={"honest": 1000, "liar": 1000}, tokenizer=str(model_dir)
+    )
     report = kit.audit(run)
     rows = {(f["dataset"], f["check"]): f for f in report.findings.iter_rows(named=True)}
     assert rows[("liar", "count_under_reported")]["value"] == 3, report.summary()

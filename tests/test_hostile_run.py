@@ -38,17 +38,29 @@ TOOLS = '[{"type":"function","function":{"name":"add","parameters":{"type":"obje
 def prompts(sizes: dict[str, int], tools: tuple[str, ...] = ()) -> pl.DataFrame:
     """sizes: dataset -> prompts; the datasets in `tools` carry a tool definition."""
     rows = [
-        {"dataset": ds, "prompt_id": f"{ds}-{i:04d}", "n_turns": 1, "row": i,
-         "messages": [{"role": "user", "content": f"{ds} item {i}"}],
-         "tools": TOOLS if ds in tools else None}
-        for ds, n in sizes.items() for i in range(n)
-    ]  # fmt: skip
+        {
+            "dataset": ds,
+            "prompt_id": f"{ds}-{i:04d}",
+            "n_turns": 1,
+            "row": i,
+            "messages": [{"role": "user", "content": f"{ds} item {i}"}],
+            "tools": TOOLS if ds in tools else None,
+        }
+        for ds, n in sizes.items()
+        for i in range(n)
+    ]
     return pl.DataFrame(rows, schema_overrides={"tools": pl.String})
 
 
 def config(endpoints, datasets, **kw) -> RunConfig:
-    base = dict(model="fake", endpoints=endpoints, budgets=dict.fromkeys(datasets, 10**7),
-                sampling=Sampling(max_tokens=MAX_TOKENS), concurrency=4, retry_base=0.01)  # fmt: skip
+    base = dict(
+        model="fake",
+        endpoints=endpoints,
+        budgets=dict.fromkeys(datasets, 10**7),
+        sampling=Sampling(max_tokens=MAX_TOKENS),
+        concurrency=4,
+        retry_base=0.01,
+    )
     return RunConfig(**(base | kw))
 
 
@@ -100,7 +112,9 @@ def test_systemic_failure_stops_in_bounded_time_and_failed_datasets_exit_non_zer
 
     # 12 prompts, every request refused (401): the dataset fails, and with it the run
     with FaultServer(FaultConfig(mode="400")) as srv:
-        run = kit.generate_sync(prompts({"a": 12}), config(srv.base_url, ["a"]), run_dir=tmp_path / "r401")  # fmt: skip
+        run = kit.generate_sync(
+            prompts({"a": 12}), config(srv.base_url, ["a"]), run_dir=tmp_path / "r401"
+        )
     assert accounted(run, tmp_path / "r401", 12) == (0, 12, 0)
     assert set(run.failed) == {"a"} and "all 12 requests failed" in run.failed["a"]
     assert run.stop_reason.startswith("every dataset failed: dataset 'a'")
@@ -148,13 +162,29 @@ def test_cli_exits_non_zero_naming_a_failed_dataset(tmp_path, capsys):
     samples = tmp_path / "samples"
     samples.mkdir()
     for name, extra in (("plain", {}), ("tooled", {"tools": json.loads(TOOLS)})):
-        rows = [{"messages": [{"role": "user", "content": f"{name} {i}"}]} | extra for i in range(30)]  # fmt: skip
+        rows = [
+            {"messages": [{"role": "user", "content": f"{name} {i}"}]} | extra for i in range(30)
+        ]
         (samples / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
     with FaultServer() as srv:  # the pilot gets answers (a failed pilot stops `kit plan`)
         common = ["--base-url", srv.base_url, "--model", "fake"]
-        plan = cli.main(["plan", "--samples", str(samples), "--budget", "100000", "--run-dir",
-                         str(run_dir), "--max-tokens", "40", "--pilot-per-dataset", "2", *common])  # fmt: skip
+        plan = cli.main(
+            [
+                "plan",
+                "--samples",
+                str(samples),
+                "--budget",
+                "100000",
+                "--run-dir",
+                str(run_dir),
+                "--max-tokens",
+                "40",
+                "--pilot-per-dataset",
+                "2",
+                *common,
+            ]
+        )
         assert plan == 0, capsys.readouterr().err[-2000:]
         capsys.readouterr()
         srv.configure(refuse_tools=True)  # then the server is restarted without tool calling
@@ -188,8 +218,17 @@ def java(s: str) -> str:
 def key_forms(secret: str) -> set[bytes]:
     """A secret as is, in either case, JSON-escaped as PHP and Java write it, URL-encoded,
     base64; and each of those as it reads once written inside a JSON string."""
-    forms = {secret, secret.lower(), secret.upper(), php(secret), java(secret), java(secret).upper(),
-             quote(secret, safe=""), quote_plus(secret), base64.b64encode(secret.encode()).decode()}  # fmt: skip
+    forms = {
+        secret,
+        secret.lower(),
+        secret.upper(),
+        php(secret),
+        java(secret),
+        java(secret).upper(),
+        quote(secret, safe=""),
+        quote_plus(secret),
+        base64.b64encode(secret.encode()).decode(),
+    }
     forms |= {json.dumps(f)[1:-1] for f in forms}
     return {f.encode() for f in forms}
 
@@ -212,7 +251,9 @@ def test_escaped_and_query_string_keys_land_nowhere(tmp_path, monkeypatch, capfd
         query_url = f"{query_srv.base_url}?api_key={quote(QUERY_KEY, safe='')}"
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            cfg = config([bearer_srv.base_url, query_url], ["a"], api_key_env=KEY_ENV, max_attempts=1)  # fmt: skip
+            cfg = config(
+                [bearer_srv.base_url, query_url], ["a"], api_key_env=KEY_ENV, max_attempts=1
+            )
             mon = ConsoleMonitor(sys.stdout, min_interval=0)
             run = kit.generate_sync(prompts({"a": 80}), cfg, run_dir=run_dir, progress=mon)
             mon.close()
@@ -236,7 +277,12 @@ def test_escaped_and_query_string_keys_land_nowhere(tmp_path, monkeypatch, capfd
     blobs |= {f"warning {i}": str(w.message).encode() for i, w in enumerate(caught)}
     assert {"run.sqlite", "manifest.json"} <= {Path(n).name for n in blobs}  # its pages hold
     assert read_errors(run_dir).height and state(run_dir, "status")  # errors and status
-    hits = [(name, f) for name, data in blobs.items() for f in key_forms(KEY) | key_forms(QUERY_KEY) if f in data]  # fmt: skip
+    hits = [
+        (name, f)
+        for name, data in blobs.items()
+        for f in key_forms(KEY) | key_forms(QUERY_KEY)
+        if f in data
+    ]
     assert hits == [], hits[:10]
 
 
@@ -282,7 +328,11 @@ def test_ids_that_do_not_spell_the_text_are_never_exported_as_exact(tmp_path, mo
     assert dict(sources.iter_rows()) == expect
     result = kit.export(run_dir, out, tokenizer=str(model_dir), formats=("token_ids",))
     counts = result.manifest["token_rows"]["a"]
-    assert (counts["exact"], counts["ids_text_differ"], counts["retokenized"]) == (40 - lies, lies, lies)  # fmt: skip
+    assert (counts["exact"], counts["ids_text_differ"], counts["retokenized"]) == (
+        40 - lies,
+        lies,
+        lies,
+    )
     assert f"a: {lies} rows: the server's output ids do not spell its text" in result.summary()
     rows = [json.loads(line) for line in (out / "token_ids/train.jsonl").read_text().splitlines()]
     assert len(rows) == 40 and sum(r["ids_source"] == "server" for r in rows) == 40 - lies

@@ -25,7 +25,9 @@ KIT = "import sys; from kit.cli import main; sys.exit(main(sys.argv[1:]))"
 
 def server_tree(kit_pid: int) -> dict[int, float]:
     """pid -> create time of the embedded server's keeper and every process below it."""
-    keepers = [p for p in psutil.Process(kit_pid).children() if "watchdog.py" in " ".join(p.cmdline())]  # fmt: skip
+    keepers = [
+        p for p in psutil.Process(kit_pid).children() if "watchdog.py" in " ".join(p.cmdline())
+    ]
     assert len(keepers) == 1, keepers
     procs = [keepers[0], *keepers[0].children(recursive=True)]
     return {p.pid: p.create_time() for p in procs}
@@ -57,23 +59,58 @@ def read_until(proc: subprocess.Popen, needle: str, timeout: float) -> str:
 def test_kill_9_of_kit_generate_ends_the_embedded_vllm_tree(tmp_path, model_dir):
     """`kit generate` starts the embedded vLLM; mid-run, kill -9 kit. Every process of the
     server's tree, captured at start by parentage (not found by name), is gone within 10 s."""
-    rows = [{"messages": [{"role": "user", "content": f"Write a long story number {i}."}]} for i in range(400)]  # fmt: skip
+    rows = [
+        {"messages": [{"role": "user", "content": f"Write a long story number {i}."}]}
+        for i in range(400)
+    ]
     samples = tmp_path / "stories.jsonl"
     samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
     with FaultServer() as srv:  # the plan's pilot needs answers, not the real model
-        code = cli.main(["plan", "--samples", str(samples), "--budget", "100000000",
-                         "--run-dir", str(run_dir), "--max-tokens", "256", "--api", "vllm",
-                         "--base-url", srv.base_url, "--model", str(model_dir),
-                         "--pilot-per-dataset", "2"])  # fmt: skip
+        code = cli.main(
+            [
+                "plan",
+                "--samples",
+                str(samples),
+                "--budget",
+                "100000000",
+                "--run-dir",
+                str(run_dir),
+                "--max-tokens",
+                "256",
+                "--api",
+                "vllm",
+                "--base-url",
+                srv.base_url,
+                "--model",
+                str(model_dir),
+                "--pilot-per-dataset",
+                "2",
+            ]
+        )
     assert code == 0
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     kit = subprocess.Popen(
         # --engine: the plan was made against the fault server (its pilot), and a plan's
         # endpoints are used unless told otherwise (issue 24 item 8): start the embedded vLLM
-        [sys.executable, "-c", KIT, "generate", "--run-dir", str(run_dir), "--concurrency", "8", "--engine", "vllm"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            KIT,
+            "generate",
+            "--run-dir",
+            str(run_dir),
+            "--concurrency",
+            "8",
+            "--engine",
+            "vllm",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     tree: dict[int, float] = {}
     try:
         read_until(kit, "embedded server at", timeout=1200)

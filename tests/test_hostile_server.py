@@ -38,16 +38,27 @@ MAX_TOKENS = 40
 
 def prompts(n: int, dataset: str = "a") -> pl.DataFrame:
     rows = [
-        {"dataset": dataset, "prompt_id": f"{dataset}-{i:04d}", "n_turns": 1, "row": i,
-         "messages": [{"role": "user", "content": f"{dataset} item {i}"}]}
+        {
+            "dataset": dataset,
+            "prompt_id": f"{dataset}-{i:04d}",
+            "n_turns": 1,
+            "row": i,
+            "messages": [{"role": "user", "content": f"{dataset} item {i}"}],
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return pl.DataFrame(rows)
 
 
 def config(endpoints, **kw) -> RunConfig:
-    base = dict(model="fake", endpoints=endpoints, budgets={"a": 1_000_000},
-                sampling=Sampling(max_tokens=MAX_TOKENS), concurrency=4, retry_base=0.01)  # fmt: skip
+    base = dict(
+        model="fake",
+        endpoints=endpoints,
+        budgets={"a": 1_000_000},
+        sampling=Sampling(max_tokens=MAX_TOKENS),
+        concurrency=4,
+        retry_base=0.01,
+    )
     return RunConfig(**(base | kw))
 
 
@@ -128,7 +139,12 @@ def test_api_key_never_lands_in_run_files_exports_or_output(tmp_path, monkeypatc
     blobs |= {f"warning {i}": str(w.message).encode() for i, w in enumerate(caught)}
     assert "run.sqlite" in {Path(n).name for n in blobs}  # config, errors, status: its pages
     assert read_errors(run_dir).height and state(run_dir, "status")  # grepped there, in bytes
-    hits = [(name, f) for name, data in blobs.items() for f in leak_forms(KEY, PASSWORD, f"{USER}:{PASSWORD}") if f in data]  # fmt: skip
+    hits = [
+        (name, f)
+        for name, data in blobs.items()
+        for f in leak_forms(KEY, PASSWORD, f"{USER}:{PASSWORD}")
+        if f in data
+    ]
     assert hits == [], hits
 
 
@@ -137,9 +153,15 @@ def test_api_key_never_lands_in_run_files_exports_or_output(tmp_path, monkeypatc
 
 @pytest.mark.parametrize(
     ("mode", "api"),
-    [("usage_negative", "openai"), ("usage_huge", "openai"), ("usage_bool", "openai"),
-     ("usage_string", "openai"), ("usage_float", "openai"), ("ids_mismatch", "vllm")],
-)  # fmt: skip
+    [
+        ("usage_negative", "openai"),
+        ("usage_huge", "openai"),
+        ("usage_bool", "openai"),
+        ("usage_string", "openai"),
+        ("usage_float", "openai"),
+        ("ids_mismatch", "vllm"),
+    ],
+)
 def test_server_counts_are_checked_not_trusted(tmp_path, mode, api):
     """Item 4: usage.completion_tokens was taken as given: negative -> the budget was never
     reached and every prompt sent; huge -> the dataset stopped after 4 records; `true` ->
@@ -185,7 +207,10 @@ def test_ids_and_count_that_disagree_are_malformed(api, model_dir):
     """Item 4: a server whose usage count disagreed with its own token ids was believed
     (whichever field the backend read). Now len(ids) must equal the count when both are given;
     the ids win when they agree (count_source "server_ids")."""
-    kinds = {"vllm": (VLLMChat, {}), "sglang": (kit.run.backends.SGLangGenerate, {"tokenizer": model_dir})}  # fmt: skip
+    kinds = {
+        "vllm": (VLLMChat, {}),
+        "sglang": (kit.run.backends.SGLangGenerate, {"tokenizer": model_dir}),
+    }
     cls, kw = kinds[api]
     msgs = [{"role": "user", "content": "hi"}]
     real = {"tokenizer": str(model_dir)} if api == "sglang" else {}  # ids that spell the text
@@ -228,9 +253,14 @@ async def _error(backend, msgs) -> BackendError:
 
 @pytest.mark.parametrize(
     ("mode", "cause"),
-    [("nousage", "no token counts"), ("usage_float", "completion_tokens"),
-     ("error_200", "The model does not exist"), ("sse", "event stream"), ("400", "HTTP 400")],
-)  # fmt: skip
+    [
+        ("nousage", "no token counts"),
+        ("usage_float", "completion_tokens"),
+        ("error_200", "The model does not exist"),
+        ("sse", "event stream"),
+        ("400", "HTTP 400"),
+    ],
+)
 def test_systemic_failures_stop_the_run_with_a_reason(tmp_path, mode, cause):
     """Item 5: usage missing (no tokenizer), float usage, a 200 with an error body, a
     streaming-only server: every prompt was sent, every answer thrown away (300 errors of

@@ -35,10 +35,24 @@ def run(tmp_path_factory):
     from kit.data.sources import prompt_id
 
     msgs = [[{"role": "user", "content": f"Explain topic {i} briefly."}] for i in range(30)]
-    frame = pl.DataFrame({"dataset": ["a"] * 30, "prompt_id": [prompt_id(m) for m in msgs], "messages": msgs, "n_turns": [1] * 30, "row": list(range(30))})  # fmt: skip
+    frame = pl.DataFrame(
+        {
+            "dataset": ["a"] * 30,
+            "prompt_id": [prompt_id(m) for m in msgs],
+            "messages": msgs,
+            "n_turns": [1] * 30,
+            "row": list(range(30)),
+        }
+    )
     run_dir = tmp_path_factory.mktemp("staging") / "run"
     with FaultServer(FaultConfig(mode="500", fraction=0.2, min_words=5, max_words=30)) as srv:
-        config = kit.RunConfig(model="fault", endpoints=srv.base_url, budgets={"a": 10**6}, sampling=kit.Sampling(max_tokens=64), retry_base=0.01)  # fmt: skip
+        config = kit.RunConfig(
+            model="fault",
+            endpoints=srv.base_url,
+            budgets={"a": 10**6},
+            sampling=kit.Sampling(max_tokens=64),
+            retry_base=0.01,
+        )
         kit.generate_sync(frame, config, run_dir=run_dir)
     assert records_frame(run_dir, prompts=False).height == 30
     return run_dir
@@ -50,7 +64,13 @@ def rows(out: Path) -> int:
 
 def cli_export(run_dir, out, *extra):
     kit_cli = str(Path(sys.executable).parent / "kit")
-    return subprocess.run([kit_cli, "export", str(run_dir), str(out), "--format", "specforge", *extra], capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [kit_cli, "export", str(run_dir), str(out), "--format", "specforge", *extra],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
 
 
 HOLD = """
@@ -67,7 +87,9 @@ time.sleep(600)
 
 def test_a_second_exporter_is_refused_and_a_killed_one_is_replaced(run, tmp_path):
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True, env=ENV
+    )
     try:
         assert holder.stdout.readline().strip() == "HOLDING"
         second = cli_export(run, out)
@@ -112,7 +134,9 @@ def small_disk(tmp_path):
     def make(size: int) -> Path:
         disk = tmp_path / "disk"
         disk.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True)  # fmt: skip
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True
+        )
         mounted.append(disk)
         return disk
 
@@ -179,7 +203,9 @@ def test_a_short_write_fails_the_staged_check_and_is_not_swapped_in(run, tmp_pat
         return real(path, **kw)
 
     monkeypatch.setattr(export_module, "validate", after_a_lost_write)
-    with pytest.raises(ExportInvalid, match=r"specforge/train.jsonl: \d+ bytes on disk, the export wrote \d+"):  # fmt: skip
+    with pytest.raises(
+        ExportInvalid, match=r"specforge/train.jsonl: \d+ bytes on disk, the export wrote \d+"
+    ):
         kit.export(run, out, formats=("specforge",), overwrite=True)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert validate(out).ok

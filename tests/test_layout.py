@@ -120,8 +120,13 @@ def test_from_a_package_import_a_module_is_that_module(tmp_path):
         "def f():\n    from kit import plan, load\n"
     )
     assert kit_imports(path) == {
-        "kit.run.progress", "kit.run.db", "kit.run.reader", "kit.serve", "kit.plan", "kit",
-    }  # fmt: skip
+        "kit.run.progress",
+        "kit.run.db",
+        "kit.run.reader",
+        "kit.serve",
+        "kit.plan",
+        "kit",
+    }
 
 
 def test_private_uses_are_found(tmp_path):
@@ -156,11 +161,24 @@ def test_imports_flow_one_way():
     assert upward == []
 
 
-def test_every_module_has_a_stage_and_is_small():
+def test_every_module_has_a_stage():
     for path in KIT.rglob("*.py"):
         name = module_name(path)
         assert name == "kit" or stage(name) in RANKS, name
-        assert len(path.read_text().splitlines()) <= 500, f"{name} is past 500 lines"
+
+
+def test_the_formatter_owns_layout():
+    """No line opts out of `ruff format` (its size follows its concept, not a cap)."""
+    root = KIT.parent
+    marker = "fmt: " + "skip"
+    found = [
+        f"{p.relative_to(root)}:{i}"
+        for d in ("kit", "tests", "bench")
+        for p in sorted((root / d).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if marker in line or "fmt: off" in line
+    ]
+    assert found == []
 
 
 @pytest.mark.parametrize("module", sorted(m for m in graph() if m != "kit"))

@@ -21,11 +21,22 @@ from kit.types import DatasetProgress, RunConfig, Sampling
 
 def test_fmt_count_and_duration():
     assert [M.fmt_count(n) for n in (0, 812, 9_540, 950_000, 6_400_000, 26_600_000, 2e9)] == [
-        "0", "812", "9.54k", "950k", "6.40M", "26.6M", "2.00B",
-    ]  # fmt: skip
+        "0",
+        "812",
+        "9.54k",
+        "950k",
+        "6.40M",
+        "26.6M",
+        "2.00B",
+    ]
     assert [M.fmt_duration(s) for s in (None, 0, 42, 245, 5000, 90_000)] == [
-        "-", "0s", "42s", "4m05s", "1h23m", "1d01h",
-    ]  # fmt: skip
+        "-",
+        "0s",
+        "42s",
+        "4m05s",
+        "1h23m",
+        "1d01h",
+    ]
 
 
 def test_bar_fills_and_clips():
@@ -38,13 +49,24 @@ def test_bar_fills_and_clips():
 def story() -> list[DatasetProgress]:
     """The DESIGN.md story: 1,720 responses averaging 3,793 tokens against a 10M budget."""
     a = DatasetProgress(
-        "opencode", budget=10_000_000, tokens_done=1_720 * 3_793, samples_done=1_720,
-        prompts_total=7_000, errors=3, truncated=86, tokens_per_s=812.0, state="running",
-    )  # fmt: skip
+        "opencode",
+        budget=10_000_000,
+        tokens_done=1_720 * 3_793,
+        samples_done=1_720,
+        prompts_total=7_000,
+        errors=3,
+        truncated=86,
+        tokens_per_s=812.0,
+        state="running",
+    )
     b = DatasetProgress(
-        "sharegpt", budget=2_000_000, tokens_done=2_000_400, samples_done=5_000,
-        prompts_total=7_000, state="budget_reached",
-    )  # fmt: skip
+        "sharegpt",
+        budget=2_000_000,
+        tokens_done=2_000_400,
+        samples_done=5_000,
+        prompts_total=7_000,
+        state="budget_reached",
+    )
     return [a, b]
 
 
@@ -54,13 +76,31 @@ def test_text_table_numbers():
     row = lines[1].split()
     # 6,523,960 / 10M = 65%; (10M - 6,523,960) / 812 tok/s = 4,281 s
     assert row == [
-        "opencode", "[######....]", "65%", "6.52M/10.0M", "1,720/7,000", "3,793", "812",
-        "1h11m", "3", "5.0%", "running",
-    ]  # fmt: skip
+        "opencode",
+        "[######....]",
+        "65%",
+        "6.52M/10.0M",
+        "1,720/7,000",
+        "3,793",
+        "812",
+        "1h11m",
+        "3",
+        "5.0%",
+        "running",
+    ]
     assert lines[2].split() == [
-        "sharegpt", "[##########]", "100%", "2.00M/2.00M", "5,000/7,000", "400", "0", "-", "0",
-        "0.0%", "budget_reached",
-    ]  # fmt: skip
+        "sharegpt",
+        "[##########]",
+        "100%",
+        "2.00M/2.00M",
+        "5,000/7,000",
+        "400",
+        "0",
+        "-",
+        "0",
+        "0.0%",
+        "budget_reached",
+    ]
     total = lines[3].split()  # 8,524,360 of 12M; ETA (12M - 8,524,360) / 812 = 4,280 s
     assert total[0] == "total" and total[2:5] == ["71%", "8.52M/12.0M", "6,720/14,000"]
     assert total[7] == "1h11m" and total[-1] == "running"
@@ -269,10 +309,16 @@ class Ticks:
 
 def record(dataset: str, i: int, tokens: int, finish: str = "stop") -> kit.Record:
     return kit.Record(
-        dataset=dataset, prompt_id=f"{dataset}-{i}", sample=0, messages=[{"role": "user", "content": "q"}],
-        completion="x " * tokens, finish_reason=finish, completion_tokens=tokens,
-        count_source="usage", t_done=time.time(),
-    )  # fmt: skip
+        dataset=dataset,
+        prompt_id=f"{dataset}-{i}",
+        sample=0,
+        messages=[{"role": "user", "content": "q"}],
+        completion="x " * tokens,
+        finish_reason=finish,
+        completion_tokens=tokens,
+        count_source="usage",
+        t_done=time.time(),
+    )
 
 
 class Planted:
@@ -286,9 +332,17 @@ class Planted:
         self.dir = tmp_path / "run"
         cfg = RunConfig(model="m", endpoints=["http://x/v1"], sampling=Sampling(), budgets=budgets)
         rows = [
-            {"dataset": d, "prompt_id": f"p{d}{k}", "messages": [{"role": "user", "content": f"q{k}"}], "tools": None, "n_turns": 1, "row": k}
-            for d, n in (prompts or {}).items() for k in range(n)
-        ]  # fmt: skip
+            {
+                "dataset": d,
+                "prompt_id": f"p{d}{k}",
+                "messages": [{"role": "user", "content": f"q{k}"}],
+                "tools": None,
+                "n_turns": 1,
+                "row": k,
+            }
+            for d, n in (prompts or {}).items()
+            for k in range(n)
+        ]
         self.store = RunStore(self.dir, flush_every=10**9, flush_interval=10**9)
         self.store.init(cfg, pl.DataFrame(rows, schema=PROMPT_SCHEMA) if rows else None)
 
@@ -334,14 +388,17 @@ def writer(run: Planted, steps: list, seen: list):
 
 def test_watch_finished_run_returns_at_once(planted):
     run = planted({"a": 100, "b": 1_000}, prompts={"a": 10, "b": 3})
-    run.add([record("a", i, 60) for i in range(2)] + [record("b", i, 5, "length") for i in range(3)])  # fmt: skip
+    run.add(
+        [record("a", i, 60) for i in range(2)] + [record("b", i, 5, "length") for i in range(3)]
+    )
     out = io.StringIO()
     mon = M.ConsoleMonitor(out, min_interval=0)
     final = kit.watch(run.dir, interval=0.05, monitor=mon)
     assert mon.renders == 1  # one poll, one render: a finished run is not polled again
     assert [(p.dataset, p.tokens_done, p.state) for p in final] == [
-        ("a", 120, "budget_reached"), ("b", 15, "exhausted"),
-    ]  # fmt: skip
+        ("a", 120, "budget_reached"),
+        ("b", 15, "exhausted"),
+    ]
     assert final[1].truncation_share == 1.0
     assert "budget_reached" in out.getvalue() and "100.0%" in out.getvalue()
 
@@ -415,8 +472,14 @@ def test_watch_until_done_false_keeps_watching_until_stall(planted):
     run = planted({"a": 10})
     run.add([record("a", 0, 50)])
     polls: list = []
-    final = kit.watch(run.dir, interval=0.01, until_done=False, stall_timeout=1.0,
-                      monitor=polls.append, clock=Ticks())  # fmt: skip
+    final = kit.watch(
+        run.dir,
+        interval=0.01,
+        until_done=False,
+        stall_timeout=1.0,
+        monitor=polls.append,
+        clock=Ticks(),
+    )
     assert final[0].state == "budget_reached" and len(polls) == 5  # done at once, kept 1 s more
 
 
@@ -448,7 +511,9 @@ def test_watch_first_read_is_a_few_small_queries(planted, monkeypatch):
     monkeypatch.setattr(sqlite3, "connect", traced)
     final = kit.watch(run.dir, stall_timeout=0.5, monitor=lambda ps: None, clock=Ticks())
     assert final[0].samples_done == 500 and final[0].tokens_done == 1500
-    scans = [s for s in statements if "FROM records" in s and "rowid >" not in s and "EXISTS" not in s]  # fmt: skip
+    scans = [
+        s for s in statements if "FROM records" in s and "rowid >" not in s and "EXISTS" not in s
+    ]
     assert statements and scans == [] and len(statements) < 40, statements
 
 
@@ -478,20 +543,26 @@ def test_monitor_and_awatch_follow_a_real_run(embedded_server, tmp_path):
         f"Say hi {k} times." for k in range(4)
     ]
     names = ["fruits"] * 8 + ["hi"] * 4
-    frame = pl.DataFrame({
-        "dataset": names, "prompt_id": [f"p{i}" for i in range(12)],
-        "messages": [[{"role": "user", "content": q}] for q in questions],
-        "n_turns": [1] * 12, "row": list(range(12)),
-    })  # fmt: skip
+    frame = pl.DataFrame(
+        {
+            "dataset": names,
+            "prompt_id": [f"p{i}" for i in range(12)],
+            "messages": [[{"role": "user", "content": q}] for q in questions],
+            "n_turns": [1] * 12,
+            "row": list(range(12)),
+        }
+    )
     run_dir, out = tmp_path / "run", io.StringIO()
     live = M.ConsoleMonitor(out, min_interval=1.0)  # never closed: the settled rule draws the end
 
     async def main():
         config = RunConfig(
-            model=embedded_server.model, endpoints=embedded_server.base_url,
-            budgets={"fruits": 120, "hi": 10_000}, sampling=Sampling(max_tokens=32, seed=1),
+            model=embedded_server.model,
+            endpoints=embedded_server.base_url,
+            budgets={"fruits": 120, "hi": 10_000},
+            sampling=Sampling(max_tokens=32, seed=1),
             concurrency=4,
-        )  # fmt: skip
+        )
         run = await kit.generate(frame, config, run_dir=run_dir, progress=live, background=True)
         watched = await M.awatch(run_dir, interval=0.2, monitor=lambda ps: None, stall_timeout=120)
         await run.wait()

@@ -39,12 +39,16 @@ def test_notebooks_run_cold_in_order(embedded_server, tmp_path):
     run_dir = tmp_path / "run"
     budgets = {"chat_general": 150, "essays": 200}
     parameters = {
-        "run_dir": run_dir, "data": [REPO / "data/samples/chat_general.jsonl",
-                                     REPO / "data/samples/essays.parquet"],
-        "budgets": budgets, "max_tokens": 32, "pilot_per_dataset": 3, "concurrency": 8,
-        "base_url": embedded_server.base_url, "model": embedded_server.model,
+        "run_dir": run_dir,
+        "data": [REPO / "data/samples/chat_general.jsonl", REPO / "data/samples/essays.parquet"],
+        "budgets": budgets,
+        "max_tokens": 32,
+        "pilot_per_dataset": 3,
+        "concurrency": 8,
+        "base_url": embedded_server.base_url,
+        "model": embedded_server.model,
         "tokenizer": str(embedded_server.model_dir),
-    }  # fmt: skip
+    }
     parameters["data"] = [str(p) for p in parameters["data"]]
     executed = demo.run_notebooks(run_dir, parameters)
 
@@ -61,9 +65,15 @@ def test_notebooks_run_cold_in_order(embedded_server, tmp_path):
     assert embedded_server.alive(), "a notebook stopped the shared server"
     # a headless run keeps the numbers: the monitor's plain-text table under its bars, and
     # the validation's summary, not an object dump
-    text = {name: "".join(o.get("text", "") for c in nbformat.read(executed / f"{name}.ipynb", as_version=4).cells
-                          for o in c.get("outputs", []) if o.output_type == "stream")
-            for name in ("02_generate", "04_export")}  # fmt: skip
+    text = {
+        name: "".join(
+            o.get("text", "")
+            for c in nbformat.read(executed / f"{name}.ipynb", as_version=4).cells
+            for o in c.get("outputs", [])
+            if o.output_type == "stream"
+        )
+        for name in ("02_generate", "04_export")
+    }
     assert all(f"{d} " in text["02_generate"] for d in budgets), text["02_generate"]
     assert "budget_reached" in text["02_generate"] and "the run is complete" in text["02_generate"]
     assert ": OK" in text["04_export"] and "ValidationResult(" not in text["04_export"]

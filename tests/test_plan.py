@@ -375,11 +375,19 @@ def test_plan_prompts_and_write_plan_prompts_checks(tmp_path):
     assert again.frame["prompt_id"].to_list() == loaded.frame["prompt_id"].to_list()
 
     with pytest.raises(ValueError, match=r"budgets has no entry for datasets \['q'\]"):
-        plan.write_plan(tmp_path / "x", pl.DataFrame({"dataset": ["z"], "budget": [5]}), config(), prompts=loaded)  # fmt: skip
+        plan.write_plan(
+            tmp_path / "x",
+            pl.DataFrame({"dataset": ["z"], "budget": [5]}),
+            config(),
+            prompts=loaded,
+        )
     with pytest.raises(ValueError, match="no prompt"):
         plan.write_plan(tmp_path / "x", table, config(), prompts=loaded.frame.clear())
     plan.write_plan(run_dir, table, config(), prompts=loaded)
-    assert prompts_frame(run_dir)["prompt_id"].sort().to_list() == loaded.frame["prompt_id"].sort().to_list()  # fmt: skip
+    assert (
+        prompts_frame(run_dir)["prompt_id"].sort().to_list()
+        == loaded.frame["prompt_id"].sort().to_list()
+    )
     store = RunStore(run_dir)  # a run started over these prompts: its config stored
     store.init(config(source_hashes=loaded.source_hashes()))
     store.close()

@@ -23,10 +23,15 @@ def row(table: pl.DataFrame, dataset: str) -> dict:
 def pilot_frame(lengths: dict[str, list[int]], max_tokens: int) -> pl.DataFrame:
     """A pilot frame: finish "length" exactly where a completion reached max_tokens."""
     rows = [
-        {"dataset": d, "prompt_id": f"{d}-{i}", "completion_tokens": n,
-         "finish_reason": "length" if n >= max_tokens else "stop"}
-        for d, values in lengths.items() for i, n in enumerate(values)
-    ]  # fmt: skip
+        {
+            "dataset": d,
+            "prompt_id": f"{d}-{i}",
+            "completion_tokens": n,
+            "finish_reason": "length" if n >= max_tokens else "stop",
+        }
+        for d, values in lengths.items()
+        for i, n in enumerate(values)
+    ]
     return pl.DataFrame(rows)
 
 
@@ -55,8 +60,15 @@ def test_censored_pilot_gives_no_upper_bound_and_says_why():
 
 def test_censoring_threshold_is_ten_percent():
     base = [40, 60, 80, 100, 50, 70]
-    at = plan.budget(1000, {"a": base * 4 + [40, 60, 80] + [128] * 3}, prompts_available={"a": 99}, max_tokens=128)  # fmt: skip
-    above = plan.budget(1000, {"a": base * 4 + [40, 60] + [128] * 4}, prompts_available={"a": 99}, max_tokens=128)  # fmt: skip
+    at = plan.budget(
+        1000,
+        {"a": base * 4 + [40, 60, 80] + [128] * 3},
+        prompts_available={"a": 99},
+        max_tokens=128,
+    )
+    above = plan.budget(
+        1000, {"a": base * 4 + [40, 60] + [128] * 4}, prompts_available={"a": 99}, max_tokens=128
+    )
     assert row(at, "a")["truncated_share"] == pytest.approx(0.1)
     assert row(at, "a")["samples_needed_upper"] is not None and row(at, "a")["note"] is None
     assert row(above, "a")["samples_needed_upper"] is None
@@ -97,15 +109,21 @@ def test_a_small_pilot_is_noted_weak_in_the_plan():
 def _prompts(sizes: dict[str, int]) -> pl.DataFrame:
     return pl.DataFrame(
         [
-            {"dataset": d, "prompt_id": f"{d}-{i:04d}",
-             "messages": [{"role": "user", "content": f"Say the number {i}."}]}
-            for d, n in sizes.items() for i in range(n)
+            {
+                "dataset": d,
+                "prompt_id": f"{d}-{i:04d}",
+                "messages": [{"role": "user", "content": f"Say the number {i}."}],
+            }
+            for d, n in sizes.items()
+            for i in range(n)
         ]
-    )  # fmt: skip
+    )
 
 
 def config(url: str, **kw) -> RunConfig:
-    return RunConfig(**({"model": "m", "endpoints": url, "budgets": 1, "sampling": Sampling(max_tokens=32)} | kw))  # fmt: skip
+    return RunConfig(
+        **({"model": "m", "endpoints": url, "budgets": 1, "sampling": Sampling(max_tokens=32)} | kw)
+    )
 
 
 def test_pilot_defaults_to_30_per_dataset_and_warns_below():
@@ -122,7 +140,11 @@ def test_pilot_defaults_to_30_per_dataset_and_warns_below():
             plan.pilot_sync(prompts, config(srv.base_url), per_dataset=4)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # 30 each (10 prompts x n=3): no warning
-            plan.pilot_sync(_prompts({"a": 40}), config(srv.base_url, sampling=Sampling(max_tokens=32, n=3)), per_dataset=10)  # fmt: skip
+            plan.pilot_sync(
+                _prompts({"a": 40}),
+                config(srv.base_url, sampling=Sampling(max_tokens=32, n=3)),
+                per_dataset=10,
+            )
 
 
 # ---------------------------------------------------------------- throughput at concurrency
@@ -133,10 +155,15 @@ def timed_frame() -> pl.DataFrame:
     latency = [1.0] * 6 + [2.0]
     t_done = [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 5.0]
     return pl.DataFrame(
-        {"dataset": ["a"] * 7, "prompt_id": [f"p{i}" for i in range(7)],
-         "completion_tokens": [100] * 7, "finish_reason": ["stop"] * 7,
-         "latency_s": latency, "t_done": [1000.0 + t for t in t_done]}
-    )  # fmt: skip
+        {
+            "dataset": ["a"] * 7,
+            "prompt_id": [f"p{i}" for i in range(7)],
+            "completion_tokens": [100] * 7,
+            "finish_reason": ["stop"] * 7,
+            "latency_s": latency,
+            "t_done": [1000.0 + t for t in t_done],
+        }
+    )
 
 
 def test_throughput_is_measured_while_the_pipe_was_full():
@@ -155,16 +182,24 @@ def test_budget_notes_a_time_estimate_from_another_concurrency():
     res = PilotResult(frame=timed_frame(), wall_s=5.0, sampling=Sampling(), concurrency=8)
     measured = res.throughput  # the pilot never had the run's 8 in flight
     assert measured.concurrency == 2
-    table = plan.budget(720_000, samples, prompts_available={"a": 10_000}, throughput=measured, concurrency=8)  # fmt: skip
+    table = plan.budget(
+        720_000, samples, prompts_available={"a": 10_000}, throughput=measured, concurrency=8
+    )
     assert row(table, plan.TOTAL)["hours_to_go"] == pytest.approx(720_000 / 200 / 3600)
     for r in table.iter_rows(named=True):
         assert "measured with 2 requests in flight, the run allows 8" in r["note"], r["dataset"]
         assert "hours are extrapolated (likely high" in r["note"]
-    same = plan.budget(720_000, samples, prompts_available={"a": 10_000}, throughput=measured, concurrency=2)  # fmt: skip
+    same = plan.budget(
+        720_000, samples, prompts_available={"a": 10_000}, throughput=measured, concurrency=2
+    )
     assert same["note"].to_list() == [None, None]
-    number = plan.budget(720_000, samples, prompts_available={"a": 10_000}, throughput=200.0, concurrency=8)  # fmt: skip
+    number = plan.budget(
+        720_000, samples, prompts_available={"a": 10_000}, throughput=200.0, concurrency=8
+    )
     assert number["note"].to_list() == [None, None]  # a number is the rate at the run's concurrency
-    fewer = plan.budget(720_000, samples, prompts_available={"a": 10_000}, throughput=measured, concurrency=1)  # fmt: skip
+    fewer = plan.budget(
+        720_000, samples, prompts_available={"a": 10_000}, throughput=measured, concurrency=1
+    )
     assert "the run allows 1: hours are extrapolated (likely low" in row(fewer, "a")["note"]
     unknown = plan.budget(720_000, samples, prompts_available={"a": 10_000}, throughput=measured)
     assert "the run's concurrency is unknown" in row(unknown, "a")["note"]
@@ -173,15 +208,20 @@ def test_budget_notes_a_time_estimate_from_another_concurrency():
 
 
 def test_budget_takes_the_run_concurrency_from_the_pilot_result():
-    frame = timed_frame().vstack(pilot_frame({"a": spread(100)}, 128).with_columns(
-        latency_s=pl.lit(None, pl.Float64), t_done=pl.lit(None, pl.Float64)))  # fmt: skip
+    frame = timed_frame().vstack(
+        pilot_frame({"a": spread(100)}, 128).with_columns(
+            latency_s=pl.lit(None, pl.Float64), t_done=pl.lit(None, pl.Float64)
+        )
+    )
     res = PilotResult(frame=frame, wall_s=5.0, sampling=Sampling(max_tokens=128), concurrency=8)
     table = plan.budget(10_000, res, prompts_available={"a": 1000}, throughput=res.throughput)
     assert "the run allows 8" in row(table, "a")["note"]
 
 
 def test_throughput_without_per_request_times_is_the_mean_in_flight():
-    frame = pl.DataFrame({"dataset": ["a"] * 4, "completion_tokens": [50] * 4, "latency_s": [1.0] * 4})  # fmt: skip
+    frame = pl.DataFrame(
+        {"dataset": ["a"] * 4, "completion_tokens": [50] * 4, "latency_s": [1.0] * 4}
+    )
     res = PilotResult(frame=frame, wall_s=2.0, sampling=Sampling(), concurrency=4)
     assert res.throughput == Throughput(tokens_per_s=100.0, concurrency=2, window_s=2.0)
     bare = PilotResult(frame=frame.drop("latency_s"), wall_s=2.0, sampling=Sampling())
@@ -210,8 +250,9 @@ def test_the_planner_widget_keeps_the_measured_concurrency():
     res = PilotResult(
         frame=timed_frame(), wall_s=5.0, sampling=Sampling(max_tokens=100), concurrency=2
     )
-    planner = Planner({"a": 2000}, res, prompts_available={"a": 500}, throughput=res.throughput,
-                      concurrency=64)  # fmt: skip
+    planner = Planner(
+        {"a": 2000}, res, prompts_available={"a": 500}, throughput=res.throughput, concurrency=64
+    )
     assert planner.throughput.value == 200.0
     assert "extrapolated" in (row(planner.table, "a")["note"] or "")
     planner.throughput.value = 150.0
@@ -219,7 +260,9 @@ def test_the_planner_widget_keeps_the_measured_concurrency():
 
 
 def test_throughput_per_endpoint_and_what_n_servers_would_give():
-    two = timed_frame().with_columns(endpoint=pl.Series(["http://a/v1", "http://b/v1"] * 3 + ["http://a/v1"]))  # fmt: skip
+    two = timed_frame().with_columns(
+        endpoint=pl.Series(["http://a/v1", "http://b/v1"] * 3 + ["http://a/v1"])
+    )
     res = PilotResult(frame=two, wall_s=5.0, sampling=Sampling(), concurrency=2)
     measured = res.throughput  # both endpoints together: 200 tok/s over 2
     assert measured == Throughput(200.0, 2, 3.0, endpoints=2) and measured.per_endpoint == 100.0
@@ -228,10 +271,19 @@ def test_throughput_per_endpoint_and_what_n_servers_would_give():
     assert per["http://b/v1"] == Throughput(100.0, 1, 3.0)
     assert res.summary()["per_endpoint"] == {u: m.tokens_per_s for u, m in per.items()}
     samples = {"a": spread(300)}
-    eight = plan.budget(720_000, samples, prompts_available={"a": 10_000}, throughput=measured,
-                        concurrency=8, servers=8)  # fmt: skip
+    eight = plan.budget(
+        720_000,
+        samples,
+        prompts_available={"a": 10_000},
+        throughput=measured,
+        concurrency=8,
+        servers=8,
+    )
     assert row(eight, plan.TOTAL)["hours_to_go"] == pytest.approx(720_000 / 800 / 3600)
-    assert "time for 8 servers: 100.0 tok/s per endpoint (measured over 2) x 8" in row(eight, "a")["note"]  # fmt: skip
+    assert (
+        "time for 8 servers: 100.0 tok/s per endpoint (measured over 2) x 8"
+        in row(eight, "a")["note"]
+    )
     assert "extrapolated" not in row(eight, "a")["note"]  # 8 in flight = 1 per server, as piloted
     with pytest.raises(ValueError, match="servers=2 scales a measured Throughput"):
         plan.budget(1000, samples, prompts_available={"a": 10}, throughput=100.0, servers=2)

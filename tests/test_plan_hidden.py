@@ -32,14 +32,20 @@ def test_embedded_target_shape_and_bytes_per_token():
 
 def test_known_config_byte_count(tmp_path):
     """Llama-3.1-8B's shape (hidden 4096): 32,768 bytes a token; a plan of two datasets."""
-    cfg = write_config(tmp_path / "config.json", hidden_size=4096, num_hidden_layers=32, vocab_size=128256)  # fmt: skip
+    cfg = write_config(
+        tmp_path / "config.json", hidden_size=4096, num_hidden_layers=32, vocab_size=128256
+    )
     shape = hidden.target_shape(cfg)
-    pilot = pl.DataFrame({
-        "dataset": ["a"] * 4 + ["b"] * 4,
-        "completion_tokens": [100, 200, 300, 400, 1000, 1000, 1000, 1000],
-        "prompt_tokens": [50, 50, 50, 50, 10, 20, 30, 40],
-    })  # fmt: skip
-    table = kit.plan.budget({"a": 25_000, "b": 50_000}, pilot, prompts_available={"a": 1000, "b": 1000})  # fmt: skip
+    pilot = pl.DataFrame(
+        {
+            "dataset": ["a"] * 4 + ["b"] * 4,
+            "completion_tokens": [100, 200, 300, 400, 1000, 1000, 1000, 1000],
+            "prompt_tokens": [50, 50, 50, 50, 10, 20, 30, 40],
+        }
+    )
+    table = kit.plan.budget(
+        {"a": 25_000, "b": 50_000}, pilot, prompts_available={"a": 1000, "b": 1000}
+    )
     out = kit.plan.hidden_states(table, pilot, shape)
     rows = {r["dataset"]: r for r in out.iter_rows(named=True)}
     # a: 25,000 / 250 = 100 samples x 50 prompt tokens; b: 50 samples x 25
@@ -51,7 +57,9 @@ def test_known_config_byte_count(tmp_path):
 
 
 def test_multimodal_config_uses_text_config(tmp_path):
-    cfg = write_config(tmp_path / "config.json", text_config={"hidden_size": 5120, "num_hidden_layers": 64})  # fmt: skip
+    cfg = write_config(
+        tmp_path / "config.json", text_config={"hidden_size": 5120, "num_hidden_layers": 64}
+    )
     assert hidden.target_shape(tmp_path).bytes_per_token == 4 * 5120 * 2
     assert hidden.target_shape(cfg).vocab_size is None
 
@@ -61,10 +69,13 @@ def test_multimodal_config_uses_text_config(tmp_path):
     [
         ("{not json", "is not JSON"),
         ('{"num_hidden_layers": 32}', "hidden_size must be a positive int, got None"),
-        ('{"hidden_size": "4096", "num_hidden_layers": 32}', "hidden_size must be a positive int, got '4096'"),
+        (
+            '{"hidden_size": "4096", "num_hidden_layers": 32}',
+            "hidden_size must be a positive int, got '4096'",
+        ),
         ("[1, 2]", "is not a JSON object"),
     ],
-)  # fmt: skip
+)
 def test_bad_config_is_a_clear_error(tmp_path, content, needle):
     (tmp_path / "config.json").write_text(content)
     with pytest.raises(ValueError, match="config.json") as e:
@@ -80,7 +91,10 @@ def test_missing_config_path_names_it(tmp_path):
 def test_parse_plan_budgets_bytes_and_tokens():
     assert commands.parse_plan_budgets(["2TB"]) == (1, 2 * 10**12)
     assert commands.parse_plan_budgets(["1e6"]) == (1_000_000, {})
-    assert commands.parse_plan_budgets(["a=1e6", "b=1.5GiB"]) == ({"a": 1_000_000, "b": 1}, {"b": 1610612736})  # fmt: skip
+    assert commands.parse_plan_budgets(["a=1e6", "b=1.5GiB"]) == (
+        {"a": 1_000_000, "b": 1},
+        {"b": 1610612736},
+    )
     with pytest.raises(ValueError, match="only kit plan converts them"):
         commands.parse_budgets(["2TB"])  # kit generate has no pilot to convert with
 
@@ -88,9 +102,19 @@ def test_parse_plan_budgets_bytes_and_tokens():
 def fake_pilot(prompts, config, *, per_dataset, progress=None):
     """12 completions of 40..62 tokens (mean 51) with 20-token prompts per dataset."""
     names = sorted(getattr(prompts, "frame", prompts)["dataset"].unique().to_list())
-    rows = [{"dataset": d, "prompt_id": f"p{i}", "completion_tokens": 40 + 2 * i,
-             "finish_reason": "stop", "count_source": "usage", "prompt_tokens": 20,
-             "latency_s": 0.1} for d in names for i in range(12)]  # fmt: skip
+    rows = [
+        {
+            "dataset": d,
+            "prompt_id": f"p{i}",
+            "completion_tokens": 40 + 2 * i,
+            "finish_reason": "stop",
+            "count_source": "usage",
+            "prompt_tokens": 20,
+            "latency_s": 0.1,
+        }
+        for d in names
+        for i in range(12)
+    ]
     return kit.plan.PilotResult(frame=pl.DataFrame(rows), wall_s=2.0, sampling=config.sampling)
 
 
@@ -100,8 +124,21 @@ def test_plan_budget_in_bytes_converts_to_tokens(tmp_path, monkeypatch, capsys):
         tmp_path / "config.json", hidden_size=64, num_hidden_layers=8
     )  # 512 B a token
     run_dir = tmp_path / "run"
-    argv = ["plan", "--samples", str(CHAT), "--run-dir", str(run_dir), "--budget", "1MB",
-            "--target-config", str(cfg), "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]  # fmt: skip
+    argv = [
+        "plan",
+        "--samples",
+        str(CHAT),
+        "--run-dir",
+        str(run_dir),
+        "--budget",
+        "1MB",
+        "--target-config",
+        str(cfg),
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+    ]
     code, out, err = run_main(argv, capsys)
     assert code == 0, err
     # 1e6 / 512 = 1953.1 sequence tokens, of which 51 / (51 + 20) are completion: 1402
@@ -122,8 +159,20 @@ def test_plan_refuses_bad_target_config_before_any_work(
     tmp_path, monkeypatch, capsys, extra, needle
 ):
     monkeypatch.setattr(kit.plan, "pilot_sync", lambda *a, **k: pytest.fail("piloted"))
-    argv = ["plan", "--samples", str(CHAT), "--run-dir", str(tmp_path / "run"), "--budget", "2TB",
-            "--base-url", "http://127.0.0.1:9/v1", "--model", "m", *extra]  # fmt: skip
+    argv = [
+        "plan",
+        "--samples",
+        str(CHAT),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--budget",
+        "2TB",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        *extra,
+    ]
     code, _, err = run_main(argv, capsys)
     assert code == 2
     assert err.startswith("kit: error: ") and needle in err, err

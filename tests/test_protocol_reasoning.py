@@ -22,8 +22,19 @@ from kit.run.backends import OpenAIChat, SGLangGenerate, VLLMChat
 from kit.types import BackendError, Sampling
 
 MSGS = [{"role": "user", "content": "What is 2 + 2?"}]
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters":
-          {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "a + b",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            },
+        },
+    }
+]
 BACKENDS = {"openai": OpenAIChat, "vllm": VLLMChat}
 WORDS = 20  # every answer below: 20 words, so the thinking is the first 10
 
@@ -142,9 +153,13 @@ def test_message_parts_field_rules():
     assert parts({"content": "4", "reasoning": None}) == ("4", None)
     assert parts({"content": None, "reasoning": "r"}) == ("", "r")
     assert parts({"reasoning": "r"}) == ("", "r")  # no content key: the thinking was cut
-    for bad in ({"content": "4", "reasoning": "r", "reasoning_content": ["x"]},
-                {"content": "4", "reasoning": {"text": "r"}}, {"content": 4},
-                {"reasoning": None}, {"role": "assistant"}):  # fmt: skip
+    for bad in (
+        {"content": "4", "reasoning": "r", "reasoning_content": ["x"]},
+        {"content": "4", "reasoning": {"text": "r"}},
+        {"content": 4},
+        {"reasoning": None},
+        {"role": "assistant"},
+    ):
         with pytest.raises(BackendError) as info:
             parts(bad)
         assert info.value.kind == "malformed", bad
@@ -194,20 +209,30 @@ def test_sglang_render_passes_tools_and_template_kwargs(srv):
     b = SGLangGenerate(srv.root_url, "m", tokenizer=tok)
     sampling = Sampling(max_tokens=50, chat_template_kwargs={"enable_thinking": False})
     c = run(complete(b, sampling, tools=TOOLS))
-    assert tok.calls[-1] == {"tools": TOOLS, "add_generation_prompt": True, "tokenize": True,
-                             "return_dict": False, "enable_thinking": False}  # fmt: skip
+    assert tok.calls[-1] == {
+        "tools": TOOLS,
+        "add_generation_prompt": True,
+        "tokenize": True,
+        "return_dict": False,
+        "enable_thinking": False,
+    }
     assert srv.last_body["input_ids"] == [1, 2, 3, 11] == c.prompt_ids
     run(complete(b))
-    assert tok.calls[-1] == {"tools": None, "add_generation_prompt": True, "tokenize": True,
-                             "return_dict": False}  # fmt: skip
+    assert tok.calls[-1] == {
+        "tools": None,
+        "add_generation_prompt": True,
+        "tokenize": True,
+        "return_dict": False,
+    }
 
 
 def test_sglang_render_refuses_its_own_names_and_reports_template_errors(srv):
     b = SGLangGenerate(srv.root_url, "m", tokenizer=WordTokenizer())
     err = error_of(b, Sampling(chat_template_kwargs={"tokenize": False}))
     assert err.kind == "config" and not err.retryable and "tokenize" in str(err)
-    err = error_of(SGLangGenerate(srv.root_url, "m", tokenizer=WordTokenizer(fail=True)),
-                   tools=TOOLS)  # fmt: skip
+    err = error_of(
+        SGLangGenerate(srv.root_url, "m", tokenizer=WordTokenizer(fail=True)), tools=TOOLS
+    )
     assert err.kind == "config" and "does not know tools" in str(err)
     assert srv.stats()["requests"] == 0  # nothing was sent
 
@@ -217,16 +242,31 @@ def test_sglang_leaves_the_thinking_inline(srv):
     c = run(complete(SGLangGenerate(srv.root_url, "m", tokenizer=WordTokenizer())))
     assert c.reasoning is None and c.text.startswith("<think>") and "</think>" in c.text
     assert c.count_source == "server_ids" and c.completion_tokens == len(c.output_ids) == WORDS
-    c = run(complete(SGLangGenerate(srv.root_url, "m", tokenizer=WordTokenizer()),
-                     Sampling(max_tokens=4)))  # fmt: skip
+    c = run(
+        complete(
+            SGLangGenerate(srv.root_url, "m", tokenizer=WordTokenizer()), Sampling(max_tokens=4)
+        )
+    )
     assert (c.finish_reason, c.completion_tokens) == ("length", 4) and "</think>" not in c.text
 
 
 def test_faultserver_process_takes_the_reasoning_options():
     port = free_port()
     script = Path(__file__).with_name("faultserver.py")
-    cmd = [sys.executable, str(script), "--port", str(port), "--reasoning", "reasoning",
-           "--truncate-in-reasoning", "true", "--min-words", "20", "--max-words", "20"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(script),
+        "--port",
+        str(port),
+        "--reasoning",
+        "reasoning",
+        "--truncate-in-reasoning",
+        "true",
+        "--min-words",
+        "20",
+        "--max-words",
+        "20",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         assert "listening" in proc.stdout.readline()

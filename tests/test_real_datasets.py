@@ -28,55 +28,93 @@ from kit.types import BackendError, Record, RunConfig, Sampling
 # ---------------------------------------------------------------- rows in real formats
 
 GSM8K = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
-     "many clips in May. How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72"},
-    {"question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes "
-     "of babysitting. How much did she earn?", "answer": "#### 10"},
-]  # fmt: skip
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
+        "many clips in May. How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72",
+    },
+    {
+        "question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes "
+        "of babysitting. How much did she earn?",
+        "answer": "#### 10",
+    },
+]
 HUMANEVAL = [
-    {"task_id": "HumanEval/0", "entry_point": "has_close_elements", "test": "def check(c): ...",
-     "prompt": "from typing import List\n\n\ndef has_close_elements(numbers: List[float], "
-     "threshold: float) -> bool:\n    \"\"\" Check if in given list of numbers, are any two "
-     "numbers closer to each other than\n    given threshold.\n    \"\"\"\n",
-     "canonical_solution": "    return False\n"},
-]  # fmt: skip
+    {
+        "task_id": "HumanEval/0",
+        "entry_point": "has_close_elements",
+        "test": "def check(c): ...",
+        "prompt": "from typing import List\n\n\ndef has_close_elements(numbers: List[float], "
+        'threshold: float) -> bool:\n    """ Check if in given list of numbers, are any two '
+        'numbers closer to each other than\n    given threshold.\n    """\n',
+        "canonical_solution": "    return False\n",
+    },
+]
 MT_BENCH = [
-    {"question_id": 81, "category": "writing", "turns": [
-        "Compose an engaging travel blog post about a recent trip to Hawaii.",
-        "Rewrite your previous response. Start every sentence with the letter A."]},
-    {"question_id": 101, "category": "reasoning", "turns": [
-        "Imagine you are participating in a race. If you have just overtaken the second "
-        "person, what's your current position?",
-        "If the \"second person\" is changed to \"last person\" in the above question, what "
-        "would the answer be?"]},
-]  # fmt: skip
+    {
+        "question_id": 81,
+        "category": "writing",
+        "turns": [
+            "Compose an engaging travel blog post about a recent trip to Hawaii.",
+            "Rewrite your previous response. Start every sentence with the letter A.",
+        ],
+    },
+    {
+        "question_id": 101,
+        "category": "reasoning",
+        "turns": [
+            "Imagine you are participating in a race. If you have just overtaken the second "
+            "person, what's your current position?",
+            'If the "second person" is changed to "last person" in the above question, what '
+            "would the answer be?",
+        ],
+    },
+]
 FASTCHAT = [  # ShareGPT/FastChat conversations, whitespace and U+2028 as the dataset has them
-    {"id": "sg_1", "conversations": [
-        {"from": "human", "value": "  Write a haiku about rain.\u2028"},
-        {"from": "gpt", "value": "Rain taps the window\n"},
-        {"from": "human", "value": "Now one about snow. \n"}]},
-]  # fmt: skip
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}  # fmt: skip
+    {
+        "id": "sg_1",
+        "conversations": [
+            {"from": "human", "value": "  Write a haiku about rain.\u2028"},
+            {"from": "gpt", "value": "Rain taps the window\n"},
+            {"from": "human", "value": "Now one about snow. \n"},
+        ],
+    },
+]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 def calls(city: str) -> list[dict]:
     """A tool call as vLLM returns it in message.tool_calls."""
     args = json.dumps({"city": city})
-    return [{"id": f"call_0_{city}", "type": "function",
-             "function": {"name": "get_weather", "arguments": args}}]  # fmt: skip
+    return [
+        {
+            "id": f"call_0_{city}",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": args},
+        }
+    ]
 
 
 # ---------------------------------------------------------------- item 1: tool calls
 
 
 def vllm_answer(message: dict, finish: str, ids: list[int]) -> dict:
-    return {"choices": [{"index": 0, "message": message, "finish_reason": finish,
-                         "token_ids": ids}],
-            "prompt_token_ids": [1, 2, 3], "usage": {"completion_tokens": len(ids)}}  # fmt: skip
+    return {
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "token_ids": ids}],
+        "prompt_token_ids": [1, 2, 3],
+        "usage": {"completion_tokens": len(ids)},
+    }
 
 
 def complete_with(answer: dict, tools=None):
@@ -99,7 +137,11 @@ def test_tool_calls_in_an_answer_are_kept_and_counted_as_the_server_counts():
     comp, sent = complete_with(vllm_answer(message, "tool_calls", list(range(10, 31))), [WEATHER])
     assert sent["tools"] == [WEATHER] and sent["return_token_ids"] is True
     assert comp.tool_calls == calls("Paris") and comp.text == ""
-    assert (comp.finish_reason, comp.completion_tokens, comp.count_source) == ("stop", 21, "server_ids")  # fmt: skip
+    assert (comp.finish_reason, comp.completion_tokens, comp.count_source) == (
+        "stop",
+        21,
+        "server_ids",
+    )
     bad = {"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}
     with pytest.raises(BackendError, match="no function call"):
         complete_with(vllm_answer(bad, "tool_calls", [5, 6]))
@@ -117,8 +159,13 @@ def tool_store(run_dir, tok, records: list[Record], frame: pl.DataFrame):
     """A run directory written by RunStore itself (the run database)."""
     from kit.run.store import RunStore
 
-    cfg = RunConfig(model="m", endpoints="http://127.0.0.1:9/v1", budgets={"fc": 10_000},
-                    tokenizer=tok.name_or_path, sampling=Sampling(max_tokens=64))  # fmt: skip
+    cfg = RunConfig(
+        model="m",
+        endpoints="http://127.0.0.1:9/v1",
+        budgets={"fc": 10_000},
+        tokenizer=tok.name_or_path,
+        sampling=Sampling(max_tokens=64),
+    )
     store = RunStore(run_dir)
     store.init(cfg, frame)
     for r in records:
@@ -130,24 +177,44 @@ def tool_store(run_dir, tok, records: list[Record], frame: pl.DataFrame):
 @pytest.fixture
 def tool_run(tmp_path, model_dir):
     tok = kit.tokens.load_tokenizer(model_dir)
-    loaded = kit.load({"fc": [{"messages": [{"role": "user", "content": f"Weather in {c}?"}],
-                               "tools": [WEATHER]} for c in ("Paris", "Rome", "Oslo")]})  # fmt: skip
+    loaded = kit.load(
+        {
+            "fc": [
+                {"messages": [{"role": "user", "content": f"Weather in {c}?"}], "tools": [WEATHER]}
+                for c in ("Paris", "Rome", "Oslo")
+            ]
+        }
+    )
     records = []
     for i, row in enumerate(loaded.frame.to_dicts()):
         city = row["messages"][0]["content"].split()[-1].rstrip("?")
         text = json.dumps([{"name": "get_weather", "arguments": {"city": city}}])
-        prompt = tok.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=True)  # fmt: skip
+        prompt = tok.apply_chat_template(
+            row["messages"], tokenize=False, add_generation_prompt=True
+        )
         out = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
         has_call = i < 2  # the third answered in words
-        records.append(Record(
-            dataset="fc", prompt_id=row["prompt_id"], sample=0, messages=row["messages"],
-            completion="" if has_call else ANSWERS[0], finish_reason="stop",
-            completion_tokens=len(out), count_source="server_ids", output_ids=out,
-            prompt_ids=tok.encode(prompt, add_special_tokens=False), t_done=1.7e9 + i,
-            tools=[WEATHER], tool_calls=calls(city) if has_call else None,
-        ))  # fmt: skip
+        records.append(
+            Record(
+                dataset="fc",
+                prompt_id=row["prompt_id"],
+                sample=0,
+                messages=row["messages"],
+                completion="" if has_call else ANSWERS[0],
+                finish_reason="stop",
+                completion_tokens=len(out),
+                count_source="server_ids",
+                output_ids=out,
+                prompt_ids=tok.encode(prompt, add_special_tokens=False),
+                t_done=1.7e9 + i,
+                tools=[WEATHER],
+                tool_calls=calls(city) if has_call else None,
+            )
+        )
         if not has_call:
-            records[-1].output_ids = tok.encode(ANSWERS[0], add_special_tokens=False) + [tok.eos_token_id]  # fmt: skip
+            records[-1].output_ids = tok.encode(ANSWERS[0], add_special_tokens=False) + [
+                tok.eos_token_id
+            ]
             records[-1].completion_tokens = len(records[-1].output_ids)
     return tool_store(tmp_path / "run", tok, records, loaded.frame), records
 
@@ -158,14 +225,19 @@ def test_tool_calls_are_exported_audited_and_validated(tool_run, tmp_path):
     conn = sqlite3.connect(run_dir / "run.sqlite")  # the calls stored as JSON, NULL for none
     stored = dict(conn.execute("SELECT prompt_id, tool_calls FROM records").fetchall())
     conn.close()
-    assert {r.prompt_id: r.tool_calls for r in records} == {k: v and json.loads(v) for k, v in stored.items()}  # fmt: skip
+    assert {r.prompt_id: r.tool_calls for r in records} == {
+        k: v and json.loads(v) for k, v in stored.items()
+    }
     both = kit.export(run_dir, tmp_path / "both", formats=("specforge", "token_ids"))
     alone = kit.export(run_dir, tmp_path / "alone", formats=("specforge",))  # polars path
     assert kit.validate(tmp_path / "both").ok and kit.validate(tmp_path / "alone").ok
     sf = (tmp_path / "both" / "specforge/train.jsonl").read_bytes()
     assert sf == (tmp_path / "alone" / "specforge/train.jsonl").read_bytes()
     rows = {r["id"]: r for r in map(json.loads, sf.decode().splitlines())}
-    tok_rows = {json.loads(x)["id"]: json.loads(x) for x in (tmp_path / "both" / "token_ids/train.jsonl").read_text().splitlines()}  # fmt: skip
+    tok_rows = {
+        json.loads(x)["id"]: json.loads(x)
+        for x in (tmp_path / "both" / "token_ids/train.jsonl").read_text().splitlines()
+    }
     for r in records:
         key = f"fc-{r.prompt_id}-0"
         last = rows[key]["conversations"][-1]
@@ -189,8 +261,13 @@ def test_mt_bench_user_turns_load_and_every_turn_is_answered_in_order(tmp_path):
     mapped = kit.load({"mt": [{"qs": r["turns"]} for r in MT_BENCH]}, mapping={"turns": "qs"})
     assert mapped.frame["prompt_id"].to_list() == loaded.frame["prompt_id"].to_list()
     with FaultServer(FaultConfig(min_words=3, max_words=12)) as srv:
-        cfg = RunConfig(model="fake", endpoints=srv.base_url, budgets=10_000, retry_base=0.02,
-                        sampling=Sampling(max_tokens=20))  # fmt: skip
+        cfg = RunConfig(
+            model="fake",
+            endpoints=srv.base_url,
+            budgets=10_000,
+            retry_base=0.02,
+            sampling=Sampling(max_tokens=20),
+        )
         with pytest.raises(ValueError, match="all_turns"):  # sent whole they are no chat
             kit.generate_sync(loaded, cfg, run_dir=tmp_path / "last")
         cfg = RunConfig(**{**cfg.to_dict(), "turns": "all_turns"})
@@ -206,7 +283,10 @@ def test_mt_bench_user_turns_load_and_every_turn_is_answered_in_order(tmp_path):
         roles = [m["role"] for m in r["messages"]]
         assert roles == ["user", "assistant", "user"] and len(turns) == 1
         assert r["messages"][1]["content"] == turns[0]["content"]  # the target's own answer
-        assert r["completion_tokens"] == turns[0]["completion_tokens"] + len(r["output_ids"] or []) or r["count_source"] != "server_ids"  # fmt: skip
+        assert (
+            r["completion_tokens"] == turns[0]["completion_tokens"] + len(r["output_ids"] or [])
+            or r["count_source"] != "server_ids"
+        )
 
 
 # ---------------------------------------------------------------- item 3: per-source mapping
@@ -225,8 +305,11 @@ def test_gsm8k_and_humaneval_share_one_load_each_with_its_mapping(tmp_path):
     assert kit.data.sources.reload(res.specs).frame.equals(res.frame)
     with pytest.raises(ValueError, match=r"\['gsm8k_typo'\]"):
         kit.load([str(p) for p in paths.values()], mapping={"gsm8k_typo": {"prompt": "question"}})
-    mixed = kit.load({"mt": MT_BENCH, "h": HUMANEVAL}, format={"mt": "turns"},
-                     mapping={"h": {"prompt": "prompt"}})  # fmt: skip
+    mixed = kit.load(
+        {"mt": MT_BENCH, "h": HUMANEVAL},
+        format={"mt": "turns"},
+        mapping={"h": {"prompt": "prompt"}},
+    )
     assert mixed.formats == {"mt": "turns", "h": "mapping"}
 
 
@@ -238,16 +321,34 @@ def test_cli_per_source_mapping_and_turns_kept_in_the_plan(tmp_path, monkeypatch
         files.append(tmp_path / f"{name}.jsonl")
         files[-1].write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
-    argv = ["plan", "--samples", *map(str, files), "--run-dir", str(run_dir), "--budget", "500",
-            "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--turns", "all_turns",
-            "--mapping", 'gsm8k={"prompt": "question"}', 'humaneval={"prompt": "prompt"}']  # fmt: skip
+    argv = [
+        "plan",
+        "--samples",
+        *map(str, files),
+        "--run-dir",
+        str(run_dir),
+        "--budget",
+        "500",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--turns",
+        "all_turns",
+        "--mapping",
+        'gsm8k={"prompt": "question"}',
+        'humaneval={"prompt": "prompt"}',
+    ]
     code, _, err = run_kit(argv, capsys)
     assert code == 0, err
     plan = kit.plan.read_plan(run_dir)
     assert plan["config"].turns == "all_turns"
     assert json.loads((run_dir / "plan.json").read_text())["config"]["turns"] == "all_turns"
     specs = plan["sources"]
-    assert (specs["gsm8k"]["mapping"], specs["humaneval"]["mapping"]) == ({"prompt": "question"}, {"prompt": "prompt"})  # fmt: skip
+    assert (specs["gsm8k"]["mapping"], specs["humaneval"]["mapping"]) == (
+        {"prompt": "question"},
+        {"prompt": "prompt"},
+    )
     assert specs["mt_bench"]["format"] == "turns"
     assert plan["server"] == {"embedded": False, "engine": None}
 
@@ -278,8 +379,12 @@ def test_thinking_switched_off_but_template_opens_it_is_said_so(tmp_path, model_
     recs = [make_record(None, "math", i, f"q{i}", "", ids=False) for i in range(4)]
     for r in recs:
         r.finish_reason, r.reasoning = "length", "Let me think step by step about it"
-    run = plant_run(tmp_path / "run", recs, budgets={"math": 10_000},
-                    tokenizer=ignoring_template(tmp_path, model_dir))  # fmt: skip
+    run = plant_run(
+        tmp_path / "run",
+        recs,
+        budgets={"math": 10_000},
+        tokenizer=ignoring_template(tmp_path, model_dir),
+    )
     sampling = read_config(run).to_dict()["sampling"]
     set_config(run, sampling=sampling | {"chat_template_kwargs": {"enable_thinking": False}})
     report = kit.audit(run)
@@ -298,14 +403,32 @@ def test_thinking_switched_off_but_template_opens_it_is_said_so(tmp_path, model_
 
 
 def test_audit_flags_overshoot_short_budget_and_cut_earlier_turns(tmp_path):
-    small = [make_record(None, "small", i, f"s{i}", ANSWERS[i], ids=False, completion_tokens=60) for i in range(4)]  # fmt: skip
-    short = [make_record(None, "short", i, f"t{i}", ANSWERS[i], ids=False, completion_tokens=181) for i in range(5)]  # fmt: skip
-    multi = [make_record(None, "multi", i, f"m{i}", ANSWERS[i], ids=False, completion_tokens=90) for i in range(4)]  # fmt: skip
+    small = [
+        make_record(None, "small", i, f"s{i}", ANSWERS[i], ids=False, completion_tokens=60)
+        for i in range(4)
+    ]
+    short = [
+        make_record(None, "short", i, f"t{i}", ANSWERS[i], ids=False, completion_tokens=181)
+        for i in range(5)
+    ]
+    multi = [
+        make_record(None, "multi", i, f"m{i}", ANSWERS[i], ids=False, completion_tokens=90)
+        for i in range(4)
+    ]
     for i, r in enumerate(multi):  # all_turns: one earlier turn each, two of them cut
-        r.turns = [{"content": "cut" if i < 2 else "done", "finish_reason": "length" if i < 2 else "stop",
-                    "completion_tokens": 64 if i < 2 else 20, "count_source": "usage"}]  # fmt: skip
-    prompts = {"small": [f"s{i}" for i in range(9)], "short": [f"t{i}" for i in range(5)],
-               "multi": [f"m{i}" for i in range(4)]}  # fmt: skip
+        r.turns = [
+            {
+                "content": "cut" if i < 2 else "done",
+                "finish_reason": "length" if i < 2 else "stop",
+                "completion_tokens": 64 if i < 2 else 20,
+                "count_source": "usage",
+            }
+        ]
+    prompts = {
+        "small": [f"s{i}" for i in range(9)],
+        "short": [f"t{i}" for i in range(5)],
+        "multi": [f"m{i}" for i in range(4)],
+    }
     budgets = {"small": 200, "short": 1000, "multi": 360}  # 240 = +20%; 905 = 9.5% short
     run = plant_run(tmp_path / "run", small + short + multi, budgets=budgets, prompts=prompts)
     report = kit.audit(run)
@@ -318,9 +441,14 @@ def test_audit_flags_overshoot_short_budget_and_cut_earlier_turns(tmp_path):
     cut = found[("multi", "truncation_earlier_turns")]
     assert "2 of 4 earlier generated turns (50.0%)" in cut["message"]
     text = report.summary()
-    assert all(check in text for check in ("overshoot", "short_of_budget", "truncation_earlier_turns"))  # fmt: skip
+    assert all(
+        check in text for check in ("overshoot", "short_of_budget", "truncation_earlier_turns")
+    )
     quiet = kit.audit(run, thresholds=AuditThresholds(overshoot_share=0.25, short_share=0.1))
-    assert {f["check"] for f in quiet.findings.iter_rows(named=True)} & {"overshoot", "short_of_budget"} == set()  # fmt: skip
+    assert {f["check"] for f in quiet.findings.iter_rows(named=True)} & {
+        "overshoot",
+        "short_of_budget",
+    } == set()
 
 
 # ---------------------------------------------------------------- item 7: planner intervals
@@ -329,8 +457,12 @@ def test_audit_flags_overshoot_short_budget_and_cut_earlier_turns(tmp_path):
 def test_the_plan_states_an_interval_that_holds_over_repeated_seeds():
     import random
 
-    table = kit.plan.budget({"a": 50_000}, {"a": [40, 300, 120, 90, 75, 210] * 5},
-                            prompts_available={"a": 10_000}, throughput=100.0)  # fmt: skip
+    table = kit.plan.budget(
+        {"a": 50_000},
+        {"a": [40, 300, 120, 90, 75, 210] * 5},
+        prompts_available={"a": 10_000},
+        throughput=100.0,
+    )
     row = table.row(0, named=True)
     assert row["samples_low"] < row["samples_needed"] < row["samples_high"]
     assert row["hours_low"] <= row["hours_to_go"] <= row["hours_high"]
@@ -354,7 +486,9 @@ def test_the_plan_states_an_interval_that_holds_over_repeated_seeds():
 # ---------------------------------------------------------------- item 8: the plan's server
 
 
-def test_generate_uses_the_plans_endpoints_for_a_plan_made_with_base_url(tmp_path, monkeypatch, capsys):  # fmt: skip
+def test_generate_uses_the_plans_endpoints_for_a_plan_made_with_base_url(
+    tmp_path, monkeypatch, capsys
+):
     from kit.serve import models_root
 
     fake_pilot.calls = []
@@ -363,9 +497,21 @@ def test_generate_uses_the_plans_endpoints_for_a_plan_made_with_base_url(tmp_pat
     data.write_text("".join(json.dumps(r) + "\n" for r in GSM8K))
     model = str(models_root() / "SmolLM2-135M-Instruct")  # the embedded model, served elsewhere
     run_dir = tmp_path / "run"
-    argv = ["plan", "--samples", str(data), "--run-dir", str(run_dir), "--budget", "500",
-            "--base-url", "http://127.0.0.1:9/v1", "--model", model,
-            "--mapping", '{"prompt": "question"}']  # fmt: skip
+    argv = [
+        "plan",
+        "--samples",
+        str(data),
+        "--run-dir",
+        str(run_dir),
+        "--budget",
+        "500",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        model,
+        "--mapping",
+        '{"prompt": "question"}',
+    ]
     assert run_kit(argv, capsys)[0] == 0
     started, seen = [], []
     monkeypatch.setattr(kit.serve, "start", lambda *a, **k: started.append(k) or 1 / 0)
@@ -403,7 +549,10 @@ def test_message_content_is_kept_as_the_dataset_has_it(tmp_path):
     assert res.stripped == {} and "stripped" not in res.summary().columns
     stripped = kit.load({"fastchat": FASTCHAT}, strip=True)
     assert [m["content"] for m in stripped.frame["messages"][0]] == [
-        "Write a haiku about rain.", "Rain taps the window", "Now one about snow."]  # fmt: skip
+        "Write a haiku about rain.",
+        "Rain taps the window",
+        "Now one about snow.",
+    ]
     assert stripped.stripped == {"fastchat": 1} and stripped.summary()["stripped"].to_list() == [1]
     assert stripped.specs["fastchat"]["strip"] is True
     alpaca = kit.load(

@@ -137,7 +137,9 @@ def test_max_tokens_gives_finish_reason_length(embedded_server):
 def test_start_and_stop_leave_no_process(model_dir):
     with serve.start(model_dir, timeout=300, engine="transformers") as server:
         assert server.alive() and server.pid in group_pids(server.pid)  # the keeper leads
-        assert serve_pids(server.port) and set(serve_pids(server.port)) < set(group_pids(server.pid))  # fmt: skip
+        assert serve_pids(server.port) and set(serve_pids(server.port)) < set(
+            group_pids(server.pid)
+        )
         assert chat(server, "Hi", max_tokens=3)["usage"]["completion_tokens"] == 3
     assert not pid_alive(server.pid)
     assert group_pids(server.pid) == []

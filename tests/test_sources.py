@@ -369,10 +369,16 @@ def test_prompt_id_hashes_json_dumps_bytes_for_every_code_point():
         text = "".join(chars[at : at + 4096])
         messages = [user(text), {"role": "assistant", "content": '"\\\n\t'}, user(text[::-1])]
         tools = '[{"type":"function","function":{"name":"f\u00e9"}}]'
-        want = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False, separators=(",", ":"))  # fmt: skip
-        assert sources.prompt_id(messages) == hashlib.blake2b(want.encode(), digest_size=8).hexdigest()  # fmt: skip
+        want = json.dumps(
+            [[m["role"], m["content"]] for m in messages], ensure_ascii=False, separators=(",", ":")
+        )
+        assert (
+            sources.prompt_id(messages) == hashlib.blake2b(want.encode(), digest_size=8).hexdigest()
+        )
         whole = f'{{"messages":{want},"tools":{tools}}}'.encode()
-        assert sources.prompt_id(messages, tools) == hashlib.blake2b(whole, digest_size=8).hexdigest()  # fmt: skip
+        assert (
+            sources.prompt_id(messages, tools) == hashlib.blake2b(whole, digest_size=8).hexdigest()
+        )
     with pytest.raises(UnicodeEncodeError):
         sources.prompt_id([user("a \ud800 b")])
 
@@ -448,16 +454,22 @@ def test_parts_a_killed_load_left_are_removed_and_nothing_else(tmp_path, monkeyp
     import sys
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)  # fmt: skip
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     dead = int(gone.stdout)
-    stale, kept, live = (tmp_path / f"kit-load-{pid}-x{i}" for i, pid in enumerate([dead, dead, 1]))  # fmt: skip
+    stale, kept, live = (tmp_path / f"kit-load-{pid}-x{i}" for i, pid in enumerate([dead, dead, 1]))
     for d in (stale, kept, live):
         d.mkdir()
         (d / "part-00000.parquet").write_bytes(b"x")
     (kept / "notes.txt").write_text("not kit's")
     res = kit.load({"a": [{"instruction": "hi"}]})
     assert res.spill.parent == tmp_path and res.spill.name.startswith(f"kit-load-{os.getpid()}-")
-    assert not stale.exists() and (kept / "notes.txt").exists() and (live / "part-00000.parquet").exists()  # fmt: skip
+    assert (
+        not stale.exists()
+        and (kept / "notes.txt").exists()
+        and (live / "part-00000.parquet").exists()
+    )
 
 
 def test_a_mapped_tools_column_past_the_first_block_is_found(tmp_path, monkeypatch):

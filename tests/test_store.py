@@ -34,10 +34,13 @@ ENV = os.environ | {"PYTHONPATH": str(ROOT)}
 
 def _config(**changes) -> RunConfig:
     base = dict(
-        model="smol", endpoints=["http://127.0.0.1:1/v1"], sampling=Sampling(max_tokens=64),
-        budgets={"alpaca": 300, "chat": 200}, source_hashes={"alpaca": "aa", "chat": "cc"},
+        model="smol",
+        endpoints=["http://127.0.0.1:1/v1"],
+        sampling=Sampling(max_tokens=64),
+        budgets={"alpaca": 300, "chat": 200},
+        source_hashes={"alpaca": "aa", "chat": "cc"},
         api_key_env="KIT_TEST_KEY",
-    )  # fmt: skip
+    )
     return RunConfig(**(base | changes))
 
 
@@ -51,19 +54,32 @@ def _pid(ds: str, i: int) -> str:
 
 def _prompts(n: int = 5) -> pl.DataFrame:
     rows = [
-        {"dataset": ds, "prompt_id": _pid(ds, i), "messages": _messages(ds, i), "n_turns": 1, "row": i}
+        {
+            "dataset": ds,
+            "prompt_id": _pid(ds, i),
+            "messages": _messages(ds, i),
+            "n_turns": 1,
+            "row": i,
+        }
         for ds in ("alpaca", "chat")
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return pl.DataFrame(rows)
 
 
 def _record(ds: str, i: int, tokens: int = 10, **kw) -> Record:
     return Record(
-        dataset=ds, prompt_id=_pid(ds, i), sample=0, messages=_messages(ds, i),
-        completion="word " * tokens, finish_reason=kw.pop("finish", "stop"), completion_tokens=tokens,
-        count_source="usage", t_done=time.time(), **kw,
-    )  # fmt: skip
+        dataset=ds,
+        prompt_id=_pid(ds, i),
+        sample=0,
+        messages=_messages(ds, i),
+        completion="word " * tokens,
+        finish_reason=kw.pop("finish", "stop"),
+        completion_tokens=tokens,
+        count_source="usage",
+        t_done=time.time(),
+        **kw,
+    )
 
 
 def _init(run_dir: Path, config: RunConfig, prompts=None, **kw) -> None:
@@ -101,7 +117,9 @@ def _totals_match_records(run_dir: Path) -> dict:
         "SELECT dataset, count(*), sum(completion_tokens), sum(finish_reason = 'length') "
         "FROM records GROUP BY dataset ORDER BY dataset",
     )
-    stored = _sql(run_dir, "SELECT dataset, samples, tokens, truncated FROM totals ORDER BY dataset")  # fmt: skip
+    stored = _sql(
+        run_dir, "SELECT dataset, samples, tokens, truncated FROM totals ORDER BY dataset"
+    )
     assert stored == summed
     return {ds: (s, t, x) for ds, s, t, x in stored}
 
@@ -122,7 +140,13 @@ def test_round_trip(tmp_path):
     done.init(_config())
     keys, totals = done.done().sort("dataset", "prompt_id"), done.totals()
     done.close()
-    want = sorted([("alpaca", _pid("alpaca", 0), 0), ("alpaca", _pid("alpaca", 1), 0), ("chat", _pid("chat", 0), 0)])  # fmt: skip
+    want = sorted(
+        [
+            ("alpaca", _pid("alpaca", 0), 0),
+            ("alpaca", _pid("alpaca", 1), 0),
+            ("chat", _pid("chat", 0), 0),
+        ]
+    )
     assert sorted(keys.rows()) == want and totals == {"alpaca": (2, 42, 1), "chat": (1, 7, 0)}
 
     frame = reader.records_frame(tmp_path).sort("dataset", "completion_tokens")
@@ -140,7 +164,10 @@ def test_round_trip(tmp_path):
     assert back[("alpaca", _pid("alpaca", 0), 0)].tool_calls is None
     assert reader.read_config(tmp_path) == _config()
     prompts = reader.prompts_frame(tmp_path).sort("dataset", "row")
-    assert prompts.select("dataset", "prompt_id", "messages").rows() == _prompts().select("dataset", "prompt_id", "messages").rows()  # fmt: skip
+    assert (
+        prompts.select("dataset", "prompt_id", "messages").rows()
+        == _prompts().select("dataset", "prompt_id", "messages").rows()
+    )
     [(fingerprint, doc)] = _sql(tmp_path, "SELECT fingerprint, doc FROM config")
     assert fingerprint == _config().fingerprint()
     assert json.loads(doc)["api_key_env"] == "KIT_TEST_KEY"
@@ -214,7 +241,9 @@ def test_errors_effective_set(tmp_path):
     store.close()
     errs = reader.errors_frame(tmp_path).sort("t")
     assert errs["resolved"].to_list() == [True, False]
-    assert errs.filter(~errs["resolved"]).select("dataset", "prompt_id", "sample").rows() == [("chat", _pid("chat", 2), 0)]  # fmt: skip
+    assert errs.filter(~errs["resolved"]).select("dataset", "prompt_id", "sample").rows() == [
+        ("chat", _pid("chat", 2), 0)
+    ]
 
 
 # ---------------------------------------------------------------- one writer
@@ -273,7 +302,9 @@ def test_a_refused_writer_in_the_same_process_leaves_the_holder_whole(tmp_path):
     store.flush()
     with pytest.raises(RunLocked):
         RunStore(tmp_path).init(_config())
-    subprocess.run([sys.executable, "-c", OTHER_CONNECTION, str(db.db_path(tmp_path))], check=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-c", OTHER_CONNECTION, str(db.db_path(tmp_path))], check=True, timeout=120
+    )
     wal_kept = db.db_path(tmp_path).with_name("run.sqlite-wal").exists()
     for i in range(1, 4):
         store.append(_record("alpaca", i))
@@ -310,8 +341,10 @@ def test_two_writers_past_the_lock_store_each_record_once(tmp_path):
         except Exception as e:  # noqa: BLE001 - reported below, in the test's thread
             failed.append(e)
 
-    threads = [threading.Thread(target=write, args=(first, keys_a, 1)),
-               threading.Thread(target=write, args=(second, keys_b, 2))]  # fmt: skip
+    threads = [
+        threading.Thread(target=write, args=(first, keys_a, 1)),
+        threading.Thread(target=write, args=(second, keys_b, 2)),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -348,7 +381,9 @@ def _made_run(run_dir: Path, n: int = 3000) -> Path:
     store = RunStore(run_dir, flush_every=500)
     store.init(_config(), _prompts(n))
     for i in range(n):
-        store.append(_record(("alpaca", "chat")[i % 2], i, 5 + i % 9, output_ids=list(range(i % 20))))  # fmt: skip
+        store.append(
+            _record(("alpaca", "chat")[i % 2], i, 5 + i % 9, output_ids=list(range(i % 20)))
+        )
     store.close()
     assert db.integrity(run_dir) == []
     return run_dir
@@ -410,7 +445,11 @@ def test_a_run_of_the_jsonl_layout_is_imported_once(tmp_path):
     want = {}  # dataset -> [samples, tokens, truncated], from the old files
     for row in lines:
         w = want.setdefault(row["dataset"], [0, 0, 0])
-        w[0], w[1], w[2] = w[0] + 1, w[1] + row["completion_tokens"], w[2] + (row["finish_reason"] == "length")  # fmt: skip
+        w[0], w[1], w[2] = (
+            w[0] + 1,
+            w[1] + row["completion_tokens"],
+            w[2] + (row["finish_reason"] == "length"),
+        )
 
     frame = reader.records_frame(run_dir)  # the first open imports
     assert db.db_path(run_dir).exists() and not (run_dir / "run.sqlite.importing").exists()
@@ -418,12 +457,16 @@ def test_a_run_of_the_jsonl_layout_is_imported_once(tmp_path):
     assert len(frame) == len(got) == 13
     for row in lines:
         rec = got[(row["dataset"], row["prompt_id"], row["sample"])]
-        assert {k: rec[k] for k in row if k in reader.RECORD_COLUMNS} == {k: v for k, v in row.items() if k in reader.RECORD_COLUMNS}  # fmt: skip
+        assert {k: rec[k] for k in row if k in reader.RECORD_COLUMNS} == {
+            k: v for k, v in row.items() if k in reader.RECORD_COLUMNS
+        }
     by = {p.dataset: p for p in progress(run_dir)}
     assert {ds: [p.samples_done, p.tokens_done, p.truncated] for ds, p in by.items()} == want
     assert {ds: list(t) for ds, t in _totals_match_records(run_dir).items()} == want
     errs = reader.errors_frame(run_dir)
-    assert errs.select("dataset", "prompt_id", "error").rows() == [(e["dataset"], e["prompt_id"], e["error"]) for e in errors]  # fmt: skip
+    assert errs.select("dataset", "prompt_id", "error").rows() == [
+        (e["dataset"], e["prompt_id"], e["error"]) for e in errors
+    ]
     old = json.loads((run_dir / "config.json").read_text())
     assert reader.read_config(run_dir).budgets == old["config"]["budgets"]
     report = json.loads(reader.state(run_dir, "imported"))
@@ -489,11 +532,19 @@ def _m001_database(run_dir: Path, n: int = 5) -> None:
     run_dir.mkdir(parents=True)
     conn = sqlite3.connect(db.db_path(run_dir), isolation_level=None)
     conn.execute("CREATE TABLE migrations (name TEXT PRIMARY KEY, t REAL NOT NULL)")
-    conn.executescript(f"BEGIN; {db.MIGRATIONS[0][1]}; INSERT INTO migrations VALUES ('m001_schema', 0); COMMIT;")  # fmt: skip
-    conn.execute("INSERT INTO config VALUES (1, ?, ?)", (_config().fingerprint(), json.dumps(_config().to_dict())))  # fmt: skip
+    conn.executescript(
+        f"BEGIN; {db.MIGRATIONS[0][1]}; INSERT INTO migrations VALUES ('m001_schema', 0); COMMIT;"
+    )
+    conn.execute(
+        "INSERT INTO config VALUES (1, ?, ?)",
+        (_config().fingerprint(), json.dumps(_config().to_dict())),
+    )
     for rows in db.prompt_rows(_prompts(n)):
         conn.executemany(db.PROMPT_SQL, rows)
-    conn.executemany(db.RECORD_SQL, [db.record_row(_record(ds, i, 3 + i)) for ds in ("alpaca", "chat") for i in range(3)])  # fmt: skip
+    conn.executemany(
+        db.RECORD_SQL,
+        [db.record_row(_record(ds, i, 3 + i)) for ds in ("alpaca", "chat") for i in range(3)],
+    )
     conn.executemany(db.TOTALS_SQL, [(ds, 3, 12, 0) for ds in ("alpaca", "chat")])
     conn.close()
 
@@ -507,24 +558,32 @@ def test_a_database_of_the_m001_schema_is_upgraded_whole(tmp_path, first):
         assert [p.samples_done for p in progress(run_dir)] == [3, 3]
     else:
         _init(run_dir, _config())
-    assert [n for (n,) in _sql(run_dir, "SELECT name FROM migrations ORDER BY t")] == [name for name, _ in db.MIGRATIONS]  # fmt: skip
+    assert [n for (n,) in _sql(run_dir, "SELECT name FROM migrations ORDER BY t")] == [
+        name for name, _ in db.MIGRATIONS
+    ]
     assert _sql(run_dir, "SELECT * FROM prompts ORDER BY dataset, prompt_id") == before
     assert db.integrity(run_dir) == []
     keys = reader.prompts_frame(run_dir, text=False)
     assert keys.columns == ["dataset", "prompt_id"] and keys.height == 10
-    got = reader.prompts_frame(run_dir, datasets=["chat"], ids=[_pid("chat", 4), _pid("chat", 1), "nope"])  # fmt: skip
+    got = reader.prompts_frame(
+        run_dir, datasets=["chat"], ids=[_pid("chat", 4), _pid("chat", 1), "nope"]
+    )
     assert sorted(got["messages"].to_list(), key=str) == [
         _messages("chat", 1),
         _messages("chat", 4),
     ]
     frame = reader.records_frame(run_dir).sort("dataset", "completion_tokens")
-    assert frame["messages"].to_list() == [_messages(ds, i) for ds in ("alpaca", "chat") for i in range(3)]  # fmt: skip
+    assert frame["messages"].to_list() == [
+        _messages(ds, i) for ds in ("alpaca", "chat") for i in range(3)
+    ]
     store = RunStore(run_dir)
     store.init(_config())
     store.add_prompts(_prompts(6))  # prompts are added, a key stored already is not twice
     assert store.done().height == 6 and store.totals() == {"alpaca": (3, 12, 0), "chat": (3, 12, 0)}
     store.close()
-    assert _sql(run_dir, "SELECT count(*), count(DISTINCT dataset || prompt_id) FROM prompts") == [(12, 12)]  # fmt: skip
+    assert _sql(run_dir, "SELECT count(*), count(DISTINCT dataset || prompt_id) FROM prompts") == [
+        (12, 12)
+    ]
 
 
 def test_key_reads_touch_the_indexes_only(tmp_path):
@@ -532,10 +591,18 @@ def test_key_reads_touch_the_indexes_only(tmp_path):
     _init(tmp_path, _config(), _prompts())
     conn = sqlite3.connect(f"{db.db_path(tmp_path).as_uri()}?mode=ro", uri=True)
     plan = lambda q, *a: " ".join(r[-1] for r in conn.execute(f"EXPLAIN QUERY PLAN {q}", a))  # noqa: E731
-    assert "COVERING INDEX prompts_key" in plan("SELECT dataset, count(*) FROM prompts GROUP BY dataset")  # fmt: skip
+    assert "COVERING INDEX prompts_key" in plan(
+        "SELECT dataset, count(*) FROM prompts GROUP BY dataset"
+    )
     assert "COVERING INDEX prompts_key" in plan("SELECT dataset, prompt_id FROM prompts")
-    assert "COVERING INDEX records_done" in plan("SELECT dataset, prompt_id, sample, completion_tokens, finish_reason FROM records INDEXED BY records_done")  # fmt: skip
-    assert "INDEX prompts_key (dataset=? AND prompt_id=?)" in plan("SELECT messages FROM prompts INDEXED BY prompts_key WHERE dataset = ? AND prompt_id IN (SELECT value FROM json_each(?))", "a", "[]")  # fmt: skip
+    assert "COVERING INDEX records_done" in plan(
+        "SELECT dataset, prompt_id, sample, completion_tokens, finish_reason FROM records INDEXED BY records_done"
+    )
+    assert "INDEX prompts_key (dataset=? AND prompt_id=?)" in plan(
+        "SELECT messages FROM prompts INDEXED BY prompts_key WHERE dataset = ? AND prompt_id IN (SELECT value FROM json_each(?))",
+        "a",
+        "[]",
+    )
     conn.close()
 
 
@@ -552,7 +619,12 @@ def test_a_resume_reads_prompt_texts_as_its_queue_reaches_them(tmp_path, monkeyp
     store.close()
     q = data["alpaca"].queue
     assert len(q) == 4 and q.messages == {}  # nothing read up front
-    order = [pid for pid, _ in queues.seeded_order(frame.filter(pl.col("dataset") == "alpaca")["prompt_id"], "alpaca", 0)]  # fmt: skip
+    order = [
+        pid
+        for pid, _ in queues.seeded_order(
+            frame.filter(pl.col("dataset") == "alpaca")["prompt_id"], "alpaca", 0
+        )
+    ]
     order.remove(_pid("alpaca", 3))
     want = {_pid("alpaca", i): _messages("alpaca", i) for i in range(5)}
     first = q.popleft()
@@ -605,11 +677,18 @@ sys.exit(1)
 
 def test_full_disk_keeps_whole_commits_only(tmp_path):
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(FULL_DISK), str(run_dir)],
-                         env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FULL_DISK), str(run_dir)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "STOPPED" in out.stdout and "nothing half-written was kept" in out.stdout
-    rows = _sql(run_dir, "SELECT prompt_id, completion, completion_tokens FROM records ORDER BY rowid")  # fmt: skip
+    rows = _sql(
+        run_dir, "SELECT prompt_id, completion, completion_tokens FROM records ORDER BY rowid"
+    )
     assert 0 < len(rows) and len(rows) % 7 == 0  # whole commits only
     assert rows == [(f"p{i}", "y" * (i % 97), i % 97) for i in range(len(rows))]
     _totals_match_records(run_dir)
@@ -633,14 +712,25 @@ for i in range(start, 10**9):
 
 
 def _expected(i: int) -> tuple:
-    return (f"d{i % 3}", f"p{i}", f"text {i} " * (i % 41), i % 41, [i % 7919 + j for j in range(i % 41)])  # fmt: skip
+    return (
+        f"d{i % 3}",
+        f"p{i}",
+        f"text {i} " * (i % 41),
+        i % 41,
+        [i % 7919 + j for j in range(i % 41)],
+    )
 
 
 def _kill_writer_after(run_dir: Path, every: int, start: int, target: int, rng) -> int:
     """Run DURABLE from record `start` until `target` records are acknowledged, SIGKILL it
     a random moment later; returns the highest count it acknowledged as committed."""
-    proc = subprocess.Popen([sys.executable, "-c", DURABLE, str(run_dir), str(every), str(start)],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DURABLE, str(run_dir), str(every), str(start)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     acked = start
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-2000:]
@@ -663,7 +753,10 @@ def test_kill_9_between_commits_loses_no_committed_record(tmp_path):
     run_dir, every, stored = tmp_path / "run", 13, 0
     for trial in range(5):
         acked = _kill_writer_after(run_dir, every, stored, stored + rng.randint(1, 400), rng)
-        rows = _sql(run_dir, "SELECT dataset, prompt_id, completion, completion_tokens, output_ids FROM records ORDER BY rowid")  # fmt: skip
+        rows = _sql(
+            run_dir,
+            "SELECT dataset, prompt_id, completion, completion_tokens, output_ids FROM records ORDER BY rowid",
+        )
         stored = len(rows)
         assert stored >= acked, f"trial {trial}: {acked} acknowledged, {stored} stored"
         assert stored % every == 0, f"trial {trial}: a partial commit of {stored % every}"
@@ -679,16 +772,35 @@ def test_prompt_counts_are_kept_by_the_writer_and_read_without_counting(tmp_path
     """The writer counts the prompts it adds (ignored duplicates not; ids that are not
     content hashes apart), in the transaction that adds them; progress reads that count,
     and the live runner's tokens/s, never the prompts' keys or the records' tail."""
-    custom = pl.DataFrame([{"dataset": "chat", "prompt_id": "mine-1", "messages": _messages("chat", 99), "n_turns": 1, "row": 9}])  # fmt: skip
+    custom = pl.DataFrame(
+        [
+            {
+                "dataset": "chat",
+                "prompt_id": "mine-1",
+                "messages": _messages("chat", 99),
+                "n_turns": 1,
+                "row": 9,
+            }
+        ]
+    )
     store = RunStore(tmp_path)
     store.init(_config(), pl.concat([_prompts(), _prompts(3)]))  # 3 of each dataset twice
     store.add_prompts(custom)
     store.append(_record("chat", 0, 20))
-    store.write_status([DatasetProgress(dataset="chat", budget=200, in_flight=4, tokens_per_s=12.5, state="running")])  # fmt: skip
+    store.write_status(
+        [
+            DatasetProgress(
+                dataset="chat", budget=200, in_flight=4, tokens_per_s=12.5, state="running"
+            )
+        ]
+    )
     store.close()
     counted = dict(_sql(tmp_path, "SELECT dataset, count(*) FROM prompts GROUP BY dataset"))
     with reader.open_db(tmp_path) as conn:
-        assert reader.prompt_state(conn) == {"counts": counted, "custom_ids": {"alpaca": 0, "chat": 1}}  # fmt: skip
+        assert reader.prompt_state(conn) == {
+            "counts": counted,
+            "custom_ids": {"alpaca": 0, "chat": 1},
+        }
     assert counted == {"alpaca": 5, "chat": 6}
     seen: list[str] = []
     monkeypatch.setattr(db, "connect", _tracing(db.connect, seen))

@@ -115,8 +115,9 @@ def test_a_row_the_template_refuses_is_null_with_one_warning(tok, monkeypatch):
     monkeypatch.setattr(tokens, "_CHUNK", 4)  # the bad row sits inside a batched chunk
     convs = [[{"role": "user", "content": f"q{i}"}] for i in range(10)]
     convs[5] = [{"role": "user", "content": "q5"}, {"role": "tool", "content": "42"}]
-    frame = pl.DataFrame({"dataset": ["d"] * 10, "prompt_id": [f"p{i}" for i in range(10)],
-                          "messages": convs})  # fmt: skip
+    frame = pl.DataFrame(
+        {"dataset": ["d"] * 10, "prompt_id": [f"p{i}" for i in range(10)], "messages": convs}
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         counts = tokens.count_prompt_tokens(refusing, frame)["prompt_tokens"].to_list()
@@ -258,7 +259,12 @@ def test_render_puts_tools_and_template_kwargs_into_the_prompt(model_dir, tmp_pa
         "{% if tools %}TOOLS {{ tools | tojson }}\n{% endif %}" + config["chat_template"]
     )
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
     tok = load_tokenizer(str(tmp_path))
     msgs = [[{"role": "user", "content": "What time is it?"}]] * 3
     got = render(tok, msgs, tools=[json.dumps(tools), None, tools])

@@ -66,10 +66,14 @@ def test_openai_tools_are_carried_and_round_trip(tmp_path):
         {"role": "assistant", "content": "It is 3 degrees."},
     ]
     rows = [
-        {"messages": [{"role": "system", "content": "Use tools."}, user("Weather in Oslo?")]
-         + answer, "tools": [WEATHER], "parallel_tool_calls": False},
+        {
+            "messages": [{"role": "system", "content": "Use tools."}, user("Weather in Oslo?")]
+            + answer,
+            "tools": [WEATHER],
+            "parallel_tool_calls": False,
+        },
         {"messages": [user("Hello")]},
-    ]  # fmt: skip
+    ]
     res = kit.load(write_jsonl(tmp_path / "fc.jsonl", rows))
     assert res.frame.columns == [*sources.SCHEMA, "tools"]
     assert res.frame.schema["tools"] == pl.String
@@ -146,8 +150,13 @@ def test_hermes_tools_string_with_tool_turns_after_the_question(tmp_path):
 def test_xlam_rows_load_with_a_mapping_and_keep_their_tools(tmp_path):
     """xLAM: {query, answers, tools} with tools a JSON string of bare functions whose
     parameters are not JSON Schema: carried as they are, wrapped."""
-    tools = [{"name": "live_giveaways", "description": "Giveaways.",
-              "parameters": {"type": {"description": "Type.", "type": "str", "default": "game"}}}]  # fmt: skip
+    tools = [
+        {
+            "name": "live_giveaways",
+            "description": "Giveaways.",
+            "parameters": {"type": {"description": "Type.", "type": "str", "default": "game"}},
+        }
+    ]
     rows = [
         {"id": 0, "query": "Any game giveaways?", "answers": "[]", "tools": json.dumps(tools)},
         {"id": 1, "query": "No tools here.", "answers": "[]", "tools": "[]"},
@@ -245,18 +254,37 @@ def test_tool_turns_in_the_history_are_counted_skips(tmp_path):
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
     history = [
         # OpenAI: an assistant tool call and a tool result before the next question
-        [user("a"), {"role": "assistant", "content": None, "tool_calls": [call]},
-         {"role": "tool", "tool_call_id": "c1", "content": "3"},
-         {"role": "assistant", "content": "3."}, user("again")],
+        [
+            user("a"),
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"},
+            {"role": "assistant", "content": "3."},
+            user("again"),
+        ],
         # a tool call with text content: the tool_calls field must not vanish
-        [user("b"), {"role": "assistant", "content": "Let me add.", "tool_calls": [call]},
-         user("thanks")],
+        [
+            user("b"),
+            {"role": "assistant", "content": "Let me add.", "tool_calls": [call]},
+            user("thanks"),
+        ],
         # OpenAI's legacy function_call / function role
-        [user("c"), {"role": "assistant", "content": "", "function_call": {"name": "add"}},
-         {"role": "function", "name": "add", "content": "3"}, user("more")],
-    ]  # fmt: skip
+        [
+            user("c"),
+            {"role": "assistant", "content": "", "function_call": {"name": "add"}},
+            {"role": "function", "name": "add", "content": "3"},
+            user("more"),
+        ],
+    ]
     rows = [{"messages": h, "tools": [WEATHER]} for h in history]
-    rows.append({"messages": [user("fine"), {"role": "assistant", "content": "ok", "tool_calls": []}, user("go")]})  # fmt: skip
+    rows.append(
+        {
+            "messages": [
+                user("fine"),
+                {"role": "assistant", "content": "ok", "tool_calls": []},
+                user("go"),
+            ]
+        }
+    )
     res = kit.load(write_jsonl(tmp_path / "turns.jsonl", rows))
     assert res.skipped["turns"] == {"tool_turns": 3}
     assert res.frame["row"].to_list() == [3]  # an empty tool_calls list carries nothing
@@ -270,10 +298,16 @@ def test_tool_turns_in_the_history_are_counted_skips(tmp_path):
 
 def test_sharegpt_tool_roles_in_the_history_are_counted_skips(tmp_path):
     rows = [
-        {"conversations": [{"from": "human", "value": "q"}, {"from": role, "value": "x"},
-                           {"from": "gpt", "value": "a"}, {"from": "human", "value": "q2"}]}
+        {
+            "conversations": [
+                {"from": "human", "value": "q"},
+                {"from": role, "value": "x"},
+                {"from": "gpt", "value": "a"},
+                {"from": "human", "value": "q2"},
+            ]
+        }
         for role in ("function_call", "observation", "tool", "ipython")
-    ]  # fmt: skip
+    ]
     with pytest.warns(UserWarning, match="kept 0 prompts"):
         res = kit.load(write_jsonl(tmp_path / "roles.jsonl", rows))
     assert res.skipped["roles"] == {"tool_turns": 4}
@@ -331,8 +365,13 @@ def test_tools_as_a_list_of_json_strings(tmp_path):
 
 
 def test_parquet_tools_as_json_strings_and_as_structs(tmp_path):
-    other = {"type": "function", "function": {"name": "ping", "parameters": {
-        "type": "object", "properties": {"host": {"type": "string"}}}}}  # fmt: skip
+    other = {
+        "type": "function",
+        "function": {
+            "name": "ping",
+            "parameters": {"type": "object", "properties": {"host": {"type": "string"}}},
+        },
+    }
     rows = [
         {"messages": [user("w")], "tools": [WEATHER]},
         {"messages": [user("p")], "tools": [other]},

@@ -29,12 +29,21 @@ def oracle(out: Path, model, routes, manifest=None, endpoint=None) -> dict:
     """tests/trainer_oracle.py in .venv-trainers on the export at out."""
     assert TRAINERS.exists(), "run `make trainers` first (.venv-trainers)"
     hand = (manifest or {}).get("trainers", {})
-    args = {"export": str(out), "model": str(model), "routes": list(routes),
-            "template": hand.get("specforge", {}).get("template"),
-            "train_only_last_turn": hand.get("specforge", {}).get("train_only_last_turn", False),
-            "render_endpoint": endpoint}  # fmt: skip
-    done = subprocess.run([str(TRAINERS), str(ROOT / "tests/trainer_oracle.py"), json.dumps(args)],
-                          capture_output=True, text=True, timeout=1800, cwd=ROOT)  # fmt: skip
+    args = {
+        "export": str(out),
+        "model": str(model),
+        "routes": list(routes),
+        "template": hand.get("specforge", {}).get("template"),
+        "train_only_last_turn": hand.get("specforge", {}).get("train_only_last_turn", False),
+        "render_endpoint": endpoint,
+    }
+    done = subprocess.run(
+        [str(TRAINERS), str(ROOT / "tests/trainer_oracle.py"), json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -45,7 +54,9 @@ def trained(ids, mask) -> list[int]:
 
 def run_and_export(server, tmp, frame, budgets, max_tokens, **kw):
     sampling = kit.Sampling(max_tokens=max_tokens, temperature=0.7, seed=1)
-    run = kit.generate_sync(frame, vllm_config(server, budgets, sampling=sampling, **kw), run_dir=tmp / "run")  # fmt: skip
+    run = kit.generate_sync(
+        frame, vllm_config(server, budgets, sampling=sampling, **kw), run_dir=tmp / "run"
+    )
     assert run.stop_reason is None, run.stop_reason
     result = kit.export(tmp / "run", tmp / "out", formats=("specforge", "token_ids"))
     assert kit.validate(tmp / "out").ok
@@ -57,13 +68,20 @@ def plain(vllm_server, tmp_path_factory):
     """Every sample dataset, last_turn (multi_turn's earlier turns are the dataset's)."""
     loaded = kit.load(str(SAMPLES))
     names = sorted(loaded.frame["dataset"].unique().to_list())
-    out, result = run_and_export(vllm_server, tmp_path_factory.mktemp("plain"), loaded, dict.fromkeys(names, 400), 160)  # fmt: skip
+    out, result = run_and_export(
+        vllm_server, tmp_path_factory.mktemp("plain"), loaded, dict.fromkeys(names, 400), 160
+    )
     return out, result, vllm_server
 
 
-SHORT = [("What is the capital of France?", "And of Italy?"), ("Name a primary color.", "Another one?"),
-         ("What is 2 + 2?", "And 3 + 3?"), ("Say hello.", "Say goodbye."),
-         ("Name a fruit.", "Name a vegetable."), ("What color is the sky?", "And grass?")]  # fmt: skip
+SHORT = [
+    ("What is the capital of France?", "And of Italy?"),
+    ("Name a primary color.", "Another one?"),
+    ("What is 2 + 2?", "And 3 + 3?"),
+    ("Say hello.", "Say goodbye."),
+    ("Name a fruit.", "Name a vegetable."),
+    ("What color is the sky?", "And grass?"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +92,23 @@ def all_turns(vllm_server, tmp_path_factory):
     src = tmp / "short_turns.jsonl"
     src.write_text("".join(json.dumps({"turns": list(q)}) + "\n" for q in SHORT))
     frame = kit.load(str(src)).frame
-    out, result = run_and_export(vllm_server, tmp, frame, {"short_turns": 1500}, 160, turns="all_turns", concurrency=8)  # fmt: skip
+    out, result = run_and_export(
+        vllm_server, tmp, frame, {"short_turns": 1500}, 160, turns="all_turns", concurrency=8
+    )
     return out, result, vllm_server
 
 
 @pytest.fixture(scope="module")
 def reasoning(vllm_thinking, tmp_path_factory):
     frame = kit.load(str(SAMPLES / "chat_general.jsonl")).frame.head(16)
-    out, result = run_and_export(vllm_thinking, tmp_path_factory.mktemp("think"), frame, {"chat_general": 1500}, 256, concurrency=16)  # fmt: skip
+    out, result = run_and_export(
+        vllm_thinking,
+        tmp_path_factory.mktemp("think"),
+        frame,
+        {"chat_general": 1500},
+        256,
+        concurrency=16,
+    )
     return out, result, vllm_thinking
 
 
@@ -118,8 +145,10 @@ def test_token_id_route_trains_kits_rows_verbatim(which, trained_by):
     assert sf["n"] == len(rows) and {k: tuple(map(list, v)) for k, v in sf["rows"].items()} == mine
     sp = sorted(got["speculators_ids"]["multiset"])  # prepare-data shuffles: as multisets
     assert got["speculators_ids"]["n"] == len(rows) and sp == sorted(map(list, mine.values()))
-    print(f"\n{which}: token-id route, {len(rows)} rows: SpecForge {len(rows)}/{len(rows)}, "
-          f"speculators {len(rows)}/{len(rows)} identical")  # fmt: skip
+    print(
+        f"\n{which}: token-id route, {len(rows)} rows: SpecForge {len(rows)}/{len(rows)}, "
+        f"speculators {len(rows)}/{len(rows)} identical"
+    )
 
 
 def differing(trainer_rows, kit_rows, sf_rows, tail=()) -> dict[str, list[str]]:
@@ -183,10 +212,12 @@ def test_conversation_route_trains_kits_tokens_but_what_the_manifest_counts(whic
     skipped = [k for k, v in sp_rows.items() if not v]
     assert sp_diff == sf_diff and not skipped, (sp_diff, skipped)
     n_diff = sum(map(len, sf_diff.values()))
-    print(f"\n{which}: conversation route, {len(sf_rows)} stop rows ({cut} `length` rows left "
-          f"out): SpecForge trains kit's tokens on {len(sf_rows) - n_diff}, speculators on "
-          f"{len(sf_rows) - n_diff} (plus its trailing {t['speculators']['trains_after_end_of_turn']!r}); "
-          f"differing, counted in the manifest: {dict((k, len(v)) for k, v in sf_diff.items())}")  # fmt: skip
+    print(
+        f"\n{which}: conversation route, {len(sf_rows)} stop rows ({cut} `length` rows left "
+        f"out): SpecForge trains kit's tokens on {len(sf_rows) - n_diff}, speculators on "
+        f"{len(sf_rows) - n_diff} (plus its trailing {t['speculators']['trains_after_end_of_turn']!r}); "
+        f"differing, counted in the manifest: {dict((k, len(v)) for k, v in sf_diff.items())}"
+    )
 
 
 def test_retokenized_answers_are_compared_on_a_sample_then_in_full(model_dir, monkeypatch):
@@ -200,16 +231,30 @@ def test_retokenized_answers_are_compared_on_a_sample_then_in_full(model_dir, mo
     monkeypatch.setattr(trainers, "RETOKENIZE_SAMPLE", 2)
     eot = tok.convert_tokens_to_ids("<|im_end|>")
     canon = tok("hello world", add_special_tokens=False)["input_ids"]
-    split = tok("hel", add_special_tokens=False)["input_ids"] + tok("lo world", add_special_tokens=False)["input_ids"]  # fmt: skip
+    split = (
+        tok("hel", add_special_tokens=False)["input_ids"]
+        + tok("lo world", add_special_tokens=False)["input_ids"]
+    )
     assert split != canon and tok.decode(split) == "hello world"
     ids = {"a": [canon] * 5, "b": [canon, split, split, canon, split]}
     rows = [
-        {"dataset": d, "completion": "hello world", "reasoning": None, "tool_calls_json": None,
-         "ids_source": "server", "finish_reason": "stop", "turns": None,
-         "input_ids": [1, 2, *answer, eot], "loss_mask": [0, 0] + [1] * (len(answer) + 1)}
-        for i in range(5) for d, answer in ((d, ids[d][i]) for d in ids)
-    ]  # fmt: skip
-    frame = pl.DataFrame(rows, schema_overrides={"input_ids": pl.List(pl.Int64), "loss_mask": pl.List(pl.Int8)})  # fmt: skip
+        {
+            "dataset": d,
+            "completion": "hello world",
+            "reasoning": None,
+            "tool_calls_json": None,
+            "ids_source": "server",
+            "finish_reason": "stop",
+            "turns": None,
+            "input_ids": [1, 2, *answer, eot],
+            "loss_mask": [0, 0] + [1] * (len(answer) + 1),
+        }
+        for i in range(5)
+        for d, answer in ((d, ids[d][i]) for d in ids)
+    ]
+    frame = pl.DataFrame(
+        rows, schema_overrides={"input_ids": pl.List(pl.Int64), "loss_mask": pl.List(pl.Int8)}
+    )
     out: dict = {}
     for batch in (frame.slice(0, 4), frame.slice(4)):  # rows 0-1 of each dataset, then the rest
         trainers.count_retokenized(tok, batch, out, keep=False)

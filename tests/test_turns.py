@@ -26,14 +26,27 @@ def conversations(n: int, dataset: str = "chat") -> pl.DataFrame:
                 {"role": "assistant", "content": f"DATASET ANSWER {i}.{k}"},
                 {"role": "user", "content": f"follow-up {i}.{k}"},
             ]
-        rows.append({"dataset": dataset, "prompt_id": f"{dataset}-{i:03d}", "messages": messages,
-                     "n_turns": len(messages), "row": i})  # fmt: skip
+        rows.append(
+            {
+                "dataset": dataset,
+                "prompt_id": f"{dataset}-{i:03d}",
+                "messages": messages,
+                "n_turns": len(messages),
+                "row": i,
+            }
+        )
     return pl.DataFrame(rows)
 
 
 def config(url: str, budgets, **kw) -> RunConfig:
-    base = dict(model="fake", endpoints=url, budgets=budgets, concurrency=8, retry_base=0.02,
-                sampling=Sampling(max_tokens=MAX_TOKENS))  # fmt: skip
+    base = dict(
+        model="fake",
+        endpoints=url,
+        budgets=budgets,
+        concurrency=8,
+        retry_base=0.02,
+        sampling=Sampling(max_tokens=MAX_TOKENS),
+    )
     return RunConfig(**(base | kw))
 
 
@@ -65,10 +78,14 @@ def test_all_turns_replaces_every_dataset_answer_and_counts_every_turn(tmp_path)
         source = sources[r["prompt_id"]]
         assistant = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
         assert not any("DATASET ANSWER" in a for a in assistant), r["prompt_id"]  # target text only
-        assert [m for m in r["messages"] if m["role"] != "assistant"] == [m for m in source if m["role"] != "assistant"]  # fmt: skip
+        assert [m for m in r["messages"] if m["role"] != "assistant"] == [
+            m for m in source if m["role"] != "assistant"
+        ]
         turns = r["turns"] or []
         assert len(turns) == slots(source) - 1 and assistant == [t["content"] for t in turns]
-        assert r["completion_tokens"] == sum(t["completion_tokens"] for t in turns) + len(r["completion"].split())  # fmt: skip
+        assert r["completion_tokens"] == sum(t["completion_tokens"] for t in turns) + len(
+            r["completion"].split()
+        )
         multi += bool(turns)
     assert multi >= 10
     assert requests == sum(slots(sources[r["prompt_id"]]) for r in records)  # no hidden requests
@@ -89,15 +106,25 @@ def test_last_turn_keeps_the_dataset_turns_and_sends_one_request(tmp_path):
 
 
 def test_tools_and_template_kwargs_reach_the_requests(tmp_path):
-    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
     agent = conversations(3, "agent").with_columns(tools=pl.lit(json.dumps(tools)))
     plain = conversations(3, "plain").with_columns(tools=pl.lit(None, pl.String))
     thinking = Sampling(max_tokens=MAX_TOKENS, chat_template_kwargs={"enable_thinking": True})
     sent = {}
     for name, frame in (("agent", agent), ("plain", plain)):
         with FaultServer(FaultConfig()) as srv:
-            cfg = config(srv.base_url, 10**6, concurrency=1, sampling=thinking,
-                         template_kwargs={"plain": {"enable_thinking": False}})  # fmt: skip
+            cfg = config(
+                srv.base_url,
+                10**6,
+                concurrency=1,
+                sampling=thinking,
+                template_kwargs={"plain": {"enable_thinking": False}},
+            )
             kit.generate_sync(frame, cfg, run_dir=tmp_path / name)
             sent[name] = srv.last_body
     assert sent["agent"]["tools"] == tools

@@ -19,11 +19,20 @@ def config(**changes) -> RunConfig:
 
 @pytest.mark.parametrize(
     ("field", "value", "shown"),
-    [("model", "", "''"), ("endpoints", [], "[]"), ("budgets", -1, "-1"), ("budgets", "x", "'x'"),
-     ("concurrency", 0, "0"), ("policy", "x", "'x'"), ("api", "x", "'x'"), ("max_attempts", 0, "0"),
-     ("timeout", -1, "-1"), ("max_consecutive_failures", 0, "0"),
-     ("max_consecutive_failures", True, "True")],
-)  # fmt: skip
+    [
+        ("model", "", "''"),
+        ("endpoints", [], "[]"),
+        ("budgets", -1, "-1"),
+        ("budgets", "x", "'x'"),
+        ("concurrency", 0, "0"),
+        ("policy", "x", "'x'"),
+        ("api", "x", "'x'"),
+        ("max_attempts", 0, "0"),
+        ("timeout", -1, "-1"),
+        ("max_consecutive_failures", 0, "0"),
+        ("max_consecutive_failures", True, "True"),
+    ],
+)
 def test_a_bad_field_raises_naming_the_field_and_the_value(field, value, shown):
     with pytest.raises(ValueError) as err:
         config(**{field: value})
@@ -66,11 +75,22 @@ def test_fractional_budgets_round_up():
 
 def test_to_dict_from_dict_round_trip_through_json():
     c = config(
-        sampling=Sampling(max_tokens=64, temperature=0.2, seed=3, n=2), tokenizer="/m",
-        api="vllm", api_key_env="KIT_KEY", concurrency=8, per_endpoint_concurrency=4,
-        policy="cancel", seed=7, max_attempts=2, max_context=4096, timeout=30.0,
-        max_consecutive_failures=5, source_hashes={"a": "h1"}, datasets={"a": "data/a.jsonl"}, chat_template_hash="t",
-    )  # fmt: skip
+        sampling=Sampling(max_tokens=64, temperature=0.2, seed=3, n=2),
+        tokenizer="/m",
+        api="vllm",
+        api_key_env="KIT_KEY",
+        concurrency=8,
+        per_endpoint_concurrency=4,
+        policy="cancel",
+        seed=7,
+        max_attempts=2,
+        max_context=4096,
+        timeout=30.0,
+        max_consecutive_failures=5,
+        source_hashes={"a": "h1"},
+        datasets={"a": "data/a.jsonl"},
+        chat_template_hash="t",
+    )
     again = RunConfig.from_dict(json.loads(json.dumps(c.to_dict())))
     assert again == c and again.fingerprint() == c.fingerprint()
     assert RunConfig.from_dict(c.to_dict() | {"from_a_newer_kit": 1}) == c  # unknown keys ignored
@@ -90,13 +110,22 @@ def test_fingerprint_follows_what_changes_outputs():
     assert config().fingerprint() == base.fingerprint()
     assert config(sampling=Sampling(max_tokens=128)).fingerprint() != base.fingerprint()
     assert config(model="other").fingerprint() != base.fingerprint()
-    same = config(concurrency=3, budgets=99, endpoints=["http://h:2/v1", "http://h:3/v1"],
-                  timeout=5.0, max_attempts=1, policy="cancel")  # fmt: skip
+    same = config(
+        concurrency=3,
+        budgets=99,
+        endpoints=["http://h:2/v1", "http://h:3/v1"],
+        timeout=5.0,
+        max_attempts=1,
+        policy="cancel",
+    )
     assert same.fingerprint() == base.fingerprint()
     parts = config(sampling=Sampling(max_tokens=128)).fingerprint_parts()
     assert parts["sampling"]["max_tokens"] == 128 and set(parts) == {
-        "model", "sampling", "chat_template_hash", "source_hashes",
-    }  # fmt: skip
+        "model",
+        "sampling",
+        "chat_template_hash",
+        "source_hashes",
+    }
     # what issue 12 added changes the fingerprint when set, and leaves older runs' alone
     assert config(turns="all_turns").fingerprint() != base.fingerprint()
     assert (
@@ -110,8 +139,12 @@ def test_fingerprint_follows_what_changes_outputs():
     assert penalised.fingerprint_parts()["sampling"]["frequency_penalty"] == 0.5
     assert config(sampling=Sampling(presence_penalty=0.5)).fingerprint() != base.fingerprint()
     assert base.fingerprint_parts()["sampling"] == {
-        "max_tokens": 512, "temperature": 0.7, "top_p": 1.0, "seed": None, "n": 1,
-    }  # fmt: skip
+        "max_tokens": 512,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "seed": None,
+        "n": 1,
+    }
 
 
 @pytest.mark.parametrize("name", ["frequency_penalty", "presence_penalty"])

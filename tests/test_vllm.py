@@ -45,20 +45,35 @@ def raw_records(run_dir: Path) -> list[dict]:
 
 
 def vllm_config(server, budgets, **kw) -> kit.RunConfig:
-    base = dict(model=server.model, endpoints=server.base_url, api=server.api, budgets=budgets,
-                sampling=kit.Sampling(max_tokens=48, temperature=0.7, seed=1),
-                tokenizer=server.tokenizer_path, concurrency=16, timeout=900)  # fmt: skip
+    base = dict(
+        model=server.model,
+        endpoints=server.base_url,
+        api=server.api,
+        budgets=budgets,
+        sampling=kit.Sampling(max_tokens=48, temperature=0.7, seed=1),
+        tokenizer=server.tokenizer_path,
+        concurrency=16,
+        timeout=900,
+    )
     return kit.RunConfig(**(base | kw))
 
 
 def token_rows(out: Path) -> list[dict]:
-    return [r for split in ("train", "validation") if (out / f"token_ids/{split}.jsonl").exists()
-            for r in read_jsonl(out / f"token_ids/{split}.jsonl")]  # fmt: skip
+    return [
+        r
+        for split in ("train", "validation")
+        if (out / f"token_ids/{split}.jsonl").exists()
+        for r in read_jsonl(out / f"token_ids/{split}.jsonl")
+    ]
 
 
 def specforge_rows(out: Path) -> list[dict]:
-    return [r for split in ("train", "validation") if (out / f"specforge/{split}.jsonl").exists()
-            for r in read_jsonl(out / f"specforge/{split}.jsonl")]  # fmt: skip
+    return [
+        r
+        for split in ("train", "validation")
+        if (out / f"specforge/{split}.jsonl").exists()
+        for r in read_jsonl(out / f"specforge/{split}.jsonl")
+    ]
 
 
 def test_vllm_records_and_token_rows_are_the_servers_ids(vllm_server, tmp_path):
@@ -92,9 +107,10 @@ def test_vllm_records_and_token_rows_are_the_servers_ids(vllm_server, tmp_path):
         rows[k]["input_ids"] == r["prompt_ids"] + r["output_ids"] for k, r in by_id.items()
     )
     masked = sum(
-        [i for i, m in zip(rows[k]["input_ids"], rows[k]["loss_mask"], strict=True) if m] == r["output_ids"]
+        [i for i, m in zip(rows[k]["input_ids"], rows[k]["loss_mask"], strict=True) if m]
+        == r["output_ids"]
         for k, r in by_id.items()
-    )  # fmt: skip
+    )
     token_rows_section = result.manifest["token_rows"]  # dataset -> how its rows were made
     assert set(token_rows_section) == set(names)
     exact = {ds: c.get("exact", 0) for ds, c in token_rows_section.items()}
@@ -145,9 +161,11 @@ def test_vllm_reasoning_is_kept_counted_and_exported(vllm_thinking, tmp_path):
     length_in_reasoning = sum(
         r["finish_reason"] == "length" and not r["completion"] for r in thinking
     )
-    print(f"\nvLLM reasoning run: {len(thinking)}/{len(records)} records with reasoning "
-          f"({sum(len(r['output_ids']) for r in thinking)} tokens counted), "
-          f"{length_in_reasoning} stopped by length inside the thinking")  # fmt: skip
+    print(
+        f"\nvLLM reasoning run: {len(thinking)}/{len(records)} records with reasoning "
+        f"({sum(len(r['output_ids']) for r in thinking)} tokens counted), "
+        f"{length_in_reasoning} stopped by length inside the thinking"
+    )
     report = kit.audit(tmp_path / "run", tokenizer=vllm_thinking.tokenizer_path)
     if length_in_reasoning:
         assert "length_in_reasoning" in str(report.summary())
@@ -168,7 +186,9 @@ def test_vllm_all_turns_every_assistant_turn_is_the_targets(vllm_server, tmp_pat
         own = [t["content"] for t in r["turns"] or []]
         assistant = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
         assert assistant == own and len(own) == slots(sources[r["prompt_id"]]) - 1
-        assert r["completion_tokens"] == len(r["output_ids"]) + sum(len(t["output_ids"]) for t in r["turns"] or [])  # fmt: skip
+        assert r["completion_tokens"] == len(r["output_ids"]) + sum(
+            len(t["output_ids"]) for t in r["turns"] or []
+        )
     total = sum(r["completion_tokens"] for r in records)
     most = max(slots(m) for m in sources.values()) * 48
     assert budget <= total <= budget + max(0.01 * budget, most), total
@@ -182,14 +202,24 @@ def test_vllm_all_turns_every_assistant_turn_is_the_targets(vllm_server, tmp_pat
         key = f"{r['dataset']}-{r['prompt_id']}-{r['sample']}"
         exported = [m["content"] for m in sf[key]["conversations"] if m["role"] == "assistant"]
         assert exported == [*(t["content"] for t in r["turns"] or []), r["completion"]]
-    print(f"\nvLLM all_turns run: {len(records)} conversations ({len(multi)} with earlier turns), "
-          f"{total} tokens for a {budget} budget; every exported assistant turn is the target's")  # fmt: skip
+    print(
+        f"\nvLLM all_turns run: {len(records)} conversations ({len(multi)} with earlier turns), "
+        f"{total} tokens for a {budget} budget; every exported assistant turn is the target's"
+    )
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 CITIES = ["Paris", "Lima", "Cairo", "Tokyo", "Quito", "Delhi", "Perth", "Dakar"]
 
 
@@ -203,10 +233,16 @@ def tool_rows() -> list[dict]:
         shots = []
         for other in CITIES[i + 1 :][:2] + CITIES[:1] * (i >= 6):
             call = json.dumps([{"name": "get_weather", "arguments": {"city": other}}])
-            shots += [{"role": "user", "content": f"Weather in {other}?"},
-                      {"role": "assistant", "content": call}]  # fmt: skip
-        rows.append({"messages": [*shots, {"role": "user", "content": f"Weather in {city}?"}],
-                     "tools": [WEATHER]})  # fmt: skip
+            shots += [
+                {"role": "user", "content": f"Weather in {other}?"},
+                {"role": "assistant", "content": call},
+            ]
+        rows.append(
+            {
+                "messages": [*shots, {"role": "user", "content": f"Weather in {city}?"}],
+                "tools": [WEATHER],
+            }
+        )
     return rows
 
 
@@ -219,8 +255,12 @@ def test_vllm_tool_dataset_end_to_end(vllm_server, tmp_path):
 
     loaded = kit.load({"function_calling": tool_rows()})
     assert loaded.summary()["with_tools"].to_list() == [len(CITIES)]
-    cfg = vllm_config(vllm_server, {"function_calling": 10_000}, concurrency=8,
-                      sampling=kit.Sampling(max_tokens=48, temperature=0.0, seed=1))  # fmt: skip
+    cfg = vllm_config(
+        vllm_server,
+        {"function_calling": 10_000},
+        concurrency=8,
+        sampling=kit.Sampling(max_tokens=48, temperature=0.0, seed=1),
+    )
     run = kit.generate_sync(loaded, cfg, run_dir=tmp_path / "run")
     assert run.stop_reason is None, run.stop_reason
     errors = errors_frame(tmp_path / "run")
@@ -232,9 +272,11 @@ def test_vllm_tool_dataset_end_to_end(vllm_server, tmp_path):
     for r in called:  # counted as the server counts: its ids, which hold the call as written
         assert r["completion_tokens"] == len(r["output_ids"]) and r["finish_reason"] == "stop"
         assert all(c["function"]["name"] in tok.decode(r["output_ids"]) for c in r["tool_calls"])
-    print(f"\nvLLM tool run: {len(called)}/{len(records)} records answered with tool calls "
-          f"({sum(r['completion_tokens'] for r in called)} tokens, counted from the ids); "
-          f"first: {called[0]['tool_calls'] if called else None}")  # fmt: skip
+    print(
+        f"\nvLLM tool run: {len(called)}/{len(records)} records answered with tool calls "
+        f"({sum(r['completion_tokens'] for r in called)} tokens, counted from the ids); "
+        f"first: {called[0]['tool_calls'] if called else None}"
+    )
     assert len(called) >= len(records) // 2, [r["completion"][:60] for r in records]
     out = tmp_path / "out"
     result = kit.export(
@@ -267,9 +309,14 @@ def test_vllm_applies_the_frequency_penalty(vllm_server):
     async def both():
         b = VLLMChat(vllm_server.base_url, vllm_server.model)
         try:
-            return [await b.complete(msgs, kit.Sampling(max_tokens=48, temperature=0.0,
-                                                         frequency_penalty=fp), timeout=600)
-                    for fp in (0.0, 2.0)]  # fmt: skip
+            return [
+                await b.complete(
+                    msgs,
+                    kit.Sampling(max_tokens=48, temperature=0.0, frequency_penalty=fp),
+                    timeout=600,
+                )
+                for fp in (0.0, 2.0)
+            ]
         finally:
             await b.aclose()
 

@@ -49,9 +49,17 @@ def specforge_ids(args: dict, tok) -> dict:
 
     path = Path(args["export"]) / "token_ids/train.jsonl"
     ids = [r["id"] for r in read_jsonl(path)]
-    tasks = prepare_prompt_tasks(path, tok, chat_template=None, max_length=MAX_LENGTH,
-                                 is_preformatted=False, train_only_last_turn=False,
-                                 cache_dir=None, cache_key=None, num_proc=1)  # fmt: skip
+    tasks = prepare_prompt_tasks(
+        path,
+        tok,
+        chat_template=None,
+        max_length=MAX_LENGTH,
+        is_preformatted=False,
+        train_only_last_turn=False,
+        cache_dir=None,
+        cache_key=None,
+        num_proc=1,
+    )
     got = [pair(t["payload"]["input_ids"], t["payload"]["loss_mask"]) for t in tasks]
     return {"rows": dict(zip(ids, got, strict=True)) if len(got) == len(ids) else {}, "n": len(got)}
 
@@ -62,9 +70,15 @@ def speculators_prepare(model: str, data: Path, endpoint: str | None) -> list[tu
     from speculators.cli.prepare_data import prepare_data
 
     with tempfile.TemporaryDirectory() as out:
-        prepare_data(model=model, data=[str(data)], output=out, seq_length=MAX_LENGTH,
-                     render_endpoint=endpoint, num_preprocessing_workers=1,
-                     allow_empty_output=True)  # fmt: skip
+        prepare_data(
+            model=model,
+            data=[str(data)],
+            output=out,
+            seq_length=MAX_LENGTH,
+            render_endpoint=endpoint,
+            num_preprocessing_workers=1,
+            allow_empty_output=True,
+        )
         rows = load_from_disk(out)
         return [pair(r["input_ids"], r["loss_mask"]) for r in rows]
 
@@ -93,16 +107,33 @@ def specforge_conv(args: dict, tok) -> dict:
     name = register(args)
     path = Path(args["export"]) / "specforge/train.jsonl"
     rows, only_last = read_jsonl(path), args["train_only_last_turn"]
-    tasks = prepare_prompt_tasks(path, tok, chat_template=name, max_length=MAX_LENGTH,
-                                 is_preformatted=False, train_only_last_turn=only_last,
-                                 cache_dir=None, cache_key=None, num_proc=1, min_loss_tokens=0)  # fmt: skip
+    tasks = prepare_prompt_tasks(
+        path,
+        tok,
+        chat_template=name,
+        max_length=MAX_LENGTH,
+        is_preformatted=False,
+        train_only_last_turn=only_last,
+        cache_dir=None,
+        cache_key=None,
+        num_proc=1,
+        min_loss_tokens=0,
+    )
     pipeline = [pair(t["payload"]["input_ids"], t["payload"]["loss_mask"]) for t in tasks]
-    out = preprocess_conversations(tok, [r["conversations"] for r in rows], TEMPLATE_REGISTRY.get(name),
-                                   MAX_LENGTH, train_only_last_turn=only_last,
-                                   tools=[r.get("tools") or [] for r in rows])  # fmt: skip
+    out = preprocess_conversations(
+        tok,
+        [r["conversations"] for r in rows],
+        TEMPLATE_REGISTRY.get(name),
+        MAX_LENGTH,
+        train_only_last_turn=only_last,
+        tools=[r.get("tools") or [] for r in rows],
+    )
     per_row = [pair(i, m) for i, m in zip(out["input_ids"], out["loss_mask"], strict=True)]
-    return {"rows": {r["id"]: p for r, p in zip(rows, per_row, strict=True)},
-            "pipeline_same": same(pipeline, per_row), "n": len(pipeline)}  # fmt: skip
+    return {
+        "rows": {r["id"]: p for r, p in zip(rows, per_row, strict=True)},
+        "pipeline_same": same(pipeline, per_row),
+        "n": len(pipeline),
+    }
 
 
 def speculators_conv(args: dict, tok) -> dict:
@@ -113,15 +144,23 @@ def speculators_conv(args: dict, tok) -> dict:
     pipeline = speculators_prepare(args["model"], path, endpoint)
     rows, per = read_jsonl(path), {}
     for r in rows:  # the function prepare-data maps over its batches, one conversation each
-        got = _preprocess_batch({"conversations": [r["conversations"]], "tools": [r.get("tools")]},
-                                False, endpoint, MAX_LENGTH)  # fmt: skip
-        per[r["id"]] = [pair(i, m) for i, m in zip(got["input_ids"], got["loss_mask"], strict=True)]  # fmt: skip
+        got = _preprocess_batch(
+            {"conversations": [r["conversations"]], "tools": [r.get("tools")]},
+            False,
+            endpoint,
+            MAX_LENGTH,
+        )
+        per[r["id"]] = [pair(i, m) for i, m in zip(got["input_ids"], got["loss_mask"], strict=True)]
     flat = [p for ps in per.values() for p in ps]
     return {"rows": per, "pipeline_same": same(pipeline, flat), "n": len(pipeline)}
 
 
-ROUTES = {"specforge_ids": specforge_ids, "speculators_ids": speculators_ids,
-          "specforge_conv": specforge_conv, "speculators_conv": speculators_conv}  # fmt: skip
+ROUTES = {
+    "specforge_ids": specforge_ids,
+    "speculators_ids": speculators_ids,
+    "specforge_conv": specforge_conv,
+    "speculators_conv": speculators_conv,
+}
 
 
 def main(args: dict) -> dict:

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 
 def ids(d2t, t2d) -> dict:
-    return {"d2t": d2t.tolist(), "t2d": t2d.nonzero().flatten().tolist(), "t2d_len": len(t2d),
-            "d2t_dtype": str(d2t.dtype), "t2d_dtype": str(t2d.dtype)}  # fmt: skip
+    return {
+        "d2t": d2t.tolist(),
+        "t2d": t2d.nonzero().flatten().tolist(),
+        "t2d_len": len(t2d),
+        "d2t_dtype": str(d2t.dtype),
+        "t2d_dtype": str(t2d.dtype),
+    }
 
 
 def specforge(folder, k: int, v: int) -> dict:
@@ -23,8 +28,14 @@ def specforge(folder, k: int, v: int) -> dict:
     from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
     from transformers import LlamaConfig
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
-                      num_key_value_heads=2, vocab_size=v, num_hidden_layers=1)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=v,
+        num_hidden_layers=1,
+    )
     cfg.draft_vocab_size = k
     model = LlamaForCausalLMEagle3(cfg)
     model.load_vocab_mapping(f"{folder}/vocab_mapping.pt")
@@ -60,8 +71,11 @@ def speculators(folder, k: int, v: int) -> dict:
     model.load_vocab_mappings(t2d, d2t)
     freq = torch.load(f"{folder}/token_freq.pt", weights_only=True)
     b_d2t, b_t2d = build_vocab_mappings_from_distribution(freq, k, v)
-    return {"loaded": ids(model.d2t, model.t2d), "from_freq": ids(b_d2t, b_t2d),
-            "token_freq": {str(t): c for t, c in freq.items()}}  # fmt: skip
+    return {
+        "loaded": ids(model.d2t, model.t2d),
+        "from_freq": ids(b_d2t, b_t2d),
+        "token_freq": {str(t): c for t, c in freq.items()},
+    }
 
 
 if __name__ == "__main__":

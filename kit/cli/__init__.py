@@ -72,16 +72,18 @@ def _server_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     p.add_argument(
         "--base-url",
         action="append" if many else "store",
-        help="server base URL" + (" (repeat for several)" if many else "")
+        help="server base URL"
+        + (" (repeat for several)" if many else "")
         + " (default: start the embedded server)",
-    )  # fmt: skip
+    )
     p.add_argument("--model", help="model name the server expects (required with --base-url)")
     p.add_argument("--tokenizer", help="local path of the target's tokenizer")
     p.add_argument(
-        "--engine", choices=["transformers", "vllm"],
+        "--engine",
+        choices=["transformers", "vllm"],
         help="the embedded server's engine when no --base-url: vllm (the default for a new "
         "plan; returns the token ids) or transformers",
-    )  # fmt: skip
+    )
 
 
 def _run_args(p: argparse.ArgumentParser, default) -> None:
@@ -89,14 +91,18 @@ def _run_args(p: argparse.ArgumentParser, default) -> None:
     d = default
     p.add_argument("--concurrency", type=int, default=d(32), help="requests in flight")
     p.add_argument(
-        "--policy", choices=["drain", "cancel"], default=d("drain"),
+        "--policy",
+        choices=["drain", "cancel"],
+        default=d("drain"),
         help="a dataset at its budget: let its requests in flight finish, or cancel them",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--api", choices=["openai", "vllm", "sglang"], default=d("openai"),
+        "--api",
+        choices=["openai", "vllm", "sglang"],
+        default=d("openai"),
         help="the server's protocol: OpenAI chat, vLLM's (returns token ids) or SGLang's "
         "/generate (token ids; needs --tokenizer)",
-    )  # fmt: skip
+    )
     p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key")
     p.add_argument(
         "--timeout", type=float, help="read timeout per request in s (default: 120 + 0.5/token)"
@@ -122,17 +128,22 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds to wait for start-up (default: vllm 1200, transformers 300)",
     )
-    s.add_argument("--engine", choices=["transformers", "vllm"], default="vllm",
-                   help="vllm (faster, returns token ids; `make vllm`) or transformers")  # fmt: skip
+    s.add_argument(
+        "--engine",
+        choices=["transformers", "vllm"],
+        default="vllm",
+        help="vllm (faster, returns token ids; `make vllm`) or transformers",
+    )
     s.set_defaults(fn=cmd_serve)
 
     d = sub.add_parser(
         "demo", help="run the four notebooks (plan -> generate -> audit -> export) on the samples"
     )
     d.add_argument(
-        "--run-dir", default=str(REPO / "data" / "runs" / "demo"),
+        "--run-dir",
+        default=str(REPO / "data" / "runs" / "demo"),
         help="where the run, executed notebooks, charts and export go (cleared first)",
-    )  # fmt: skip
+    )
     d.add_argument("--resume", action="store_true", help="keep the demo's run directory")
     _server_args(d)
     d.set_defaults(fn=cmd_demo)
@@ -155,39 +166,49 @@ def parser() -> argparse.ArgumentParser:
         'dataset: gsm8k=\'{"prompt": "question"}\' humaneval=\'{"prompt": "prompt"}\'',
     )
     pl_.add_argument(
-        "--strip", action="store_true",
+        "--strip",
+        action="store_true",
         help="strip leading and trailing whitespace from message contents (default: as given)",
-    )  # fmt: skip
+    )
     pl_.add_argument(
-        "--turns", choices=["last_turn", "all_turns"], default="last_turn",
+        "--turns",
+        choices=["last_turn", "all_turns"],
+        default="last_turn",
         help="multi-turn prompts: generate the last assistant turn only, or every one in order "
         "(all_turns; needed by lists of user turns such as MT-bench); kept in plan.json",
-    )  # fmt: skip
+    )
     pl_.add_argument("--run-dir", required=True, help="the run directory plan.json goes into")
     pl_.add_argument(
-        "--budget", nargs="+", required=True,
+        "--budget",
+        nargs="+",
+        required=True,
         help=f"{BUDGET_HELP}; or bytes of hidden states of an offline EAGLE-3 dump (2TB, 500GiB, "
         "NAME=1TB), converted to completion tokens from the pilot's lengths",
-    )  # fmt: skip
+    )
     pl_.add_argument(
-        "--target-config", metavar="PATH",
+        "--target-config",
+        metavar="PATH",
         help="the target's config.json or model folder (hidden_size, num_hidden_layers), for the "
         "hidden-state disk of the plan (default: the tokenizer's folder when it holds one)",
-    )  # fmt: skip
+    )
     pl_.add_argument(
         "--max-tokens", type=int, default=512, help="completion tokens per request at most"
     )
     pl_.add_argument("--temperature", type=float, default=0.7, help="sampling temperature")
     pl_.add_argument(
-        "--frequency-penalty", type=float, default=0.0,
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
         help="OpenAI frequency_penalty in [-2, 2]: lowers tokens by how often the answer has used "
         "them; 0.3-0.5 breaks a small model's loops (sent only when not 0)",
-    )  # fmt: skip
+    )
     pl_.add_argument(
-        "--presence-penalty", type=float, default=0.0,
+        "--presence-penalty",
+        type=float,
+        default=0.0,
         help="OpenAI presence_penalty in [-2, 2]: lowers tokens the answer has used at all "
         "(sent only when not 0)",
-    )  # fmt: skip
+    )
     pl_.add_argument("--seed", type=int, default=0, help="prompt order and pilot sample")
     pl_.add_argument(
         "--pilot-per-dataset",
@@ -199,13 +220,15 @@ def parser() -> argparse.ArgumentParser:
         "--throughput", type=float, help="tokens/s of the real run (default: the pilot's)"
     )
     pl_.add_argument(
-        "--sample-cap", type=int,
+        "--sample-cap",
+        type=int,
         help="a naive samples-per-dataset cap to compare with (default: none)",
-    )  # fmt: skip
+    )
     pl_.add_argument(
-        "--servers", type=int,
+        "--servers",
+        type=int,
         help="time the run on N endpoints: the pilot's tok/s per endpoint x N (default: as piloted)",
-    )  # fmt: skip
+    )
     _server_args(pl_, many=True)
     _run_args(pl_, lambda v: v)
     pl_.set_defaults(fn=cmd_plan)
@@ -226,9 +249,11 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("run_dir", help="the run directory `kit generate` writes")
     w.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
     w.add_argument(
-        "--stall-timeout", type=float, default=300.0,
+        "--stall-timeout",
+        type=float,
+        default=300.0,
         help="stop watching after this many seconds without progress",
-    )  # fmt: skip
+    )
     w.set_defaults(fn=cmd_watch)
 
     a = sub.add_parser("audit", help="audit a run directory")
@@ -249,9 +274,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir", help="the run directory")
     e.add_argument("out_dir", help="the export folder (manifest.json goes in it)")
     e.add_argument(
-        "--format", nargs="+", default=["specforge", "token_ids", "parquet"],
+        "--format",
+        nargs="+",
+        default=["specforge", "token_ids", "parquet"],
         help="formats to write: specforge, token_ids, parquet, hf",
-    )  # fmt: skip
+    )
     e.add_argument(
         "--tokenizer", help="local tokenizer path for re-tokenized rows (default: the run's)"
     )
@@ -259,28 +286,36 @@ def parser() -> argparse.ArgumentParser:
         "--drop-truncated", action="store_true", help="leave out completions cut at max_tokens"
     )
     e.add_argument(
-        "--keep-truncated-conversations", action="store_true",
+        "--keep-truncated-conversations",
+        action="store_true",
         help="keep `length` rows in the SpecForge JSONL (left out by default, counted)",
-    )  # fmt: skip
+    )
     e.add_argument("--drop-duplicates", action="store_true", help="leave out duplicate completions")
     e.add_argument(
         "--trim-to-budget", action="store_true", help="per dataset, keep records up to its budget"
     )
     e.add_argument(
-        "--val-fraction", type=float, default=0.0,
+        "--val-fraction",
+        type=float,
+        default=0.0,
         help="share of each dataset's prompts in the validation split",
-    )  # fmt: skip
+    )
     e.add_argument("--seed", type=int, default=0, help="the validation split's seed")
     e.add_argument("--overwrite", action="store_true", help="replace an export in OUT_DIR")
     e.add_argument(
-        "--draft-vocab", type=int, nargs="?", const=32_000, metavar="K",
+        "--draft-vocab",
+        type=int,
+        nargs="?",
+        const=32_000,
+        metavar="K",
         help="also write draft_vocab/: token frequencies and d2t/t2d of a K-token draft "
         "vocabulary for SpecForge and speculators (default K 32000, capped at the target's)",
-    )  # fmt: skip
+    )
     e.add_argument(
-        "--target-config", metavar="PATH",
+        "--target-config",
+        metavar="PATH",
         help="the target's config.json or folder, for its vocab_size (default: the run's tokenizer folder)",
-    )  # fmt: skip
+    )
     e.set_defaults(fn=cmd_export)
 
     v = sub.add_parser("validate", help="check an export against its manifest and format")
@@ -309,7 +344,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from kit.run.store import RunLocked
     from kit.serve import ServerError
 
-    return (ValueError, FileNotFoundError, FileExistsError, ServerError, DatabaseDamaged, RunLocked, ExportBusy, ExportInvalid)  # fmt: skip
+    return (
+        ValueError,
+        FileNotFoundError,
+        FileExistsError,
+        ServerError,
+        DatabaseDamaged,
+        RunLocked,
+        ExportBusy,
+        ExportInvalid,
+    )
 
 
 ADVICE = {"pass force=True": "pass --force", "pass overwrite=True": "pass --overwrite"}

@@ -221,8 +221,19 @@ def _counter(label: str):
 # ------------------------------------------------------------------------------ plan
 
 
-def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample_cap=None,
-             server=None, servers=None, hidden=None, target_config=None):  # fmt: skip
+def plan_run(
+    loaded,
+    config,
+    run_dir,
+    *,
+    per_dataset=30,
+    throughput=None,
+    sample_cap=None,
+    server=None,
+    servers=None,
+    hidden=None,
+    target_config=None,
+):
     """Profile prompts, pilot, plan the budgets (timed on `servers` endpoints) and write
     plan.json (storing `config` and `server`: whether its endpoints are an embedded server
     this command started). `hidden`: dataset -> bytes of hidden states (or one number for
@@ -250,8 +261,10 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
         )
     print(_table(result.profile()))
     for url, measured in result.per_endpoint.items():
-        print(f"pilot throughput at {url}: {measured.tokens_per_s:,.1f} tok/s "
-              f"({measured.concurrency} in flight)")  # fmt: skip
+        print(
+            f"pilot throughput at {url}: {measured.tokens_per_s:,.1f} tok/s "
+            f"({measured.concurrency} in flight)"
+        )
     if hidden:
         budgets, lines = hs.convert_budgets(budgets, hidden, result, shape)
         print("\n".join(lines))
@@ -269,8 +282,10 @@ def plan_run(loaded, config, run_dir, *, per_dataset=30, throughput=None, sample
     if shape is not None:
         print(hs.hidden_text(hs.hidden_states(table, result, shape), shape))
     else:
-        print("hidden states: no target config.json known (give --target-config PATH to see "
-              "the disk an offline EAGLE-3 dump of this plan takes)")  # fmt: skip
+        print(
+            "hidden states: no target config.json known (give --target-config PATH to see "
+            "the disk an offline EAGLE-3 dump of this plan takes)"
+        )
     path = plan.write_plan(run_dir, table, config, pilot=result, prompts=loaded, server=server)
     print(f"plan written: {path}")
     return path
@@ -305,7 +320,7 @@ def cmd_plan(args) -> int:
             temperature=args.temperature,
             frequency_penalty=args.frequency_penalty,
             presence_penalty=args.presence_penalty,
-        ),  # fmt: skip
+        ),
         tokenizer=args.tokenizer,
         api=args.api,
         api_key_env=args.api_key_env,
@@ -324,10 +339,17 @@ def cmd_plan(args) -> int:
     server = {"embedded": embedded, "engine": engine if embedded else None}
     with _embedded(config, start=embedded, engine=engine) as config:
         plan_run(
-            loaded, config, args.run_dir, per_dataset=args.pilot_per_dataset,
-            throughput=args.throughput, sample_cap=args.sample_cap, server=server,
-            servers=args.servers, hidden=hidden, target_config=args.target_config,
-        )  # fmt: skip
+            loaded,
+            config,
+            args.run_dir,
+            per_dataset=args.pilot_per_dataset,
+            throughput=args.throughput,
+            sample_cap=args.sample_cap,
+            server=server,
+            servers=args.servers,
+            hidden=hidden,
+            target_config=args.target_config,
+        )
     return 0
 
 
@@ -357,9 +379,13 @@ def generate_run(run_dir, args):
     with _embedded(config, start=start, engine=engine) as config:
         print(f"{'resuming' if resuming else 'starting'} the run in {run_dir}", file=sys.stderr)
         return kit.generate_sync(
-            prompts, config, run_dir=run_dir, progress=ConsoleMonitor(),
-            expected_tokens=plan.pilot_means(spec), force=args.force,
-        )  # fmt: skip
+            prompts,
+            config,
+            run_dir=run_dir,
+            progress=ConsoleMonitor(),
+            expected_tokens=plan.pilot_means(spec),
+            force=args.force,
+        )
 
 
 def _start_embedded(server: dict | None, config, args) -> tuple[bool, str | None]:
@@ -465,12 +491,20 @@ def cmd_records(args) -> int:
 
 def cmd_export(args) -> int:
     _, check = export_run(
-        args.run_dir, args.out_dir, args.tokenizer, formats=tuple(args.format),
-        drop_truncated=args.drop_truncated, drop_duplicates=args.drop_duplicates,
+        args.run_dir,
+        args.out_dir,
+        args.tokenizer,
+        formats=tuple(args.format),
+        drop_truncated=args.drop_truncated,
+        drop_duplicates=args.drop_duplicates,
         keep_truncated_conversations=args.keep_truncated_conversations,
-        trim_to_budget=args.trim_to_budget, val_fraction=args.val_fraction, seed=args.seed,
-        overwrite=args.overwrite, draft_vocab=args.draft_vocab, target_config=args.target_config,
-    )  # fmt: skip
+        trim_to_budget=args.trim_to_budget,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        draft_vocab=args.draft_vocab,
+        target_config=args.target_config,
+    )
     return 0 if check.ok else 1
 
 
@@ -494,6 +528,10 @@ def cmd_serve(args) -> int:
     from kit.serve.server import serve_forever
 
     return serve_forever(
-        port=args.port, host=args.host, temperature=args.temperature, top_p=args.top_p,
-        timeout=args.timeout, engine=args.engine,
-    )  # fmt: skip
+        port=args.port,
+        host=args.host,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        timeout=args.timeout,
+        engine=args.engine,
+    )

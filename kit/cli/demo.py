@@ -75,8 +75,13 @@ def notebook_parameters(nb) -> list[str]:
     for cell in nb.cells:
         if "parameters" in cell.metadata.get("tags", []):
             tree = ast.parse(cell.source)
-            return [t.id for node in tree.body if isinstance(node, ast.Assign)
-                    for t in node.targets if isinstance(t, ast.Name)]  # fmt: skip
+            return [
+                t.id
+                for node in tree.body
+                if isinstance(node, ast.Assign)
+                for t in node.targets
+                if isinstance(t, ast.Name)
+            ]
     return []
 
 
@@ -159,9 +164,12 @@ def run_notebooks(run_dir: Path, parameters: dict) -> Path:
         with tempfile.TemporaryDirectory(prefix="kit-kernel-") as sockets:
             ipc = Config({"KernelManager": {"transport": "ipc", "ip": f"{sockets}/ipc"}})
             client = Client(  # its own kernel manager: shut down after the notebook
-                nb, timeout=3600, kernel_name="python3", config=ipc,
+                nb,
+                timeout=3600,
+                kernel_name="python3",
+                config=ipc,
                 resources={"metadata": {"path": str(REPO / "notebooks")}},
-            )  # fmt: skip
+            )
             try:
                 client.execute()
             except CellExecutionError as exc:
@@ -199,9 +207,12 @@ def cmd_demo(args) -> int:
         raise ValueError("--model is required with --base-url (the model name the server expects)")
     _claim_demo_dir(run_dir, keep=args.resume)
     parameters = {
-        **DEMO_PARAMETERS, "run_dir": run_dir, "data": SAMPLES, "out_dir": run_dir / "export",
+        **DEMO_PARAMETERS,
+        "run_dir": run_dir,
+        "data": SAMPLES,
+        "out_dir": run_dir / "export",
         "overwrite": True,  # the export inside the demo's own run directory
-    }  # fmt: skip
+    }
     with contextlib.ExitStack() as stack:
         if args.base_url:
             url, model, tok = args.base_url, args.model, args.tokenizer

@@ -245,10 +245,15 @@ def reload(specs: dict[str, dict]) -> LoadResult:
             "run from the prompts stored in the run directory (kit.generate(None, config, run_dir=...))"
         )
     items = [
-        (check_name(ds), Path(s["path"]), check_format(s.get("format"), s.get("mapping")),
-         s.get("mapping"), bool(s.get("strip")))
+        (
+            check_name(ds),
+            Path(s["path"]),
+            check_format(s.get("format"), s.get("mapping")),
+            s.get("mapping"),
+            bool(s.get("strip")),
+        )
         for ds, s in specs.items()
-    ]  # fmt: skip
+    ]
     return _load(items, [])
 
 
@@ -307,7 +312,9 @@ def _read_source(ds: str, source, fmt: str | None, mapping: dict | None) -> tupl
     # a JSONL file's rows past its head: the mapped tools column is looked for as they stream
     seen = [key is None or isinstance(head, pl.DataFrame) or following is None]
     if mapping:
-        check_mapping_columns({k: v for k, v in mapping.items() if k != "tools" or seen[0]}, head, label)  # fmt: skip
+        check_mapping_columns(
+            {k: v for k, v in mapping.items() if k != "tools" or seen[0]}, head, label
+        )
 
     def rows():
         rest = () if following is None else itertools.chain([following], blocks)
@@ -320,7 +327,9 @@ def _read_source(ds: str, source, fmt: str | None, mapping: dict | None) -> tupl
 
     def check():
         if not seen[0] and (found := columns(head)):
-            raise ValueError(f"mapping columns [{key!r}] not found in {label}; columns found {found}")  # fmt: skip
+            raise ValueError(
+                f"mapping columns [{key!r}] not found in {label}; columns found {found}"
+            )
 
     return rows(), fmt, columnar, check
 
@@ -356,11 +365,12 @@ def _warn_empty(result: LoadResult) -> None:
         parts.append(f"{where}: {result.rows[ds]} rows" + (f", skipped {skips}" if skips else ""))
     scope = "" if len(empty) == len(result.formats) else f" in {len(empty)} datasets"
     warnings.warn(
-        f"kit.load kept 0 prompts{scope}: " + "; ".join(parts)
+        f"kit.load kept 0 prompts{scope}: "
+        + "; ".join(parts)
         + " (LoadResult.skipped_rows has each row; pass format= or mapping= if misread)",
         UserWarning,
         stacklevel=4,
-    )  # fmt: skip
+    )
 
 
 def source_hashes(frame: pl.DataFrame) -> dict[str, str]:
@@ -472,7 +482,9 @@ def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> No
                 where = result.paths.get(ds) or f"in-memory dataset {ds!r}"
                 at = f"line {i + 1}" if where.endswith((".jsonl", ".ndjson")) else f"row {i}"
                 bad = exc.object[exc.start : exc.end].encode("unicode_escape").decode()
-                skip = Skip("bad_unicode", f"{where} {at}: a lone surrogate {bad} (not valid Unicode)")  # fmt: skip
+                skip = Skip(
+                    "bad_unicode", f"{where} {at}: a lone surrogate {bad} (not valid Unicode)"
+                )
                 _skip(skip, ds, i, skips, skip_rows)
                 continue
             if pid in seen:

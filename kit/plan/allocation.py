@@ -74,9 +74,16 @@ def allocate(
                 tokens / throughput / 3600,
             )
         )
-    schema = {"dataset": pl.String, "weight": pl.Float64, "tokens": pl.Int64, "samples_needed": pl.Int64,
-              "prompts_available": pl.Int64, "max_tokens_available": pl.Float64, "capped": pl.Boolean,
-              "hours": pl.Float64}  # fmt: skip
+    schema = {
+        "dataset": pl.String,
+        "weight": pl.Float64,
+        "tokens": pl.Int64,
+        "samples_needed": pl.Int64,
+        "prompts_available": pl.Int64,
+        "max_tokens_available": pl.Float64,
+        "capped": pl.Boolean,
+        "hours": pl.Float64,
+    }
     table = pl.DataFrame(rows, schema=schema, orient="row")
     total = table.sum().with_columns(dataset=pl.lit(TOTAL), capped=table["capped"].all())
     return pl.concat([table, total.select(table.columns).cast(schema)])

@@ -87,8 +87,9 @@ def spread_factor(n: int, level: float = SPREAD_LEVEL) -> float:
     return math.sqrt(k / q) if q > 0 else math.inf
 
 
-def samples_interval(remaining: float, mean: float, std: float, n: int,
-                     level: float = PREDICTION) -> tuple[int, int | None]:  # fmt: skip
+def samples_interval(
+    remaining: float, mean: float, std: float, n: int, level: float = PREDICTION
+) -> tuple[int, int | None]:
     """(low, high) of the samples that reach `remaining` tokens at this pilot (mean, std of
     n lengths), a two-sided `level` prediction interval; high None when unbounded.
 
@@ -216,8 +217,10 @@ def _servers(throughput: Any, servers: int | None) -> tuple[Any, str | None]:
         raise ValueError(
             f"servers={servers} scales a measured Throughput (a pilot's), got throughput={throughput!r}"
         )
-    note = (f"time for {servers} servers: {throughput.per_endpoint:,.1f} tok/s per endpoint "
-            f"(measured over {throughput.endpoints}) x {servers}")  # fmt: skip
+    note = (
+        f"time for {servers} servers: {throughput.per_endpoint:,.1f} tok/s per endpoint "
+        f"(measured over {throughput.endpoints}) x {servers}"
+    )
     return throughput.servers(servers), note
 
 
@@ -298,11 +301,36 @@ def _plan_row(
     hours = _hours(expected, throughput)
     h_low, h_high = _hours_interval(hours, needed, low, high, left)
     return (
-        name, float(target), n, mean, std, st["p50"], st["p90"], st["p99"], st["truncated_share"], lower,
-        s_done, t_done, remaining, needed, upper, low, high, available, shortfall, t_done + left * mean,
-        hours, h_low, h_high, cap, cap_tokens, cap_tokens / target, _hours(cap_tokens, throughput),
-        recommend, note,
-    )  # fmt: skip
+        name,
+        float(target),
+        n,
+        mean,
+        std,
+        st["p50"],
+        st["p90"],
+        st["p99"],
+        st["truncated_share"],
+        lower,
+        s_done,
+        t_done,
+        remaining,
+        needed,
+        upper,
+        low,
+        high,
+        available,
+        shortfall,
+        t_done + left * mean,
+        hours,
+        h_low,
+        h_high,
+        cap,
+        cap_tokens,
+        cap_tokens / target,
+        _hours(cap_tokens, throughput),
+        recommend,
+        note,
+    )
 
 
 def _hours_interval(hours, needed, low, high, left) -> tuple[float | None, float | None]:
@@ -377,7 +405,10 @@ def _total_row(table: pl.DataFrame, throughput: float | None) -> pl.DataFrame:
     s = table.sum()
     needed = s["samples_needed"][0]
     upper = None if table["samples_needed_upper"].null_count() else s["samples_needed_upper"][0]
-    whole = {c: None if table[c].null_count() else s[c][0] for c in ("samples_low", "samples_high", "hours_low", "hours_high")}  # fmt: skip
+    whole = {
+        c: None if table[c].null_count() else s[c][0]
+        for c in ("samples_low", "samples_high", "hours_low", "hours_high")
+    }
     values = {
         "dataset": TOTAL,
         "mean": s["tokens_remaining"][0] / needed if needed else None,

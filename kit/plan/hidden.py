@@ -25,8 +25,19 @@ if TYPE_CHECKING:
 
 LAYERS_DUMPED = 4  # EAGLE-3: three auxiliary layers + the last
 VALUE_BYTES = 2  # bfloat16, both trainers' default
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50}  # fmt: skip
+_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "PB": 10**15,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+    "PIB": 2**50,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +145,9 @@ def means(samples: Any) -> dict[str, tuple[float, float | None]]:
     return {d: (c, p) for d, c, p in agg.iter_rows()}
 
 
-def tokens_for_bytes(hidden_bytes: int, completion_mean: float, prompt_mean: float | None,
-                     shape: TargetShape) -> int:  # fmt: skip
+def tokens_for_bytes(
+    hidden_bytes: int, completion_mean: float, prompt_mean: float | None, shape: TargetShape
+) -> int:
     """The completion-token budget whose dump (prompts included) fills `hidden_bytes`.
 
     Example:
@@ -165,9 +177,11 @@ def convert_budgets(budgets, hidden, samples, shape: TargetShape) -> tuple[dict,
             continue
         c, p = lengths[name]
         out[name] = tokens_for_bytes(size, c, p, shape)
-        lines.append(f"budget {name}: {format_bytes(size)} of hidden states = {out[name]:,} "
-                     f"completion tokens (pilot means: {p or 0:,.0f} prompt + {c:,.0f} "
-                     "completion tokens a sample)")  # fmt: skip
+        lines.append(
+            f"budget {name}: {format_bytes(size)} of hidden states = {out[name]:,} "
+            f"completion tokens (pilot means: {p or 0:,.0f} prompt + {c:,.0f} "
+            "completion tokens a sample)"
+        )
     return out, lines
 
 
@@ -196,9 +210,11 @@ def hidden_states(table: pl.DataFrame, samples: Any, shape: TargetShape) -> pl.D
         p=c("dataset").replace_strict(prompt, default=None, return_dtype=pl.Float64),
     )
     rows = rows.select(
-        "dataset", "samples", "completion_tokens",
+        "dataset",
+        "samples",
+        "completion_tokens",
         prompt_tokens=c("samples") * c("p"),
-    ).with_columns(sequence_tokens=c("completion_tokens") + c("prompt_tokens"))  # fmt: skip
+    ).with_columns(sequence_tokens=c("completion_tokens") + c("prompt_tokens"))
     rows = rows.with_columns(hidden_bytes=c("sequence_tokens") * shape.bytes_per_token)
     total = rows.select(pl.lit(TOTAL).alias("dataset"), pl.exclude("dataset").sum())
     if rows["prompt_tokens"].null_count():
@@ -208,11 +224,15 @@ def hidden_states(table: pl.DataFrame, samples: Any, shape: TargetShape) -> pl.D
 
 def hidden_text(frame: pl.DataFrame, shape: TargetShape) -> str:
     """Plain-text lines of hidden_states(): one per dataset and the total."""
-    lines = [f"hidden states of an offline EAGLE-3 dump ({LAYERS_DUMPED} layers x "
-             f"{shape.hidden_size} x {VALUE_BYTES} B = {shape.bytes_per_token:,} B a token; "
-             f"prompts and completions; target config {shape.source}):"]  # fmt: skip
+    lines = [
+        f"hidden states of an offline EAGLE-3 dump ({LAYERS_DUMPED} layers x "
+        f"{shape.hidden_size} x {VALUE_BYTES} B = {shape.bytes_per_token:,} B a token; "
+        f"prompts and completions; target config {shape.source}):"
+    ]
     for r in frame.iter_rows(named=True):
         seq = f"{r['sequence_tokens']:,.0f}" if r["sequence_tokens"] is not None else "?"
-        lines.append(f"  {r['dataset']}: {format_bytes(r['hidden_bytes'])} "
-                     f"({seq} tokens in {r['samples']:,} samples)")  # fmt: skip
+        lines.append(
+            f"  {r['dataset']}: {format_bytes(r['hidden_bytes'])} "
+            f"({seq} tokens in {r['samples']:,} samples)"
+        )
     return "\n".join(lines)

@@ -91,7 +91,12 @@ def profile_prompts(frame: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
 
         tokenizer = load_tokenizer(tokenizer)
         parts = frame.batches() if loaded else [frame]  # a LoadResult: a part at a time
-        frame = pl.concat([count_prompt_tokens(tokenizer, part).select("dataset", "prompt_tokens") for part in parts])  # fmt: skip
+        frame = pl.concat(
+            [
+                count_prompt_tokens(tokenizer, part).select("dataset", "prompt_tokens")
+                for part in parts
+            ]
+        )
     return profile(frame, "prompt_tokens")
 
 

@@ -151,14 +151,16 @@ class PilotResult:
             "wall_s": round(self.wall_s, 3),
             "tokens_per_s": round(self.tokens_per_s, 2),
             "concurrency": self.concurrency,
-            "throughput": None if measured is None else {
+            "throughput": None
+            if measured is None
+            else {
                 "tokens_per_s": round(measured.tokens_per_s, 2),
                 "concurrency": measured.concurrency,
                 "window_s": round(measured.window_s, 3),
             },
             "per_endpoint": {url: round(m.tokens_per_s, 2) for url, m in self.per_endpoint.items()},
             "sampling": asdict(self.sampling),
-        }  # fmt: skip
+        }
 
 
 def measure_throughput(frame: pl.DataFrame, concurrency: int | None = None) -> Throughput | None:
@@ -319,7 +321,11 @@ async def pilot(
     n, max_tokens = config.sampling.n, config.sampling.max_tokens
     from kit.data.sources import LoadResult
 
-    available = prompts.prompts if isinstance(prompts, LoadResult) else dict(prompts.group_by("dataset").len().iter_rows())  # fmt: skip
+    available = (
+        prompts.prompts
+        if isinstance(prompts, LoadResult)
+        else dict(prompts.group_by("dataset").len().iter_rows())
+    )
     _warn_weak(sizes, n, available)
     # budgets no pilot can reach: every chosen prompt is sent n times, then its dataset is exhausted
     budgets = {d: k * n * (max_tokens + 64) + 1 for d, k in sizes.items()}

@@ -105,17 +105,23 @@ def _prompt_specs(prompts) -> tuple[pl.DataFrame, dict[str, dict]]:
 
     frame = prompts.scan() if isinstance(prompts, LoadResult) else prompts
     if not isinstance(frame, pl.DataFrame | pl.LazyFrame):
-        raise ValueError(f"prompts must be a prompt frame or a LoadResult, got {type(prompts).__name__}")  # fmt: skip
+        raise ValueError(
+            f"prompts must be a prompt frame or a LoadResult, got {type(prompts).__name__}"
+        )
     found = frame.collect_schema().names()
     if missing := {"dataset", "prompt_id", "messages"} - set(found):
-        raise ValueError(f"prompts lacks columns {sorted(missing)}; found {found}: pass kit.load(...)")  # fmt: skip
+        raise ValueError(
+            f"prompts lacks columns {sorted(missing)}; found {found}: pass kit.load(...)"
+        )
     names = (
         frame.lazy().select("dataset").unique(maintain_order=True).collect()["dataset"].to_list()
     )
     if not names:
         raise ValueError("prompts holds no prompt: nothing to plan a run for")
     known = getattr(prompts, "specs", {})
-    specs = {name: dict(known.get(name, {"path": "", "format": None, "mapping": None})) for name in names}  # fmt: skip
+    specs = {
+        name: dict(known.get(name, {"path": "", "format": None, "mapping": None})) for name in names
+    }
     for spec in specs.values():  # absolute: generate may run from another directory
         spec["path"] = str(Path(spec["path"]).absolute()) if spec["path"] else ""
     return prompts, specs

@@ -53,20 +53,49 @@ from kit.run.reader import PROMPT_COLUMNS, ids_by_key, owned, record_batches, re
 KEYS = ["dataset", "prompt_id", "sample"]
 # the audit's check of the database file: PRAGMA quick_check (every page and record) not
 # integrity_check, whose index-vs-table cross-check alone took 13 of its 17 CPU-s at 1M records
-CHECK_NOTE = ("checked with SQLite's PRAGMA quick_check (pages and records; `sqlite3 run.sqlite "
-              "'PRAGMA integrity_check'` also cross-checks every index against its table)")  # fmt: skip
+CHECK_NOTE = (
+    "checked with SQLite's PRAGMA quick_check (pages and records; `sqlite3 run.sqlite "
+    "'PRAGMA integrity_check'` also cross-checks every index against its table)"
+)
 BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows as Python objects)
 # what the checks read from each record (no prompt_ids, endpoint, attempts, tools; the
 # answer's ids counted by SQL, read only for the draft-vocabulary table)
-READ_COLUMNS = KEYS + ["messages", "completion", "finish_reason", "completion_tokens",
-                       "count_source", "prompt_tokens", "n_output_ids", "latency_s", "t_done",
-                       "reasoning", "turns", "tool_calls"]  # fmt: skip
+READ_COLUMNS = KEYS + [
+    "messages",
+    "completion",
+    "finish_reason",
+    "completion_tokens",
+    "count_source",
+    "prompt_tokens",
+    "n_output_ids",
+    "latency_s",
+    "t_done",
+    "reasoning",
+    "turns",
+    "tool_calls",
+]
 # AuditReport.records: one light row per record
-LIGHT_COLUMNS = KEYS + ["completion_tokens", "prompt_tokens", "finish_reason", "finish_class",
-                        "count_source", "t_done", "latency_s", "empty", "echo", "think_marker",
-                        "has_reasoning", "has_ids", "ids_len_mismatch", "count_over_max",
-                        "has_tool_calls", "earlier_turns", "earlier_length",
-                        "text_hash", "norm_hash"]  # fmt: skip
+LIGHT_COLUMNS = KEYS + [
+    "completion_tokens",
+    "prompt_tokens",
+    "finish_reason",
+    "finish_class",
+    "count_source",
+    "t_done",
+    "latency_s",
+    "empty",
+    "echo",
+    "think_marker",
+    "has_reasoning",
+    "has_ids",
+    "ids_len_mismatch",
+    "count_over_max",
+    "has_tool_calls",
+    "earlier_turns",
+    "earlier_length",
+    "text_hash",
+    "norm_hash",
+]
 
 
 @dataclass
@@ -269,11 +298,15 @@ def _batches(run_dir, columns, datasets=None):
     wanted = list(columns)
     prompts = any(c in PROMPT_COLUMNS for c in wanted)
     cols = [c for c in wanted if c not in PROMPT_COLUMNS]
-    for batch in record_batches(run_dir, datasets=datasets, columns=cols, prompts=prompts, batch_size=BATCH_SIZE):  # fmt: skip
+    for batch in record_batches(
+        run_dir, datasets=datasets, columns=cols, prompts=prompts, batch_size=BATCH_SIZE
+    ):
         yield batch.select(wanted)
 
 
-def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[str, int], ids: TokenCounts | None):  # fmt: skip
+def _light_records(
+    run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[str, int], ids: TokenCounts | None
+):
     """Stream the records: the light per-record frame (flags, no text) and the text sample.
     A worker thread flags one batch (polars, outside the GIL) while the next one is read;
     a dataset's sample is checked once its `counts` records (the totals) have been read.
@@ -283,8 +316,16 @@ def _light_records(run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[s
 
     import polars as pl
 
-    sample = TextSample(th.text_check_sample, ids_for=partial(ids_by_key, run_dir)) if tok is not None else None  # fmt: skip
-    columns = READ_COLUMNS if ids is None else [c if c != "n_output_ids" else "output_ids" for c in READ_COLUMNS]  # fmt: skip
+    sample = (
+        TextSample(th.text_check_sample, ids_for=partial(ids_by_key, run_dir))
+        if tok is not None
+        else None
+    )
+    columns = (
+        READ_COLUMNS
+        if ids is None
+        else [c if c != "n_output_ids" else "output_ids" for c in READ_COLUMNS]
+    )
 
     def flag(batch, finished):
         if ids is not None:
@@ -328,16 +369,25 @@ def _sample_notes(table) -> list[str]:
     for r in table.iter_rows(named=True):
         parts = []
         if r["ids_text_checked"] < r["with_ids"]:
-            parts.append(f"ids decoded on {r['ids_text_checked']:,} of {r['with_ids']:,} records with ids")  # fmt: skip
+            parts.append(
+                f"ids decoded on {r['ids_text_checked']:,} of {r['with_ids']:,} records with ids"
+            )
         if r["count_checked"] < r["countable"]:
-            parts.append(f"counts re-tokenized on {r['count_checked']:,} of {r['countable']:,} records")  # fmt: skip
+            parts.append(
+                f"counts re-tokenized on {r['count_checked']:,} of {r['countable']:,} records"
+            )
         if parts:
             notes.append(f"{r['dataset']}: tokenizer checks on a seeded sample: {'; '.join(parts)}")
     return notes
 
 
-def audit(run_dir, *, tokenizer=None, thresholds: AuditThresholds | None = None,
-          draft_vocab: int | None = None) -> AuditReport:  # fmt: skip
+def audit(
+    run_dir,
+    *,
+    tokenizer=None,
+    thresholds: AuditThresholds | None = None,
+    draft_vocab: int | None = None,
+) -> AuditReport:
     """Check a run directory against thresholds.
 
     Args:

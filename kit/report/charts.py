@@ -59,7 +59,15 @@ def token_distributions(records, *, bins: int = 40):
     if data.drop_nulls().height:
         hist, box = _length_bins(data, "completion_tokens", False, bins)
     else:  # no records: empty charts
-        hist = pl.DataFrame(schema={"dataset": pl.String, "bin": pl.Int64, "count": pl.UInt32, "start": pl.Float64, "end": pl.Float64})  # fmt: skip
+        hist = pl.DataFrame(
+            schema={
+                "dataset": pl.String,
+                "bin": pl.Int64,
+                "count": pl.UInt32,
+                "start": pl.Float64,
+                "end": pl.Float64,
+            }
+        )
         box = pl.DataFrame(schema={k: pl.Float64 for k in ("min", "q1", "median", "q3", "max")})
         box = box.with_columns(dataset=pl.lit(None, pl.String), n=pl.lit(None, pl.UInt32))
     x_title = "completion tokens"
@@ -120,23 +128,34 @@ def budget_vs_actual(audit_or_frames):
 
     frame = getattr(audit_or_frames, "datasets", audit_or_frames)
     findings = getattr(audit_or_frames, "findings", None)
-    beyond = [] if findings is None else findings.filter(pl.col("check") == "over_budget")["dataset"].to_list()  # fmt: skip
+    beyond = (
+        []
+        if findings is None
+        else findings.filter(pl.col("check") == "over_budget")["dataset"].to_list()
+    )
     share = pl.when(pl.col("budget") > 0).then(pl.col("tokens") / pl.col("budget"))
     data = frame.select("dataset", "tokens", "budget").with_columns(share=share)
     data = data.with_columns(
-        state=pl.when(pl.col("dataset").is_in(beyond)).then(pl.lit("over the allowance"))
-        .when(pl.col("share").is_null() | (pl.col("share") < 1)).then(pl.lit("under budget"))
-        .when(pl.col("share") <= 1.05).then(pl.lit("at budget"))
+        state=pl.when(pl.col("dataset").is_in(beyond))
+        .then(pl.lit("over the allowance"))
+        .when(pl.col("share").is_null() | (pl.col("share") < 1))
+        .then(pl.lit("under budget"))
+        .when(pl.col("share") <= 1.05)
+        .then(pl.lit("at budget"))
         .otherwise(pl.lit("over, inside the allowance"))
-    )  # fmt: skip
+    )
     base = alt.Chart(data).encode(y=alt.Y("dataset:N", title=None))
     scale = alt.Scale(domain=list(BUDGET_STATES), range=list(BUDGET_STATES.values()))
     bars = base.mark_bar().encode(
         x=alt.X("tokens:Q", title="completion tokens"),
-        color=alt.Color("state:N", scale=scale, title="against the budget",
-                        legend=alt.Legend(orient="bottom", columns=2)),
+        color=alt.Color(
+            "state:N",
+            scale=scale,
+            title="against the budget",
+            legend=alt.Legend(orient="bottom", columns=2),
+        ),
         tooltip=["dataset", "tokens", "budget", "state", alt.Tooltip("share:Q", format=".1%")],
-    )  # fmt: skip
+    )
     budget = base.mark_tick(color="black", thickness=3, size=28).encode(x="budget:Q")
     label = base.mark_text(align="left", dx=4).encode(
         x="tokens:Q", text=alt.Text("share:Q", format=".0%")

@@ -40,9 +40,11 @@ def _check_specforge(row) -> str | None:
         if "reasoning_content" in m and not isinstance(m["reasoning_content"], str):
             return f"conversations[{j}].reasoning_content must be a string"
         calls = m.get("tool_calls")
-        if "tool_calls" in m and not (isinstance(calls, list) and calls and all(
-            isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls
-        )):  # fmt: skip
+        if "tool_calls" in m and not (
+            isinstance(calls, list)
+            and calls
+            and all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)
+        ):
             return f"conversations[{j}].tool_calls must be a non-empty list of tool calls"
     if conv[-1]["role"] != "assistant":
         return "the last message must be the assistant completion"
@@ -182,9 +184,10 @@ def _manifest_shape(m) -> str | None:
         if "line_hashes" in entry and not isinstance(entry["line_hashes"], str):
             return f"files[{rel!r}].line_hashes must be a path"
     if not isinstance(counts, dict) or not all(
-        isinstance(c, dict) and all(is_int(c.get(k, 0)) and c.get(k, 0) >= 0 for k in ("train", "validation"))
+        isinstance(c, dict)
+        and all(is_int(c.get(k, 0)) and c.get(k, 0) >= 0 for k in ("train", "validation"))
         for c in counts.values()
-    ):  # fmt: skip
+    ):
         return "'counts' must be an object dataset -> {train: int, validation: int, ...}"
     formats = opts.get("formats") if isinstance(opts, dict) else None
     if not isinstance(formats, list) or not all(isinstance(f, str) for f in formats):

@@ -88,10 +88,13 @@ def earlier_turns(r: dict) -> list[dict]:
     if len(turns) != len(contents):
         turns = [{}] * len(contents)
     return [
-        {"content": c, "finish_reason": t.get("finish_reason") or "stop",
-         "output_ids": t.get("output_ids") or None}
+        {
+            "content": c,
+            "finish_reason": t.get("finish_reason") or "stop",
+            "output_ids": t.get("output_ids") or None,
+        }
         for c, t in zip(contents, turns, strict=True)
-    ]  # fmt: skip
+    ]
 
 
 def render_all(tok, convs: list, gen: bool, tools: list, kwargs: list) -> list[str | None]:
@@ -106,7 +109,9 @@ def render_all(tok, convs: list, gen: bool, tools: list, kwargs: list) -> list[s
     plain = [i for i in range(len(convs)) if not tools[i] and not kwargs[i]]
     out: list[str | None] = [None] * len(convs)
     if plain:
-        for i, text in zip(plain, render(tok, [convs[i] for i in plain], gen, on_error="skip"), strict=True):  # fmt: skip
+        for i, text in zip(
+            plain, render(tok, [convs[i] for i in plain], gen, on_error="skip"), strict=True
+        ):
             out[i] = text
     for i in sorted(set(range(len(convs))) - set(plain)):
         out[i] = render_one(tok, convs[i], gen, tools[i], kwargs[i])
@@ -146,7 +151,12 @@ def json_text(expr):
     (null -> "null"): polars' JSON writer escapes strings as Python's json does."""
     import polars as pl
 
-    return pl.struct(expr.alias("v")).struct.json_encode().str.strip_prefix('{"v":').str.strip_suffix("}")  # fmt: skip
+    return (
+        pl.struct(expr.alias("v"))
+        .struct.json_encode()
+        .str.strip_prefix('{"v":')
+        .str.strip_suffix("}")
+    )
 
 
 def messages_text():
@@ -193,19 +203,31 @@ def specforge_lines(frame):
     reasoning = pl.when(c("reasoning").fill_null("") != "")
     calls = c("tool_calls_json") if "tool_calls_json" in frame.columns else pl.lit(None, pl.String)
     last = pl.concat_str(
-        pl.lit('{"role": "assistant", "content": '), json_text(c("completion")),
-        reasoning.then(pl.concat_str(pl.lit(', "reasoning_content": '), json_text(c("reasoning")))).otherwise(pl.lit("")),
-        pl.when(calls.is_not_null()).then(pl.concat_str(pl.lit(', "tool_calls": '), calls)).otherwise(pl.lit("")),
+        pl.lit('{"role": "assistant", "content": '),
+        json_text(c("completion")),
+        reasoning.then(
+            pl.concat_str(pl.lit(', "reasoning_content": '), json_text(c("reasoning")))
+        ).otherwise(pl.lit("")),
+        pl.when(calls.is_not_null())
+        .then(pl.concat_str(pl.lit(', "tool_calls": '), calls))
+        .otherwise(pl.lit("")),
         pl.lit("}"),
-    )  # fmt: skip
+    )
     sep = pl.when(prompt != "").then(pl.lit(", ")).otherwise(pl.lit(""))
     tools = c("tools_json")
     line = pl.concat_str(
-        pl.lit('{"id": '), json_text(row_ids()), pl.lit(', "conversations": ['), prompt, sep,
-        last, pl.lit("]"),
-        pl.when(tools.is_not_null()).then(pl.concat_str(pl.lit(', "tools": '), tools)).otherwise(pl.lit("")),
+        pl.lit('{"id": '),
+        json_text(row_ids()),
+        pl.lit(', "conversations": ['),
+        prompt,
+        sep,
+        last,
+        pl.lit("]"),
+        pl.when(tools.is_not_null())
+        .then(pl.concat_str(pl.lit(', "tools": '), tools))
+        .otherwise(pl.lit("")),
         pl.lit("}\n"),
-    )  # fmt: skip
+    )
     return frame.select(line.alias("line")).to_series()
 
 
@@ -221,13 +243,22 @@ def conversation_problems(frame) -> list[str]:
     e = pl.element()
     roles = pl.col("messages").list.eval(e.struct.field("role"))
     contents = pl.col("messages").list.eval(e.struct.field("content").is_null()).list.any()
-    return first_breaks(frame, {
-        f"a message's role is not one of {ROLES}": roles.list.eval(~e.is_in(ROLES)).list.any(),
-        "a message's content is not a string": contents | pl.col("completion").is_null(),
-        "a system message after the first turn": roles.list.eval((e == "system") & (pl.int_range(pl.len()) > 0)).list.any(),  # fmt: skip
-        "'tools' must be a list of tool definitions (dicts)": _breaks(frame, "tools_json", _bad_tools),
-        "tool_calls must be a non-empty list of tool calls": _breaks(frame, "tool_calls_json", _bad_calls),
-    })  # fmt: skip
+    return first_breaks(
+        frame,
+        {
+            f"a message's role is not one of {ROLES}": roles.list.eval(~e.is_in(ROLES)).list.any(),
+            "a message's content is not a string": contents | pl.col("completion").is_null(),
+            "a system message after the first turn": roles.list.eval(
+                (e == "system") & (pl.int_range(pl.len()) > 0)
+            ).list.any(),
+            "'tools' must be a list of tool definitions (dicts)": _breaks(
+                frame, "tools_json", _bad_tools
+            ),
+            "tool_calls must be a non-empty list of tool calls": _breaks(
+                frame, "tool_calls_json", _bad_calls
+            ),
+        },
+    )
 
 
 def _breaks(frame, column: str, bad):
@@ -245,14 +276,20 @@ def _bad_tools(text: str) -> bool:
 
 def _bad_calls(text: str) -> bool:
     calls = json.loads(text)
-    return not (isinstance(calls, list) and calls and all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls))  # fmt: skip
+    return not (
+        isinstance(calls, list)
+        and calls
+        and all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)
+    )
 
 
 def row_ids():
     """row_id() as a polars expression over dataset, prompt_id, sample."""
     import polars as pl
 
-    return pl.concat_str(pl.col("dataset"), pl.col("prompt_id"), pl.col("sample").cast(pl.String), separator="-")  # fmt: skip
+    return pl.concat_str(
+        pl.col("dataset"), pl.col("prompt_id"), pl.col("sample").cast(pl.String), separator="-"
+    )
 
 
 def rendered(lines) -> tuple[memoryview, list[int]]:
@@ -263,7 +300,9 @@ def rendered(lines) -> tuple[memoryview, list[int]]:
     import polars as pl
 
     arr = lines.rechunk().to_arrow(compat_level=pl.CompatLevel.oldest())  # large_string
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]  # fmt: skip
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[
+        arr.offset : arr.offset + len(arr) + 1
+    ]
     start, end = int(offsets[0]), int(offsets[-1])
     data = arr.buffers()[2]
     view = memoryview(data.slice(start, end - start) if data is not None else b"").cast("B")
@@ -295,5 +334,8 @@ def first_breaks(frame, rules: dict) -> list[str]:
     for i, what in enumerate(rules):
         bad = found.filter(pl.col(f"r{i}"))
         if bad.height:
-            out.append(f"row {bad['id'][0]}: {what}" + (f" (and {bad.height - 1} more rows)" if bad.height > 1 else ""))  # fmt: skip
+            out.append(
+                f"row {bad['id'][0]}: {what}"
+                + (f" (and {bad.height - 1} more rows)" if bad.height > 1 else "")
+            )
     return out

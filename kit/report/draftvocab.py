@@ -50,7 +50,9 @@ class TokenCounts:
         if "turns" in frame.columns and frame["turns"].is_not_null().any():
             earlier = [_turn_ids(t) for t in frame["turns"].to_list()]
             ok = ok & pl.Series([e is not None for e in earlier])
-        for (name,), part in frame.with_columns(_ok=ok).partition_by("dataset", as_dict=True).items():  # fmt: skip
+        for (name,), part in (
+            frame.with_columns(_ok=ok).partition_by("dataset", as_dict=True).items()
+        ):
             good = part.filter(pl.col("_ok"))
             self.excluded[name] = self.excluded.get(name, 0) + part.height - good.height
             self.records[name] = self.records.get(name, 0) + good.height
@@ -126,13 +128,38 @@ def coverage(counts: TokenCounts, k: int) -> pl.DataFrame:
         a = np.zeros(len(total), np.int64)
         a[: len(counts.per[name])] = counts.per[name]
         without = np.setdiff1d(top, select_ids(total - a, k))
-        rows.append((name, counts.records[name], counts.excluded[name], int(a.sum()),
-                     int((a > 0).sum()), _share(a, top), len(without)))  # fmt: skip
+        rows.append(
+            (
+                name,
+                counts.records[name],
+                counts.excluded[name],
+                int(a.sum()),
+                int((a > 0).sum()),
+                _share(a, top),
+                len(without),
+            )
+        )
     excluded = sum(counts.excluded.values())
-    rows.append(("TOTAL", sum(counts.records.values()), excluded, int(total.sum()),
-                 int((total > 0).sum()), _share(total, top), None))  # fmt: skip
-    schema = {"dataset": pl.String, "records": pl.Int64, "excluded": pl.Int64, "tokens": pl.Int64,
-              "distinct": pl.Int64, "in_top_k": pl.Float64, "adds": pl.Int64}  # fmt: skip
+    rows.append(
+        (
+            "TOTAL",
+            sum(counts.records.values()),
+            excluded,
+            int(total.sum()),
+            int((total > 0).sum()),
+            _share(total, top),
+            None,
+        )
+    )
+    schema = {
+        "dataset": pl.String,
+        "records": pl.Int64,
+        "excluded": pl.Int64,
+        "tokens": pl.Int64,
+        "distinct": pl.Int64,
+        "in_top_k": pl.Float64,
+        "adds": pl.Int64,
+    }
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
@@ -164,11 +191,15 @@ def write(out_dir: Path, counts: TokenCounts, k: int, vocab: int, files: dict) -
     k = min(k, vocab)
     total = counts.total(vocab)
     if len(total) > vocab:
-        raise ValueError(f"token ids up to {len(total) - 1} in the run, but the target's vocab_size is {vocab}")  # fmt: skip
+        raise ValueError(
+            f"token ids up to {len(total) - 1} in the run, but the target's vocab_size is {vocab}"
+        )
     d2t, t2d = mapping(total, k, vocab)
     folder = Path(out_dir) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, folder / "vocab_mapping.pt")  # fmt: skip
+    torch.save(
+        {"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, folder / "vocab_mapping.pt"
+    )
     seen = np.flatnonzero(total)
     torch.save(
         dict(zip(seen.tolist(), total[seen].tolist(), strict=True)), folder / "token_freq.pt"
@@ -176,10 +207,14 @@ def write(out_dir: Path, counts: TokenCounts, k: int, vocab: int, files: dict) -
     np.save(folder / f"d2t-{k}.npy", d2t)
     np.save(folder / f"t2d-{k}.npy", t2d)
     table = coverage(counts, k)
-    section = {"draft_vocab_size": k, "target_vocab_size": vocab, "files": targets(k),
-               "datasets": table.to_dicts(),
-               "counted": "server output_ids of the exported records (earlier generated turns "
-                          "included); records without them excluded"}  # fmt: skip
+    section = {
+        "draft_vocab_size": k,
+        "target_vocab_size": vocab,
+        "files": targets(k),
+        "datasets": table.to_dicts(),
+        "counted": "server output_ids of the exported records (earlier generated turns "
+        "included); records without them excluded",
+    }
     (folder / "draft_vocab.json").write_text(json.dumps(section, indent=2))
     for rel in targets(k):
         files[rel] = file_entry(Path(out_dir) / rel, None)
@@ -203,5 +238,7 @@ def coverage_text(table: pl.DataFrame, k: int) -> list[str]:
         share = f"{r['in_top_k']:.1%}" if r["in_top_k"] is not None else "-"
         adds = f", adds {r['adds']:,} ids" if r["adds"] is not None else ""
         skip = f", {r['excluded']:,} records without server ids excluded" if r["excluded"] else ""
-        lines.append(f"  {r['dataset']}: {share} of {r['tokens']:,} tokens inside the top {k:,}{adds}{skip}")  # fmt: skip
+        lines.append(
+            f"  {r['dataset']}: {share} of {r['tokens']:,} tokens inside the top {k:,}{adds}{skip}"
+        )
     return lines

@@ -41,11 +41,15 @@ class Checks:
                 "dataset where one sampled row's ids do not spell its text is decoded in full"
             ),
             "per_dataset": {
-                d: {"exact_candidates": n, "ids_decoded": self.decoded.get(d, 0),
-                    "prompt_rendered": self.rendered.get(d, 0), "decoded_all": d in self.full}
+                d: {
+                    "exact_candidates": n,
+                    "ids_decoded": self.decoded.get(d, 0),
+                    "prompt_rendered": self.rendered.get(d, 0),
+                    "decoded_all": d in self.full,
+                }
                 for d, n in sorted(self.candidates.items())
             },
-        }  # fmt: skip
+        }
 
 
 def first_rows(frame, seen: dict[str, int], size: int, full=frozenset()):
@@ -53,7 +57,7 @@ def first_rows(frame, seen: dict[str, int], size: int, full=frozenset()):
     over the batches (`seen`: dataset -> rows taken before), or of a dataset in `full`."""
     import polars as pl
 
-    left = {d: (1 << 62) if d in full else size - seen.get(d, 0) for d in frame["dataset"].unique()}  # fmt: skip
+    left = {d: (1 << 62) if d in full else size - seen.get(d, 0) for d in frame["dataset"].unique()}
     rank = frame.select(pl.int_range(pl.len()).over("dataset")).to_series().to_numpy()
     return rank < frame["dataset"].replace_strict(left, return_dtype=pl.Int64).to_numpy()
 
@@ -85,7 +89,9 @@ def widening_sample(frame, seen: dict[str, int], full: set[str], size: int, chec
     return found
 
 
-def token_columns(tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, turns: str, kwargs_for, fetch=None):  # fmt: skip
+def token_columns(
+    tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, turns: str, kwargs_for, fetch=None
+):
     """A batch of records (with prompts, kit.run.reader) -> (the rows made, with input_ids,
     loss_mask and ids_source columns, in the batch's order; rows the template cannot split,
     left out). stats / by_dataset: as tokenrows.token_rows counts them (updated in place).
@@ -111,14 +117,18 @@ def token_columns(tok, frame, stats: dict, by_dataset: dict, checks: Checks, *, 
     rest = pl.concat([frame.filter(~c("_ok")), cand.filter(bad)]).sort("_i")
     if rest.height:
         rest = fetch(rest)
-        made = token_rows(tok, rest.to_dicts(), stats, by_dataset, turns=turns, kwargs_for=kwargs_for)  # fmt: skip
+        made = token_rows(
+            tok, rest.to_dicts(), stats, by_dataset, turns=turns, kwargs_for=kwargs_for
+        )
         keep = pl.Series([m is not None for m in made], dtype=pl.Boolean)
         rows = [m for m in made if m is not None]
-        parts.append(rest.filter(keep).with_columns(
-            input_ids=pl.Series([r["input_ids"] for r in rows], dtype=pl.List(pl.Int64)),
-            loss_mask=pl.Series([r["loss_mask"] for r in rows], dtype=pl.List(pl.Int8)),
-            ids_source=pl.Series([r["ids_source"] for r in rows], dtype=pl.String),
-        ))  # fmt: skip
+        parts.append(
+            rest.filter(keep).with_columns(
+                input_ids=pl.Series([r["input_ids"] for r in rows], dtype=pl.List(pl.Int64)),
+                loss_mask=pl.Series([r["loss_mask"] for r in rows], dtype=pl.List(pl.Int8)),
+                ids_source=pl.Series([r["ids_source"] for r in rows], dtype=pl.String),
+            )
+        )
     out = pl.concat(parts, how="diagonal_relaxed").sort("_i").drop("_i", "_ok")
     out = out.drop([n for n in ("messages", "tools") if n not in given], strict=False)
     return out, frame.height - out.height
@@ -135,7 +145,10 @@ def _ids_do_not_spell(tok, cand, checks: Checks):
 
     def wrong(rows):
         decoded = tok.batch_decode(id_arrays(rows["output_ids"]), skip_special_tokens=True)
-        return [not ids_spell(t, r, a) for t, r, a in zip(decoded, rows["reasoning"], rows["completion"], strict=True)]  # fmt: skip
+        return [
+            not ids_spell(t, r, a)
+            for t, r, a in zip(decoded, rows["reasoning"], rows["completion"], strict=True)
+        ]
 
     return pl.Series(widening_sample(cand, checks.decoded, checks.full, CHECK_SAMPLE, wrong))
 
@@ -150,7 +163,11 @@ def _check_prompts(tok, exact, checks: Checks, by_dataset: dict, kwargs_for, fet
     if not exact.height:
         return
     keep = first_rows(exact, checks.rendered, CHECK_SAMPLE)
-    rows = fetch(exact.filter(pl.Series(keep))).select("dataset", "messages", "tools", "prompt_ids").to_dicts()  # fmt: skip
+    rows = (
+        fetch(exact.filter(pl.Series(keep)))
+        .select("dataset", "messages", "tools", "prompt_ids")
+        .to_dicts()
+    )
     kw = [(kwargs_for(r["dataset"]) if kwargs_for else None) or {} for r in rows]
     convs = [conversation(r["messages"], "")[:-1] for r in rows]
     texts = render_all(tok, convs, True, [tools_of(r) for r in rows], kw)
@@ -177,7 +194,7 @@ def _exact(tok, exact, stats: dict, by_dataset: dict):
     out = out.with_columns(
         input_ids=pl.concat_list(
             "prompt_ids", "output_ids", pl.lit(eot or 0, pl.Int64).repeat_by(c("_app"))
-        ),  # fmt: skip
+        ),
         loss_mask=pl.concat_list(
             pl.lit(0, pl.Int8).repeat_by(c("prompt_ids").list.len()),
             pl.lit(1, pl.Int8).repeat_by(c("output_ids").list.len() + c("_app")),
@@ -216,13 +233,17 @@ def token_lines(frame) -> tuple[bytes, list[int]]:
         return orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].replace(b",", b", ")
 
     head = pl.concat_str(pl.lit('{"id": '), json_text(row_ids()), pl.lit(', "input_ids": ['))
-    tail = pl.concat_str(pl.lit('], "ids_source": '), json_text(pl.col("ids_source")), pl.lit("}\n"))  # fmt: skip
+    tail = pl.concat_str(
+        pl.lit('], "ids_source": '), json_text(pl.col("ids_source")), pl.lit("}\n")
+    )
     ends = frame.select(head.alias("h"), tail.alias("t"))
     zeros = frame["_zeros"].to_list() if "_zeros" in frame.columns else [None] * frame.height
     general = frame["loss_mask"].filter(pl.Series(zeros, dtype=pl.Int64).is_null())
     masks = iter(id_arrays(general.cast(pl.List(pl.Int64))))  # the rows without `_zeros`
     parts, offsets = [], [0]
-    for h, ids, z, t in zip(ends["h"], id_arrays(frame["input_ids"]), zeros, ends["t"], strict=True):  # fmt: skip
+    for h, ids, z, t in zip(
+        ends["h"], id_arrays(frame["input_ids"]), zeros, ends["t"], strict=True
+    ):
         mask_text = (
             ints(next(masks)) if z is None else b"0, " * z + b"1, " * (len(ids) - z - 1) + b"1"
         )
@@ -250,7 +271,7 @@ def token_problems(frame, vocab_size: int, one_span: bool) -> list[str]:
     ids, mask = c("input_ids"), c("loss_mask")
     rules = {
         "'input_ids' must be a non-empty list of ints >= 0": (ids.list.len() == 0)
-        | (ids.list.min() < 0),  # fmt: skip
+        | (ids.list.min() < 0),
         f"a token id is not below the vocabulary size {vocab_size}": ids.list.max() >= vocab_size,
         "'loss_mask' must be a list of 0/1 ints": (mask.list.min() < 0) | (mask.list.max() > 1),
         "loss_mask is not as long as input_ids": mask.list.len() != ids.list.len(),
@@ -258,8 +279,10 @@ def token_problems(frame, vocab_size: int, one_span: bool) -> list[str]:
         "loss_mask is 1 on the first token: the prompt is trained": mask.list.first() == 1,
         "'ids_source' must be 'server' or 'retokenized'": ~c("ids_source").is_in(
             ["server", "retokenized"]
-        ),  # fmt: skip
+        ),
     }
     if one_span:
-        rules["loss_mask has more than one stretch of 1s: only the last assistant turn is trained"] = mask.list.eval(pl.element().diff() == 1).list.sum() > 1  # fmt: skip
+        rules[
+            "loss_mask has more than one stretch of 1s: only the last assistant turn is trained"
+        ] = mask.list.eval(pl.element().diff() == 1).list.sum() > 1
     return first_breaks(frame, rules)

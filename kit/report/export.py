@@ -127,8 +127,10 @@ class ExportResult:
         """Plain text: counts per dataset, what was dropped or skipped, files written."""
         lines = [f"export -> {self.out_dir}"]
         for name, c in self.counts.items():
-            lines.append(f"  {name}: {c['records']} records, {c['tokens']:,} tokens "
-                         f"(train {c['train']}, validation {c['validation']})")  # fmt: skip
+            lines.append(
+                f"  {name}: {c['records']} records, {c['tokens']:,} tokens "
+                f"(train {c['train']}, validation {c['validation']})"
+            )
         lines += [f"  dropped {n} ({why})" for why, n in self.dropped.items() if n]
         lines += _manifest.summary_lines(self.manifest)
         if v := self.manifest.get("draft_vocab"):
@@ -149,8 +151,18 @@ class ExportResult:
 
 BATCH = 5_000  # records per batch of the writing pass: bounds its memory
 WRITES_IN_FLIGHT = 4  # batches rendered and queued for the writer thread
-_READ = ["dataset", "prompt_id", "sample", "completion", "reasoning", "finish_reason",
-         "completion_tokens", "count_source", "turns", "tool_calls"]  # fmt: skip
+_READ = [
+    "dataset",
+    "prompt_id",
+    "sample",
+    "completion",
+    "reasoning",
+    "finish_reason",
+    "completion_tokens",
+    "count_source",
+    "turns",
+    "tool_calls",
+]
 
 
 def _targets(formats) -> list[str]:
@@ -160,7 +172,11 @@ def _targets(formats) -> list[str]:
         for fmt in ("specforge", "token_ids"):
             if fmt in formats:
                 out += [f"{fmt}/{split}.jsonl", f"linehashes/{fmt}/{split}.jsonl.txt"]
-        out += [f"parquet/{split}.parquet", f"parquet/.parts-{split}"] if {"parquet", "hf"} & set(formats) else []  # fmt: skip
+        out += (
+            [f"parquet/{split}.parquet", f"parquet/.parts-{split}"]
+            if {"parquet", "hf"} & set(formats)
+            else []
+        )
         out += [f"hf/{split}"] if "hf" in formats else []
     return out
 
@@ -219,10 +235,22 @@ def export(
 
     from kit.run.reader import read_config
 
-    opts = ExportOptions(formats, drop_truncated, keep_truncated_conversations, drop_errors, drop_duplicates, trim_to_budget, mix, val_fraction, seed)  # fmt: skip
+    opts = ExportOptions(
+        formats,
+        drop_truncated,
+        keep_truncated_conversations,
+        drop_errors,
+        drop_duplicates,
+        trim_to_budget,
+        mix,
+        val_fraction,
+        seed,
+    )
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     with Staged(out_dir) as stage:  # written beside out_dir, swapped in only when validated
-        targets = _targets(opts.formats) + (draftvocab.targets(draft_vocab) if draft_vocab is not None else [])  # fmt: skip
+        targets = _targets(opts.formats) + (
+            draftvocab.targets(draft_vocab) if draft_vocab is not None else []
+        )
         owned_files(out_dir, overwrite, targets)  # refuse before any work
         config = read_config(run_dir)
         with ThreadPoolExecutor(1, thread_name_prefix="kit-tokenizer") as loading:
@@ -236,8 +264,23 @@ def export(
         ids = draftvocab.TokenCounts() if draft_vocab is not None else None  # counted as written
         written = _write(run_dir, stage.path, kept, config, tok, opts, files, dropped, ids)
         vocab = _draft_vocab(stage.path, ids, draft_vocab, config, target_config, files)
-        notes = stage.notes + ([] if written.rows else [_manifest.empty_note(run_dir, light.height)])  # fmt: skip
-        manifest = _manifest.build(run_dir, config, tok, written.counts(), written.earlier, dropped, written.stats, written.by_dataset, opts, files, written.trainer, written.retokenized)  # fmt: skip
+        notes = stage.notes + (
+            [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
+        )
+        manifest = _manifest.build(
+            run_dir,
+            config,
+            tok,
+            written.counts(),
+            written.earlier,
+            dropped,
+            written.stats,
+            written.by_dataset,
+            opts,
+            files,
+            written.trainer,
+            written.retokenized,
+        )
         manifest["notes"] = notes
         if "token_ids" in opts.formats:
             manifest["token_checks"] = written.checks.section()
@@ -246,7 +289,9 @@ def export(
         (stage.path / "manifest.json").write_text(json.dumps(manifest, indent=2))
         check = validate(stage.path, rows=False)  # the rows were checked as written (_write)
         if not check.ok:
-            raise ExportInvalid(f"export: the new export failed validation, {out_dir} was left as it was: {'; '.join(check.problems[:3])}")  # fmt: skip
+            raise ExportInvalid(
+                f"export: the new export failed validation, {out_dir} was left as it was: {'; '.join(check.problems[:3])}"
+            )
         stage.swap_in(owned_files(out_dir, overwrite, targets))
     return ExportResult(
         out_dir=out_dir,
@@ -283,24 +328,31 @@ class _Written:
         in_convs = pl.lit(self.keep) | ~pl.col("_cut")  # the rows of the SpecForge JSONL
         thinks = (pl.col("reasoning").fill_null("") != "") & in_convs
         if "messages" in frame.columns:
-            assistant = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")  # fmt: skip
+            assistant = pl.col("messages").list.eval(
+                pl.element().struct.field("role") == "assistant"
+            )
             held, turns = assistant.list.any(), assistant.list.sum()
         else:  # read without prompts (kit.run.reader's `earlier`): no SpecForge file to count
             held, turns = pl.col("earlier"), pl.lit(0)
         per = frame.group_by("dataset", maintain_order=True).agg(
-            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.sum(),
-            length=pl.col("_cut").sum(), thinks=thinks.sum(),
+            n=pl.len(),
+            tokens=pl.col("completion_tokens").sum(),
+            held=held.sum(),
+            length=pl.col("_cut").sum(),
+            thinks=thinks.sum(),
             calls=(pl.col("tool_calls_json").is_not_null() & in_convs).sum(),
             turns=turns.filter(in_convs).sum(),
-        )  # fmt: skip
+        )
         for d, n, tokens, earlier, length, thinking, calls, turns in per.iter_rows():
-            c = self.per.setdefault(d, {"records": 0, "tokens": 0, "train": 0, "validation": 0})  # fmt: skip
+            c = self.per.setdefault(d, {"records": 0, "tokens": 0, "train": 0, "validation": 0})
             c["records"] += n
             c["tokens"] += tokens
             c[split] += n
             self.rows += n
             self.earlier[d] = self.earlier.get(d, 0) + earlier
-            t = self.trainer.setdefault(d, {"length": dict.fromkeys(SPLITS, 0), "reasoning": 0, "turns": 0, "tool_calls": 0})  # fmt: skip
+            t = self.trainer.setdefault(
+                d, {"length": dict.fromkeys(SPLITS, 0), "reasoning": 0, "turns": 0, "tool_calls": 0}
+            )
             t["turns"] += turns
             t["tool_calls"] += calls
             t["length"][split] += length
@@ -330,13 +382,20 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
         deque(),
     )
     splits = {s: Split(out_dir, s, opts, tokens and kept.height > 0) for s in SPLITS[:1]}
-    columns = _READ + (["prompt_ids", "output_ids"] if tokens else ["output_ids"] if ids is not None else [])  # fmt: skip
+    columns = _READ + (
+        ["prompt_ids", "output_ids"] if tokens else ["output_ids"] if ids is not None else []
+    )
     # token-id rows from the server's ids use no prompt text: with no other format, a batch
     # comes without its prompts, and the rows that use one read it by key (_with_prompts)
     text = bool({"specforge", "parquet", "hf"} & set(opts.formats)) or config.turns == "all_turns"
-    batches = record_batches(run_dir, columns=columns, prompts=True if text else "earlier", batch_size=BATCH)  # fmt: skip
+    batches = record_batches(
+        run_dir, columns=columns, prompts=True if text else "earlier", batch_size=BATCH
+    )
     fetch = None if text else functools.partial(_with_prompts, run_dir)
-    with ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool, _read_ahead(batches) as batches:  # fmt: skip
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool,
+        _read_ahead(batches) as batches,
+    ):
 
         def later(fn, *args) -> None:
             while len(pending) >= WRITES_IN_FLIGHT:
@@ -351,7 +410,9 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
             found += frame.height
             frame = _prepared(frame, config, tok, tokens, done, dropped, fetch)
             if problems := _problems(frame, opts, tok, config):
-                raise ExportInvalid(f"export: rows of {run_dir} break the export's format, nothing was swapped in: {'; '.join(problems[:3])}")  # fmt: skip
+                raise ExportInvalid(
+                    f"export: rows of {run_dir} break the export's format, nothing was swapped in: {'; '.join(problems[:3])}"
+                )
             for split in SPLITS:
                 part = frame.filter(frame["split"] == split)
                 if not part.height:
@@ -363,7 +424,9 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
         while pending:
             pending.popleft().result()
     if found != kept.height:
-        raise RuntimeError(f"export: {kept.height - found} records of {run_dir} were not found again when writing")  # fmt: skip
+        raise RuntimeError(
+            f"export: {kept.height - found} records of {run_dir} were not found again when writing"
+        )
     for split in SPLITS:
         if split in splits:
             splits[split].close(files)
@@ -430,7 +493,9 @@ def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict, f
     from kit.report.trainers import count_retokenized
 
     if "tools" in frame.columns:  # messages come as sent already (kit.run.reader)
-        frame = frame.with_columns(tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String))  # fmt: skip
+        frame = frame.with_columns(
+            tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String)
+        )
     frame = frame.with_columns(
         tool_calls_json=pl.Series(tools_json(frame["tool_calls"].to_list()), dtype=pl.String),
         _cut=cut_rows(),  # a generated turn stopped at max_tokens (kit.report.convo)
@@ -438,7 +503,16 @@ def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict, f
     if not tokens:
         return frame
     kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
-    frame, lost = token_columns(tok, frame, done.stats, done.by_dataset, done.checks, turns=config.turns, kwargs_for=kwargs_for, fetch=fetch)  # fmt: skip
+    frame, lost = token_columns(
+        tok,
+        frame,
+        done.stats,
+        done.by_dataset,
+        done.checks,
+        turns=config.turns,
+        kwargs_for=kwargs_for,
+        fetch=fetch,
+    )
     dropped["template_mismatch"] += lost
     if frame.height and done.convs:
         count_retokenized(tok, frame, done.retokenized, done.keep)
@@ -456,7 +530,7 @@ def _with_prompts(run_dir, rows):
     parts = [
         prompts_frame(run_dir, datasets=[d], ids=g["prompt_id"].unique().to_list()).select(cols)
         for (d,), g in rows.group_by("dataset")
-    ]  # fmt: skip
+    ]
     schema = record_schema()
     found = pl.concat(parts) if parts else pl.DataFrame(schema={c: schema[c] for c in cols})
     return rows.join(found, on=["dataset", "prompt_id"], how="left", maintain_order="left")
@@ -470,7 +544,9 @@ def _draft_vocab(out_dir, counts, k, config, target_config, files) -> dict | Non
 
     shape = shape_for(target_config, config.tokenizer)
     if shape is None or shape.vocab_size is None:
-        raise ValueError("draft_vocab needs the target's vocab_size: pass target_config= (its config.json or folder)")  # fmt: skip
+        raise ValueError(
+            "draft_vocab needs the target's vocab_size: pass target_config= (its config.json or folder)"
+        )
     return draftvocab.write(out_dir, counts, k, shape.vocab_size, files)
 
 

@@ -39,9 +39,11 @@ def findings(table, th: AuditThresholds, max_tokens: int, run_rows=(), thinking_
         rows += _count_findings(r, th, max_tokens)
         for check in ("ids_len_mismatch", "ids_text_mismatch"):
             if r[check]:
-                what = "completion_tokens != len(output_ids)" if "len" in check else (
-                    "output_ids do not decode to the stored text"
-                )  # fmt: skip
+                what = (
+                    "completion_tokens != len(output_ids)"
+                    if "len" in check
+                    else ("output_ids do not decode to the stored text")
+                )
                 msg = f"{r[check]} of {r['with_ids']} records with ids: {what}"
                 if "text" in check and r["ids_text_checked"] < r["with_ids"]:
                     msg = (
@@ -50,7 +52,13 @@ def findings(table, th: AuditThresholds, max_tokens: int, run_rows=(), thinking_
                     )
                 rows.append((r["dataset"], check, float(r[check]), 0.0, "error", msg))
     rows += run_rows
-    schema = dict(zip(FINDING_COLUMNS, [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String], strict=True))  # fmt: skip
+    schema = dict(
+        zip(
+            FINDING_COLUMNS,
+            [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String],
+            strict=True,
+        )
+    )
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
@@ -96,9 +104,10 @@ def _thinking_finding(r: dict, template: str) -> tuple:
         f"enable_thinking=False was sent, yet {r['reasoning']} of {r['records']} records "
         f"({share:.1%}) hold reasoning ({r['length_in_reasoning']} stopped by length inside "
         "it, with no answer): the chat template ignored the switch and opened a think block "
-        "anyway" + (f" ({template})" if template else "")
+        "anyway"
+        + (f" ({template})" if template else "")
         + "; use a template that honours enable_thinking, or treat these rows as reasoning rows"
-    )  # fmt: skip
+    )
     return (r["dataset"], "thinking_not_off", share, 0.0, "warn", msg)
 
 
@@ -188,7 +197,11 @@ def thinking_off(config, table, tok) -> dict[str, str]:
         kwargs = config.sampling_for(name).chat_template_kwargs or {}
         if kwargs.get("enable_thinking") is False and reasoning:
             opened = tok is not None and opens_think_block(tok, kwargs)
-            out[name] = f"its generation prompt opens {THINK_MARKERS[0]} with these kwargs" if opened else ""  # fmt: skip
+            out[name] = (
+                f"its generation prompt opens {THINK_MARKERS[0]} with these kwargs"
+                if opened
+                else ""
+            )
     return out
 
 
@@ -225,6 +238,6 @@ def run_findings(run_dir, problems: list[str]) -> tuple[list[tuple], list[str]]:
         )
         if skipped := report.get("skipped_lines", 0):
             listed = "; ".join(report.get("problems", [])[:5])
-            msg = f"{skipped} lines of the JSONL layout were not whole records and were not imported: {listed}"  # fmt: skip
+            msg = f"{skipped} lines of the JSONL layout were not whole records and were not imported: {listed}"
             rows.append((RUN, "import_skipped_lines", float(skipped), 0.0, "error", msg))
     return rows, notes

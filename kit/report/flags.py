@@ -228,7 +228,11 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
         normalized(recs["completion"]).alias("_norm"),
         normalized(recs.select(last_user.list.last()).to_series()).alias("_user"),
     )
-    over = ~c("completion_tokens").is_between(0, max_tokens + 1) if max_tokens is not None else pl.lit(False)  # fmt: skip
+    over = (
+        ~c("completion_tokens").is_between(0, max_tokens + 1)
+        if max_tokens is not None
+        else pl.lit(False)
+    )
     length_only = (c("finish_reason") == "length") & blank(c("completion"))
     calls = c("tool_calls").fill_null("") != ""
     text = pl.when(calls).then(pl.concat_str(c("completion"), pl.lit("\x00"), c("tool_calls")))

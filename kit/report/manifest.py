@@ -30,7 +30,7 @@ _EXCEPTIONS = {  # token_rows count -> what the summary says about those rows
     "tool_calls_not_rendered": "re-tokenized, and the chat template drops tool_calls: the target's tool calls are not in the token row",
     "earlier_turns_fallback": "an earlier turn's tokens were not found in the server's prompt ids: re-tokenized instead",
     "earlier_turns_missing": "an earlier turn could not be located in the rendering: left out of every format",
-}  # fmt: skip
+}
 
 
 def public_url(url: str) -> str:
@@ -46,22 +46,36 @@ def turns_section(earlier: dict[str, int], mode: str) -> dict:
     (`earlier`: dataset -> rows whose prompt holds an assistant turn)."""
     rows = {d: earlier[d] for d in sorted(earlier)}
     if mode == "all_turns":
-        note = ("earlier assistant turns are the target's own (RunConfig.turns all_turns): "
-                "trained in every format, like the last one")  # fmt: skip
+        note = (
+            "earlier assistant turns are the target's own (RunConfig.turns all_turns): "
+            "trained in every format, like the last one"
+        )
     else:
-        note = ("earlier assistant turns are the dataset's, not the target's: never trained "
-                "(token rows mask them; SpecForge needs train_only_last_turn)")  # fmt: skip
-    return {"mode": mode, "rows_with_earlier_turns": rows, "earlier_trained": mode == "all_turns", "note": note}  # fmt: skip
+        note = (
+            "earlier assistant turns are the dataset's, not the target's: never trained "
+            "(token rows mask them; SpecForge needs train_only_last_turn)"
+        )
+    return {
+        "mode": mode,
+        "rows_with_earlier_turns": rows,
+        "earlier_trained": mode == "all_turns",
+        "note": note,
+    }
 
 
 def specforge_section(mode: str) -> dict:
     """The SpecForge setting these rows need: train_only_last_turn is one switch for a whole
     dataset (sgl-project/SpecForge PR #419), so last_turn exports need it on, all_turns off."""
     on = mode == "last_turn"
-    how = ("--train-only-last-turn (data.train_only_last_turn: true): each row trains its "
-           "last assistant turn only; without it SpecForge also trains the dataset's earlier "
-           "turns") if on else ("leave train_only_last_turn off: every assistant turn is the "
-                                "target's and is trained")  # fmt: skip
+    how = (
+        (
+            "--train-only-last-turn (data.train_only_last_turn: true): each row trains its "
+            "last assistant turn only; without it SpecForge also trains the dataset's earlier "
+            "turns"
+        )
+        if on
+        else ("leave train_only_last_turn off: every assistant turn is the target's and is trained")
+    )
     return {"train_only_last_turn": on, "how": how}
 
 
@@ -72,7 +86,11 @@ def thinking_section(config, tok, names) -> dict:
     from kit.report.flags import opens_think_block
     from kit.report.tokenrows import load_tokenizer_for
 
-    off = {n: k for n in names if (k := config.sampling_for(n).chat_template_kwargs or {}).get("enable_thinking") is False}  # fmt: skip
+    off = {
+        n: k
+        for n in names
+        if (k := config.sampling_for(n).chat_template_kwargs or {}).get("enable_thinking") is False
+    }
     if off and tok is None:
         try:
             tok = load_tokenizer_for(None, config)
@@ -81,15 +99,30 @@ def thinking_section(config, tok, names) -> dict:
     out = {}
     for name, kwargs in off.items():
         opens = opens_think_block(tok, kwargs) if tok is not None else None
-        note = {True: "the chat template ignores enable_thinking=False and opens a think block "
-                      "anyway: these rows hold the target's thinking",
-                False: "the chat template honours enable_thinking=False",
-                None: "not checked: no tokenizer"}[opens]  # fmt: skip
+        note = {
+            True: "the chat template ignores enable_thinking=False and opens a think block "
+            "anyway: these rows hold the target's thinking",
+            False: "the chat template honours enable_thinking=False",
+            None: "not checked: no tokenizer",
+        }[opens]
         out[name] = {"enable_thinking": False, "template_opens_think": opens, "note": note}
     return out
 
 
-def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opts, files, trainer=None, retokenized=None) -> dict:  # fmt: skip
+def build(
+    run_dir,
+    config,
+    tok,
+    counts,
+    earlier,
+    dropped,
+    stats,
+    by_dataset,
+    opts,
+    files,
+    trainer=None,
+    retokenized=None,
+) -> dict:
     """The manifest of one export (written last, as manifest.json). `counts`: dataset ->
     {"records", "tokens", "train", "validation"}; `earlier`: dataset -> rows holding earlier
     assistant turns."""
@@ -117,7 +150,7 @@ def build(run_dir, config, tok, counts, earlier, dropped, stats, by_dataset, opt
                 "id": eot_id,
                 "token": eot_text,
                 "in_loss_mask": "when finish_reason == 'stop'",
-            },  # fmt: skip
+            },
         },
         "budgets": dict(config.budgets),
         "counts": counts,
@@ -145,12 +178,16 @@ def summary_lines(manifest: dict) -> list[str]:
     """What the manifest says about token sources and trained turns, one line a point."""
     lines = []
     for name, c in manifest.get("token_rows", {}).items():
-        lines.append(f"  {name}: token rows {c.get('exact', 0)} exact (server ids), "
-                     f"{c.get('retokenized', 0)} {TOKEN_SOURCES['retokenized']}")  # fmt: skip
+        lines.append(
+            f"  {name}: token rows {c.get('exact', 0)} exact (server ids), "
+            f"{c.get('retokenized', 0)} {TOKEN_SOURCES['retokenized']}"
+        )
         lines += [f"  {name}: {_rows(c[k])}: {what}" for k, what in _EXCEPTIONS.items() if c.get(k)]
     for name, t in manifest.get("thinking", {}).items():
         if t.get("template_opens_think"):
-            lines.append(f"  {name}: enable_thinking=False was sent, but {t['note'].removeprefix('the ')}")  # fmt: skip
+            lines.append(
+                f"  {name}: enable_thinking=False was sent, but {t['note'].removeprefix('the ')}"
+            )
     turns = manifest.get("turns", {})
     for name, n in turns.get("rows_with_earlier_turns", {}).items():
         if n and turns.get("earlier_trained"):
@@ -167,19 +204,30 @@ def trainer_lines(t: dict | None) -> list[str]:
     """The conversation export's losses (kit.report.trainers), one line a dataset."""
     if not t:
         return []
-    lines = [f"  {name}: {_rows(r['rows'])} with reasoning: SpecForge {r['specforge']}"
-             for name, r in t["reasoning"].items()]  # fmt: skip
-    lines += [f"  {name}: {_rows(c['rows'])} with tool calls, which the chat template does not render: the SpecForge conversation route does not train them"
-              for name, c in t.get("tool_calls", {}).items() if c["template_renders_them"] is False]  # fmt: skip
+    lines = [
+        f"  {name}: {_rows(r['rows'])} with reasoning: SpecForge {r['specforge']}"
+        for name, r in t["reasoning"].items()
+    ]
+    lines += [
+        f"  {name}: {_rows(c['rows'])} with tool calls, which the chat template does not render: the SpecForge conversation route does not train them"
+        for name, c in t.get("tool_calls", {}).items()
+        if c["template_renders_them"] is False
+    ]
     how = {"left_out": "left out of", "kept": "kept in"}[t["length"]["conversations"]]
-    lines += [f"  {name}: {_rows(sum(n.values()), '`length` row')} {how} the SpecForge JSONL"
-              for name, n in t["length"]["rows"].items()]  # fmt: skip
+    lines += [
+        f"  {name}: {_rows(sum(n.values()), '`length` row')} {how} the SpecForge JSONL"
+        for name, n in t["length"]["rows"].items()
+    ]
     sf = t["specforge"]
     seen = sf.get("retokenized_compared", {})
-    lines += [f"  {name}: {_rows(n)} (of {seen.get(name, {}).get('compared', '?')} compared) whose answer re-tokenizes to other ids than the server's: the SpecForge conversation route trains those ids"
-              for name, n in sf.get("retokenized_differently", {}).items()]  # fmt: skip
+    lines += [
+        f"  {name}: {_rows(n)} (of {seen.get(name, {}).get('compared', '?')} compared) whose answer re-tokenizes to other ids than the server's: the SpecForge conversation route trains those ids"
+        for name, n in sf.get("retokenized_differently", {}).items()
+    ]
     if sf["template"]:
-        lines.append(f"  SpecForge conversation route: data.chat_template {sf['data.chat_template']}, registered first (manifest trainers.specforge.register); exact route: data.prompts_path token_ids/train.jsonl")  # fmt: skip
+        lines.append(
+            f"  SpecForge conversation route: data.chat_template {sf['data.chat_template']}, registered first (manifest trainers.specforge.register); exact route: data.prompts_path token_ids/train.jsonl"
+        )
     return lines
 
 

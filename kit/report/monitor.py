@@ -65,7 +65,16 @@ def bar(done: float, total: float, width: int = 20) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-_SUMMED = ("tokens_done", "samples_done", "in_flight", "prompts_total", "errors", "retries", "truncated", "skipped")  # fmt: skip
+_SUMMED = (
+    "tokens_done",
+    "samples_done",
+    "in_flight",
+    "prompts_total",
+    "errors",
+    "retries",
+    "truncated",
+    "skipped",
+)
 
 
 def totals(progress: Sequence[DatasetProgress]) -> DatasetProgress:
@@ -382,8 +391,14 @@ def auto(file=None, **kw) -> Monitor:
 class _Watcher:
     """Polls a run dir and decides when to stop: shared by watch and awatch."""
 
-    def __init__(self, run_dir, until_done: bool, stall_timeout: float | None, read=None,
-                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        run_dir,
+        until_done: bool,
+        stall_timeout: float | None,
+        read=None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise FileNotFoundError(f"watch: run directory {str(self.run_dir)!r} does not exist")

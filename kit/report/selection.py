@@ -83,7 +83,12 @@ def _duplicate_keys(text, calls) -> list:
     keys = pl.DataFrame({"text": text, "calls": calls}).select(
         empty=blank(c("text")) & ~has_calls, _exact=exact.otherwise(c("text")).hash()
     )
-    return [keys["empty"], keys["_exact"], norm.hash().alias("_near"), (norm == "").alias("_near_empty")]  # fmt: skip
+    return [
+        keys["empty"],
+        keys["_exact"],
+        norm.hash().alias("_near"),
+        (norm == "").alias("_near_empty"),
+    ]
 
 
 def _duplicate_flags() -> list:

@@ -66,17 +66,23 @@ class Staged:
             os.close(fd)
             if e.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
-            raise ExportBusy(f"export: another kit export is writing {self.out_dir} ({self._holder()}); wait for it to end") from None  # fmt: skip
+            raise ExportBusy(
+                f"export: another kit export is writing {self.out_dir} ({self._holder()}); wait for it to end"
+            ) from None
         self._fd = fd
         self._restore_previous()  # under the lock: no other exporter is swapping now
         if any(p.name != MARK for p in self.root.iterdir()):
             if not _is_ours(self.root, self.out_dir):
                 self._release()
-                raise FileExistsError(f"export: {self.root} is in the way and was not written by kit; move it away, then export again")  # fmt: skip
+                raise FileExistsError(
+                    f"export: {self.root} is in the way and was not written by kit; move it away, then export again"
+                )
             self.notes.append(f"replaced a half export left at {self.root} by an earlier kill")
             self._empty(self.root)
         self.path.mkdir()
-        (self.root / MARK).write_text(f"{self.out_dir.resolve()}\npid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")  # fmt: skip
+        (self.root / MARK).write_text(
+            f"{self.out_dir.resolve()}\npid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        )
         return self
 
     def _holder(self) -> str:
@@ -111,7 +117,10 @@ class Staged:
                 dst = prev / path.relative_to(self.out_dir)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(path, dst)
-        staged = sorted((p for p in self.path.rglob("*") if p.is_file()), key=lambda p: p.name == "manifest.json")  # fmt: skip
+        staged = sorted(
+            (p for p in self.path.rglob("*") if p.is_file()),
+            key=lambda p: p.name == "manifest.json",
+        )
         for src in staged:  # manifest.json last: the export is whole when it appears
             dst = self.out_dir / src.relative_to(self.path)
             dst.parent.mkdir(parents=True, exist_ok=True)

@@ -8,9 +8,14 @@ wants every column, whole words and two decimals.
 from __future__ import annotations
 
 SETTINGS = {
-    "tbl_rows": 40, "tbl_cols": -1, "tbl_width_chars": 160, "fmt_str_lengths": 80,
-    "float_precision": 2, "tbl_hide_column_data_types": True, "tbl_hide_dataframe_shape": True,
-}  # fmt: skip
+    "tbl_rows": 40,
+    "tbl_cols": -1,
+    "tbl_width_chars": 160,
+    "fmt_str_lengths": 80,
+    "float_precision": 2,
+    "tbl_hide_column_data_types": True,
+    "tbl_hide_dataframe_shape": True,
+}
 
 
 def readable() -> None:
@@ -45,7 +50,12 @@ def html(frame) -> str:
     side = ["left"] + ["right"] * (len(frame.columns) - 1)
 
     def cells(tag: str, values) -> str:
-        return "".join(f'<{tag} style="text-align:{s}">{escape("" if v is None else str(v))}</{tag}>' for s, v in zip(side, values, strict=True))  # fmt: skip
+        return "".join(
+            f'<{tag} style="text-align:{s}">{escape("" if v is None else str(v))}</{tag}>'
+            for s, v in zip(side, values, strict=True)
+        )
 
     body = "".join(f"<tr>{cells('td', row)}</tr>" for row in frame.iter_rows())
-    return f"<table><thead><tr>{cells('th', frame.columns)}</tr></thead><tbody>{body}</tbody></table>"  # fmt: skip
+    return (
+        f"<table><thead><tr>{cells('th', frame.columns)}</tr></thead><tbody>{body}</tbody></table>"
+    )

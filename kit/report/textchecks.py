@@ -76,7 +76,13 @@ def ids_text_flags(recs, tokenizer):
         none = [None] * recs.height
         reasoning = recs["reasoning"] if "reasoning" in recs.columns else none
         calls = recs["tool_calls"] if "tool_calls" in recs.columns else none
-        rows = zip(recs["output_ids"].to_list(), recs["completion"].to_list(), reasoning, calls, strict=True)  # fmt: skip
+        rows = zip(
+            recs["output_ids"].to_list(),
+            recs["completion"].to_list(),
+            reasoning,
+            calls,
+            strict=True,
+        )
         for i, (ids, text, why, tc) in enumerate(rows):
             if ids is not None:
                 values[i] = not ids_match_text(tokenizer, ids, text, why, tc)
@@ -116,8 +122,16 @@ class TextSample:
         sample.checks(tok, 0.5)  # dataset, prompt_id, sample, ids_text_mismatch, under_reported
     """
 
-    COLUMNS = ["dataset", "prompt_id", "sample", "completion", "reasoning",
-               "completion_tokens", "count_source", "tool_calls"]  # fmt: skip
+    COLUMNS = [
+        "dataset",
+        "prompt_id",
+        "sample",
+        "completion",
+        "reasoning",
+        "completion_tokens",
+        "count_source",
+        "tool_calls",
+    ]
     KEYS = ["dataset", "prompt_id", "sample"]
 
     def __init__(self, size: int | None, seed: int = HASH_SEED, ids_for=None) -> None:
@@ -141,7 +155,9 @@ class TextSample:
         """A row can still enter a full sample only under its size-th smallest hash."""
         import polars as pl
 
-        bound = pl.col("dataset").replace_strict(self.bound[check], default=None, return_dtype=pl.UInt64)  # fmt: skip
+        bound = pl.col("dataset").replace_strict(
+            self.bound[check], default=None, return_dtype=pl.UInt64
+        )
         return pl.col(check) & (bound.is_null() | (pl.col("_prio") < bound))
 
     def add(self, batch) -> None:
@@ -190,7 +206,9 @@ class TextSample:
         if "output_ids" not in ids.columns:  # read by key, the sample's alone
             ids = ids.join(self.ids_for(ids.select(self.KEYS)), on=self.KEYS, how="left")
         ids = ids.select(self.KEYS).with_columns(ids_text_flags(ids, tokenizer))
-        counts = counts.select(self.KEYS).with_columns(under_reported_flags(counts, tokenizer, ratio))  # fmt: skip
+        counts = counts.select(self.KEYS).with_columns(
+            under_reported_flags(counts, tokenizer, ratio)
+        )
         new = rows.select(self.KEYS).join(ids, on=self.KEYS, how="left")
         new = new.join(counts, on=self.KEYS, how="left")
         self.done = new if self.done is None else pl.concat([self.done, new])
@@ -205,7 +223,9 @@ class TextSample:
         self.check(tokenizer, ratio)
         if not self.kept:
             keys = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64}
-            return pl.DataFrame(schema=keys | dict.fromkeys(["ids_text_mismatch", "under_reported"], pl.Boolean))  # fmt: skip
+            return pl.DataFrame(
+                schema=keys | dict.fromkeys(["ids_text_mismatch", "under_reported"], pl.Boolean)
+            )
         rows = pl.concat(self.kept.values())
         rows = rows.select(*self.KEYS, _ids=self._picked("_ids"), _count=self._picked("_count"))
         rows = rows.join(self.done, on=self.KEYS, how="left")

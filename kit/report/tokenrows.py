@@ -65,7 +65,9 @@ def end_of_turn(tok) -> tuple[int | None, str]:
     from kit.tokens import render
 
     mark = "\ue000kit\ue000"
-    full = render(tok, [[{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}]], False)[0]  # fmt: skip
+    full = render(
+        tok, [[{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}]], False
+    )[0]
     ids = tok.encode(full[full.index(mark) + len(mark) :], add_special_tokens=False)
     if ids and ids[0] in set(tok.all_special_ids):
         return ids[0], tok.convert_ids_to_tokens(ids[0])
@@ -102,9 +104,14 @@ def _count(d: dict, key: str, n: int = 1) -> None:
 
 
 def token_rows(
-    tok, rows: list[dict], stats: dict, by_dataset: dict | None = None, *,
-    turns: str = "last_turn", kwargs_for=None,
-) -> list[dict | None]:  # fmt: skip
+    tok,
+    rows: list[dict],
+    stats: dict,
+    by_dataset: dict | None = None,
+    *,
+    turns: str = "last_turn",
+    kwargs_for=None,
+) -> list[dict | None]:
     """{"id", "input_ids", "loss_mask", "ids_source"} per record (None when the template
     cannot split it). See the module docstring for how ids and the mask are built.
 
@@ -135,7 +142,10 @@ def token_rows(
     special = set(tok.all_special_ids)
     kw = [(kwargs_for(r["dataset"]) if kwargs_for else None) or {} for r in rows]
     tools = [tools_of(r) for r in rows]
-    convs = [with_tool_calls(conversation(r["messages"], r["completion"], r.get("reasoning")), r) for r in rows]  # fmt: skip
+    convs = [
+        with_tool_calls(conversation(r["messages"], r["completion"], r.get("reasoning")), r)
+        for r in rows
+    ]
     prompts = render_all(tok, [c[:-1] for c in convs], True, tools, kw)
     fulls = render_all(tok, convs, False, tools, kw)
     tok = _Encoding(tok)  # the texts most rows encode, encoded in one batch
@@ -168,7 +178,9 @@ def _believed(tok, rows: list[dict]) -> list[bool]:
     from kit.run.answers import ids_spell
 
     todo = [i for i, r in enumerate(rows) if r.get("output_ids")]
-    decoded = tok.batch_decode([list(rows[i]["output_ids"]) for i in todo], skip_special_tokens=True)  # fmt: skip
+    decoded = tok.batch_decode(
+        [list(rows[i]["output_ids"]) for i in todo], skip_special_tokens=True
+    )
     out = [True] * len(rows)
     for i, text in zip(todo, decoded, strict=True):
         r = rows[i]
@@ -225,7 +237,11 @@ def _text_row(tok, r, ctx, earlier, eot, stats, ds) -> dict | None:
     calls = _rendered_calls(r, f_text[len(head) :], tail, eot, ds)  # tail tokens that are calls
     closed = r["finish_reason"] == "stop" and eot is not None and tail[calls : calls + 1] == [eot]
     ids = p_ids + c_ids + tail
-    mask = [0] * len(p_ids) + [1] * len(c_ids) + [int(i < calls or (closed and i == calls)) for i in range(len(tail))]  # fmt: skip
+    mask = (
+        [0] * len(p_ids)
+        + [1] * len(c_ids)
+        + [int(i < calls or (closed and i == calls)) for i in range(len(tail))]
+    )
     if earlier and not _mask_earlier(
         tok, ids, mask, len(p_ids), earlier, eot, ds, "earlier_turns_missing"
     ):

@@ -48,7 +48,11 @@ def chatml_parts(tok) -> dict | None:
     if _MARK + "a" not in tail:
         return None
     assistant_header = tail[: tail.index(_MARK + "a")]
-    return {"assistant_header": assistant_header, "user_header": user_header, "end_of_turn_token": eot}  # fmt: skip
+    return {
+        "assistant_header": assistant_header,
+        "user_header": user_header,
+        "end_of_turn_token": eot,
+    }
 
 
 def after_end_of_turn(tok) -> str | None:
@@ -68,7 +72,10 @@ def renders_reasoning(tok) -> bool:
     """Whether the chat template writes an assistant message's reasoning_content."""
     from kit.report.convo import render_one
 
-    conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": _MARK}]  # fmt: skip
+    conv = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "reasoning_content": _MARK},
+    ]
     return _MARK in (render_one(tok, conv, False) or "")
 
 
@@ -78,7 +85,10 @@ def renders_tool_calls(tok) -> bool:
     from kit.report.convo import render_one
 
     call = {"type": "function", "function": {"name": "kit_mark_fn", "arguments": "{}"}}
-    conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]  # fmt: skip
+    conv = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+    ]
     return "kit_mark_fn" in (render_one(tok, conv, False) or "")
 
 
@@ -109,8 +119,8 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
     return {
         "token_ids": {
             "specforge": {"data.prompts_path": "token_ids/train.jsonl"},
-            "speculators": f"speculators prepare-data --model {model} --data token_ids/train.jsonl --output <dir>",  # fmt: skip
-            "note": "exact: both trainers train these rows verbatim (input_ids and loss_mask as written)",  # fmt: skip
+            "speculators": f"speculators prepare-data --model {model} --data token_ids/train.jsonl --output <dir>",
+            "note": "exact: both trainers train these rows verbatim (input_ids and loss_mask as written)",
         },
         "specforge": {
             "data.train_data_path": "specforge/train.jsonl",
@@ -121,11 +131,11 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
             "train_only_last_turn": only_last,
             "retokenized_differently": {
                 d: r["differ"] for d, r in sorted(retokenized.items()) if r["differ"]
-            },  # fmt: skip
+            },
             "retokenized_compared": {
                 d: {k: r[k] for k in ("rows", "compared", "compared_all")}
                 for d, r in sorted(retokenized.items())
-            },  # fmt: skip
+            },
             "note": RETOKENIZED_NOTE,
         },
         "speculators": {
@@ -137,7 +147,7 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
                 d: t["turns"] for d, t in sorted(trainer.items()) if t.get("turns")
             },
             "note": SPECULATORS_NOTE if only_last else SPECULATORS_NOTE.split(";")[0],
-        },  # fmt: skip
+        },
         "reasoning": {d: {"rows": n, **reasoning_fate(template)} for d, n in thinking.items()},
         "tool_calls": {
             d: {
@@ -146,33 +156,37 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
             }
             for d, t in sorted(trainer.items())
             if t.get("tool_calls")
-        },  # fmt: skip
+        },
         "length": {
             "conversations": "kept" if keep else "left_out",
             "rows": {
                 d: t["length"] for d, t in sorted(trainer.items()) if any(t["length"].values())
-            },  # fmt: skip
+            },
             "note": LENGTH_NOTE[keep],
         },
     }
 
 
-SPECULATORS_NOTE = ("one training row per assistant turn (earlier_turn_rows more rows than "
-                    "conversations), each trained to the end of the render: the template's text "
-                    "after the end-of-turn too (trains_after_end_of_turn), on every row; no "
-                    "last-turn switch: on a last_turn export it trains the dataset's earlier "
-                    "answers, so use the token-id route")  # fmt: skip
-RETOKENIZED_NOTE = ("with the named template, SpecForge trains kit's token-id rows' tokens on "
-                    "every stop row but the retokenized_differently ones (the answer's text "
-                    "re-tokenizes to other ids than the server's), the reasoning rows and the "
-                    "tool_calls rows when the template does not render them; retokenized_compared: of each "
-                    f"dataset's plain server-id rows, the first {RETOKENIZE_SAMPLE} (a seeded random draw) "
-                    "are compared, and all rows after one differs (compared_all)")  # fmt: skip
+SPECULATORS_NOTE = (
+    "one training row per assistant turn (earlier_turn_rows more rows than "
+    "conversations), each trained to the end of the render: the template's text "
+    "after the end-of-turn too (trains_after_end_of_turn), on every row; no "
+    "last-turn switch: on a last_turn export it trains the dataset's earlier "
+    "answers, so use the token-id route"
+)
+RETOKENIZED_NOTE = (
+    "with the named template, SpecForge trains kit's token-id rows' tokens on "
+    "every stop row but the retokenized_differently ones (the answer's text "
+    "re-tokenizes to other ids than the server's), the reasoning rows and the "
+    "tool_calls rows when the template does not render them; retokenized_compared: of each "
+    f"dataset's plain server-id rows, the first {RETOKENIZE_SAMPLE} (a seeded random draw) "
+    "are compared, and all rows after one differs (compared_all)"
+)
 LENGTH_NOTE = {  # keep_truncated_conversations -> what became of the `length` rows
     False: "left out of the SpecForge JSONL; the token-id rows keep them, the end-of-turn untrained",
     True: "kept in the SpecForge JSONL (keep_truncated_conversations): both trainers train an "
-          "end-of-turn after these cut answers, which the model never emitted",
-}  # fmt: skip
+    "end-of-turn after these cut answers, which the model never emitted",
+}
 
 
 def reasoning_fate(template: dict | None) -> dict:
@@ -180,12 +194,16 @@ def reasoning_fate(template: dict | None) -> dict:
     if template is None:
         return {"specforge": "no template could be named: use the token-id route"}
     if template["parser_type"] == "thinking":
-        return {"specforge": "kept: the named template uses parser_type 'thinking' (ThinkingParser), "
-                             "and the chat template renders reasoning_content"}  # fmt: skip
-    return {"specforge": "dropped: GeneralParser keeps role/content/tool_calls only, and this chat "
-                         "template does not render reasoning_content either (ThinkingParser would "
-                         "pass it, the template would still drop it): use the token-id route",
-            "speculators": "passed to the template as reasoning_content; dropped by this template"}  # fmt: skip
+        return {
+            "specforge": "kept: the named template uses parser_type 'thinking' (ThinkingParser), "
+            "and the chat template renders reasoning_content"
+        }
+    return {
+        "specforge": "dropped: GeneralParser keeps role/content/tool_calls only, and this chat "
+        "template does not render reasoning_content either (ThinkingParser would "
+        "pass it, the template would still drop it): use the token-id route",
+        "speculators": "passed to the template as reasoning_content; dropped by this template",
+    }
 
 
 def register_code(template: dict | None) -> str | None:
@@ -194,8 +212,10 @@ def register_code(template: dict | None) -> str | None:
         return None
     fields = {k: v for k, v in template.items() if k != "name"}
     args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
-    return ("from specforge.data.template import TEMPLATE_REGISTRY, ChatTemplate; "
-            f"TEMPLATE_REGISTRY.register(name={template['name']!r}, template=ChatTemplate({args}))")  # fmt: skip
+    return (
+        "from specforge.data.template import TEMPLATE_REGISTRY, ChatTemplate; "
+        f"TEMPLATE_REGISTRY.register(name={template['name']!r}, template=ChatTemplate({args}))"
+    )
 
 
 def count_retokenized(tok, frame, out: dict, keep: bool) -> None:
@@ -216,10 +236,14 @@ def count_retokenized(tok, frame, out: dict, keep: bool) -> None:
     plain &= (c("ids_source") == "server") & (pl.lit(keep) | ~cut_rows())
     picked = frame.filter(plain)
     for d, n in picked["dataset"].value_counts().iter_rows():
-        out.setdefault(d, {"rows": 0, "compared": 0, "differ": 0, "compared_all": False})["rows"] += n  # fmt: skip
+        out.setdefault(d, {"rows": 0, "compared": 0, "differ": 0, "compared_all": False})[
+            "rows"
+        ] += n
     seen = {d: o["compared"] for d, o in out.items()}
     full = {d for d, o in out.items() if o["compared_all"]}
-    differ = widening_sample(picked, seen, full, RETOKENIZE_SAMPLE, lambda rows: _differs(tok, rows).to_numpy())  # fmt: skip
+    differ = widening_sample(
+        picked, seen, full, RETOKENIZE_SAMPLE, lambda rows: _differs(tok, rows).to_numpy()
+    )
     for d, n in picked.filter(pl.Series(differ))["dataset"].value_counts().iter_rows():
         out[d]["differ"] += n
     for d, o in out.items():
@@ -236,7 +260,7 @@ def _differs(tok, rows):
 
     c = pl.col
     eot, _ = end_of_turn(tok)
-    answers = pl.Series(encode_many(tok, rows["completion"].to_list()), dtype=pl.List(pl.Int64))  # fmt: skip
+    answers = pl.Series(encode_many(tok, rows["completion"].to_list()), dtype=pl.List(pl.Int64))
     stop = c("finish_reason") == "stop"
     at, one = pl.int_range(pl.len()), pl.element() == 1
     end = at.filter(one).max() + 1  # the mask's last run of ones: [start, end)

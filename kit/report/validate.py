@@ -61,10 +61,21 @@ def _digest(path: Path) -> tuple[str, int]:
     return h.hexdigest(), lines
 
 
-def file_entry(path: Path, rows: int | None, *, line_hashes: str | None = None, sha256: str | None = None, size: int | None = None) -> dict:  # fmt: skip
+def file_entry(
+    path: Path,
+    rows: int | None,
+    *,
+    line_hashes: str | None = None,
+    sha256: str | None = None,
+    size: int | None = None,
+) -> dict:
     """The manifest entry of one written file; `sha256` and `size`: its hash and bytes as the
     writer counted them while writing (else the file is read again for them)."""
-    entry = {"sha256": sha256 or sha256_file(path), "bytes": path.stat().st_size if size is None else size, "rows": rows}  # fmt: skip
+    entry = {
+        "sha256": sha256 or sha256_file(path),
+        "bytes": path.stat().st_size if size is None else size,
+        "rows": rows,
+    }
     if line_hashes:
         entry["line_hashes"] = line_hashes
     return entry
@@ -105,7 +116,7 @@ def _check_jsonl(root: Path, rel: str, result: ValidationResult, rules: Rules) -
                 try:
                     row = json.loads(line)  # what orjson refuses and json takes (NaN) is checked
                 except json.JSONDecodeError as e:
-                    problems.append(f"{rel} line {n}: not valid JSON ({e.msg} at column {e.colno})")  # fmt: skip
+                    problems.append(f"{rel} line {n}: not valid JSON ({e.msg} at column {e.colno})")
                     continue
             what = check(row, rules, line)
             if what:
@@ -136,13 +147,17 @@ def _changed_lines(root: Path, rel: str, entry: dict) -> list[str]:
                 continue
             line = b[:-1] if b.endswith("\n") else b
             if a.strip() != hashlib.sha256(line.encode()).hexdigest()[:16]:
-                out.append(f"{rel} line {i + 1}: edited after export (differs from the line written)")  # fmt: skip
+                out.append(
+                    f"{rel} line {i + 1}: edited after export (differs from the line written)"
+                )
     if got_n != want_n:
         out.append(f"{rel}: has {got_n} lines, the export wrote {want_n}")
     return out or [f"{rel}: bytes changed after export (sha256 differs; lines unchanged)"]
 
 
-def _check_files(root: Path, files: dict, rules: Rules, result: ValidationResult, read_rows: bool) -> dict[str, _Ids]:  # fmt: skip
+def _check_files(
+    root: Path, files: dict, rules: Rules, result: ValidationResult, read_rows: bool
+) -> dict[str, _Ids]:
     """Existence, hashes, row counts and formats of every listed file; returns ids per JSONL.
     With read_rows False (kit.export's staged folder, whose writer hashed, counted and synced
     each file's bytes as it wrote them) no file is read again: each one's size is checked
@@ -161,10 +176,16 @@ def _check_files(root: Path, files: dict, rules: Rules, result: ValidationResult
         else:
             lines = entry.get("rows")
             if (size := path.stat().st_size) != entry.get("bytes"):
-                result.problems.append(f"{rel}: {size} bytes on disk, the export wrote {entry.get('bytes')}")  # fmt: skip
+                result.problems.append(
+                    f"{rel}: {size} bytes on disk, the export wrote {entry.get('bytes')}"
+                )
         hashes = entry.get("line_hashes")
-        if hashes is not None and (hashes not in files or files[hashes].get("rows") != entry.get("rows")):  # fmt: skip
-            result.problems.append(f"{rel}: its line-hash file {hashes} is not listed with {entry.get('rows')} rows in manifest.json")  # fmt: skip
+        if hashes is not None and (
+            hashes not in files or files[hashes].get("rows") != entry.get("rows")
+        ):
+            result.problems.append(
+                f"{rel}: its line-hash file {hashes} is not listed with {entry.get('rows')} rows in manifest.json"
+            )
         if rel.split("/")[0] in CHECKS and read_rows:
             ids[rel] = _check_jsonl(root, rel, result, rules)
             rows = ids[rel].n
@@ -224,14 +245,20 @@ def _check_counts(manifest: dict, ids: dict[str, _Ids], result: ValidationResult
     formats = manifest["options"]["formats"]
     for split in ("train", "validation"):
         want = sum(c.get(split, 0) for c in counts.values())
-        expected = {"specforge": f"specforge/{split}.jsonl", "token_ids": f"token_ids/{split}.jsonl",
-                    "parquet": f"parquet/{split}.parquet", "hf": f"hf/{split}/"}  # fmt: skip
+        expected = {
+            "specforge": f"specforge/{split}.jsonl",
+            "token_ids": f"token_ids/{split}.jsonl",
+            "parquet": f"parquet/{split}.parquet",
+            "hf": f"hf/{split}/",
+        }
         for fmt in formats if want else ():
             rel = expected.get(fmt)
             if rel and not any(
                 f == rel or (rel.endswith("/") and f.startswith(rel)) for f in files
             ):
-                result.problems.append(f"manifest.json: counts say {want} {split} rows, but it lists no {rel} ({fmt} was asked for)")  # fmt: skip
+                result.problems.append(
+                    f"manifest.json: counts say {want} {split} rows, but it lists no {rel} ({fmt} was asked for)"
+                )
         found = {rel: v for rel, v in ids.items() if rel.endswith(f"/{split}.jsonl")}
         left = left_out(manifest, split)  # `length` rows the SpecForge file leaves out
         for rel, v in found.items():
@@ -244,7 +271,9 @@ def _check_counts(manifest: dict, ids: dict[str, _Ids], result: ValidationResult
         if sf in found and tk in found and found[sf].digest() is None:
             continue  # counted, not read (validate's rows=False)
         if sf in found and tk in found and left and not _subsequence(result.path, sf, tk):
-            result.problems.append(f"{sf}: its ids are not token_ids/{split}.jsonl's in order, less the left-out `length` rows")  # fmt: skip
+            result.problems.append(
+                f"{sf}: its ids are not token_ids/{split}.jsonl's in order, less the left-out `length` rows"
+            )
         elif sf in found and tk in found and not left and found[sf].digest() != found[tk].digest():
             first = _first_different_id(result.path, sf, tk)
             result.problems.append(
@@ -299,7 +328,9 @@ def _rules(manifest: dict, result: ValidationResult) -> Rules:
     tok = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else {}
     vocab = tok.get("vocab_size")
     if "token_ids" in manifest["options"]["formats"] and not (is_int(vocab) and vocab > 0):
-        result.problems.append("manifest.json: tokenizer.vocab_size missing or not a positive int: token ids cannot be checked")  # fmt: skip
+        result.problems.append(
+            "manifest.json: tokenizer.vocab_size missing or not a positive int: token ids cannot be checked"
+        )
         vocab = None
     turns = manifest.get("turns") if isinstance(manifest.get("turns"), dict) else {}
     return Rules(vocab_size=vocab, one_span=turns.get("mode", "last_turn") == "last_turn")
@@ -313,8 +344,10 @@ def _check_sources(manifest: dict, rules: Rules, ids: dict, result: ValidationRe
     if not isinstance(made, dict) or not all(isinstance(c, dict) for c in made.values()):
         result.problems.append("manifest.json: token_rows missing or malformed")
         return
-    want = {"server": sum(c.get("exact", 0) for c in made.values()),
-            "retokenized": sum(c.get("retokenized", 0) for c in made.values())}  # fmt: skip
+    want = {
+        "server": sum(c.get("exact", 0) for c in made.values()),
+        "retokenized": sum(c.get("retokenized", 0) for c in made.values()),
+    }
     got = {k: rules.sources.get(k, 0) for k in want}
     if got != want:
         result.problems.append(
@@ -330,7 +363,9 @@ def _check_listing(root: Path, files: dict, result: ValidationResult) -> None:
         if p.is_file() or p.is_symlink():
             rel = p.relative_to(root).as_posix()
             if rel != "manifest.json" and rel not in files:
-                found.append(f"{rel}: not listed in manifest.json (a file the export did not write)")  # fmt: skip
+                found.append(
+                    f"{rel}: not listed in manifest.json (a file the export did not write)"
+                )
     _add(result, found)
 
 

@@ -28,9 +28,16 @@ class Planner:
     """
 
     def __init__(
-        self, budgets, samples, *, prompts_available, throughput, max_tokens=None,
-        sample_cap=None, concurrency=None,
-    ):  # fmt: skip
+        self,
+        budgets,
+        samples,
+        *,
+        prompts_available,
+        throughput,
+        max_tokens=None,
+        sample_cap=None,
+        concurrency=None,
+    ):
         import ipywidgets as w
 
         # a kit.plan.Throughput (the pilot's, with the concurrency it was measured at) is kept
@@ -71,9 +78,15 @@ class Planner:
         for control in [*self.budget_inputs.values(), self.throughput, self.confidence]:
             control.observe(self._changed, names="value")
         self.widget = w.VBox(
-            [w.HTML("<b>Token budget per dataset</b>"), *self.budget_inputs.values(),
-             self.throughput, self.confidence, self.message, self.output]
-        )  # fmt: skip
+            [
+                w.HTML("<b>Token budget per dataset</b>"),
+                *self.budget_inputs.values(),
+                self.throughput,
+                self.confidence,
+                self.message,
+                self.output,
+            ]
+        )
         self.table = self.compute()
         self._draw()
 
@@ -151,11 +164,18 @@ def summary_frame(table):
         if r["hours_low"] is not None and r["hours_high"] is not None:
             hours += f" ({_duration(r['hours_low'])} to {_duration(r['hours_high'])})"
         cap = "-" if r["cap_tokens"] is None else f"{num(r['cap_tokens'])} (x{r['overshoot']:.2f})"
-        rows.append({
-            "dataset": r["dataset"], "budget": num(r["budget"]), "mean": num(r["mean"]),
-            "samples (90%)": samples, "upper": num(r["samples_needed_upper"]),
-            "prompts": num(r["prompts_available"]), "time (90%)": hours, "cap tokens": cap,
-        })  # fmt: skip
+        rows.append(
+            {
+                "dataset": r["dataset"],
+                "budget": num(r["budget"]),
+                "mean": num(r["mean"]),
+                "samples (90%)": samples,
+                "upper": num(r["samples_needed_upper"]),
+                "prompts": num(r["prompts_available"]),
+                "time (90%)": hours,
+                "cap tokens": cap,
+            }
+        )
     return pl.DataFrame(rows)
 
 
@@ -174,10 +194,14 @@ def summary_text(table) -> str:
 
     frame = summary_frame(table)
     with pl.Config(
-        tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=200,
-        tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
+        tbl_rows=-1,
+        tbl_cols=-1,
+        tbl_width_chars=200,
+        fmt_str_lengths=200,
+        tbl_hide_dataframe_shape=True,
+        tbl_hide_column_data_types=True,
         tbl_cell_alignment="RIGHT",
-    ):  # fmt: skip
+    ):
         text = str(frame)
     notes = [f"  {d}: {n}" for d, n in table.select("dataset", "note").iter_rows() if n]
     return text + ("\nnotes:\n" + "\n".join(notes) if notes else "")

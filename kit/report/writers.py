@@ -91,7 +91,10 @@ class JsonlSink:
         """Lines already rendered and encoded, each ending in a newline (kit.report.convo.
         rendered); line i is data[offsets[i]:offsets[i + 1]]. Written as they are."""
         view = memoryview(data)
-        hashes = "".join(hashlib.sha256(view[a : b - 1]).hexdigest()[:16] + "\n" for a, b in itertools.pairwise(offsets))  # fmt: skip
+        hashes = "".join(
+            hashlib.sha256(view[a : b - 1]).hexdigest()[:16] + "\n"
+            for a, b in itertools.pairwise(offsets)
+        )
         self._f.write(data)
         self._sha.update(data)
         self._behind.wrote(len(data))
@@ -107,8 +110,16 @@ class JsonlSink:
         os.fsync(self._h.fileno())
         self._h.close()
         lh = f"linehashes/{self.rel}.txt"
-        files[self.rel] = file_entry(self.out_dir / self.rel, self.rows, line_hashes=lh, sha256=self._sha.hexdigest(), size=self._behind.written)  # fmt: skip
-        files[lh] = file_entry(self.out_dir / lh, self.rows, sha256=self._h_sha.hexdigest(), size=self._h_bytes)  # fmt: skip
+        files[self.rel] = file_entry(
+            self.out_dir / self.rel,
+            self.rows,
+            line_hashes=lh,
+            sha256=self._sha.hexdigest(),
+            size=self._behind.written,
+        )
+        files[lh] = file_entry(
+            self.out_dir / lh, self.rows, sha256=self._h_sha.hexdigest(), size=self._h_bytes
+        )
 
 
 class ParquetSink:
@@ -229,13 +240,23 @@ def table(frame, token_ids: bool):
     if frame is None:
         cols = [*_COUNTS, "messages", "completion", "reasoning", "tools_json"]
         frame = pl.DataFrame(schema={c: schema.get(c, pl.String) for c in cols})
-        frame = frame.with_columns(input_ids=pl.lit(None, pl.List(pl.Int64)), loss_mask=pl.lit(None, pl.List(pl.Int8)), ids_source=pl.lit(None, pl.String))  # fmt: skip
+        frame = frame.with_columns(
+            input_ids=pl.lit(None, pl.List(pl.Int64)),
+            loss_mask=pl.lit(None, pl.List(pl.Int8)),
+            ids_source=pl.lit(None, pl.String),
+        )
     msg = pl.Struct({"role": pl.String, "content": pl.String, "reasoning_content": pl.String})
     reasoning = pl.when(pl.col("reasoning").fill_null("") != "").then(pl.col("reasoning"))
-    last = pl.struct(role=pl.lit("assistant"), content=pl.col("completion"), reasoning_content=reasoning)  # fmt: skip
+    last = pl.struct(
+        role=pl.lit("assistant"), content=pl.col("completion"), reasoning_content=reasoning
+    )
     conversations = pl.concat_list(pl.col("messages").cast(pl.List(msg)), last)
     cols = [row_ids().alias("id"), conversations.alias("conversations"), *_COUNTS]
     cols += [pl.col("tools_json").alias("tools"), reasoning.is_not_null().alias("has_reasoning")]
     if token_ids:
-        cols += [pl.col("input_ids"), pl.col("loss_mask").cast(pl.List(pl.Int8)), pl.col("ids_source")]  # fmt: skip
+        cols += [
+            pl.col("input_ids"),
+            pl.col("loss_mask").cast(pl.List(pl.Int8)),
+            pl.col("ids_source"),
+        ]
     return frame.select(cols)

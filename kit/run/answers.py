@@ -245,8 +245,9 @@ def ids_spell(decoded: str, *parts: str | None) -> bool:
     return all("".join(p.split()) in squeeze for p in parts if p)
 
 
-def check_usage(value: Any, what: str, url: str, sampling: Sampling, retokenized,
-                text: str = "") -> int:  # fmt: skip
+def check_usage(
+    value: Any, what: str, url: str, sampling: Sampling, retokenized, text: str = ""
+) -> int:
     """A server's count that is valid, not 0 for a non-empty `text` and, when retokenized()
     gives the text's length with the tokenizer (None without one), not below it by more
     than max(4, 25%)."""
@@ -255,8 +256,10 @@ def check_usage(value: Any, what: str, url: str, sampling: Sampling, retokenized
         raise BackendError("malformed", f"{what}=0 from {url} for a non-empty answer")
     actual = retokenized()
     if actual is not None and n + max(4, actual // 4) < actual:
-        msg = (f"{what}={n} from {url} under-reports: the text is {actual} tokens with the "
-               "tokenizer (or tokenizer= is not the target's)")  # fmt: skip
+        msg = (
+            f"{what}={n} from {url} under-reports: the text is {actual} tokens with the "
+            "tokenizer (or tokenizer= is not the target's)"
+        )
         raise BackendError("malformed", msg)
     return n
 

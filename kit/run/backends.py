@@ -75,8 +75,9 @@ class _HTTPBackend:
 
     path = "/chat/completions"
 
-    def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None,
-                 tokenizer: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self, base_url: str, model: str, *, api_key_env: str | None = None, tokenizer: Any = None
+    ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             shown = strip_userinfo(base_url) if isinstance(base_url, str) else base_url
             raise ValueError(f"base_url must be an http(s) URL, got {shown!r}")
@@ -131,15 +132,24 @@ class _HTTPBackend:
         if len(text) > MESSAGE_CHARS:
             text = text[: MESSAGE_CHARS - 3] + "..."
         kind = err.kind
-        clean = BackendError(kind, text.removeprefix(f"{kind}: "), status=err.status,
-                             retryable=err.retryable, retry_after=err.retry_after)  # fmt: skip
+        clean = BackendError(
+            kind,
+            text.removeprefix(f"{kind}: "),
+            status=err.status,
+            retryable=err.retryable,
+            retry_after=err.retry_after,
+        )
         clean.__dict__.update({k: v for k, v in vars(err).items() if k not in vars(clean)})
         return clean
 
     async def complete(
-        self, messages: list[Message], sampling: Sampling, *, timeout: float,
+        self,
+        messages: list[Message],
+        sampling: Sampling,
+        *,
+        timeout: float,
         tools: list[dict] | None = None,
-    ) -> Completion:  # fmt: skip
+    ) -> Completion:
         """One request; raises BackendError (see the module docstring), redacted.
 
         Args:
@@ -172,9 +182,12 @@ class _HTTPBackend:
         headers = self._headers()
         try:
             async with self._get_session().post(
-                url, data=orjson.dumps(body), headers=headers, params=self._params,
+                url,
+                data=orjson.dumps(body),
+                headers=headers,
+                params=self._params,
                 timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as resp:  # fmt: skip
+            ) as resp:
                 raw = await resp.read()
                 stream = "event-stream" in resp.headers.get("Content-Type", "")
                 if resp.status >= 400:
@@ -190,9 +203,11 @@ class _HTTPBackend:
         """GET url with this endpoint's credentials -> (status, body); None when unreachable."""
         try:
             async with self._get_session().get(
-                url, headers=self._headers(), params=self._params,
+                url,
+                headers=self._headers(),
+                params=self._params,
                 timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as resp:  # fmt: skip
+            ) as resp:
                 return resp.status, await resp.read()
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError, BackendError):
             return None
@@ -229,8 +244,10 @@ class _HTTPBackend:
         "retokenized" means: a count kit made, not the server's.
         """
         if self.tokenizer is None:
-            msg = (f"{self.url} gave no token counts and no tokenizer was given to re-tokenize: "
-                   "pass tokenizer= (the target's local path)")  # fmt: skip
+            msg = (
+                f"{self.url} gave no token counts and no tokenizer was given to re-tokenize: "
+                "pass tokenizer= (the target's local path)"
+            )
             raise BackendError("config", msg, retryable=False)
         return sum(len(self.tokenizer.encode(p, add_special_tokens=False)) for p in parts if p)
 
@@ -275,17 +292,30 @@ class OpenAIChat(_HTTPBackend):
         (c.finish_reason, c.completion_tokens, c.count_source)   # ('length', 8, 'usage')
     """
 
-    def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None,
-                 extra_body: dict | None = None, tokenizer: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str | None = None,
+        extra_body: dict | None = None,
+        tokenizer: Any = None,
+    ) -> None:
         super().__init__(base_url, model, api_key_env=api_key_env, tokenizer=tokenizer)
         self.extra_body = dict(extra_body or {})
 
-    def _body(self, messages: list[Message], sampling: Sampling,
-              tools: list[dict] | None = None) -> dict:  # fmt: skip
+    def _body(
+        self, messages: list[Message], sampling: Sampling, tools: list[dict] | None = None
+    ) -> dict:
         """The request body; extra_body wins, except that sampling's chat_template_kwargs
         are merged over extra_body's (the run's settings are what its records claim)."""
-        body = {"model": self.model, "messages": messages, "max_tokens": sampling.max_tokens,
-                "temperature": sampling.temperature, "top_p": sampling.top_p}  # fmt: skip
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
         body.update(penalties(sampling))
@@ -298,16 +328,22 @@ class OpenAIChat(_HTTPBackend):
             body["chat_template_kwargs"] = {**(extra if isinstance(extra, dict) else {}), **kwargs}
         return body
 
-    async def _complete(self, messages: list[Message], sampling: Sampling, timeout: float,
-                        tools: list[dict] | None = None) -> Completion:  # fmt: skip
+    async def _complete(
+        self,
+        messages: list[Message],
+        sampling: Sampling,
+        timeout: float,
+        tools: list[dict] | None = None,
+    ) -> Completion:
         data = await self._post(self.path, self._body(messages, sampling, tools), timeout)
         choice, text, reasoning = message_parts(data, self.url)
         comp = self._completion(data, choice, text, reasoning, sampling)
         comp.tool_calls = tool_calls_of(choice, self.url)
         return comp
 
-    def _completion(self, data: dict, choice: dict, text: str, reasoning: str | None,
-                    sampling: Sampling) -> Completion:  # fmt: skip
+    def _completion(
+        self, data: dict, choice: dict, text: str, reasoning: str | None, sampling: Sampling
+    ) -> Completion:
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         finish = normalize_finish(choice.get("finish_reason"))
         prompt_tokens = optional_count(usage.get("prompt_tokens"))
@@ -336,20 +372,24 @@ class VLLMChat(OpenAIChat):
         (c.count_source, len(c.output_ids) == c.completion_tokens)   # ('server_ids', True)
     """
 
-    def _body(self, messages: list[Message], sampling: Sampling,
-              tools: list[dict] | None = None) -> dict:  # fmt: skip
+    def _body(
+        self, messages: list[Message], sampling: Sampling, tools: list[dict] | None = None
+    ) -> dict:
         body = super()._body(messages, sampling, tools)
         body.setdefault("return_token_ids", True)  # extra_body may turn it off
         return body
 
-    def _completion(self, data: dict, choice: dict, text: str, reasoning: str | None,
-                    sampling: Sampling) -> Completion:  # fmt: skip
+    def _completion(
+        self, data: dict, choice: dict, text: str, reasoning: str | None, sampling: Sampling
+    ) -> Completion:
         ids = choice.get("token_ids")
         if ids is None:
             return super()._completion(data, choice, text, reasoning, sampling)
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         count = usage.get("completion_tokens")
-        n = check_ids(ids, count, "choices[0].token_ids", self.url, sampling, (reasoning or "") + text)  # fmt: skip
+        n = check_ids(
+            ids, count, "choices[0].token_ids", self.url, sampling, (reasoning or "") + text
+        )
         prompt_ids = data.get("prompt_token_ids")
         prompt_ids = prompt_ids if ids_ok(prompt_ids) else None
         finish = normalize_finish(choice.get("finish_reason"))
@@ -399,14 +439,20 @@ class SGLangGenerate(_HTTPBackend):
 
     path = "/generate"
 
-    def __init__(self, base_url: str, model: str, *, tokenizer: Any,
-                 api_key_env: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, base_url: str, model: str, *, tokenizer: Any, api_key_env: str | None = None
+    ) -> None:
         if tokenizer is None:
             raise ValueError("SGLangGenerate needs tokenizer= (it renders the chat template)")
         super().__init__(base_url, model, api_key_env=api_key_env, tokenizer=tokenizer)
 
-    def render(self, messages: list[Message], *, tools: list[dict] | None = None,
-               chat_template_kwargs: dict | None = None) -> list[int]:  # fmt: skip
+    def render(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[int]:
         """Prompt token ids: the chat template with the generation prompt.
 
         Args:
@@ -426,19 +472,31 @@ class SGLangGenerate(_HTTPBackend):
         tokenizer = self.tokenizer  # loaded here: a load error is not a template error
         try:
             out = tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                return_dict=False, **kwargs,
-            )  # fmt: skip
+                messages,
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                **kwargs,
+            )
         except Exception as e:  # a template that rejects these messages/tools/kwargs
             msg = f"the chat template failed for {self.url}: {type(e).__name__}: {e}"
             raise BackendError("config", msg, retryable=False) from e
         return list(out)
 
-    async def _complete(self, messages: list[Message], sampling: Sampling, timeout: float,
-                        tools: list[dict] | None = None) -> Completion:  # fmt: skip
+    async def _complete(
+        self,
+        messages: list[Message],
+        sampling: Sampling,
+        timeout: float,
+        tools: list[dict] | None = None,
+    ) -> Completion:
         ids = self.render(messages, tools=tools, chat_template_kwargs=sampling.chat_template_kwargs)
-        params = {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,
-                  "top_p": sampling.top_p}  # fmt: skip
+        params = {
+            "max_new_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
         params.update(penalties(sampling))  # SGLang's SamplingParams has both, same names
@@ -459,8 +517,9 @@ class SGLangGenerate(_HTTPBackend):
         return Completion(text, finish, self._retokenize(text), "retokenized", len(ids))
 
 
-def make_backend(api: str, url: str, model: str, *, api_key_env: str | None = None,
-                 tokenizer: Any = None) -> Backend:  # fmt: skip
+def make_backend(
+    api: str, url: str, model: str, *, api_key_env: str | None = None, tokenizer: Any = None
+) -> Backend:
     """The backend for RunConfig.api.
 
     Example:

@@ -72,7 +72,12 @@ def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
         if write:
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         else:
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)  # fmt: skip
+            conn = sqlite3.connect(
+                f"{path.resolve().as_uri()}?mode=ro",
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+            )
         conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
         if write:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -83,9 +88,13 @@ def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
             try:
                 connect(run_dir, write=True).close()
             except sqlite3.OperationalError as e:
-                if not getattr(e, "sqlite_errorname", "").startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")):  # fmt: skip
+                if not getattr(e, "sqlite_errorname", "").startswith(
+                    ("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")
+                ):
                     raise
-                raise PermissionError(f"run database {path} was written by an older kit and must be upgraded once, which needs write access ({e})") from None  # fmt: skip
+                raise PermissionError(
+                    f"run database {path} was written by an older kit and must be upgraded once, which needs write access ({e})"
+                ) from None
             return connect(run_dir)
     except sqlite3.DatabaseError as e:
         if is_damage(e):
@@ -281,7 +290,10 @@ def prompt_rows(frame):
         if "tools" not in part.columns:
             part = part.with_columns(tools=pl.lit(None, dtype=pl.String))
         hashes = content_hashes(part["_json"], part["tools"])
-        cols = [part[c].to_list() if c in part.columns else [None] * part.height for c in ("dataset", "prompt_id", "_json", "tools", "n_turns", "row")]  # fmt: skip
+        cols = [
+            part[c].to_list() if c in part.columns else [None] * part.height
+            for c in ("dataset", "prompt_id", "_json", "tools", "n_turns", "row")
+        ]
         yield [(*row, h, int(h == row[1])) for *row, h in zip(*cols, hashes, strict=True)]
 
 
@@ -300,12 +312,28 @@ TOTALS_SQL = (
 
 def record_row(r: Record) -> tuple:
     """RECORD_SQL's row of a record: ids as blobs, turns and tool_calls as JSON (or NULL)."""
-    turns, calls = (None if v is None else json.dumps(v, ensure_ascii=False) for v in (r.turns, r.tool_calls))  # fmt: skip
+    turns, calls = (
+        None if v is None else json.dumps(v, ensure_ascii=False) for v in (r.turns, r.tool_calls)
+    )
     return (
-        r.dataset, r.prompt_id, r.sample, r.completion, r.reasoning, r.finish_reason,
-        r.completion_tokens, r.count_source, r.prompt_tokens, ids_blob(r.output_ids),
-        ids_blob(r.prompt_ids), r.endpoint, r.latency_s, r.attempts, r.t_done, turns, calls,
-    )  # fmt: skip
+        r.dataset,
+        r.prompt_id,
+        r.sample,
+        r.completion,
+        r.reasoning,
+        r.finish_reason,
+        r.completion_tokens,
+        r.count_source,
+        r.prompt_tokens,
+        ids_blob(r.output_ids),
+        ids_blob(r.prompt_ids),
+        r.endpoint,
+        r.latency_s,
+        r.attempts,
+        r.t_done,
+        turns,
+        calls,
+    )
 
 
 # ---------------------------------------------------------------- token ids

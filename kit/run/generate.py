@@ -41,15 +41,23 @@ def _progress_frame(progress: list[DatasetProgress]):
     for p in progress:
         rows.append(
             {
-                "dataset": p.dataset, "state": p.state, "budget": p.budget,
-                "tokens_done": p.tokens_done, "share": p.tokens_done / p.budget if p.budget else 0.0,
-                "overshoot": max(0, p.tokens_done - p.budget), "shortfall": max(0, p.budget - p.tokens_done),
-                "samples_done": p.samples_done, "prompts_total": p.prompts_total,
-                "in_flight": p.in_flight, "retries": p.retries, "errors": p.errors,
-                "truncated": p.truncated, "skipped_context": p.skipped,
+                "dataset": p.dataset,
+                "state": p.state,
+                "budget": p.budget,
+                "tokens_done": p.tokens_done,
+                "share": p.tokens_done / p.budget if p.budget else 0.0,
+                "overshoot": max(0, p.tokens_done - p.budget),
+                "shortfall": max(0, p.budget - p.tokens_done),
+                "samples_done": p.samples_done,
+                "prompts_total": p.prompts_total,
+                "in_flight": p.in_flight,
+                "retries": p.retries,
+                "errors": p.errors,
+                "truncated": p.truncated,
+                "skipped_context": p.skipped,
                 "tokens_per_s": round(p.tokens_per_s, 1),
             }
-        )  # fmt: skip
+        )
     return pl.DataFrame(rows)
 
 

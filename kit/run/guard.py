@@ -104,9 +104,12 @@ def too_long(
     room = max_context - max_tokens
     tools = frame["tools"].to_list() if "tools" in frame.columns else None
     texts = render(
-        tokenizer, frame["messages"].to_list(), on_error="skip", tools=tools,
+        tokenizer,
+        frame["messages"].to_list(),
+        on_error="skip",
+        tools=tools,
         template_kwargs=template_kwargs,
-    )  # fmt: skip
+    )
     candidates = [i for i, t in enumerate(texts) if t is not None and 2 * len(t.encode()) > room]
     lengths = encode_lengths(tokenizer, [texts[i] for i in candidates])
     datasets, ids = frame["dataset"].to_list(), frame["prompt_id"].to_list()
@@ -265,14 +268,28 @@ class _Cache:
             return None  # not local files (a Hugging Face id): kit cannot tell it changed
         rows = hashlib.sha256(part.hash_rows().to_numpy().tobytes()).hexdigest()
         parts = [
-            _CACHE_VERSION, str(self.name), self.files, template_hash, limit, max_tokens,
-            kwargs, part.columns, part.height, rows, pl.__version__, _versions(),
-        ]  # fmt: skip
+            _CACHE_VERSION,
+            str(self.name),
+            self.files,
+            template_hash,
+            limit,
+            max_tokens,
+            kwargs,
+            part.columns,
+            part.height,
+            rows,
+            pl.__version__,
+            _versions(),
+        ]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
     def get(self, dataset: str, key: str | None) -> dict | None:
         entry = self.datasets.get(dataset)
-        if key is None or not isinstance(entry, dict) or key not in (entry.get("key"), entry.get("ids_key")):  # fmt: skip
+        if (
+            key is None
+            or not isinstance(entry, dict)
+            or key not in (entry.get("key"), entry.get("ids_key"))
+        ):
             return None
         try:
             return {(dataset, str(pid)): int(n) for pid, n in entry["too_long"]}

@@ -20,7 +20,15 @@ from kit.types import ErrorRecord, Record
 _FIELDS = set(Record.__slots__) - {"messages", "tools"}
 _LISTS = ("output_ids", "prompt_ids", "turns", "tool_calls")  # JSON lists in a record line
 _ERROR_FIELDS = ("dataset", "prompt_id", "sample", "error", "attempts", "t")
-_SKIP_FIELDS = ("dataset", "prompt_id", "prompt_tokens", "max_tokens", "max_context", "samples", "reason")  # fmt: skip
+_SKIP_FIELDS = (
+    "dataset",
+    "prompt_id",
+    "prompt_tokens",
+    "max_tokens",
+    "max_context",
+    "samples",
+    "reason",
+)
 
 
 def is_old_layout(run_dir: Path) -> bool:
@@ -57,7 +65,9 @@ def import_old_layout(run_dir: Path) -> dict | None:
 
 def _fill(conn, run_dir: Path) -> dict:
     doc = json.loads((run_dir / "config.json").read_text())
-    conn.execute("INSERT INTO config VALUES (1, ?, ?)", (doc["fingerprint"], json.dumps(doc["config"])))  # fmt: skip
+    conn.execute(
+        "INSERT INTO config VALUES (1, ?, ?)", (doc["fingerprint"], json.dumps(doc["config"]))
+    )
     if (run_dir / "prompts.parquet").exists():
         import polars as pl
 
@@ -66,9 +76,13 @@ def _fill(conn, run_dir: Path) -> dict:
             conn.executemany(db.PROMPT_SQL, rows)
     problems: list[str] = []
     n_records = 0
-    for path, lineno, row in _in_t_done_order(sorted((run_dir / "records").glob("*.jsonl")), problems):  # fmt: skip
+    for path, lineno, row in _in_t_done_order(
+        sorted((run_dir / "records").glob("*.jsonl")), problems
+    ):
         try:
-            if bad := [k for k in _LISTS if row.get(k) is not None and not isinstance(row[k], list)]:  # fmt: skip
+            if bad := [
+                k for k in _LISTS if row.get(k) is not None and not isinstance(row[k], list)
+            ]:
                 raise ValueError(f"{bad[0]} is not a list")
             rec = Record(messages=[], **{k: row[k] for k in _FIELDS if k in row})
             added = conn.execute(db.RECORD_SQL, db.record_row(rec)).rowcount
@@ -79,25 +93,41 @@ def _fill(conn, run_dir: Path) -> dict:
             _own_prompt(conn, rec, row)
         if added:
             n_records += 1
-            conn.execute(db.TOTALS_SQL, (rec.dataset, 1, rec.completion_tokens, int(rec.finish_reason == "length")))  # fmt: skip
+            conn.execute(
+                db.TOTALS_SQL,
+                (rec.dataset, 1, rec.completion_tokens, int(rec.finish_reason == "length")),
+            )
     n_errors = 0
     for _, row in _lines(run_dir / "errors.jsonl", problems):
         try:
             e = ErrorRecord(**{k: row[k] for k in _ERROR_FIELDS})
         except (KeyError, TypeError):
             continue
-        conn.execute("INSERT INTO errors (dataset, prompt_id, sample, error, attempts, t) VALUES (?, ?, ?, ?, ?, ?)", (e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t))  # fmt: skip
+        conn.execute(
+            "INSERT INTO errors (dataset, prompt_id, sample, error, attempts, t) VALUES (?, ?, ?, ?, ?, ?)",
+            (e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t),
+        )
         n_errors += 1
     for _, row in _lines(run_dir / "skipped.jsonl", problems):
-        conn.execute("INSERT OR IGNORE INTO skips VALUES (?, ?, ?, ?, ?, ?, ?)", tuple(row.get(k) for k in _SKIP_FIELDS))  # fmt: skip
-    return {"records": n_records, "errors": n_errors, "skipped_lines": len(problems), "problems": problems[:20]}  # fmt: skip
+        conn.execute(
+            "INSERT OR IGNORE INTO skips VALUES (?, ?, ?, ?, ?, ?, ?)",
+            tuple(row.get(k) for k in _SKIP_FIELDS),
+        )
+    return {
+        "records": n_records,
+        "errors": n_errors,
+        "skipped_lines": len(problems),
+        "problems": problems[:20],
+    }
 
 
 def _own_prompt(conn, rec: Record, row: dict) -> None:
     """A line of a prompt prompts.parquet lacked: store that prompt (never over another)."""
     import polars as pl
 
-    frame = pl.DataFrame({"dataset": [rec.dataset], "prompt_id": [rec.prompt_id], "messages": [row["messages"]]})  # fmt: skip
+    frame = pl.DataFrame(
+        {"dataset": [rec.dataset], "prompt_id": [rec.prompt_id], "messages": [row["messages"]]}
+    )
     if row.get("tools"):
         frame = frame.with_columns(tools=pl.lit(json.dumps(row["tools"], separators=(",", ":"))))
     for rows in db.prompt_rows(frame):

@@ -59,9 +59,15 @@ class EndpointPool:
         # {'in_flight': 0, 'healthy': True, 'requests': 1, 'failures': 0, 'consecutive': 0}
     """
 
-    def __init__(self, backends: list[Backend], *, per_endpoint_concurrency: int | None = None,
-                 health_interval: float = 5.0, fail_threshold: int = 3,
-                 no_endpoint_timeout: float = 120.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        backends: list[Backend],
+        *,
+        per_endpoint_concurrency: int | None = None,
+        health_interval: float = 5.0,
+        fail_threshold: int = 3,
+        no_endpoint_timeout: float = 120.0,
+    ) -> None:
         backends = list(backends)
         urls = [b.url for b in backends]
         if not backends or len(set(urls)) != len(urls):
@@ -205,10 +211,15 @@ class EndpointPool:
     def stats(self) -> dict[str, dict]:
         """Per endpoint url: in_flight, healthy, requests, failures, consecutive."""
         return {
-            ep.backend.url: {"in_flight": ep.in_flight, "healthy": ep.healthy, "requests": ep.requests,
-                             "failures": ep.failures, "consecutive": ep.consecutive}
+            ep.backend.url: {
+                "in_flight": ep.in_flight,
+                "healthy": ep.healthy,
+                "requests": ep.requests,
+                "failures": ep.failures,
+                "consecutive": ep.consecutive,
+            }
             for ep in self._eps
-        }  # fmt: skip
+        }
 
     async def _probe(self, ep: _Endpoint) -> None:
         """Health-check one endpoint and set its state."""
@@ -227,6 +238,7 @@ class EndpointPool:
         while True:
             await asyncio.sleep(self.health_interval)
             now = time.monotonic()
-            due = [ep for ep in self._eps
-                   if not ep.healthy or now - ep.last_ok > self.health_interval]  # fmt: skip
+            due = [
+                ep for ep in self._eps if not ep.healthy or now - ep.last_ok > self.health_interval
+            ]
             await asyncio.gather(*(self._probe(ep) for ep in due))

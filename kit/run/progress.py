@@ -32,7 +32,9 @@ def progress(run_dir, *, stale_s: float = 15.0) -> list[DatasetProgress]:
         config = RunConfig.from_dict(doc)
         done = totals(conn)
         prompts = prompt_state(conn)["counts"]
-        skipped = dict(conn.execute("SELECT dataset, sum(samples) FROM skips GROUP BY dataset").fetchall())  # fmt: skip
+        skipped = dict(
+            conn.execute("SELECT dataset, sum(samples) FROM skips GROUP BY dataset").fetchall()
+        )
         errors = dict(conn.execute(_OPEN_ERRORS).fetchall())
         row = conn.execute("SELECT value FROM state WHERE key = 'status'").fetchone()
     live = _live(row[0] if row else None, stale_s)

@@ -92,7 +92,9 @@ class PromptQueue:
                     break
         self.batch = min(2 * self.batch, self.BATCH)
         part = self.load(ids=list(pids))
-        self.messages.update(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))  # fmt: skip
+        self.messages.update(
+            zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True)
+        )
         self.tools.update(_tools(part))
 
 
@@ -159,11 +161,20 @@ class DatasetQueue:
         window = [(t, c) for t, c in self.recent if now - t <= 30.0]
         rate = sum(c for _, c in window) / max(now - window[0][0], 1.0) if len(window) > 1 else 0.0
         return DatasetProgress(
-            dataset=self.name, budget=self.budget, tokens_done=self.tokens_done,
-            samples_done=self.samples_done, in_flight=len(self.tasks), prompts_total=self.total,
-            errors=self.errors, retries=self.retries, truncated=self.truncated,
-            skipped=self.skipped, tokens_per_s=rate, state=self.state(), note=self.note,
-        )  # fmt: skip
+            dataset=self.name,
+            budget=self.budget,
+            tokens_done=self.tokens_done,
+            samples_done=self.samples_done,
+            in_flight=len(self.tasks),
+            prompts_total=self.total,
+            errors=self.errors,
+            retries=self.retries,
+            truncated=self.truncated,
+            skipped=self.skipped,
+            tokens_per_s=rate,
+            state=self.state(),
+            note=self.note,
+        )
 
 
 def dataset_paths(prompts, run_dir) -> dict[str, str]:
@@ -187,7 +198,9 @@ def prompt_frame(prompts, run_dir):
     if prompts is None:
         frame = prompts_frame(run_dir, text=False) if is_run_dir(run_dir) else None
         if frame is None or frame.height == 0:
-            raise ValueError(f"prompts=None but {run_dir} holds no stored prompts: pass the prompt frame")  # fmt: skip
+            raise ValueError(
+                f"prompts=None but {run_dir} holds no stored prompts: pass the prompt frame"
+            )
         return frame
     if isinstance(prompts, LoadResult):  # its keys; the prompts stream into the store
         if prompts.height == 0:
@@ -230,7 +243,9 @@ def _permutation(size: int, dataset: str, seed: int):
     return np.random.default_rng(int.from_bytes(key, "little")).permutation(size)
 
 
-def dataset_queues(frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None, totals=None) -> dict[str, DatasetQueue]:  # fmt: skip
+def dataset_queues(
+    frame, config: RunConfig, done, priors: dict, skips: dict, run_dir=None, totals=None
+) -> dict[str, DatasetQueue]:
     """Per dataset: the seeded order of (prompt_id, sample) not yet done nor skipped, done totals.
 
     `done`: the records already written, as RunStore.done()'s frame (one row per key);
@@ -268,13 +283,20 @@ def dataset_queues(frame, config: RunConfig, done, priors: dict, skips: dict, ru
             if len(wanted) < len(ids):
                 part = part.filter(pl.col("prompt_id").is_in(wanted))
             part = part.unique(subset="prompt_id", keep="first")
-            messages = dict(zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True))  # fmt: skip
+            messages = dict(
+                zip(part["prompt_id"].to_list(), part["messages"].to_list(), strict=True)
+            )
             queue = PromptQueue(todo, messages, _tools(part))
         prior = float(priors.get(name, config.sampling.max_tokens / 2))
         d = DatasetQueue(
-            name=name, budget=config.budgets[name], queue=queue, total=len(ids) * n, prior=prior,
-            sampling=replace(config.sampling_for(name), n=1), tools=queue.tools,
-        )  # fmt: skip
+            name=name,
+            budget=config.budgets[name],
+            queue=queue,
+            total=len(ids) * n,
+            prior=prior,
+            sampling=replace(config.sampling_for(name), n=1),
+            tools=queue.tools,
+        )
         d.skipped = skipped.get(name, 0)
         d.samples_done, d.tokens_done, d.truncated = totals.get(name, (0, 0, 0))
         out[name] = d
@@ -291,7 +313,9 @@ def _sorted_unique(ids):
 
 def _done_ids(done) -> dict:
     """(dataset, sample) -> Series of the prompt ids done, of RunStore.done()'s frame."""
-    parts = done.select("dataset", "sample", "prompt_id").partition_by("dataset", "sample", as_dict=True)  # fmt: skip
+    parts = done.select("dataset", "sample", "prompt_id").partition_by(
+        "dataset", "sample", as_dict=True
+    )
     return {key: part["prompt_id"] for key, part in parts.items()}
 
 

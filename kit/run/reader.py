@@ -21,10 +21,24 @@ from kit.types import Record, RunConfig
 
 BATCH = 10_000  # records per frame a reader yields
 RECORD_COLUMNS = (
-    "dataset", "prompt_id", "sample", "completion", "reasoning", "finish_reason",
-    "completion_tokens", "count_source", "prompt_tokens", "output_ids", "prompt_ids",
-    "endpoint", "latency_s", "attempts", "t_done", "turns", "tool_calls",
-)  # fmt: skip
+    "dataset",
+    "prompt_id",
+    "sample",
+    "completion",
+    "reasoning",
+    "finish_reason",
+    "completion_tokens",
+    "count_source",
+    "prompt_tokens",
+    "output_ids",
+    "prompt_ids",
+    "endpoint",
+    "latency_s",
+    "attempts",
+    "t_done",
+    "turns",
+    "tool_calls",
+)
 PROMPT_COLUMNS = ("messages", "tools")  # joined onto records with prompts=True
 COMPUTED = {"n_output_ids": "length(r.output_ids) / 4"}  # by SQL, no blob read: the ids' count
 
@@ -80,7 +94,12 @@ def done_frame(conn: sqlite3.Connection):
     import polars as pl
 
     schema = {"prompt_id": pl.String, "sample": pl.Int64}
-    return _grouped(conn, "SELECT dataset, json_group_array(prompt_id), json_group_array(sample) FROM records INDEXED BY records_done GROUP BY dataset", [], schema)  # fmt: skip
+    return _grouped(
+        conn,
+        "SELECT dataset, json_group_array(prompt_id), json_group_array(sample) FROM records INDEXED BY records_done GROUP BY dataset",
+        [],
+        schema,
+    )
 
 
 def _grouped(conn: sqlite3.Connection, sql: str, args: list, schema: dict):
@@ -89,7 +108,12 @@ def _grouped(conn: sqlite3.Connection, sql: str, args: list, schema: dict):
     import orjson
     import polars as pl
 
-    parts = [pl.DataFrame(dict(zip(schema, map(orjson.loads, cols), strict=True)), schema=schema).select(pl.lit(ds, pl.String).alias("dataset"), *schema) for ds, *cols in conn.execute(sql, args)]  # fmt: skip
+    parts = [
+        pl.DataFrame(dict(zip(schema, map(orjson.loads, cols), strict=True)), schema=schema).select(
+            pl.lit(ds, pl.String).alias("dataset"), *schema
+        )
+        for ds, *cols in conn.execute(sql, args)
+    ]
     return pl.concat(parts) if parts else pl.DataFrame(schema={"dataset": pl.String} | schema)
 
 
@@ -99,7 +123,14 @@ def done_records(run_dir):
     records' pages (an export's selection)."""
     import polars as pl
 
-    schema = {"_rowid": pl.Int64, "dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "completion_tokens": pl.Int64, "finish_reason": pl.String}  # fmt: skip
+    schema = {
+        "_rowid": pl.Int64,
+        "dataset": pl.String,
+        "prompt_id": pl.String,
+        "sample": pl.Int64,
+        "completion_tokens": pl.Int64,
+        "finish_reason": pl.String,
+    }
     sql = f"SELECT rowid AS {', '.join(schema)} FROM records INDEXED BY records_done"
     parts = list(sql_frames(run_dir, sql, [], schema, 200_000))
     frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
@@ -120,14 +151,26 @@ def record_schema() -> dict:
 
     ids = pl.List(pl.Int64)
     return {
-        "dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "completion": pl.String,
-        "reasoning": pl.String, "finish_reason": pl.String, "completion_tokens": pl.Int64,
-        "count_source": pl.String, "prompt_tokens": pl.Int64, "output_ids": ids, "prompt_ids": ids,
-        "endpoint": pl.String, "latency_s": pl.Float64, "attempts": pl.Int64, "t_done": pl.Float64,
-        "turns": pl.String, "tool_calls": pl.String,  # JSON text, or null
+        "dataset": pl.String,
+        "prompt_id": pl.String,
+        "sample": pl.Int64,
+        "completion": pl.String,
+        "reasoning": pl.String,
+        "finish_reason": pl.String,
+        "completion_tokens": pl.Int64,
+        "count_source": pl.String,
+        "prompt_tokens": pl.Int64,
+        "output_ids": ids,
+        "prompt_ids": ids,
+        "endpoint": pl.String,
+        "latency_s": pl.Float64,
+        "attempts": pl.Int64,
+        "t_done": pl.Float64,
+        "turns": pl.String,
+        "tool_calls": pl.String,  # JSON text, or null
         "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
         "tools": pl.String,
-    }  # fmt: skip
+    }
 
 
 def record_batches(
@@ -149,12 +192,27 @@ def record_batches(
     """
     cols = list(columns or RECORD_COLUMNS)
     if bad := [c for c in cols if c not in RECORD_COLUMNS and c not in COMPUTED]:
-        raise ValueError(f"unknown record columns {bad}; choose from {RECORD_COLUMNS + tuple(COMPUTED)}")  # fmt: skip
+        raise ValueError(
+            f"unknown record columns {bad}; choose from {RECORD_COLUMNS + tuple(COMPUTED)}"
+        )
     names = [(COMPUTED.get(c, f"r.{c}"), c) for c in cols]  # (SQL expression, column)
     if prompts == "earlier":  # compact JSON: `["assistant",` only opens an assistant message
-        names += [("p.prompt_id IS NOT NULL", "_found"), ("r.dataset", "_dataset"), ("r.prompt_id", "_prompt_id"), ("instr(p.messages, '[\"assistant\",') > 0", "earlier")]  # fmt: skip
+        names += [
+            ("p.prompt_id IS NOT NULL", "_found"),
+            ("r.dataset", "_dataset"),
+            ("r.prompt_id", "_prompt_id"),
+            ("instr(p.messages, '[\"assistant\",') > 0", "earlier"),
+        ]
     elif prompts:
-        names += [("p.prompt_id IS NOT NULL", "_found"), ("p.messages", "messages"), ("p.tools", "tools"), ("r.dataset", "_dataset"), ("r.prompt_id", "_prompt_id"), ("p.hash", "_hash"), ("p.content_id", "_content_id")]  # fmt: skip
+        names += [
+            ("p.prompt_id IS NOT NULL", "_found"),
+            ("p.messages", "messages"),
+            ("p.tools", "tools"),
+            ("r.dataset", "_dataset"),
+            ("r.prompt_id", "_prompt_id"),
+            ("p.hash", "_hash"),
+            ("p.content_id", "_content_id"),
+        ]
     sql = f"SELECT {', '.join(f'{e} AS {a}' for e, a in names)} FROM records r"
     if prompts:
         sql += " LEFT JOIN prompts p ON p.dataset = r.dataset AND p.prompt_id = r.prompt_id"
@@ -173,10 +231,21 @@ def ids_by_key(run_dir, keys):
     sample -> those columns and output_ids, one row per key found (the audit's sample)."""
     import polars as pl
 
-    sql = "SELECT r.dataset, r.prompt_id, r.sample, r.output_ids FROM json_each(?) k JOIN records r ON r.dataset = json_extract(k.value, '$[0]') AND r.prompt_id = json_extract(k.value, '$[1]') AND r.sample = json_extract(k.value, '$[2]')"  # fmt: skip
+    sql = "SELECT r.dataset, r.prompt_id, r.sample, r.output_ids FROM json_each(?) k JOIN records r ON r.dataset = json_extract(k.value, '$[0]') AND r.prompt_id = json_extract(k.value, '$[1]') AND r.sample = json_extract(k.value, '$[2]')"
     with open_db(run_dir) as conn:
-        found = conn.execute(sql, (json.dumps(keys.select("dataset", "prompt_id", "sample").rows()),)).fetchall()  # fmt: skip
-    frame = pl.DataFrame(found, schema={"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "output_ids": pl.Binary}, orient="row")  # fmt: skip
+        found = conn.execute(
+            sql, (json.dumps(keys.select("dataset", "prompt_id", "sample").rows()),)
+        ).fetchall()
+    frame = pl.DataFrame(
+        found,
+        schema={
+            "dataset": pl.String,
+            "prompt_id": pl.String,
+            "sample": pl.Int64,
+            "output_ids": pl.Binary,
+        },
+        orient="row",
+    )
     return frame.with_columns(ids_series(frame["output_ids"].to_arrow(), "output_ids"))
 
 
@@ -193,8 +262,20 @@ def _sql_schema(names: list[str]) -> dict:
     """The polars type of each selected column as SQLite holds it (ids as Binary)."""
     import polars as pl
 
-    typed = record_schema() | {"output_ids": pl.Binary, "prompt_ids": pl.Binary, "messages": pl.String}  # fmt: skip
-    typed |= {"n_output_ids": pl.Int64, "_found": pl.Int64, "_dataset": pl.String, "_prompt_id": pl.String, "_hash": pl.String, "_content_id": pl.Int64, "earlier": pl.Int64}  # fmt: skip
+    typed = record_schema() | {
+        "output_ids": pl.Binary,
+        "prompt_ids": pl.Binary,
+        "messages": pl.String,
+    }
+    typed |= {
+        "n_output_ids": pl.Int64,
+        "_found": pl.Int64,
+        "_dataset": pl.String,
+        "_prompt_id": pl.String,
+        "_hash": pl.String,
+        "_content_id": pl.Int64,
+        "earlier": pl.Int64,
+    }
     return {n: typed[n] for n in names}
 
 
@@ -265,21 +346,38 @@ def _finish(raw, prompts: bool):
     decoded and, with all_turns, as sent."""
     import polars as pl
 
-    out = raw.with_columns(ids_series(raw[c].to_arrow(), c) for c in ("output_ids", "prompt_ids") if c in raw.columns)  # fmt: skip
+    out = raw.with_columns(
+        ids_series(raw[c].to_arrow(), c) for c in ("output_ids", "prompt_ids") if c in raw.columns
+    )
     if not prompts:
         return out
     if prompts == "earlier":
         if (missing := raw["_found"] == 0).any():
             i = missing.arg_true()[0]
-            raise PromptMismatch(f"record ({raw['_dataset'][i]!r}, {raw['_prompt_id'][i]!r}) has no stored prompt in the run database")  # fmt: skip
+            raise PromptMismatch(
+                f"record ({raw['_dataset'][i]!r}, {raw['_prompt_id'][i]!r}) has no stored prompt in the run database"
+            )
         return out.drop("_found", "_dataset", "_prompt_id").with_columns(
             out["earlier"].cast(pl.Boolean)
         )
-    check_prompts(raw.select(dataset="_dataset", prompt_id="_prompt_id", messages="messages", tools="tools", hash="_hash", content_id="_content_id", found="_found"))  # fmt: skip
+    check_prompts(
+        raw.select(
+            dataset="_dataset",
+            prompt_id="_prompt_id",
+            messages="messages",
+            tools="tools",
+            hash="_hash",
+            content_id="_content_id",
+            found="_found",
+        )
+    )
     out = out.drop("_found", "_dataset", "_prompt_id", "_hash", "_content_id")
     out = out.with_columns(messages_series(raw["messages"]))
     if "turns" in out.columns and out["turns"].is_not_null().any():  # all_turns: as sent
-        sent = [as_sent(m, json.loads(t)) if t else m for m, t in zip(out["messages"].to_list(), out["turns"].to_list(), strict=True)]  # fmt: skip
+        sent = [
+            as_sent(m, json.loads(t)) if t else m
+            for m, t in zip(out["messages"].to_list(), out["turns"].to_list(), strict=True)
+        ]
         out = out.with_columns(pl.Series("messages", sent, dtype=record_schema()["messages"]))
     return out
 
@@ -296,10 +394,12 @@ def check_prompts(prompts) -> None:
 
     if "found" in prompts.columns and (missing := prompts["found"] == 0).any():
         ds, pid = prompts.filter(missing).row(0)[:2]
-        raise PromptMismatch(f"record ({ds!r}, {pid!r}) has no stored prompt in the run database")  # fmt: skip
+        raise PromptMismatch(f"record ({ds!r}, {pid!r}) has no stored prompt in the run database")
     distinct = prompts.unique(["dataset", "prompt_id"], maintain_order=True)
     got = pl.Series(db.content_hashes(distinct["messages"], distinct["tools"]), dtype=pl.String)
-    bad = (got != distinct["hash"]) | ((distinct["content_id"].fill_null(0) != 0) & (got != distinct["prompt_id"]))  # fmt: skip
+    bad = (got != distinct["hash"]) | (
+        (distinct["content_id"].fill_null(0) != 0) & (got != distinct["prompt_id"])
+    )
     if bad.any():
         ds, pid = distinct.filter(bad).row(0)[:2]
         raise PromptMismatch(
@@ -321,15 +421,19 @@ def ids_series(blobs, name: str = "ids"):
     import polars as pl
     import pyarrow as pa
 
-    arr = blobs if isinstance(blobs, (pa.Array, pa.ChunkedArray)) else pa.array(blobs, pa.binary())  # fmt: skip
+    arr = blobs if isinstance(blobs, (pa.Array, pa.ChunkedArray)) else pa.array(blobs, pa.binary())
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     arr = arr.cast(pa.large_binary())
     _, offsets_buf, data_buf = arr.buffers()
     offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)  # fmt: skip
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    )
     values = np.frombuffer(data[offsets[0] : offsets[-1]].tobytes(), dtype="<u4").astype(np.int64)
-    lists = pa.LargeListArray.from_arrays(pa.array((offsets - offsets[0]) // 4), pa.array(values), mask=arr.is_null())  # fmt: skip
+    lists = pa.LargeListArray.from_arrays(
+        pa.array((offsets - offsets[0]) // 4), pa.array(values), mask=arr.is_null()
+    )
     return pl.Series(name, lists, dtype=pl.List(pl.Int64))
 
 
@@ -337,9 +441,11 @@ def messages_series(texts):
     """Stored messages JSON ([[role, content], ...]) -> a list of {role, content} series."""
     import polars as pl
 
-    texts = texts if isinstance(texts, pl.Series) else pl.Series("messages", texts, dtype=pl.String)  # fmt: skip
+    texts = texts if isinstance(texts, pl.Series) else pl.Series("messages", texts, dtype=pl.String)
     pairs = texts.alias("messages").str.json_decode(pl.List(pl.List(pl.String)))
-    return pairs.list.eval(pl.struct(role=pl.element().list.get(0), content=pl.element().list.get(1)))  # fmt: skip
+    return pairs.list.eval(
+        pl.struct(role=pl.element().list.get(0), content=pl.element().list.get(1))
+    )
 
 
 def records_frame(run_dir, datasets=None, *, prompts: bool = True):
@@ -356,9 +462,13 @@ def records(run_dir, datasets=None) -> Iterator[Record]:
     """The run's records as Record objects, messages as the runner sent them."""
     for batch in record_batches(run_dir, datasets=datasets, prompts=True):
         for row in batch.iter_rows(named=True):
-            turns, calls, tools = (json.loads(row[k]) if row[k] else None for k in ("turns", "tool_calls", "tools"))  # fmt: skip
+            turns, calls, tools = (
+                json.loads(row[k]) if row[k] else None for k in ("turns", "tool_calls", "tools")
+            )
             fields = {k: row[k] for k in RECORD_COLUMNS if k not in ("turns", "tool_calls")}
-            yield Record(**fields, messages=row["messages"], tools=tools, turns=turns, tool_calls=calls)  # fmt: skip
+            yield Record(
+                **fields, messages=row["messages"], tools=tools, turns=turns, tool_calls=calls
+            )
 
 
 def as_sent(messages: list[dict], turns) -> list[dict]:
@@ -398,14 +508,32 @@ def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
     dataset), looked up by key."""
     import polars as pl
 
-    cols = ["dataset", "prompt_id"] + (["n_turns", "row", "messages", "tools", "hash", "content_id"] if text else [])  # fmt: skip
-    schema = {"dataset": pl.String, "prompt_id": pl.String, "n_turns": pl.Int64, "row": pl.Int64, "messages": pl.String, "tools": pl.String, "hash": pl.String, "content_id": pl.Int64}  # fmt: skip
+    cols = ["dataset", "prompt_id"] + (
+        ["n_turns", "row", "messages", "tools", "hash", "content_id"] if text else []
+    )
+    schema = {
+        "dataset": pl.String,
+        "prompt_id": pl.String,
+        "n_turns": pl.Int64,
+        "row": pl.Int64,
+        "messages": pl.String,
+        "tools": pl.String,
+        "hash": pl.String,
+        "content_id": pl.Int64,
+    }
     schema = {c: schema[c] for c in cols}
     datasets = None if datasets is None else list(datasets)
     if not text and ids is None:  # keys only: the key index, a JSON array per dataset
-        where = f" WHERE dataset IN ({', '.join('?' * len(datasets))})" if datasets is not None else ""  # fmt: skip
+        where = (
+            f" WHERE dataset IN ({', '.join('?' * len(datasets))})" if datasets is not None else ""
+        )
         with open_db(run_dir) as conn:
-            return _grouped(conn, f"SELECT dataset, json_group_array(prompt_id) FROM prompts INDEXED BY prompts_key{where} GROUP BY dataset", datasets or [], {"prompt_id": pl.String})  # fmt: skip
+            return _grouped(
+                conn,
+                f"SELECT dataset, json_group_array(prompt_id) FROM prompts INDEXED BY prompts_key{where} GROUP BY dataset",
+                datasets or [],
+                {"prompt_id": pl.String},
+            )
     parts = []
     with open_db(run_dir) as conn:
         for rows in _prompt_rows(conn, cols, datasets, ids):
@@ -417,7 +545,9 @@ def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
     if parts:
         return pl.concat(parts)
     frame = pl.DataFrame(schema=schema).drop("hash", "content_id", strict=False)
-    return frame.with_columns(pl.col("messages").cast(record_schema()["messages"])) if text else frame  # fmt: skip
+    return (
+        frame.with_columns(pl.col("messages").cast(record_schema()["messages"])) if text else frame
+    )
 
 
 _ID_CHUNK = 50_000  # prompt ids looked up per statement
@@ -425,10 +555,14 @@ _ID_CHUNK = 50_000  # prompt ids looked up per statement
 
 def _prompt_rows(conn, cols: list[str], datasets, ids) -> Iterator[list]:
     """prompts_frame's rows, a chunk at a time: by key (ids, one dataset) or by dataset."""
-    sql = f"SELECT {', '.join(cols)} FROM prompts" + (" INDEXED BY prompts_key" if ids is not None else "")  # fmt: skip
+    sql = f"SELECT {', '.join(cols)} FROM prompts" + (
+        " INDEXED BY prompts_key" if ids is not None else ""
+    )
     if ids is not None:
         if datasets is None or len(list(datasets)) != 1:
-            raise ValueError("prompts_frame: ids are looked up within one dataset (datasets=[name])")  # fmt: skip
+            raise ValueError(
+                "prompts_frame: ids are looked up within one dataset (datasets=[name])"
+            )
         ids, (name,) = list(ids), list(datasets)
         sql += " WHERE dataset = ? AND prompt_id IN (SELECT value FROM json_each(?))"
         for k in range(0, len(ids), _ID_CHUNK):
@@ -446,8 +580,16 @@ def errors_frame(run_dir):
     the effective error set)."""
     import polars as pl
 
-    sql = "SELECT e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t, EXISTS (SELECT 1 FROM records r WHERE r.dataset = e.dataset AND r.prompt_id = e.prompt_id AND r.sample = e.sample) FROM errors e ORDER BY e.id"  # fmt: skip
-    schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64, "error": pl.String, "attempts": pl.Int64, "t": pl.Float64, "resolved": pl.Boolean}  # fmt: skip
+    sql = "SELECT e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t, EXISTS (SELECT 1 FROM records r WHERE r.dataset = e.dataset AND r.prompt_id = e.prompt_id AND r.sample = e.sample) FROM errors e ORDER BY e.id"
+    schema = {
+        "dataset": pl.String,
+        "prompt_id": pl.String,
+        "sample": pl.Int64,
+        "error": pl.String,
+        "attempts": pl.Int64,
+        "t": pl.Float64,
+        "resolved": pl.Boolean,
+    }
     with open_db(run_dir) as conn:
         rows = conn.execute(sql).fetchall()
     return pl.DataFrame(rows, schema=schema, orient="row")
@@ -458,9 +600,19 @@ def skips_frame(run_dir):
     max_context, samples, reason."""
     import polars as pl
 
-    schema = {"dataset": pl.String, "prompt_id": pl.String, "prompt_tokens": pl.Int64, "max_tokens": pl.Int64, "max_context": pl.Int64, "samples": pl.Int64, "reason": pl.String}  # fmt: skip
+    schema = {
+        "dataset": pl.String,
+        "prompt_id": pl.String,
+        "prompt_tokens": pl.Int64,
+        "max_tokens": pl.Int64,
+        "max_context": pl.Int64,
+        "samples": pl.Int64,
+        "reason": pl.String,
+    }
     with open_db(run_dir) as conn:
-        rows = conn.execute(f"SELECT {', '.join(schema)} FROM skips ORDER BY dataset, prompt_id").fetchall()  # fmt: skip
+        rows = conn.execute(
+            f"SELECT {', '.join(schema)} FROM skips ORDER BY dataset, prompt_id"
+        ).fetchall()
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
@@ -470,7 +622,12 @@ def prompt_state(conn: sqlite3.Connection) -> dict:
     row = conn.execute("SELECT value FROM state WHERE key = 'prompts'").fetchone()
     if row is not None:
         return json.loads(row[0])
-    return {"counts": dict(conn.execute("SELECT dataset, count(*) FROM prompts GROUP BY dataset").fetchall()), "custom_ids": {}}  # fmt: skip
+    return {
+        "counts": dict(
+            conn.execute("SELECT dataset, count(*) FROM prompts GROUP BY dataset").fetchall()
+        ),
+        "custom_ids": {},
+    }
 
 
 def totals(conn: sqlite3.Connection) -> dict[str, tuple[int, int, int]]:

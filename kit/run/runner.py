@@ -103,7 +103,9 @@ class Runner:
             done = store.done()  # a frame of keys, no text
             skips, rows = _guard.apply(frame, config, run_dir, done)  # too long for the context
             store.write_skips(rows)
-            self.datasets = dataset_queues(frame, config, done, expected_tokens or {}, skips, run_dir, store.totals())  # fmt: skip
+            self.datasets = dataset_queues(
+                frame, config, done, expected_tokens or {}, skips, run_dir, store.totals()
+            )
         except BaseException:
             store.close()
             raise
@@ -289,9 +291,10 @@ class Runner:
             d.streak += 1
             if d.streak >= self.config.max_consecutive_failures:
                 self._fail_dataset(
-                    d, f"{d.streak} answers in a row failed and none succeeded "
+                    d,
+                    f"{d.streak} answers in a row failed and none succeeded "
                     f"(malformed or not retryable), so none can; last error: {e}",
-                )  # fmt: skip
+                )
         if e.retry_after is not None and e.retry_after > self.retry_after_cap:
             url, cap = getattr(backend, "url", "the server"), self.retry_after_cap
             d.note = d.note or (
@@ -337,10 +340,11 @@ class Runner:
             mine = min((t for x, t in starts if x is d), default=None)
             if not d.failed and d.stall.stalled(now, window, 8, mine):
                 self._fail_dataset(
-                    d, f"no request succeeded for {now - d.stall.since:.0f}s (stall_timeout "
+                    d,
+                    f"no request succeeded for {now - d.stall.since:.0f}s (stall_timeout "
                     f"{window:g}s): {d.stall.failed} attempts in a row failed; last error: "
                     f"{d.stall.last}",
-                )  # fmt: skip
+                )
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         """Exponential backoff with jitter; a server's Retry-After wins when given (capped)."""
@@ -481,11 +485,21 @@ def _refuse_user_runs(prompts) -> None:
 def _record(dataset, prompt_id, sample, messages, comp, backend, t0, attempt) -> Record:
     """Completion -> Record."""
     return Record(
-        dataset=dataset, prompt_id=prompt_id, sample=sample, messages=messages,
-        completion=comp.text, finish_reason=comp.finish_reason,
-        completion_tokens=comp.completion_tokens, count_source=comp.count_source,
-        prompt_tokens=comp.prompt_tokens, output_ids=comp.output_ids, prompt_ids=comp.prompt_ids,
-        endpoint=getattr(backend, "url", ""), latency_s=round(time.monotonic() - t0, 4),
-        attempts=attempt, t_done=time.time(), reasoning=comp.reasoning,
+        dataset=dataset,
+        prompt_id=prompt_id,
+        sample=sample,
+        messages=messages,
+        completion=comp.text,
+        finish_reason=comp.finish_reason,
+        completion_tokens=comp.completion_tokens,
+        count_source=comp.count_source,
+        prompt_tokens=comp.prompt_tokens,
+        output_ids=comp.output_ids,
+        prompt_ids=comp.prompt_ids,
+        endpoint=getattr(backend, "url", ""),
+        latency_s=round(time.monotonic() - t0, 4),
+        attempts=attempt,
+        t_done=time.time(),
+        reasoning=comp.reasoning,
         tool_calls=comp.tool_calls,
-    )  # fmt: skip
+    )

@@ -125,14 +125,20 @@ class RunStore:
     def _init(self, config: RunConfig, prompts_frame, force: bool) -> None:
         old = config_doc(self.conn)
         if old is not None and not force:
-            changes = _diff_parts(RunConfig.from_dict(old).fingerprint_parts(), config.fingerprint_parts())  # fmt: skip
+            changes = _diff_parts(
+                RunConfig.from_dict(old).fingerprint_parts(), config.fingerprint_parts()
+            )
             if changes:
                 raise FingerprintMismatch(
                     f"run dir {self.run_dir} was made with a different configuration:\n  "
                     + "\n  ".join(changes)
                     + "\nUse a new run_dir, or pass force=True to resume anyway."
                 )
-        same = old is not None and config.source_hashes and old.get("source_hashes") == config.source_hashes  # fmt: skip
+        same = (
+            old is not None
+            and config.source_hashes
+            and old.get("source_hashes") == config.source_hashes
+        )
         if prompts_frame is not None and not same:  # the same prompt ids are stored already
             self.add_prompts(prompts_frame)  # before the config that says they are
         elif self.conn.execute("SELECT 1 FROM state WHERE key = 'prompts'").fetchone() is None:
@@ -248,12 +254,16 @@ class RunStore:
                         rejected += 1
                         continue
                     t = totals.setdefault(r.dataset, [0, 0, 0])
-                    t[0], t[1], t[2] = t[0] + 1, t[1] + r.completion_tokens, t[2] + (r.finish_reason == "length")  # fmt: skip
+                    t[0], t[1], t[2] = (
+                        t[0] + 1,
+                        t[1] + r.completion_tokens,
+                        t[2] + (r.finish_reason == "length"),
+                    )
                 self.conn.executemany(TOTALS_SQL, [(ds, *t) for ds, t in totals.items()])
                 self.conn.executemany(
                     "INSERT INTO errors (dataset, prompt_id, sample, error, attempts, t) VALUES (?, ?, ?, ?, ?, ?)",
                     [(e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t) for e in errors],
-                )  # fmt: skip
+                )
                 if rejected:
                     self._add_state_count("rejected", rejected)
         except sqlite3.Error as e:
@@ -297,7 +307,12 @@ class RunStore:
         `stop_reason`, null while running or when it ran to the end), as state "status"."""
         from dataclasses import asdict
 
-        doc = {"t": time.time(), "finished": finished, "pid": os.getpid(), "stop_reason": stop_reason}  # fmt: skip
+        doc = {
+            "t": time.time(),
+            "finished": finished,
+            "pid": os.getpid(),
+            "stop_reason": stop_reason,
+        }
         doc["datasets"] = [asdict(p) for p in progress]
         if self.conn is None:
             return
@@ -339,7 +354,7 @@ def store_prompts(run_dir, frame) -> None:
             from kit.data.sources import LoadResult, source_hashes
 
             stored = config_doc(store.conn).get("source_hashes") or {}
-            given = frame.source_hashes() if isinstance(frame, LoadResult) else source_hashes(frame)  # fmt: skip
+            given = frame.source_hashes() if isinstance(frame, LoadResult) else source_hashes(frame)
             if stored and stored != given:
                 raise ValueError(
                     f"{run_dir} holds a run over other prompts: write this plan into a new "

@@ -50,11 +50,15 @@ def user_runs(messages: list[Message]) -> bool:
 def turn_dict(comp: Completion) -> dict:
     """One earlier generated turn, as stored in Record.turns."""
     return {
-        "content": comp.text, "reasoning": comp.reasoning, "finish_reason": comp.finish_reason,
-        "completion_tokens": comp.completion_tokens, "count_source": comp.count_source,
-        "output_ids": comp.output_ids, "prompt_ids": comp.prompt_ids,
+        "content": comp.text,
+        "reasoning": comp.reasoning,
+        "finish_reason": comp.finish_reason,
+        "completion_tokens": comp.completion_tokens,
+        "count_source": comp.count_source,
+        "output_ids": comp.output_ids,
+        "prompt_ids": comp.prompt_ids,
         "tool_calls": comp.tool_calls,
-    }  # fmt: skip
+    }
 
 
 async def regenerate(

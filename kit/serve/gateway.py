@@ -29,9 +29,17 @@ from kit.serve.server import ServerError, free_port, kill_group, tail_lines
 
 # a worker checked every 5 s, taken out after 2 failed checks; SIGTERM waits 2 s at most
 DEFAULT_ARGS: tuple[str, ...] = (
-    "--policy", "round_robin", "--health-check-interval-secs", "5",
-    "--health-failure-threshold", "2", "--shutdown-grace-period-secs", "2", "--log-level", "warn",
-)  # fmt: skip
+    "--policy",
+    "round_robin",
+    "--health-check-interval-secs",
+    "5",
+    "--health-failure-threshold",
+    "2",
+    "--shutdown-grace-period-secs",
+    "2",
+    "--log-level",
+    "warn",
+)
 
 
 def smg_command() -> str:
@@ -148,8 +156,9 @@ def _wait_ready(gateway: Gateway, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if gateway.process.poll() is not None:
-            raise ServerError(f"smg exited with code {gateway.process.returncode}",
-                              gateway.log_tail())  # fmt: skip
+            raise ServerError(
+                f"smg exited with code {gateway.process.returncode}", gateway.log_tail()
+            )
         try:
             state = gateway.workers_state()
             if len(state) == len(gateway.workers) and all(w.get("is_healthy") for w in state):

@@ -381,9 +381,13 @@ def serve_forever(
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops the server too
     try:
         server = start(
-            port=port, host=host, timeout=timeout, engine=engine, temperature=temperature,
+            port=port,
+            host=host,
+            timeout=timeout,
+            engine=engine,
+            temperature=temperature,
             top_p=top_p,
-        )  # fmt: skip
+        )
     except (ServerError, ValueError, FileNotFoundError) as exc:
         print(f"kit serve: {exc}", file=sys.stderr)
         return 1

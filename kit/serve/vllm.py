@@ -26,8 +26,12 @@ REPO = Path(__file__).resolve().parents[2]
 # tool only when the prompt shows one. dtype: vLLM CPU's default (bfloat16)
 TOOL_PARSER = "xlam"
 DEFAULT_ARGS: tuple[str, ...] = (
-    "--max-model-len", "4096", "--enable-auto-tool-choice", "--tool-call-parser", TOOL_PARSER,
-)  # fmt: skip
+    "--max-model-len",
+    "4096",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    TOOL_PARSER,
+)
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
@@ -52,7 +56,14 @@ def command(model_dir: Path, port: int, host: str, extra_args: Sequence[str] = (
     """The vLLM OpenAI-server command line for model_dir (served under its path as name)."""
     args = ["--model", str(model_dir), "--served-model-name", str(model_dir)]
     args += ["--host", host, "--port", str(port), "--disable-log-stats"]
-    return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", *args, *DEFAULT_ARGS, *extra_args]  # fmt: skip
+    return [
+        str(vllm_python()),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *args,
+        *DEFAULT_ARGS,
+        *extra_args,
+    ]
 
 
 def environment() -> dict[str, str]:
