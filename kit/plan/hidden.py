@@ -2,13 +2,10 @@
 
 Offline EAGLE-3 training first dumps the target's hidden states for every token of every
 training sequence, prompt and completion alike: three auxiliary layers and the last, each
-`hidden_size` values in bfloat16 (2 bytes). SpecForge 0.2.0 stores `aux_hidden_state`
-[seq, 3 x hidden] (layers [1, n//2 - 1, n - 4] by default: exactly three,
-specforge/algorithms/model_providers.py resolve_eagle_capture_layers) and `hidden_state`
-[seq, hidden] per sample (scripts/prepare_hidden_states.py; target in model.torch_dtype,
-default bfloat16); speculators 0.9.0 stores `hidden_states` [seq, 4, hidden] in bfloat16
-(3 of resolve_target_layer_ids' [2, n//2, n - 3] + the last; speculators/train/data.py).
-Their token ids and loss masks (16 bytes a token) and a trainer's max_length cut are left out.
+`hidden_size` bfloat16 values. SpecForge 0.2.0 stores `aux_hidden_state` [seq, 3 x hidden]
+and `hidden_state` [seq, hidden] per sample (scripts/prepare_hidden_states.py);
+speculators 0.9.0 stores `hidden_states` [seq, 4, hidden] (speculators/train/data.py).
+Token ids, loss masks (16 bytes a token) and a trainer's max_length cut are left out.
 """
 
 from __future__ import annotations
@@ -25,19 +22,8 @@ if TYPE_CHECKING:
 
 LAYERS_DUMPED = 4  # EAGLE-3: three auxiliary layers + the last
 VALUE_BYTES = 2  # bfloat16, both trainers' default
-_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "PB": 10**15,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-    "PIB": 2**50,
-}
+_UNITS = {"B": 1} | {f"{p}B": 10 ** (3 * i) for i, p in enumerate("KMGTP", 1)}
+_UNITS |= {f"{p}IB": 2 ** (10 * i) for i, p in enumerate("KMGTP", 1)}  # KiB, MiB, ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,11 +196,9 @@ def hidden_states(table: pl.DataFrame, samples: Any, shape: TargetShape) -> pl.D
         p=c("dataset").replace_strict(prompt, default=None, return_dtype=pl.Float64),
     )
     rows = rows.select(
-        "dataset",
-        "samples",
-        "completion_tokens",
-        prompt_tokens=c("samples") * c("p"),
-    ).with_columns(sequence_tokens=c("completion_tokens") + c("prompt_tokens"))
+        "dataset", "samples", "completion_tokens", prompt_tokens=c("samples") * c("p")
+    )
+    rows = rows.with_columns(sequence_tokens=c("completion_tokens") + c("prompt_tokens"))
     rows = rows.with_columns(hidden_bytes=c("sequence_tokens") * shape.bytes_per_token)
     total = rows.select(pl.lit(TOTAL).alias("dataset"), pl.exclude("dataset").sum())
     if rows["prompt_tokens"].null_count():
