@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.serve import watchdog
-from kit.serve.server import Kept, ServerError, free_port
+from kit.serve.server import Kept, check_running, free_port
 
 # a worker checked every 5 s, taken out after 2 failed checks; SIGTERM waits 2 s at most
 DEFAULT_ARGS = tuple(
@@ -125,18 +125,13 @@ def _wait_ready(gateway: Gateway, timeout: float) -> None:
     """Poll until the gateway lists every worker as healthy (GET /workers)."""
     deadline = time.monotonic() + timeout
     while True:
-        if gateway.process.poll() is not None:
-            raise ServerError(
-                f"smg exited with code {gateway.process.returncode}", gateway.log_tail()
-            )
+        check_running(gateway, "smg", deadline, timeout)
         try:
             state = gateway.workers_state()
             if len(state) == len(gateway.workers) and all(w.get("is_healthy") for w in state):
                 return
         except (OSError, ValueError):
             pass
-        if time.monotonic() >= deadline:
-            raise ServerError(f"smg not ready after {timeout:.0f} s", gateway.log_tail())
         time.sleep(0.25)
 
 

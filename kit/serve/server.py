@@ -286,9 +286,10 @@ def _spawn(
 def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
     """Poll /health, then send a one-token warm-up completion; raise ServerError on failure."""
     deadline = time.monotonic() + timeout
+    name = "vLLM" if server.engine == "vllm" else "transformers serve"
     root = f"http://{server.host}:{server.port}"
     while not _get_ok(f"{root}/health"):
-        _check_alive(server, deadline, timeout)
+        check_running(server, name, deadline, timeout)
         time.sleep(0.25)
     hi = [{"role": "user", "content": "Hi"}]
     body = {"model": server.model, "messages": hi, "max_tokens": 1}
@@ -296,7 +297,7 @@ def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
         config = _generation_config(server.model_dir, **server.sampling)
         body["generation_config"] = json.dumps(config)
     while True:
-        _check_alive(server, deadline, timeout)
+        check_running(server, name, deadline, timeout)
         try:
             _post_json(f"{server.base_url}/chat/completions", body, deadline - time.monotonic())
             return
@@ -326,14 +327,13 @@ def _generation_config(model_dir: Path, temperature: float, top_p: float) -> dic
     return config
 
 
-def _check_alive(server: EmbeddedServer, deadline: float, timeout: float) -> None:
-    """Raise ServerError if the server exited or the deadline passed."""
-    code = server.process.poll()
+def check_running(kept: Kept, name: str, deadline: float, timeout: float) -> None:
+    """Raise ServerError (with the log's tail) if `name` exited or the deadline passed."""
+    code = kept.process.poll()
     if code is not None:
-        name = "vLLM" if server.engine == "vllm" else "transformers serve"
-        raise ServerError(f"{name} exited with code {code}", server.log_tail())
+        raise ServerError(f"{name} exited with code {code}", kept.log_tail())
     if time.monotonic() >= deadline:
-        raise ServerError(f"server not ready after {timeout:.0f} s", server.log_tail())
+        raise ServerError(f"{name} not ready after {timeout:.0f} s", kept.log_tail())
 
 
 def _get_ok(url: str) -> bool:
