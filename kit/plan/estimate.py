@@ -33,11 +33,11 @@ PREDICTION = 0.90  # two-sided level of samples_low..samples_high and hours_low.
 SPREAD_LEVEL = 0.75  # the pilot's std is widened to this upper confidence bound (chi-square)
 
 
-def t_quantile(confidence: float, dof: int) -> float:
+def _t_quantile(confidence: float, dof: int) -> float:
     """One-sided Student-t quantile (Cornish-Fisher expansion; within 0.5% for dof >= 2).
 
     Example:
-        >>> round(t_quantile(0.95, 9), 3)
+        >>> round(_t_quantile(0.95, 9), 3)
         1.833
     """
     z = NormalDist().inv_cdf(confidence)
@@ -52,12 +52,12 @@ def t_quantile(confidence: float, dof: int) -> float:
     return z + sum(gi / dof ** (i + 1) for i, gi in enumerate(g))
 
 
-def spread_factor(n: int, level: float = SPREAD_LEVEL) -> float:
+def _spread_factor(n: int, level: float = SPREAD_LEVEL) -> float:
     """sqrt((n-1) / chi2_{1-level}(n-1)): a sample std times this is its `level` upper
     confidence bound (Wilson-Hilferty's chi-square quantile).
 
     Example:
-        >>> round(spread_factor(30), 3)
+        >>> round(_spread_factor(30), 3)
         1.109
     """
     k = n - 1
@@ -68,19 +68,19 @@ def spread_factor(n: int, level: float = SPREAD_LEVEL) -> float:
     return math.sqrt(k / q) if q > 0 else math.inf
 
 
-def samples_interval(
+def _samples_interval(
     remaining: float, mean: float, std: float, n: int, level: float = PREDICTION
 ) -> tuple[int, int | None]:
     """(low, high) of the samples that reach `remaining` tokens at this pilot (mean, std of
     n lengths), a two-sided `level` prediction interval; high None when unbounded.
 
     Example:
-        >>> samples_interval(10_000, 100.0, 80.0, 30)
+        >>> _samples_interval(10_000, 100.0, 80.0, 30)
         (77, 146)
     """
     needed = math.ceil(remaining / mean)
-    t = t_quantile(1 - (1 - level) / 2, n - 1)
-    h = t * std * spread_factor(n) * math.sqrt(1 / n + 1 / max(needed, 1))
+    t = _t_quantile(1 - (1 - level) / 2, n - 1)
+    h = t * std * _spread_factor(n) * math.sqrt(1 / n + 1 / max(needed, 1))
     high = math.ceil(remaining / (mean - h)) if mean - h > 0 else None
     return math.ceil(remaining / (mean + h)), high
 
@@ -245,7 +245,7 @@ def _plan_row(name, target, st, available, progress, *, throughput, confidence, 
     mean, std, n = st["mean"], st["std"], st["n"]
     censored = st["truncated_share"] is not None and st["truncated_share"] > CENSORED_SHARE
     bounded = n > 1 and std is not None and std > 0 and not censored
-    lower = mean - t_quantile(confidence, n - 1) * std / math.sqrt(n) if bounded else None
+    lower = mean - _t_quantile(confidence, n - 1) * std / math.sqrt(n) if bounded else None
     s_done, t_done = progress
     remaining = max(target - t_done, 0.0)
     needed = math.ceil(remaining / mean) if mean > 0 else None
@@ -257,7 +257,7 @@ def _plan_row(name, target, st, available, progress, *, throughput, confidence, 
     cap_tokens = cap * mean
     recommend = _recommend_max_tokens(max_tokens, st["max"], st["p99_kept"]) if censored else None
     note = _note(st, needed, upper, left, t_done + left * mean, remaining, recommend, max_tokens)
-    low, high = samples_interval(remaining, mean, std, n) if bounded and needed else (None, None)
+    low, high = _samples_interval(remaining, mean, std, n) if bounded and needed else (None, None)
     hours = _hours(expected, throughput)
     h_low, h_high = _hours_interval(hours, needed, low, high, left)
     pilot = (n, mean, std, st["p50"], st["p90"], st["p99"], st["truncated_share"], lower)

@@ -105,11 +105,11 @@ def parse_bytes(text: str) -> int | None:
     return int(value) if math.isfinite(value) and value >= 1 else None
 
 
-def format_bytes(n: float | None) -> str:
+def _format_bytes(n: float | None) -> str:
     """Decimal units, as disks are sold: 4.61e12 -> '4.61 TB'.
 
     Example:
-        >>> format_bytes(4_608_000_000), format_bytes(None)
+        >>> _format_bytes(4_608_000_000), _format_bytes(None)
         ('4.61 GB', '-')
     """
     if n is None:
@@ -120,7 +120,7 @@ def format_bytes(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
-def means(samples: Any) -> dict[str, tuple[float, float | None]]:
+def _means(samples: Any) -> dict[str, tuple[float, float | None]]:
     """dataset -> (mean completion tokens, mean prompt tokens or None) of a pilot (a
     PilotResult or a frame with dataset, completion_tokens[, prompt_tokens])."""
     import polars as pl
@@ -154,7 +154,7 @@ def convert_budgets(budgets, hidden, samples, shape: TargetShape) -> tuple[dict,
     """(dataset -> completion tokens, one line per conversion): the byte budgets (`hidden`:
     one number for every dataset or dataset -> bytes) converted at the pilot's mean prompt
     and completion lengths; token budgets (an int or a dict) kept as given."""
-    lengths = means(samples)
+    lengths = _means(samples)
     out, lines = {}, []
     for name in sorted(budgets) if isinstance(budgets, dict) else sorted(lengths):
         size = hidden if isinstance(hidden, int) else hidden.get(name)
@@ -164,7 +164,7 @@ def convert_budgets(budgets, hidden, samples, shape: TargetShape) -> tuple[dict,
         c, p = lengths[name]
         out[name] = tokens_for_bytes(size, c, p, shape)
         lines.append(
-            f"budget {name}: {format_bytes(size)} of hidden states = {out[name]:,} "
+            f"budget {name}: {_format_bytes(size)} of hidden states = {out[name]:,} "
             f"completion tokens (pilot means: {p or 0:,.0f} prompt + {c:,.0f} "
             "completion tokens a sample)"
         )
@@ -188,7 +188,7 @@ def hidden_states(table: pl.DataFrame, samples: Any, shape: TargetShape) -> pl.D
 
     from kit.plan.estimate import TOTAL
 
-    prompt = {d: p for d, (_, p) in means(samples).items()}
+    prompt = {d: p for d, (_, p) in _means(samples).items()}
     c = pl.col
     rows = table.filter(c("dataset") != TOTAL).with_columns(
         samples=pl.min_horizontal(c("samples_done") + c("samples_needed"), c("prompts_available")),
@@ -216,7 +216,7 @@ def hidden_text(frame: pl.DataFrame, shape: TargetShape) -> str:
     for r in frame.iter_rows(named=True):
         seq = f"{r['sequence_tokens']:,.0f}" if r["sequence_tokens"] is not None else "?"
         lines.append(
-            f"  {r['dataset']}: {format_bytes(r['hidden_bytes'])} "
+            f"  {r['dataset']}: {_format_bytes(r['hidden_bytes'])} "
             f"({seq} tokens in {r['samples']:,} samples)"
         )
     return "\n".join(lines)

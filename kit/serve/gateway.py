@@ -32,7 +32,7 @@ DEFAULT_ARGS = tuple(
 )
 
 
-def smg_command() -> str:
+def _smg_command() -> str:
     """The `smg` executable: next to this interpreter (the project's .venv), else on PATH.
 
     Raises:
@@ -107,7 +107,7 @@ def start(
     port = port or free_port(host)
     log_path = Path(log_path) if log_path else models_root() / "logs" / f"smg-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [smg_command(), "launch", "--host", host, "--port", str(port), "--backend", backend]
+    argv = [_smg_command(), "launch", "--host", host, "--port", str(port), "--backend", backend]
     # its metrics listener binds 0.0.0.0:29000 unless told: this host, a free port
     argv += ["--prometheus-host", host, "--prometheus-port", str(free_port(host))]
     argv += ["--worker-urls", *workers, *DEFAULT_ARGS, *extra_args]

@@ -73,11 +73,11 @@ class Kept:
 
     def log_tail(self, n: int = 40) -> str:
         """The last n lines of the log."""
-        return tail_lines(self.log_path, n)
+        return _tail_lines(self.log_path, n)
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM the process group, SIGKILL it after `grace` seconds, close the lifeline."""
-        kill_group(self.process, grace)
+        _kill_group(self.process, grace)
         if self.lifeline is not None:
             os.close(self.lifeline)
             self.lifeline = None
@@ -137,7 +137,7 @@ class EmbeddedServer(Kept):
         super().stop(grace)
 
 
-def tail_lines(path: Path, n: int) -> str:
+def _tail_lines(path: Path, n: int) -> str:
     """Last n lines of a text file ("" if missing); tqdm's carriage returns become newlines."""
     try:
         text = Path(path).read_text(errors="replace")
@@ -147,7 +147,7 @@ def tail_lines(path: Path, n: int) -> str:
     return "\n".join(lines[-n:])
 
 
-def kill_group(process: subprocess.Popen, grace: float) -> None:
+def _kill_group(process: subprocess.Popen, grace: float) -> None:
     """SIGTERM the process group, SIGKILL it after grace seconds, and reap the leader."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:

@@ -35,7 +35,7 @@ DEFAULT_ARGS = (
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
-def vllm_python() -> Path:
+def _vllm_python() -> Path:
     """The Python that runs vLLM: $KIT_VLLM_PYTHON, else the repo's .venv-vllm.
 
     Raises:
@@ -56,7 +56,7 @@ def command(model_dir: Path, port: int, host: str, extra_args: Sequence[str] = (
     """The vLLM OpenAI-server command line for model_dir (served under its path as name)."""
     args = ["--model", str(model_dir), "--served-model-name", str(model_dir)]
     args += ["--host", host, "--port", str(port), "--disable-log-stats"]
-    server = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server"]
+    server = [str(_vllm_python()), "-m", "vllm.entrypoints.openai.api_server"]
     return [*server, *args, *DEFAULT_ARGS, *extra_args]
 
 
