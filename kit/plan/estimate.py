@@ -338,16 +338,12 @@ def _total_row(table: pl.DataFrame, throughput: float | None) -> pl.DataFrame:
 
     s = table.sum()
     needed = s["samples_needed"][0]
-    upper = None if table["samples_needed_upper"].null_count() else s["samples_needed_upper"][0]
-    whole = {
-        c: None if table[c].null_count() else s[c][0]
-        for c in ("samples_low", "samples_high", "hours_low", "hours_high")
-    }
+    bounds = ("samples_needed_upper", "samples_low", "samples_high", "hours_low", "hours_high")
     values = {
         "dataset": TOTAL,
         "mean": s["tokens_remaining"][0] / needed if needed else None,
-        "samples_needed_upper": upper,
-        **whole,  # each dataset's interval summed: wider than the TOTAL's own (not independent)
+        # a bound of every dataset, or none; summed intervals are wider than the TOTAL's own
+        **{c: None if table[c].null_count() else s[c][0] for c in bounds},
         "shortfall": bool(table["shortfall"].any()),
         "overshoot": s["cap_tokens"][0] / s["budget"][0],
         "hours_to_go": s["hours_to_go"][0] if throughput else None,
