@@ -68,8 +68,9 @@ def vllm_server(model_dir):
 @pytest.fixture(scope="session")
 def vllm_thinking(model_dir):
     """vLLM on the thinking variant with the deepseek_r1 reasoning parser, per session."""
+    from thinking_model import prepare_thinking_model
+
     from kit.serve import start
-    from kit.serve.prepare import prepare_thinking_model
 
     folder = prepare_thinking_model(model_dir)
     args = ("--reasoning-parser", "deepseek_r1", *RENDER)

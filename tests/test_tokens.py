@@ -249,7 +249,8 @@ def test_render_puts_tools_and_template_kwargs_into_the_prompt(model_dir, tmp_pa
     import json
     import shutil
 
-    from kit.serve.prepare import prepare_thinking_model
+    from thinking_model import prepare_thinking_model
+
     from kit.tokens import load_tokenizer, render
 
     for name in ("tokenizer.json", "tokenizer_config.json"):

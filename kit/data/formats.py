@@ -10,9 +10,8 @@
     turns             {"turns": [user turn, ...]} (MT-bench; runs with turns="all_turns")
     mapping           mapping={"prompt": column, "system": column} or {"messages": column}
 
-A valid prompt: at most one system turn, first, then user/assistant alternating from user.
-A row whose other prompt fields hold a value its format does not read is a
-conflicting_fields skip: no prompt text is dropped unsaid.
+A valid prompt: at most one system turn, first, then user/assistant alternating from user;
+a prompt field the format does not read that holds a value is a conflicting_fields skip.
 """
 
 from __future__ import annotations
@@ -22,27 +21,11 @@ import polars as pl
 from kit.data.readers import Skip
 from kit.data.tools import tool_turn
 
-FORMATS = (
-    "sharegpt",
-    "openai",
-    "ultrachat",
-    "alpaca",
-    "magicoder",
-    "opencodeinstruct",
-    "turns",
-    "mapping",
-)
+FORMATS = ("sharegpt", "openai", "ultrachat", "alpaca", "magicoder", "opencodeinstruct", "turns")
+FORMATS += ("mapping",)
 DETECT_ROWS = 200  # rows whose keys decide the format
-_ROLES = {
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "gpt": "assistant",
-    "chatgpt": "assistant",
-    "model": "assistant",
-    "bot": "assistant",
-    "system": "system",
-}
+_ROLES = {"user": "user", "human": "user", "system": "system"}  # a turn's role -> kit's
+_ROLES |= dict.fromkeys(("assistant", "gpt", "chatgpt", "model", "bot"), "assistant")
 
 
 def columns(rows: list | pl.DataFrame) -> list[str]:
@@ -143,6 +126,14 @@ def _field(row: dict, key: str):
     return value
 
 
+def _list(row: dict, key: str) -> list:
+    """row[key] as a list, or a skip (missing_field, bad_type)."""
+    value = _field(row, key)
+    if not isinstance(value, list):
+        raise Skip("bad_type", f"{key!r} is a {type(value).__name__}, not a list")
+    return value
+
+
 def _turn(obj) -> tuple:
     """One turn object (role/content or from/value) -> (role, content); a problem is a Skip in its slot.
 
@@ -152,19 +143,15 @@ def _turn(obj) -> tuple:
     """
     if not isinstance(obj, dict):
         return (Skip("bad_type", f"turn is a {type(obj).__name__}, not an object"), None)
-    role_key, content_key = (
-        ("from", "value") if obj.get("from") is not None else ("role", "content")
-    )
+    from_value = obj.get("from") is not None  # ShareGPT's keys
+    role_key, content_key = ("from", "value") if from_value else ("role", "content")
     raw, content = obj.get(role_key), obj.get(content_key)
     role = _ROLES.get(raw.lower()) if isinstance(raw, str) else None
     if (role is None or len(obj) > 2) and (skip := tool_turn(obj, raw)) is not None:
         role = skip  # a tool call or result: kit.data.tools says why it is a skip
     elif role is None:
-        role = (
-            Skip("missing_field", "turn without a role")
-            if raw is None
-            else Skip("bad_role", f"role {raw!r}")
-        )
+        missing = Skip("missing_field", "turn without a role")
+        role = missing if raw is None else Skip("bad_role", f"role {raw!r}")
     if content is None:
         content = Skip("missing_field", f"turn without {content_key!r}")
     return (role, content)
@@ -172,10 +159,7 @@ def _turn(obj) -> tuple:
 
 def _turn_list(row: dict, key: str) -> list:
     """A conversation field -> list of (role, content) per turn."""
-    value = _field(row, key)
-    if not isinstance(value, list):
-        raise Skip("bad_type", f"{key!r} is a {type(value).__name__}, not a list")
-    return [_turn(t) for t in value]
+    return [_turn(t) for t in _list(row, key)]
 
 
 def _single(row: dict, prompt_key: str, system_key: str | None = None) -> list:
@@ -203,11 +187,8 @@ def _alpaca(row: dict) -> list:
         return [_joined(instruction, row.get("input"), "'input'")]
     if row.get("input") is not None:
         raise Skip("conflicting_fields", "both 'input' and 'instances' hold a value: keep one")
-    if not isinstance(instances, list):
-        raise Skip("bad_type", f"'instances' is a {type(instances).__name__}, not a list")
-    return [_instance(instruction, x, k) for k, x in enumerate(instances)] or [
-        [("user", instruction)]
-    ]
+    prompts = [_instance(instruction, x, k) for k, x in enumerate(_list(row, "instances"))]
+    return prompts or [[("user", instruction)]]
 
 
 def _instance(instruction: str, instance, k: int) -> list | Skip:
@@ -247,19 +228,13 @@ def _unread(row: dict, fmt: str) -> None:
 
 def _ultrachat(row: dict) -> list:
     """data: [user, assistant, user, ...] -> turns."""
-    data = _field(row, "data")
-    if not isinstance(data, list):
-        raise Skip("bad_type", f"'data' is a {type(data).__name__}, not a list")
-    return [("user" if i % 2 == 0 else "assistant", text) for i, text in enumerate(data)]
+    return [("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(_list(row, "data"))]
 
 
 def _user_turns(row: dict, key: str) -> list:
     """A list of user turns (MT-bench `turns`: ["first question", "second question"]) ->
     [(user, text), ...]; an element that is a turn object is read as one."""
-    value = _field(row, key)
-    if not isinstance(value, list):
-        raise Skip("bad_type", f"{key!r} is a {type(value).__name__}, not a list")
-    return [_turn(t) if isinstance(t, dict) else ("user", t) for t in value]
+    return [_turn(t) if isinstance(t, dict) else ("user", t) for t in _list(row, key)]
 
 
 def user_runs(fmt: str | None, mapping: dict | None) -> bool:
@@ -281,15 +256,15 @@ def raw_prompts(row: dict, fmt: str, mapping: dict | None) -> list:
         _unread(row, fmt)
     if fmt == "alpaca":
         return _alpaca(row)
-    return [raw_turns(row, fmt, mapping)]
+    return [_raw_turns(row, fmt, mapping)]
 
 
-def raw_turns(row: dict, fmt: str, mapping: dict | None) -> list:
+def _raw_turns(row: dict, fmt: str, mapping: dict | None) -> list:
     """Row -> [(role, content), ...] (either may be a Skip) before the prompt is cut and checked.
     Alpaca rows may hold several prompts: raw_prompts() reads them.
 
     Example:
-        >>> raw_turns({"data": ["Hi", "Hello!", "Bye"]}, "ultrachat", None)
+        >>> _raw_turns({"data": ["Hi", "Hello!", "Bye"]}, "ultrachat", None)
         [('user', 'Hi'), ('assistant', 'Hello!'), ('user', 'Bye')]
     """
     if fmt == "sharegpt":

@@ -38,12 +38,12 @@ def check_format(format, mapping) -> str | None:
     return "mapping"
 
 
-def per_source(value) -> bool:
+def _per_source(value) -> bool:
     """True for a per-dataset dict of load() arguments: {dataset: format or mapping}, told
     from one column mapping ({"prompt": "question"}) by its values (dicts or formats).
 
     Example:
-        >>> per_source({"gsm8k": {"prompt": "question"}}), per_source({"prompt": "question"})
+        >>> _per_source({"gsm8k": {"prompt": "question"}}), _per_source({"prompt": "question"})
         (True, False)
     """
     if not isinstance(value, dict) or not value:
@@ -60,7 +60,7 @@ def for_each(names: list[str], format, mapping) -> dict[str, tuple[str | None, d
         {'gsm8k': ('mapping', {'prompt': 'question'}), 'humaneval': (None, None)}
     """
     formats = format if isinstance(format, dict) else dict.fromkeys(names, format)
-    mappings = mapping if per_source(mapping) else dict.fromkeys(names, mapping)
+    mappings = mapping if _per_source(mapping) else dict.fromkeys(names, mapping)
     for what, given in (("format", formats), ("mapping", mappings)):
         if unknown := sorted(set(given) - set(names)):
             raise ValueError(

@@ -14,12 +14,12 @@ import tempfile
 import weakref
 from pathlib import Path
 
-PART = re.compile(r"part-\d{5}\.parquet")
+_PART = re.compile(r"part-\d{5}\.parquet")
 
 
 def new_dir(owner) -> Path:
     """A new parts directory, removed with `owner`; stale ones removed first."""
-    remove_stale(Path(tempfile.gettempdir()))
+    _remove_stale(Path(tempfile.gettempdir()))
     path = Path(tempfile.mkdtemp(prefix=f"kit-load-{os.getpid()}-"))
     weakref.finalize(owner, shutil.rmtree, path, ignore_errors=True)
     return path
@@ -29,7 +29,7 @@ def part_path(spill: Path, index: int) -> Path:
     return spill / f"part-{index:05d}.parquet"
 
 
-def remove_stale(tmp: Path) -> None:
+def _remove_stale(tmp: Path) -> None:
     """Remove the parts directories a killed kit.load left (kit-load-PID-*, PID not running),
     when they hold nothing but part files."""
     for spill in tmp.glob("kit-load-*-*"):
@@ -44,7 +44,7 @@ def remove_stale(tmp: Path) -> None:
         except OSError:
             continue
         files = list(spill.iterdir())
-        if all(PART.fullmatch(f.name) and f.is_file() and not f.is_symlink() for f in files):
+        if all(_PART.fullmatch(f.name) and f.is_file() and not f.is_symlink() for f in files):
             for f in files:
                 f.unlink(missing_ok=True)
             spill.rmdir()

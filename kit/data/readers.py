@@ -44,7 +44,7 @@ def read(source) -> Iterator[list | pl.DataFrame]:
     here, before any block."""
     if not isinstance(source, Path):
         return iter([_read_memory(source)])
-    if problem := file_problem(source):
+    if problem := _file_problem(source):
         if problem == "no such file" and source.suffix.lower() not in SUFFIXES:
             problem = _unsupported(source)  # the first thing to fix
         elif problem == "no such file":
@@ -56,7 +56,7 @@ def read(source) -> Iterator[list | pl.DataFrame]:
     return _read_jsonl(source) if kind == "jsonl" else _read_parquet(source)
 
 
-def file_problem(path: Path) -> str | None:
+def _file_problem(path: Path) -> str | None:
     """Why kit cannot read `path` as a data file, or None when it can (one line, no raise)."""
     try:
         mode = path.stat().st_mode
@@ -85,7 +85,7 @@ def list_dir(path: Path) -> tuple[list[Path], list[dict]]:
     """A directory's data files (sorted) and the entries it ignores: [{"path", "reason"}]."""
     found, ignored = [], []
     for entry in sorted(path.iterdir()):
-        if problem := file_problem(entry):
+        if problem := _file_problem(entry):
             ignored.append({"path": str(entry), "reason": problem})
         else:
             found.append(entry)

@@ -1,19 +1,13 @@
 """Load prompt datasets into one polars prompt frame (kit.load): files, folders or rows.
 
-The frame is written as it is read, a part of CHUNK prompts at a time, to temporary Parquet
-files the LoadResult owns: no step holds every prompt (or, for JSONL and Parquet, a whole
-file), so a million prompts load in the memory of a few thousand.
-
-Each source's format is detected from its row keys (kit.data.formats has the table) or
-forced with `format=` / `mapping=`, for every source or per dataset. A prompt is the
-conversation up to its last user turn: a later answer is dropped before any check, so a
-broken answer never costs a prompt. Contents are kept as the dataset has them unless
-strip=True; tool definitions go in a `tools` column (kit.data.tools).
-
-prompt_id hashes the prompt's turns (and tools), not the dataset name, file or row order,
-so it is stable across re-loads. Bad rows and duplicate prompts are skipped and counted by
-reason (REASONS), never raised; sources that cannot be read or detected are reported
-together in one error. LoadResult.specs lets reload() load the same prompts again.
+The frame is written as it is read, CHUNK prompts at a time, to temporary Parquet parts the
+LoadResult owns, so a million prompts load in the memory of a few thousand. A format is
+detected from the row keys (kit.data.formats) or forced with format=/mapping=. A prompt is
+the conversation up to its last user turn (a broken later answer costs no prompt), as
+given unless strip=True, with its tools in a `tools` column (kit.data.tools). prompt_id
+hashes turns and tools, not dataset, file or row order: stable across re-loads. Bad rows
+and duplicates are skipped and counted by reason (REASONS), unreadable sources reported
+in one error; reload(LoadResult.specs) loads the same prompts again.
 """
 
 from __future__ import annotations
@@ -79,10 +73,9 @@ MAX_SKIP_ROWS = 1000  # skipped rows kept per dataset in LoadResult.skipped_rows
 class LoadResult:
     """Prompts loaded from one or more datasets, with what was dropped and why.
 
-    The prompts are not held in memory: kit.load writes them as it reads, in parts of at
-    most CHUNK prompts, to Parquet files in a temporary directory of its own (under TMPDIR),
-    removed with this object. `frame` reads them all into one frame; `batches()` gives them
-    a part at a time and `scan()` lazily, for millions of prompts.
+    The prompts live in Parquet parts (at most CHUNK prompts each) in a temporary directory
+    removed with this object: `frame` reads them all, `batches()` a part at a time and
+    `scan()` lazily, for millions of prompts.
     """
 
     parts: list[Path] = field(default_factory=list)  # the prompt frame's parts, in order
@@ -90,18 +83,14 @@ class LoadResult:
     with_tools: dict[str, int] = field(default_factory=dict)  # dataset -> prompts with tools
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)  # dataset -> reason -> rows
     duplicates: dict[str, int] = field(default_factory=dict)  # dataset -> rows dropped as repeats
-    formats: dict[str, str | None] = field(
-        default_factory=dict
-    )  # dataset -> format (None: no columns)
+    formats: dict[str, str | None] = field(default_factory=dict)  # dataset -> format or None
     paths: dict[str, str] = field(default_factory=dict)  # dataset -> source path ("" in memory)
     rows: dict[str, int] = field(default_factory=dict)  # dataset -> rows read
     skipped_rows: pl.DataFrame | None = None  # dataset, row, reason, detail (first MAX_SKIP_ROWS)
     ignored_files: list[dict] = field(default_factory=list)  # [{"path", "reason"}] not loaded
-    specs: dict[str, dict] = field(
-        default_factory=dict
-    )  # dataset -> {"path", "format", "mapping", "strip"}
+    specs: dict[str, dict] = field(default_factory=dict)  # dataset -> path, format, mapping, strip
     stripped: dict[str, int] = field(default_factory=dict)  # dataset -> prompts strip changed
-    spill: Path | None = None  # the temporary directory of `parts` (kit made it; removed with this)
+    spill: Path | None = None  # the temporary directory of `parts`, removed with this object
 
     @property
     def height(self) -> int:
@@ -130,9 +119,8 @@ class LoadResult:
         return SCHEMA | ({TOOLS: pl.String} if any(self.with_tools.values()) else {})
 
     def summary(self) -> pl.DataFrame:
-        """One row per dataset: format, rows read, prompts kept (with_tools: how many carry
-        tool definitions), duplicates, (strip=True) stripped, skips by reason. (Directory entries not loaded are in
-        `ignored_files` and the repr.)"""
+        """One row per dataset: format, rows read, prompts kept, with_tools, duplicates,
+        (strip=True) stripped, skips by reason (ignored directory entries: `ignored_files`)."""
         kept, tooled = self.prompts, self.with_tools
         out = []
         for name, fmt in self.formats.items():
@@ -230,7 +218,7 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None, strip=False)
 
 
 def reload(specs: dict[str, dict]) -> LoadResult:
-    """Load datasets again from their recorded specs (LoadResult.specs, plan.json "sources").
+    """Load datasets again from their recorded specs (LoadResult.specs).
 
     Example:
         >>> res = kit.load("data/samples/alpaca_tasks.jsonl")
@@ -395,22 +383,19 @@ def prompt_id(messages: list[dict], tools: str | None = None) -> str:
     pairs = [[m["role"], m["content"]] for m in messages]
     try:  # orjson writes json.dumps(ensure_ascii=False, compact)'s bytes (every code point tested)
         payload = orjson.dumps(pairs)
-    except (
-        orjson.JSONEncodeError
-    ):  # a lone surrogate: json's encoding names it (UnicodeEncodeError)
+    except orjson.JSONEncodeError:  # a lone surrogate: json names it (UnicodeEncodeError)
         payload = json.dumps(pairs, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     if tools is not None:
         payload = b'{"messages":' + payload + b',"tools":' + tools.encode("utf-8") + b"}"
     return hashlib.blake2b(payload, digest_size=8).hexdigest()
 
 
-CHUNK = 20_000  # prompts held as Python objects at most: then written as a part (1.25M prompts: 642 MB peak; 911 MB at 50,000)
+CHUNK = 20_000  # prompts held as Python objects at most, then written as a part
 
 
 def _spill(cols: dict[str, list], result: LoadResult) -> None:
     """Write what cols hold as the next Parquet part of result (cols are emptied; messages go
-    through pyarrow: 40x faster than polars; a part holds strings, not a Python object per
-    message). The first part makes result's temporary directory, removed with result."""
+    through pyarrow, much faster than polars). The first part makes result's directory."""
     import pyarrow as pa
 
     struct = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -482,10 +467,8 @@ def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> No
                 where = result.paths.get(ds) or f"in-memory dataset {ds!r}"
                 at = f"line {i + 1}" if where.endswith((".jsonl", ".ndjson")) else f"row {i}"
                 bad = exc.object[exc.start : exc.end].encode("unicode_escape").decode()
-                skip = Skip(
-                    "bad_unicode", f"{where} {at}: a lone surrogate {bad} (not valid Unicode)"
-                )
-                _skip(skip, ds, i, skips, skip_rows)
+                why = f"{where} {at}: a lone surrogate {bad} (not valid Unicode)"
+                _skip(Skip("bad_unicode", why), ds, i, skips, skip_rows)
                 continue
             if pid in seen:
                 dups += 1

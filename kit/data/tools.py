@@ -1,15 +1,12 @@
 """Tool-call datasets behind kit.load: tool definitions carried, tool turns reported.
 
-A row's `tools` (or mapping={"tools": column}, or OpenAI's legacy `functions`) is read in
-the shapes real datasets use: OpenAI tool dicts, the same list as a JSON string (or a list
-of JSON strings), or bare {"name", "description", "parameters"} definitions (glaive, xLAM,
-LLaMA-Factory), wrapped as {"type": "function", "function": ...}. They are stored as
-compact JSON in the frame's `tools` column, part of the prompt id. Tools that cannot be
-sent are a counted `bad_tools` skip naming the tool; in a columnar source a null is a
-missing key, so nulls are dropped from struct tools (drop_nulls).
-
-Tool turns (tool results, assistant `tool_calls`) cannot be carried by {role, content}
-messages: a prompt holding one before its last user turn is a counted `tool_turns` skip.
+A row's `tools` (or mapping={"tools": column}, or the legacy `functions`) is read in the
+shapes real datasets use: OpenAI tool dicts, the list as a JSON string (or a list of JSON
+strings), or bare {"name", "description", "parameters"} definitions (glaive, xLAM), wrapped
+as OpenAI tools and stored as compact JSON in the frame's `tools` column. Tools that
+cannot be sent are a counted `bad_tools` skip; in a columnar source a null is a missing
+key (drop_nulls). Tool turns (tool results, `tool_calls`) cannot be carried by {role,
+content} messages: a prompt holding one is a counted `tool_turns` skip.
 """
 
 from __future__ import annotations
@@ -20,11 +17,11 @@ import orjson
 
 from kit.data.readers import Skip
 
-TOOL_ROLES = frozenset(  # tool results and calls as turns (OpenAI, Hermes, LLaMA-Factory, Llama 3)
+_TOOL_ROLES = frozenset(  # tool results and calls as turns (OpenAI, Hermes, LLaMA-Factory, Llama 3)
     ("tool", "function", "function_call", "observation", "ipython", "tool_call", "tool_response")
 )
-TOOL_TURNS = "tool-call turns in the history are not supported yet"
-MAX_DEPTH = 254  # of tool definitions: kit's JSON encoder (orjson) nests at most 255 levels
+_TOOL_TURNS = "tool-call turns in the history are not supported yet"
+_MAX_DEPTH = 254  # of tool definitions: kit's JSON encoder (orjson) nests at most 255 levels
 
 
 def tool_turn(obj: dict, raw_role) -> Skip | None:
@@ -36,11 +33,11 @@ def tool_turn(obj: dict, raw_role) -> Skip | None:
         >>> tool_turn({"role": "user", "content": "Hi"}, "user") is None
         True
     """
-    if isinstance(raw_role, str) and raw_role.lower() in TOOL_ROLES:
-        return Skip("tool_turns", f"role {raw_role!r}: {TOOL_TURNS}")
+    if isinstance(raw_role, str) and raw_role.lower() in _TOOL_ROLES:
+        return Skip("tool_turns", f"role {raw_role!r}: {_TOOL_TURNS}")
     for key in ("tool_calls", "function_call"):
         if obj.get(key):  # null or [] carries nothing
-            return Skip("tool_turns", f"{raw_role!r} turn with {key!r}: {TOOL_TURNS}")
+            return Skip("tool_turns", f"{raw_role!r} turn with {key!r}: {_TOOL_TURNS}")
     return None
 
 
@@ -123,7 +120,7 @@ def _tools(value, where: str, columnar: bool) -> str | None:
     try:  # a request body holds them one level down; kit's JSON encoder stops at 255
         orjson.dumps({"tools": tools})
     except orjson.JSONEncodeError:
-        msg = f"{where} is nested deeper than {MAX_DEPTH} levels: no request could carry it"
+        msg = f"{where} is nested deeper than {_MAX_DEPTH} levels: no request could carry it"
         raise Skip("bad_tools", msg) from None
     return text
 

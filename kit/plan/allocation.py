@@ -1,6 +1,7 @@
 """allocate(): budgets the other way round, from hours and throughput to tokens per dataset.
 
-Re-exported as kit.plan.allocate; shares budget()'s input checks (kit/plan/inputs.py).
+A dataset never gets more than its prompts can give; what it cannot take goes to the
+others (water-filling). Input checks are budget()'s (kit.plan.inputs).
 """
 
 from __future__ import annotations
@@ -58,32 +59,14 @@ def allocate(
     given = _water_fill(hours * 3600 * throughput, caps, w)
     rows = []
     for name in sorted(stats):
-        tokens = int(given[name])
-        mean = stats[name]["mean"]
+        tokens, mean = int(given[name]), stats[name]["mean"]
         needed = math.ceil(tokens / mean) if mean > 0 else None
         capped = given[name] >= caps[name] - 1e-6
-        rows.append(
-            (
-                name,
-                w[name],
-                tokens,
-                needed,
-                available[name],
-                caps[name],
-                capped,
-                tokens / throughput / 3600,
-            )
-        )
-    schema = {
-        "dataset": pl.String,
-        "weight": pl.Float64,
-        "tokens": pl.Int64,
-        "samples_needed": pl.Int64,
-        "prompts_available": pl.Int64,
-        "max_tokens_available": pl.Float64,
-        "capped": pl.Boolean,
-        "hours": pl.Float64,
-    }
+        row = (name, w[name], tokens, needed, available[name], caps[name], capped)
+        rows.append((*row, tokens / throughput / 3600))
+    schema = {"dataset": pl.String, "weight": pl.Float64, "tokens": pl.Int64}
+    schema |= {"samples_needed": pl.Int64, "prompts_available": pl.Int64}
+    schema |= {"max_tokens_available": pl.Float64, "capped": pl.Boolean, "hours": pl.Float64}
     table = pl.DataFrame(rows, schema=schema, orient="row")
     total = table.sum().with_columns(dataset=pl.lit(TOTAL), capped=table["capped"].all())
     return pl.concat([table, total.select(table.columns).cast(schema)])

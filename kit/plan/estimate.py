@@ -1,29 +1,13 @@
 """Budget math: samples needed per completion-token budget, bounds, time to go.
 
-Pure functions over polars frames (the pilot, in kit/plan/pilots.py, is the one that talks
-to a server). A plan answers, before any GPU hour is spent: how many samples each
-dataset's completion-token budget needs (with an upper confidence bound), whether its
-prompts suffice, how long the run takes, and what a naive per-dataset sample cap would
-produce instead. Re-exported as kit.plan.budget, kit.plan.TOTAL.
-
-Every dataset's samples and hours come with a PREDICTION-level (90%) interval:
-samples_low..samples_high is where the samples the run needs should fall (the pilot mean's
-own error and the run's sampling of the same lengths, cv * sqrt(1/n_pilot + 1/needed), on
-a Student-t with the pilot's spread widened to its 75% upper bound, as 30 skewed lengths
-mostly show too little of their tail); hours_low..hours_high spans the time between a
-token-bound server (time follows the tokens: the budget) and a request-bound one (time
-follows the samples). bench/bench_plan_accuracy.py measures how often the actual run lands
-inside, over repeated seeds.
-
-A plan does not claim what its pilot cannot show: a censored pilot (more than
-CENSORED_SHARE of it hit max_tokens) or one with no spread gives no upper bound, a pilot
-of fewer than 30 says it is weak, and a time estimate from a throughput measured at
-another concurrency than the run's says so.
-
-    res = await kit.plan.pilot(prompts, config)   # config: a kit.RunConfig
-    table = kit.plan.budget({"sharegpt": 10_000_000}, res, prompts_available=prompts,
-                            throughput=res.throughput, sample_cap=7000)
-    kit.plan.write_plan(run_dir, table, config, pilot=res)
+Pure functions over polars frames (kit.plan.pilots talks to the server). budget() says,
+before any GPU hour is spent, how many samples each dataset's token budget needs, whether
+its prompts suffice, how long the run takes, and what a naive per-dataset cap would give.
+samples_low..samples_high is a PREDICTION-level interval (the pilot mean's error and the
+run's own sampling, cv * sqrt(1/n_pilot + 1/needed), Student-t, the pilot's spread widened
+to its SPREAD_LEVEL upper bound); hours_low..hours_high spans a token-bound server to a
+request-bound one. A censored pilot (over CENSORED_SHARE hit max_tokens) or one without
+spread gives no upper bound; a throughput measured at another concurrency says so.
 """
 
 from __future__ import annotations
@@ -40,23 +24,20 @@ if TYPE_CHECKING:
     import polars as pl
 
 TOTAL = "TOTAL"  # the dataset name of the summary row
-# Above this share of pilot completions cut at max_tokens, the pilot's mean is censored
-# (the target's own lengths are longer, by an amount the pilot cannot show), so the plan
-# gives no upper bound. Why 10%: with an exponential tail the cut mean is low by about the
-# cut share itself (E[min(L, M)] = mu * (1 - share)), so up to 10% that bias stays well
-# inside the bound's own half-width at the default pilot of 30 (~30% for lengths with
-# CV ~1); and above 10% of 30 means 4 or more cut, while a 5% threshold would fire on 2 of
-# 30, a share too noisy to act on (its 95% interval runs from 1% to 22%).
+# Above this share of pilot completions cut at max_tokens the pilot's mean is censored (by
+# an amount it cannot show): no upper bound. With an exponential tail the cut mean is low
+# by about the cut share (E[min(L, M)] = mu * (1 - share)), well inside the bound's own
+# half-width at a pilot of 30; 10% of 30 is 4 cut, where 5% (2 of 30) would be noise.
 CENSORED_SHARE = 0.10
 PREDICTION = 0.90  # two-sided level of samples_low..samples_high and hours_low..hours_high
 SPREAD_LEVEL = 0.75  # the pilot's std is widened to this upper confidence bound (chi-square)
 
 
-def t_quantile(confidence: float, dof: int) -> float:
+def _t_quantile(confidence: float, dof: int) -> float:
     """One-sided Student-t quantile (Cornish-Fisher expansion; within 0.5% for dof >= 2).
 
     Example:
-        >>> round(t_quantile(0.95, 9), 3)
+        >>> round(_t_quantile(0.95, 9), 3)
         1.833
     """
     z = NormalDist().inv_cdf(confidence)
@@ -71,12 +52,12 @@ def t_quantile(confidence: float, dof: int) -> float:
     return z + sum(gi / dof ** (i + 1) for i, gi in enumerate(g))
 
 
-def spread_factor(n: int, level: float = SPREAD_LEVEL) -> float:
+def _spread_factor(n: int, level: float = SPREAD_LEVEL) -> float:
     """sqrt((n-1) / chi2_{1-level}(n-1)): a sample std times this is its `level` upper
     confidence bound (Wilson-Hilferty's chi-square quantile).
 
     Example:
-        >>> round(spread_factor(30), 3)
+        >>> round(_spread_factor(30), 3)
         1.109
     """
     k = n - 1
@@ -87,19 +68,19 @@ def spread_factor(n: int, level: float = SPREAD_LEVEL) -> float:
     return math.sqrt(k / q) if q > 0 else math.inf
 
 
-def samples_interval(
+def _samples_interval(
     remaining: float, mean: float, std: float, n: int, level: float = PREDICTION
 ) -> tuple[int, int | None]:
     """(low, high) of the samples that reach `remaining` tokens at this pilot (mean, std of
     n lengths), a two-sided `level` prediction interval; high None when unbounded.
 
     Example:
-        >>> samples_interval(10_000, 100.0, 80.0, 30)
+        >>> _samples_interval(10_000, 100.0, 80.0, 30)
         (77, 146)
     """
     needed = math.ceil(remaining / mean)
-    t = t_quantile(1 - (1 - level) / 2, n - 1)
-    h = t * std * spread_factor(n) * math.sqrt(1 / n + 1 / max(needed, 1))
+    t = _t_quantile(1 - (1 - level) / 2, n - 1)
+    h = t * std * _spread_factor(n) * math.sqrt(1 / n + 1 / max(needed, 1))
     high = math.ceil(remaining / (mean - h)) if mean - h > 0 else None
     return math.ceil(remaining / (mean + h)), high
 
@@ -174,8 +155,10 @@ def budget(
     rate, time_note = _rate(throughput, concurrency)
     time_note = "; ".join(n for n in (servers_note, time_note) if n) or None
     frame = inputs.samples_frame(samples)
+    uncensored = _uncensored_p99(frame, max_tokens)
     stats = {
-        row["dataset"]: row for row in profile(frame, max_tokens=max_tokens).iter_rows(named=True)
+        row["dataset"]: row | {"p99_kept": uncensored.get(row["dataset"])}
+        for row in profile(frame, max_tokens=max_tokens).iter_rows(named=True)
     }
     available = inputs.counts(prompts_available, "prompts_available")
     wanted = inputs.budgets(budgets, sorted(stats))
@@ -184,21 +167,10 @@ def budget(
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     progress = inputs.progress(done)
-    uncensored = _uncensored_p99(frame, max_tokens)
+    given = dict(throughput=rate, confidence=confidence, cap=sample_cap, max_tokens=max_tokens)
     rows = [
-        _plan_row(
-            name,
-            wanted[name],
-            stats[name],
-            available[name],
-            progress.get(name, (0, 0)),
-            throughput=rate,
-            confidence=confidence,
-            sample_cap=sample_cap,
-            max_tokens=max_tokens,
-            p99_uncensored=uncensored.get(name),
-        )
-        for name in sorted(wanted)
+        _plan_row(n, wanted[n], stats[n], available[n], progress.get(n, (0, 0)), **given)
+        for n in sorted(wanted)
     ]
     table = pl.DataFrame(rows, schema=plan_schema(), orient="row")
     table = pl.concat([table, _total_row(table, rate)])
@@ -268,24 +240,12 @@ def plan_schema() -> dict:
     return {n: getattr(pl, t) for n, t in (c.split(":") for c in _PLAN_COLUMNS.split())}
 
 
-def _plan_row(
-    name,
-    target,
-    st,
-    available,
-    progress,
-    *,
-    throughput,
-    confidence,
-    sample_cap,
-    max_tokens,
-    p99_uncensored,
-):
-    """One dataset's plan row (values in plan_schema() order)."""
+def _plan_row(name, target, st, available, progress, *, throughput, confidence, cap, max_tokens):
+    """One dataset's plan row (values in plan_schema() order); cap: the sample_cap."""
     mean, std, n = st["mean"], st["std"], st["n"]
     censored = st["truncated_share"] is not None and st["truncated_share"] > CENSORED_SHARE
     bounded = n > 1 and std is not None and std > 0 and not censored
-    lower = mean - t_quantile(confidence, n - 1) * std / math.sqrt(n) if bounded else None
+    lower = mean - _t_quantile(confidence, n - 1) * std / math.sqrt(n) if bounded else None
     s_done, t_done = progress
     remaining = max(target - t_done, 0.0)
     needed = math.ceil(remaining / mean) if mean > 0 else None
@@ -293,44 +253,18 @@ def _plan_row(
     left = max(available - s_done, 0)
     shortfall = needed is None or needed > left
     expected = min(remaining, left * mean)
-    cap = min(sample_cap or available, available)
+    cap = min(cap or available, available)
     cap_tokens = cap * mean
-    recommend = _recommend_max_tokens(max_tokens, st["max"], p99_uncensored) if censored else None
+    recommend = _recommend_max_tokens(max_tokens, st["max"], st["p99_kept"]) if censored else None
     note = _note(st, needed, upper, left, t_done + left * mean, remaining, recommend, max_tokens)
-    low, high = samples_interval(remaining, mean, std, n) if bounded and needed else (None, None)
+    low, high = _samples_interval(remaining, mean, std, n) if bounded and needed else (None, None)
     hours = _hours(expected, throughput)
     h_low, h_high = _hours_interval(hours, needed, low, high, left)
-    return (
-        name,
-        float(target),
-        n,
-        mean,
-        std,
-        st["p50"],
-        st["p90"],
-        st["p99"],
-        st["truncated_share"],
-        lower,
-        s_done,
-        t_done,
-        remaining,
-        needed,
-        upper,
-        low,
-        high,
-        available,
-        shortfall,
-        t_done + left * mean,
-        hours,
-        h_low,
-        h_high,
-        cap,
-        cap_tokens,
-        cap_tokens / target,
-        _hours(cap_tokens, throughput),
-        recommend,
-        note,
-    )
+    pilot = (n, mean, std, st["p50"], st["p90"], st["p99"], st["truncated_share"], lower)
+    samples = (s_done, t_done, remaining, needed, upper, low, high)
+    prompts = (available, shortfall, t_done + left * mean, hours, h_low, h_high)
+    cost = (cap, cap_tokens, cap_tokens / target, _hours(cap_tokens, throughput))
+    return (name, float(target), *pilot, *samples, *prompts, *cost, recommend, note)
 
 
 def _hours_interval(hours, needed, low, high, left) -> tuple[float | None, float | None]:
@@ -404,29 +338,18 @@ def _total_row(table: pl.DataFrame, throughput: float | None) -> pl.DataFrame:
 
     s = table.sum()
     needed = s["samples_needed"][0]
-    upper = None if table["samples_needed_upper"].null_count() else s["samples_needed_upper"][0]
-    whole = {
-        c: None if table[c].null_count() else s[c][0]
-        for c in ("samples_low", "samples_high", "hours_low", "hours_high")
-    }
+    bounds = ("samples_needed_upper", "samples_low", "samples_high", "hours_low", "hours_high")
     values = {
         "dataset": TOTAL,
         "mean": s["tokens_remaining"][0] / needed if needed else None,
-        "samples_needed_upper": upper,
-        **whole,  # each dataset's interval summed: wider than the TOTAL's own (not independent)
+        # a bound of every dataset, or none; summed intervals are wider than the TOTAL's own
+        **{c: None if table[c].null_count() else s[c][0] for c in bounds},
         "shortfall": bool(table["shortfall"].any()),
         "overshoot": s["cap_tokens"][0] / s["budget"][0],
         "hours_to_go": s["hours_to_go"][0] if throughput else None,
         "cap_hours": s["cap_hours"][0] if throughput else None,
     }
-    sums = [
-        "budget",
-        "n_pilot",
-        "samples_done",
-        "tokens_done",
-        "tokens_remaining",
-        "samples_needed",
-    ]
-    sums += ["prompts_available", "max_tokens_available", "cap_tokens"]
+    sums = ["budget", "n_pilot", "samples_done", "tokens_done", "tokens_remaining"]
+    sums += ["samples_needed", "prompts_available", "max_tokens_available", "cap_tokens"]
     values.update({name: s[name][0] for name in sums})
     return pl.DataFrame([{k: values.get(k) for k in plan_schema()}], schema=plan_schema())

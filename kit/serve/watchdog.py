@@ -1,23 +1,13 @@
 """The embedded server's keeper: its whole process tree ends when kit does, by any signal.
 
-kit starts this script (standard library only: it runs without kit on its path) as the
-leader of a new session, with the read end of a pipe whose write end only kit holds, and
-the server's command line in KIT_WATCHDOG_ARGV (JSON). The keeper makes itself the child
-subreaper (PR_SET_CHILD_SUBREAPER: processes the server's children leave behind are
-re-parented to it, not to init), starts the server in its own process group, then waits:
-
-- kit's end of the pipe closes (kit exited, or died by kill -9): SIGKILL to every process
-  of the group and every descendant, until none is left, then exit (the server holds no
-  data; an orphaned vLLM's EngineCore and Workers held ~3.5 GB each, and a GPU's memory);
-- the server exits (or kit's stop() SIGTERMed the group: the keeper ignores SIGTERM and
-  SIGINT, the server does not): what it left behind gets SIGTERM, then SIGKILL after 5 s,
-  and the keeper exits with the server's code.
-
-    python watchdog.py FD      (FD: the pipe's read end; KIT_WATCHDOG_ARGV: the server argv)
-
-`spawn(argv, env, log_path)` is kit's side: it starts a command under this keeper (the
-embedded server, kit.serve.server; the gateway, kit.serve.gateway) and returns the keeper's
-process and kit's end of the pipe.
+Run as `python watchdog.py FD` (standard library only) leading a new session, with FD the
+read end of a pipe whose write end only kit holds and the server's argv in
+KIT_WATCHDOG_ARGV (JSON). It becomes the child subreaper, starts the server, then waits:
+when kit's end closes (kit exited or was killed -9) it SIGKILLs the group and every
+descendant until none is left (an orphaned vLLM holds GBs of RAM, or a GPU); when the
+server exits (stop() SIGTERMs the group; the keeper ignores SIGTERM and SIGINT) what it
+left gets SIGTERM, then SIGKILL after GRACE, and the keeper exits with the server's code.
+`spawn()` is kit's side: a command under a keeper, and kit's end of the pipe.
 """
 
 from __future__ import annotations
@@ -43,20 +33,24 @@ def _prctl(option: int, value: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(option, value)
 
 
-def tree(root: int) -> set[int]:
-    """Live (non-zombie) pids in root's process group or descending from root, from /proc."""
-    parent, group, live = {}, set(), set()
+def processes() -> dict[int, tuple[str, int, int]]:
+    """pid -> (state, ppid, process group) of every process, from /proc ("Z": a zombie)."""
+    out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        pid = int(stat.parent.name)
-        parent[pid] = int(fields[1])
-        if fields[0] != "Z":
-            live.add(pid)
-            if int(fields[2]) == root:
-                group.add(pid)
+        out[int(stat.parent.name)] = (fields[0], int(fields[1]), int(fields[2]))
+    return out
+
+
+def tree(root: int) -> set[int]:
+    """Live (non-zombie) pids in root's process group or descending from root, from /proc."""
+    procs = processes()
+    parent = {pid: ppid for pid, (_, ppid, _) in procs.items()}
+    live = {pid for pid, (state, _, _) in procs.items() if state != "Z"}
+    group = {pid for pid, (_, _, pgrp) in procs.items() if pgrp == root}
     found, todo = set(), [root]
     while todo:
         p = todo.pop()
@@ -77,7 +71,7 @@ def _reap() -> None:
             return
 
 
-def end_tree(grace: float) -> None:
+def _end_tree(grace: float) -> None:
     """SIGTERM the tree (none when grace is 0), then SIGKILL it until nothing is left."""
     me = os.getpid()
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
@@ -132,11 +126,11 @@ def main(argv: list[str]) -> int:
     while True:
         ready, _, _ = select.select([fd], [], [], 0.5)
         if ready and not os.read(fd, 1):  # EOF: kit is gone
-            end_tree(0.0)
+            _end_tree(0.0)
             return 137
         code = server.poll()
         if code is not None:
-            end_tree(GRACE)
+            _end_tree(GRACE)
             return code
 
 
