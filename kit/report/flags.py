@@ -253,12 +253,10 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
     turned = recs["turns"].is_not_null() & (recs["turns"] != "")
     rows = turned.arg_true()
     if len(rows):  # multi-turn records: each generated turn's count checked alone, in Python
-        len_bad, over_max, n_earlier, n_length = _count_flags(recs[rows], max_tokens)
+        names = ("ids_len_mismatch", "count_over_max", "earlier_turns", "earlier_length")
+        found = zip(names, _count_flags(recs[rows], max_tokens), strict=True)
         recs = recs.with_columns(
-            recs["ids_len_mismatch"].scatter(rows, pl.Series(len_bad, dtype=pl.Boolean)),
-            recs["count_over_max"].scatter(rows, pl.Series(over_max, dtype=pl.Boolean)),
-            recs["earlier_turns"].scatter(rows, pl.Series(n_earlier, dtype=pl.Int64)),
-            recs["earlier_length"].scatter(rows, pl.Series(n_length, dtype=pl.Int64)),
+            recs[k].scatter(rows, pl.Series(v, dtype=recs[k].dtype)) for k, v in found
         )
     return recs.drop("_n_ids")
 
