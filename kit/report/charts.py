@@ -83,11 +83,9 @@ def budget_vs_actual(audit_or_frames):
 
     frame = getattr(audit_or_frames, "datasets", audit_or_frames)
     findings = getattr(audit_or_frames, "findings", None)
-    beyond = (
-        []
-        if findings is None
-        else findings.filter(pl.col("check") == "over_budget")["dataset"].to_list()
-    )
+    beyond = []  # datasets the audit found over the allowance
+    if findings is not None:
+        beyond = findings.filter(pl.col("check") == "over_budget")["dataset"].to_list()
     share = pl.when(pl.col("budget") > 0).then(pl.col("tokens") / pl.col("budget"))
     data = frame.select("dataset", "tokens", "budget").with_columns(share=share)
     data = data.with_columns(
@@ -101,14 +99,10 @@ def budget_vs_actual(audit_or_frames):
     )
     base = alt.Chart(data).encode(y=alt.Y("dataset:N", title=None))
     scale = alt.Scale(domain=list(BUDGET_STATES), range=list(BUDGET_STATES.values()))
+    legend = alt.Legend(orient="bottom", columns=2)
     bars = base.mark_bar().encode(
         x=alt.X("tokens:Q", title="completion tokens"),
-        color=alt.Color(
-            "state:N",
-            scale=scale,
-            title="against the budget",
-            legend=alt.Legend(orient="bottom", columns=2),
-        ),
+        color=alt.Color("state:N", scale=scale, title="against the budget", legend=legend),
         tooltip=["dataset", "tokens", "budget", "state", alt.Tooltip("share:Q", format=".1%")],
     )
     budget = base.mark_tick(color="black", thickness=3, size=28).encode(x="budget:Q")

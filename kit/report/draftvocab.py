@@ -144,14 +144,8 @@ def targets(k: int) -> list[str]:
     """The files (relative to an export) a draft vocabulary of k writes (ValueError for a bad k)."""
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"draft_vocab must be a positive number of token ids, got {k!r}")
-    names = [
-        "vocab_mapping.pt",
-        "token_freq.pt",
-        f"d2t-{k}.npy",
-        f"t2d-{k}.npy",
-        "draft_vocab.json",
-    ]
-    return [f"{_FOLDER}/{n}" for n in names]
+    names = ["vocab_mapping.pt", "token_freq.pt", f"d2t-{k}.npy", f"t2d-{k}.npy"]
+    return [f"{_FOLDER}/{n}" for n in (*names, "draft_vocab.json")]
 
 
 def write(out_dir: Path, counts: TokenCounts, k: int, vocab: int, files: dict) -> dict:
@@ -169,13 +163,11 @@ def write(out_dir: Path, counts: TokenCounts, k: int, vocab: int, files: dict) -
     d2t, t2d = mapping(total, k, vocab)
     folder = Path(out_dir) / _FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, folder / "vocab_mapping.pt"
-    )
+    pair = {"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}
+    torch.save(pair, folder / "vocab_mapping.pt")
     seen = np.flatnonzero(total)
-    torch.save(
-        dict(zip(seen.tolist(), total[seen].tolist(), strict=True)), folder / "token_freq.pt"
-    )
+    freq = dict(zip(seen.tolist(), total[seen].tolist(), strict=True))  # id -> count, seen only
+    torch.save(freq, folder / "token_freq.pt")
     np.save(folder / f"d2t-{k}.npy", d2t)
     np.save(folder / f"t2d-{k}.npy", t2d)
     table = coverage(counts, k)

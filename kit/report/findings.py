@@ -65,13 +65,10 @@ def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tupl
         if r["records"]:
             return [(name, "no_budget", float(tokens), 0.0, "warn", "records but no budget")]
         return []
-    slack = max(th.over_budget_share * budget, max_tokens)
-    if tokens - budget > slack:
-        msg = (
-            f"{tokens:,} tokens vs budget {budget:,}: over by {tokens - budget:,} (> {slack:,.0f})"
-        )
-        return [(name, "over_budget", float(tokens - budget), float(slack), "error", msg)]
-    over = tokens - budget
+    slack, over = max(th.over_budget_share * budget, max_tokens), tokens - budget
+    if over > slack:
+        msg = f"{tokens:,} tokens vs budget {budget:,}: over by {over:,} (> {slack:,.0f})"
+        return [(name, "over_budget", float(over), float(slack), "error", msg)]
     if over > th.overshoot_share * budget:
         msg = (
             f"{tokens:,} tokens vs budget {budget:,}: over by {over:,} (+{over / budget:.1%}, "
