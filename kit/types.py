@@ -456,9 +456,6 @@ class DatasetProgress:
         return self.truncated / self.samples_done if self.samples_done else 0.0
 
 
-ProgressCallback = "Callable[[list[DatasetProgress]], None]"  # called at most once a second
-
-
 # ------------------------------------------------------------------ secrets
 
 

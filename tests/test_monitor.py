@@ -20,7 +20,7 @@ from kit.types import DatasetProgress, RunConfig, Sampling
 
 
 def test_fmt_count_and_duration():
-    assert [M.fmt_count(n) for n in (0, 812, 9_540, 950_000, 6_400_000, 26_600_000, 2e9)] == [
+    assert [M._fmt_count(n) for n in (0, 812, 9_540, 950_000, 6_400_000, 26_600_000, 2e9)] == [
         "0",
         "812",
         "9.54k",
@@ -29,7 +29,7 @@ def test_fmt_count_and_duration():
         "26.6M",
         "2.00B",
     ]
-    assert [M.fmt_duration(s) for s in (None, 0, 42, 245, 5000, 90_000)] == [
+    assert [M._fmt_duration(s) for s in (None, 0, 42, 245, 5000, 90_000)] == [
         "-",
         "0s",
         "42s",
@@ -40,10 +40,10 @@ def test_fmt_count_and_duration():
 
 
 def test_bar_fills_and_clips():
-    assert M.bar(1, 4, 8) == "[##......]"
-    assert M.bar(0, 10, 4) == "[....]"
-    assert M.bar(25, 10, 4) == "[####]"  # overshoot clips to full
-    assert M.bar(5, 0, 4) == "[....]"  # no budget: empty, no ZeroDivisionError
+    assert M._bar(1, 4, 8) == "[##......]"
+    assert M._bar(0, 10, 4) == "[....]"
+    assert M._bar(25, 10, 4) == "[####]"  # overshoot clips to full
+    assert M._bar(5, 0, 4) == "[....]"  # no budget: empty, no ZeroDivisionError
 
 
 def story() -> list[DatasetProgress]:
@@ -72,7 +72,7 @@ def story() -> list[DatasetProgress]:
 
 def test_text_table_numbers():
     lines = M.text(story(), width=10).splitlines()
-    assert lines[0].split() == M.HEADER
+    assert lines[0].split() == M._HEADER
     row = lines[1].split()
     # 6,523,960 / 10M = 65%; (10M - 6,523,960) / 812 tok/s = 4,281 s
     assert row == [
@@ -118,10 +118,10 @@ def test_text_single_dataset_has_no_total_and_empty_list_says_so():
 
 def test_totals_state_is_least_advanced():
     a, b = story()
-    assert M.totals([a, b]).state == "running"
+    assert M._totals([a, b]).state == "running"
     a.state = "exhausted"
-    assert M.totals([a, b]).state == "exhausted"
-    assert M.totals([a, b]).errors == 3
+    assert M._totals([a, b]).state == "exhausted"
+    assert M._totals([a, b]).errors == 3
 
 
 # ----------------------------------------------------------------------------- throttling
@@ -245,7 +245,7 @@ def test_console_redraws_in_place_on_a_tty(monkeypatch):
 
 
 def test_auto_outside_a_kernel_is_console():
-    assert not M.in_notebook()
+    assert not M._in_notebook()
     mon = M.auto(file=io.StringIO())
     assert isinstance(mon, M.ConsoleMonitor)
 
@@ -483,17 +483,6 @@ def test_watch_until_done_false_keeps_watching_until_stall(planted):
     assert final[0].state == "budget_reached" and len(polls) == 5  # done at once, kept 1 s more
 
 
-def test_awatch_matches_watch(planted):
-    run = planted({"a": 100})
-    seen: list[tuple[int, int]] = []
-    steps = [[record("a", i, 20)] for i in range(5)]
-    final = asyncio.run(M.awatch(run.dir, interval=0.01, monitor=writer(run, steps, seen)))
-    again = kit.watch(run.dir, interval=0.01, monitor=lambda ps: None)
-    strip = [(p.dataset, p.tokens_done, p.samples_done, p.state) for p in final]
-    assert strip == [(p.dataset, p.tokens_done, p.samples_done, p.state) for p in again]
-    assert strip[0][3] == "budget_reached" and seen == [(i, 20 * i) for i in range(6)]
-
-
 def test_watch_first_read_is_a_few_small_queries(planted, monkeypatch):
     """watch reads the totals table, never the records: its cost does not grow with the run."""
     import sqlite3
@@ -536,7 +525,7 @@ def test_docstring_examples_hold():
 
 @pytest.mark.server
 @pytest.mark.slow
-def test_monitor_and_awatch_follow_a_real_run(embedded_server, tmp_path):
+def test_monitor_and_watch_follow_a_real_run(embedded_server, tmp_path):
     import polars as pl
 
     questions = [f"Name {k} fruits." for k in range(2, 10)] + [
@@ -564,20 +553,22 @@ def test_monitor_and_awatch_follow_a_real_run(embedded_server, tmp_path):
             concurrency=4,
         )
         run = await kit.generate(frame, config, run_dir=run_dir, progress=live, background=True)
-        watched = await M.awatch(run_dir, interval=0.2, monitor=lambda ps: None, stall_timeout=120)
+        watched = await asyncio.to_thread(
+            kit.watch, run_dir, interval=0.2, monitor=lambda ps: None, stall_timeout=120
+        )
         await run.wait()
         return run, watched
 
     t0 = time.monotonic()
     run, watched = asyncio.run(main())
-    print(f"real run + awatch: {time.monotonic() - t0:.1f} s")
+    print(f"real run + watch: {time.monotonic() - t0:.1f} s")
     final = run.status().datasets
     states = {p.dataset: p.state for p in final}
-    assert run.stop_reason is None and set(states.values()) <= set(M.DONE_STATES), (
+    assert run.stop_reason is None and set(states.values()) <= set(M._DONE_STATES), (
         run.stop_reason,
         final,
     )
-    assert {p.dataset: p.state for p in watched} == states  # awatch saw the same ending
+    assert {p.dataset: p.state for p in watched} == states  # watch saw the same ending
     assert all(w.tokens_done <= f.tokens_done for w, f in zip(watched, final, strict=True))  # drain
     # the live monitor was never closed, yet its last render is the runner's final report
     assert [(p.dataset, p.state, p.tokens_done) for p in live.last] == [

@@ -12,9 +12,7 @@ def enable_offline() -> None:
     """Draw charts in Jupyter without a CDN: altair's widget renderer with Vega bundled.
 
     altair's default renderer loads Vega from cdn.jsdelivr.net, so on a machine without
-    internet (a GPU cluster node, CI) every chart cell stays blank. This switches to
-    `alt.JupyterChart` (anywidget) with the JavaScript from vl-convert; the first call
-    takes a few seconds to bundle it.
+    internet (a cluster node, CI) every chart cell stays blank.
 
     Example: `kit.report.charts.enable_offline()` once, in a notebook, before its first chart.
     """
@@ -29,8 +27,7 @@ _AUDIT_COLUMNS = ["dataset", "completion_tokens", "prompt_tokens", "finish_reaso
 
 
 def _records(records_or_report):
-    """The records of an AuditReport (its light frame: counts and flags, no text) or a
-    records frame (kit.run.reader.records_frame), with the plain columns the charts use.
+    """The plain columns the charts use, of an AuditReport's records or a records frame.
     Every chart aggregates them in polars first: its data holds bins, not records."""
     frame = getattr(records_or_report, "records", records_or_report)
     return frame.select([c for c in _AUDIT_COLUMNS if c in frame.columns])
@@ -39,13 +36,9 @@ def _records(records_or_report):
 def token_distributions(records, *, bins: int = 40):
     """Completion-length histogram per dataset (one row each) beside a box plot per dataset.
 
-    Bins and quartiles are computed in polars (shared bin edges across datasets), so the
-    chart holds at most bins x datasets histogram rows and one box row per dataset, however
-    many records the run has.
-
     Args:
         records: a records frame (kit.run.reader.records_frame) or an AuditReport.
-        bins: histogram bins.
+        bins: histogram bins (shared edges across datasets).
     Returns:
         alt.HConcatChart (histograms faceted by dataset | box plots: rule min-max, bar
         q1-q3, tick median).
@@ -53,48 +46,10 @@ def token_distributions(records, *, bins: int = 40):
     Example: token_distributions(kit.audit(run_dir)).save("lengths.png")
     """
     import altair as alt
-    import polars as pl
 
     data = _records(records).select("dataset", "completion_tokens")
-    if data.drop_nulls().height:
-        hist, box = _length_bins(data, "completion_tokens", False, bins)
-    else:  # no records: empty charts
-        hist = pl.DataFrame(
-            schema={
-                "dataset": pl.String,
-                "bin": pl.Int64,
-                "count": pl.UInt32,
-                "start": pl.Float64,
-                "end": pl.Float64,
-            }
-        )
-        box = pl.DataFrame(schema={k: pl.Float64 for k in ("min", "q1", "median", "q3", "max")})
-        box = box.with_columns(dataset=pl.lit(None, pl.String), n=pl.lit(None, pl.UInt32))
-    x_title = "completion tokens"
-    color = alt.Color("dataset:N", legend=None)
-    hist_chart = (
-        alt.Chart(hist)
-        .mark_bar()
-        .encode(
-            x=alt.X("start:Q", bin="binned", title=x_title),
-            x2="end:Q",
-            y=alt.Y("count:Q", title="records"),
-            color=color,
-            tooltip=["dataset", "start", "end", "count"],
-        )
-        .properties(width=320, height=90)
-        .facet(row=alt.Row("dataset:N", title=None))
-        .resolve_scale(y="independent")
-    )
-    base = alt.Chart(box).encode(
-        y=alt.Y("dataset:N", title=None), color=color, tooltip=list(box.columns)
-    )
-    box_chart = alt.layer(
-        base.mark_rule().encode(x=alt.X("min:Q", title=x_title), x2="max:Q"),
-        base.mark_bar(size=12).encode(x="q1:Q", x2="q3:Q"),
-        base.mark_tick(size=14, thickness=2).encode(x="median:Q", color=alt.value("black")),
-    ).properties(width=320, title="per-dataset spread")
-    return alt.hconcat(hist_chart, box_chart).properties(title="completion-length distributions")
+    boxes, hist = _spread(data, "completion_tokens", False, bins, "records", width=320)
+    return alt.hconcat(hist, boxes).properties(title="completion-length distributions")
 
 
 # budget_vs_actual's classes, in legend order, and their colours
@@ -128,11 +83,9 @@ def budget_vs_actual(audit_or_frames):
 
     frame = getattr(audit_or_frames, "datasets", audit_or_frames)
     findings = getattr(audit_or_frames, "findings", None)
-    beyond = (
-        []
-        if findings is None
-        else findings.filter(pl.col("check") == "over_budget")["dataset"].to_list()
-    )
+    beyond = []  # datasets the audit found over the allowance
+    if findings is not None:
+        beyond = findings.filter(pl.col("check") == "over_budget")["dataset"].to_list()
     share = pl.when(pl.col("budget") > 0).then(pl.col("tokens") / pl.col("budget"))
     data = frame.select("dataset", "tokens", "budget").with_columns(share=share)
     data = data.with_columns(
@@ -146,14 +99,10 @@ def budget_vs_actual(audit_or_frames):
     )
     base = alt.Chart(data).encode(y=alt.Y("dataset:N", title=None))
     scale = alt.Scale(domain=list(BUDGET_STATES), range=list(BUDGET_STATES.values()))
+    legend = alt.Legend(orient="bottom", columns=2)
     bars = base.mark_bar().encode(
         x=alt.X("tokens:Q", title="completion tokens"),
-        color=alt.Color(
-            "state:N",
-            scale=scale,
-            title="against the budget",
-            legend=alt.Legend(orient="bottom", columns=2),
-        ),
+        color=alt.Color("state:N", scale=scale, title="against the budget", legend=legend),
         tooltip=["dataset", "tokens", "budget", "state", alt.Tooltip("share:Q", format=".1%")],
     )
     budget = base.mark_tick(color="black", thickness=3, size=28).encode(x="budget:Q")
@@ -284,10 +233,8 @@ def _length_bins(frame, column: str, log: bool, bins: int):
 
     v = pl.col("v")
     data = frame.select("dataset", pl.col(column).cast(pl.Float64).alias("v")).drop_nulls()
-    if data.height == 0:
-        raise ValueError(f"frame has no {column!r} values to chart")
     t = data.with_columns(v.clip(lower_bound=1).log10()) if log else data
-    lo, hi = t["v"].min(), t["v"].max()
+    lo, hi = t["v"].min() or 0.0, t["v"].max() or 0.0
     width = (hi - lo) / bins or 1.0
     back = (lambda e: 10**e) if log else (lambda e: e)  # noqa: E731  bin edges in tokens
     hist = (
@@ -299,28 +246,56 @@ def _length_bins(frame, column: str, log: bool, bins: int):
         )
         .sort("dataset", "bin")
     )
-    box = (
-        data.group_by("dataset")
-        .agg(
-            n=pl.len(),
-            min=v.min(),
-            q1=v.quantile(0.25, "linear"),
-            median=v.median(),
-            q3=v.quantile(0.75, "linear"),
-            max=v.max(),
-            mean=v.mean(),
-        )
-        .sort("dataset")
+    box = data.group_by("dataset").agg(
+        n=pl.len(),
+        min=v.min(),
+        q1=v.quantile(0.25, "linear"),
+        median=v.median(),
+        q3=v.quantile(0.75, "linear"),
+        max=v.max(),
+        mean=v.mean(),
     )
-    return hist, box
+    return hist, box.sort("dataset")
+
+
+def _spread(frame, column: str, log: bool, bins: int, unit: str, width: int = 420):
+    """(box plots per dataset, histogram faceted by dataset) of a length column."""
+    import altair as alt
+
+    hist, box = _length_bins(frame, column, log, bins)
+    scale = alt.Scale(type="log") if log else alt.Scale(zero=True)
+    x_title = column.replace("_", " ") + (" (log)" if log else "")
+    color = alt.Color("dataset:N", legend=None)
+    base = alt.Chart(box).encode(
+        y=alt.Y("dataset:N", title=None), color=color, tooltip=list(box.columns)
+    )
+    boxes = alt.layer(
+        base.mark_rule().encode(x=alt.X("min:Q", scale=scale, title=x_title), x2="max:Q"),
+        base.mark_bar(size=12).encode(x="q1:Q", x2="q3:Q"),
+        base.mark_tick(size=14, thickness=2).encode(x="median:Q", color=alt.value("black")),
+    ).properties(width=width, title=f"{x_title} per dataset")
+    bars = (
+        alt.Chart(hist)
+        .mark_bar()
+        .encode(
+            x=alt.X("start:Q", bin="binned", scale=scale, title=x_title),
+            x2="end:Q",
+            y=alt.Y("count:Q", title=unit),
+            y2=alt.datum(0),
+            color=color,
+            tooltip=["dataset", "start", "end", "count"],
+        )
+        .properties(width=width, height=80)
+        .facet(row=alt.Row("dataset:N", title=None))
+        .resolve_scale(y="independent")
+    )
+    return boxes, bars
 
 
 def length_distribution(
     frame, column: str = "completion_tokens", *, log: bool = False, bins: int = 40
 ):
     """Per-dataset box plots above a per-dataset histogram of a length column.
-
-    Bins and quartiles are computed in polars first, so a 1M-row frame makes a small spec.
 
     Args:
         frame: rows with `dataset` and `column` (a pilot frame, records, a prompt frame
@@ -335,40 +310,9 @@ def length_distribution(
     """
     import altair as alt
 
-    hist, box = _length_bins(frame, column, log, bins)
-    scale = alt.Scale(type="log") if log else alt.Scale(zero=True)
-    x_title = column.replace("_", " ") + (" (log)" if log else "")
-    color = alt.Color("dataset:N", legend=None)
-    y = alt.Y("dataset:N", title=None)
-    base = alt.Chart(box).encode(y=y, color=color, tooltip=list(box.columns))
-    boxes = alt.layer(
-        base.mark_rule().encode(x=alt.X("min:Q", scale=scale, title=x_title), x2="max:Q"),
-        base.mark_bar(size=12).encode(x="q1:Q", x2="q3:Q"),
-        base.mark_tick(size=14, thickness=2).encode(x="median:Q", color=alt.value("black")),
-    ).properties(width=420, title=f"{x_title} per dataset")
-    bars = (
-        alt.Chart(hist)
-        .mark_bar()
-        .encode(
-            x=alt.X("start:Q", scale=scale, title=x_title),
-            x2="end:Q",
-            y=alt.Y("count:Q", title="rows"),
-            y2=alt.datum(0),
-            color=color,
-            tooltip=["dataset", "start", "end", "count"],
-        )
-        .properties(width=420, height=70)
-        .facet(row=alt.Row("dataset:N", title=None))
-        .resolve_scale(y="independent")
-    )
-    return alt.vconcat(boxes, bars)
-
-
-def _plan_rows(plan_frame):
-    """The per-dataset rows of a kit.plan.budget() table (no TOTAL row)."""
-    import polars as pl
-
-    return plan_frame.filter(pl.col("dataset") != "TOTAL")
+    if frame.select(column).drop_nulls().height == 0:
+        raise ValueError(f"frame has no {column!r} values to chart")
+    return alt.vconcat(*_spread(frame, column, log, bins, "rows"))
 
 
 def samples_needed(plan_frame):
@@ -385,7 +329,7 @@ def samples_needed(plan_frame):
     import altair as alt
     import polars as pl
 
-    data = _plan_rows(plan_frame).select(
+    data = plan_frame.filter(pl.col("dataset") != "TOTAL").select(
         "dataset",
         "samples_needed",
         pl.col("samples_needed_upper").fill_null(pl.col("samples_needed")),
@@ -419,19 +363,12 @@ def budget_vs_cap(plan_frame):
     import altair as alt
     import polars as pl
 
-    rows = _plan_rows(plan_frame)
-    long = pl.concat(
-        [
-            rows.select(
-                "dataset", pl.lit("budget").alias("kind"), pl.col("budget").alias("tokens"), "cap"
-            ),
-            rows.select(
-                "dataset",
-                pl.lit("sample cap").alias("kind"),
-                pl.col("cap_tokens").alias("tokens"),
-                "cap",
-            ),
-        ]
+    rows = plan_frame.filter(pl.col("dataset") != "TOTAL")
+    long = rows.select("dataset", "cap", budget="budget", **{"sample cap": "cap_tokens"}).unpivot(
+        ["budget", "sample cap"],
+        index=["dataset", "cap"],
+        variable_name="kind",
+        value_name="tokens",
     )
     labels = rows.select(
         "dataset", "cap_tokens", pl.format("{}x", pl.col("overshoot").round(2)).alias("label")

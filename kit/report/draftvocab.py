@@ -1,21 +1,12 @@
 """Draft vocabulary: token frequencies and the d2t/t2d mapping an EAGLE-3 drafter trains with.
 
-Counted from the run's exact ids, the tokens a trainer's loss mask covers: each record's
-output_ids and, with all_turns, each earlier generated turn's. Records without server ids
-are excluded and counted, never re-tokenized. Not counted: the end-of-turn id the token-id
-export appends to a "stop" row whose ids lack one (at most one a record).
-
-The K ids: most frequent first, ties to the lower id, fewer than K seen filled with the
-lowest unseen ids; sorted, d2t[i] = id_i - i (int64 [K]), t2d[t] = t is one (bool [V]).
-That is speculators 0.9.0's build_vocab_mappings_from_distribution, and SpecForge 0.2.0's
-process_token_dict_to_mappings given counts in id order (its most_common keeps the first
-seen of a tie). Files in draft_vocab/, each loaded by the trainer's own code:
-- vocab_mapping.pt: SpecForge, torch.save({"d2t", "t2d"}) as generate_vocab_mapping_file
-  writes it; training: model.vocab_mapping_path (--vocab-mapping), draft_model.load_vocab_mapping.
-- token_freq.pt: speculators, torch.save(dict id -> count) as save_token_frequency_distribution;
-  training: --token-freq-path (or <data-path>/token_freq.pt), torch.load(weights_only=True).
-- d2t-K.npy, t2d-K.npy: speculators' --d2t-path / --t2d-path (np.load), its cache names.
-Writing .pt needs torch (`pip install 'kit[vocab]'`); counting and the audit table do not.
+Counted from the ids a trainer's loss mask covers: each record's server output_ids and, with
+all_turns, each earlier generated turn's; records without server ids are excluded and counted;
+the end-of-turn id the token-id export appends to a stop row is not counted. The K ids: most
+frequent first, ties to the lower id, filled with the lowest unseen ids; d2t[i] = id_i - i
+(int64 [K]), t2d[t] = t is one (bool [V]), as speculators 0.9.0 and SpecForge 0.2.0 build them.
+Files in draft_vocab/: vocab_mapping.pt (SpecForge --vocab-mapping), token_freq.pt (speculators
+--token-freq-path), d2t-K.npy and t2d-K.npy (its --d2t-path, --t2d-path), draft_vocab.json.
 """
 
 from __future__ import annotations
@@ -29,8 +20,7 @@ import numpy as np
 if TYPE_CHECKING:
     import polars as pl
 
-DRAFT_VOCAB = 32_000  # EAGLE-3's usual draft vocabulary (both trainers' examples)
-FOLDER = "draft_vocab"
+_FOLDER = "draft_vocab"
 
 
 class TokenCounts:
@@ -57,9 +47,7 @@ class TokenCounts:
             self.excluded[name] = self.excluded.get(name, 0) + part.height - good.height
             self.records[name] = self.records.get(name, 0) + good.height
             self._bump(name, good["output_ids"].explode().drop_nulls().to_numpy())
-        for (name, keep), extra in zip(
-            zip(frame["dataset"], ok, strict=True), earlier, strict=True
-        ):
+        for name, keep, extra in zip(frame["dataset"], ok, earlier, strict=True):
             if keep and extra is not None and len(extra):
                 self._bump(name, extra)
 
@@ -123,34 +111,18 @@ def coverage(counts: TokenCounts, k: int) -> pl.DataFrame:
 
     total = counts.total()
     top = select_ids(total, k)
+
+    def row(name: str, records: int, excluded: int, a: np.ndarray, adds: int | None) -> tuple:
+        return (name, records, excluded, int(a.sum()), int((a > 0).sum()), _share(a, top), adds)
+
     rows = []
     for name in sorted(counts.per):
         a = np.zeros(len(total), np.int64)
         a[: len(counts.per[name])] = counts.per[name]
-        without = np.setdiff1d(top, select_ids(total - a, k))
-        rows.append(
-            (
-                name,
-                counts.records[name],
-                counts.excluded[name],
-                int(a.sum()),
-                int((a > 0).sum()),
-                _share(a, top),
-                len(without),
-            )
-        )
+        adds = len(np.setdiff1d(top, select_ids(total - a, k)))
+        rows.append(row(name, counts.records[name], counts.excluded[name], a, adds))
     excluded = sum(counts.excluded.values())
-    rows.append(
-        (
-            "TOTAL",
-            sum(counts.records.values()),
-            excluded,
-            int(total.sum()),
-            int((total > 0).sum()),
-            _share(total, top),
-            None,
-        )
-    )
+    rows.append(row("TOTAL", sum(counts.records.values()), excluded, total, None))
     schema = {
         "dataset": pl.String,
         "records": pl.Int64,
@@ -172,14 +144,8 @@ def targets(k: int) -> list[str]:
     """The files (relative to an export) a draft vocabulary of k writes (ValueError for a bad k)."""
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"draft_vocab must be a positive number of token ids, got {k!r}")
-    names = [
-        "vocab_mapping.pt",
-        "token_freq.pt",
-        f"d2t-{k}.npy",
-        f"t2d-{k}.npy",
-        "draft_vocab.json",
-    ]
-    return [f"{FOLDER}/{n}" for n in names]
+    names = ["vocab_mapping.pt", "token_freq.pt", f"d2t-{k}.npy", f"t2d-{k}.npy"]
+    return [f"{_FOLDER}/{n}" for n in (*names, "draft_vocab.json")]
 
 
 def write(out_dir: Path, counts: TokenCounts, k: int, vocab: int, files: dict) -> dict:
@@ -195,15 +161,13 @@ def write(out_dir: Path, counts: TokenCounts, k: int, vocab: int, files: dict) -
             f"token ids up to {len(total) - 1} in the run, but the target's vocab_size is {vocab}"
         )
     d2t, t2d = mapping(total, k, vocab)
-    folder = Path(out_dir) / FOLDER
+    folder = Path(out_dir) / _FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, folder / "vocab_mapping.pt"
-    )
+    pair = {"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}
+    torch.save(pair, folder / "vocab_mapping.pt")
     seen = np.flatnonzero(total)
-    torch.save(
-        dict(zip(seen.tolist(), total[seen].tolist(), strict=True)), folder / "token_freq.pt"
-    )
+    freq = dict(zip(seen.tolist(), total[seen].tolist(), strict=True))  # id -> count, seen only
+    torch.save(freq, folder / "token_freq.pt")
     np.save(folder / f"d2t-{k}.npy", d2t)
     np.save(folder / f"t2d-{k}.npy", t2d)
     table = coverage(counts, k)

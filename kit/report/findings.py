@@ -1,20 +1,17 @@
 """The audit's findings: one row per check a dataset (or the run) fails, with its message.
 
 `findings` turns kit.audit's per-dataset table into rows (dataset, check, value, threshold,
-severity, message): budget (over_budget, overshoot, under_budget, short_of_budget), shares
-over their AuditThresholds (truncation, empty, duplicates, echoes, finish reasons,
-thinking, think markers, re-tokenized counts, errors), counts that are no counts, ids that
-disagree with counts or text, thinking_not_off (a template that ignored
-enable_thinking=False) and truncation_earlier_turns (all_turns). `run_findings` adds those
-of the run as a whole (dataset "(run)"): SQLite's integrity check, duplicate records the
-database refused, lines a JSONL-layout import could not take.
+severity, message): the budget, shares over their AuditThresholds, counts that are no counts,
+ids that disagree with counts or text, a template that ignored enable_thinking=False, cut
+earlier turns (all_turns). `run_findings` adds those of the run as a whole (dataset "(run)"):
+SQLite's integrity check, duplicate records the database refused, what an import skipped.
 """
 
 from __future__ import annotations
 
 from kit.report.flags import THINK_MARKERS, AuditThresholds, opens_think_block
 
-FINDING_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
+_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
 RUN = "(run)"  # the dataset column of findings about the run as a whole
 
 
@@ -37,29 +34,29 @@ def findings(table, th: AuditThresholds, max_tokens: int, run_rows=(), thinking_
             rows.append(_thinking_finding(r, thinking_off[r["dataset"]]))
         rows += _earlier_findings(r, th)
         rows += _count_findings(r, th, max_tokens)
-        for check in ("ids_len_mismatch", "ids_text_mismatch"):
-            if r[check]:
-                what = (
-                    "completion_tokens != len(output_ids)"
-                    if "len" in check
-                    else ("output_ids do not decode to the stored text")
-                )
-                msg = f"{r[check]} of {r['with_ids']} records with ids: {what}"
-                if "text" in check and r["ids_text_checked"] < r["with_ids"]:
-                    msg = (
-                        f"{r[check]} of {r['ids_text_checked']} records with ids checked (a "
-                        f"seeded sample of {r['with_ids']}): {what}"
-                    )
-                rows.append((r["dataset"], check, float(r[check]), 0.0, "error", msg))
+        rows += _ids_findings(r)
     rows += run_rows
-    schema = dict(
-        zip(
-            FINDING_COLUMNS,
-            [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String],
-            strict=True,
-        )
-    )
+    types = [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String]
+    schema = dict(zip(_COLUMNS, types, strict=True))
     return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _ids_findings(r: dict) -> list[tuple]:
+    """Server ids that disagree with the count, or (on the checked sample) with the text."""
+    out = []
+    if n := r["ids_len_mismatch"]:
+        msg = f"{n} of {r['with_ids']} records with ids: completion_tokens != len(output_ids)"
+        out.append((r["dataset"], "ids_len_mismatch", float(n), 0.0, "error", msg))
+    if n := r["ids_text_mismatch"]:
+        checked, of = r["ids_text_checked"], r["with_ids"]
+        where = (
+            f"{checked} records with ids checked (a seeded sample of {of})"
+            if checked < of
+            else f"{of} records with ids"
+        )
+        msg = f"{n} of {where}: output_ids do not decode to the stored text"
+        out.append((r["dataset"], "ids_text_mismatch", float(n), 0.0, "error", msg))
+    return out
 
 
 def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tuple]:
@@ -68,13 +65,10 @@ def _budget_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tupl
         if r["records"]:
             return [(name, "no_budget", float(tokens), 0.0, "warn", "records but no budget")]
         return []
-    slack = max(th.over_budget_share * budget, max_tokens)
-    if tokens - budget > slack:
-        msg = (
-            f"{tokens:,} tokens vs budget {budget:,}: over by {tokens - budget:,} (> {slack:,.0f})"
-        )
-        return [(name, "over_budget", float(tokens - budget), float(slack), "error", msg)]
-    over = tokens - budget
+    slack, over = max(th.over_budget_share * budget, max_tokens), tokens - budget
+    if over > slack:
+        msg = f"{tokens:,} tokens vs budget {budget:,}: over by {over:,} (> {slack:,.0f})"
+        return [(name, "over_budget", float(over), float(slack), "error", msg)]
     if over > th.overshoot_share * budget:
         msg = (
             f"{tokens:,} tokens vs budget {budget:,}: over by {over:,} (+{over / budget:.1%}, "

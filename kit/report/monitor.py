@@ -1,23 +1,17 @@
 """Live progress: a console bar, an ipywidgets panel in a notebook, and `watch` for a run dir.
 
-Like `tqdm.auto`: the runner only calls a progress callback with a list of
-`DatasetProgress`; a monitor is such a callback. `auto()` picks the widget inside a
-Jupyter kernel and the console elsewhere; ipywidgets is imported only by the widget.
+Like `tqdm.auto`: the runner calls a progress callback with a list of `DatasetProgress`; a
+monitor is such a callback, and `auto()` picks the widget inside a Jupyter kernel, the console
+elsewhere (ipywidgets is imported only by the widget). `kit.watch(run_dir)` follows a run of
+another process by polling the run database's totals (never its records).
 
-    mon = monitor.auto()                     # from kit.report import monitor
-    await kit.generate(..., progress=mon)   # redraws at most once a second
-    mon.close()                              # always renders the last call
+    with monitor.auto() as mon:             # from kit.report import monitor
+        await kit.generate(..., progress=mon)   # redraws at most once a second
     print(monitor.text(mon.last))            # plain-text summary for headless runs
-
-`kit.watch(run_dir)` follows a run started in another process by polling
-`kit.run.progress.progress(run_dir)` (a few small rows of the run database: the totals, the
-writer's prompt counts and its live status; no record, no prompt key) until every dataset is
-done or the run stalls.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import html
 import os
@@ -29,13 +23,13 @@ from pathlib import Path
 
 from kit.types import DatasetProgress
 
-DONE_STATES = ("budget_reached", "exhausted", "failed")
+_DONE_STATES = ("budget_reached", "exhausted", "failed")
 
 
 # ----------------------------------------------------------------------------- formatting
 
 
-def fmt_count(n: float) -> str:
+def _fmt_count(n: float) -> str:
     """Compact count: 812 -> '812', 9_540 -> '9.54k', 950_000 -> '950k', 26_600_000 -> '26.6M'."""
     for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if abs(n) >= div:
@@ -44,7 +38,7 @@ def fmt_count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def fmt_duration(s: float | None) -> str:
+def _fmt_duration(s: float | None) -> str:
     """Seconds as a short duration: 42 -> '42s', 245 -> '4m05s', 5000 -> '1h23m', None -> '-'."""
     if s is None or s != s or s == float("inf"):
         return "-"
@@ -58,8 +52,8 @@ def fmt_duration(s: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def bar(done: float, total: float, width: int = 20) -> str:
-    """ASCII bar of done/total, clipped to full: bar(1, 4, 8) -> '[##......]'."""
+def _bar(done: float, total: float, width: int = 20) -> str:
+    """ASCII bar of done/total, clipped to full: _bar(1, 4, 8) -> '[##......]'."""
     frac = min(max(done / total, 0.0), 1.0) if total > 0 else 0.0
     filled = int(frac * width)
     return "[" + "#" * filled + "." * (width - filled) + "]"
@@ -77,7 +71,7 @@ _SUMMED = (
 )
 
 
-def totals(progress: Sequence[DatasetProgress]) -> DatasetProgress:
+def _totals(progress: Sequence[DatasetProgress]) -> DatasetProgress:
     """Sum of all datasets as one DatasetProgress named 'total' (state: the least advanced)."""
     tot = DatasetProgress(dataset="total", budget=sum(p.budget for p in progress))
     for f in _SUMMED:
@@ -95,20 +89,20 @@ def _row(p: DatasetProgress, width: int) -> list[str]:
     samples = f"{p.samples_done:,}" + (f"/{p.prompts_total:,}" if p.prompts_total else "")
     return [
         p.dataset,
-        bar(p.tokens_done, p.budget, width),
+        _bar(p.tokens_done, p.budget, width),
         f"{pct:.0f}%",
-        f"{fmt_count(p.tokens_done)}/{fmt_count(p.budget)}",
+        f"{_fmt_count(p.tokens_done)}/{_fmt_count(p.budget)}",
         samples,
         f"{p.mean_completion:,.0f}",
-        fmt_count(p.tokens_per_s),
-        fmt_duration(p.eta_s),
+        _fmt_count(p.tokens_per_s),
+        _fmt_duration(p.eta_s),
         f"{p.errors:,}",
         f"{100 * p.truncation_share:.1f}%",
         p.state,
     ]
 
 
-HEADER = "dataset progress % tokens/budget samples mean tok/s ETA err trunc state".split()
+_HEADER = "dataset progress % tokens/budget samples mean tok/s ETA err trunc state".split()
 _LEFT = {0, 1, 10}  # left-aligned columns; numbers align right
 
 
@@ -133,10 +127,10 @@ def text(progress: Sequence[DatasetProgress], width: int = 20) -> str:
     """
     if not progress:
         return "(no datasets yet)"
-    rows = [HEADER] + [_row(p, width) for p in progress]
+    rows = [_HEADER] + [_row(p, width) for p in progress]
     if len(progress) > 1:
-        rows.append(_row(totals(progress), width))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+        rows.append(_row(_totals(progress), width))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
     lines = []
     for r in rows:
         cells = [
@@ -327,7 +321,7 @@ class WidgetMonitor(Monitor):
             b.bar_style = _bar_style(p)
             self.labels[p.dataset].value = _html(p)
         self.total.value = (
-            "<b>" + _html(totals(progress)) + "</b>" if progress else "no datasets yet"
+            "<b>" + _html(_totals(progress)) + "</b>" if progress else "no datasets yet"
         )
 
     def finish(self) -> None:
@@ -349,15 +343,15 @@ def _html(p: DatasetProgress) -> str:
     pct = 100 * p.tokens_done / p.budget if p.budget > 0 else 0.0
     err = f"<span style='color:#c00'>{p.errors:,} errors</span>" if p.errors else "0 errors"
     return (
-        f"{fmt_count(p.tokens_done)} / {fmt_count(p.budget)} tokens ({pct:.0f}%) &middot; "
+        f"{_fmt_count(p.tokens_done)} / {_fmt_count(p.budget)} tokens ({pct:.0f}%) &middot; "
         f"{p.samples_done:,} samples &middot; mean {p.mean_completion:,.0f} &middot; "
-        f"{fmt_count(p.tokens_per_s)} tok/s &middot; ETA {fmt_duration(p.eta_s)} &middot; {err} "
+        f"{_fmt_count(p.tokens_per_s)} tok/s &middot; ETA {_fmt_duration(p.eta_s)} &middot; {err} "
         f"&middot; {100 * p.truncation_share:.1f}% truncated &middot; {p.state}"
         + (f"<br><span style='color:#a60'>{html.escape(p.note)}</span>" if p.note else "")
     )
 
 
-def in_notebook() -> bool:
+def _in_notebook() -> bool:
     """True inside a Jupyter kernel (ipykernel loaded and a ZMQ shell), where widgets render."""
     if "ipykernel" not in sys.modules or "IPython" not in sys.modules:
         return False
@@ -377,7 +371,7 @@ def auto(file=None, **kw) -> Monitor:
         >>> type(auto()).__name__   # in a plain Python process
         'ConsoleMonitor'
     """
-    if in_notebook():
+    if _in_notebook():
         try:
             return WidgetMonitor(**kw)
         except ImportError:
@@ -386,47 +380,6 @@ def auto(file=None, **kw) -> Monitor:
 
 
 # ----------------------------------------------------------------------------- watch
-
-
-class _Watcher:
-    """Polls a run dir and decides when to stop: shared by watch and awatch."""
-
-    def __init__(
-        self,
-        run_dir,
-        until_done: bool,
-        stall_timeout: float | None,
-        read=None,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.run_dir = Path(run_dir)
-        if not self.run_dir.is_dir():
-            raise FileNotFoundError(f"watch: run directory {str(self.run_dir)!r} does not exist")
-        if stall_timeout is not None and stall_timeout <= 0:
-            raise ValueError(f"watch: stall_timeout must be > 0 or None, got {stall_timeout!r}")
-        if read is None:  # the totals table: a poll costs the same at 1K and 1M records
-            from kit.run.progress import progress as read
-        self.read = read
-        self.until_done, self.stall_timeout, self.clock = until_done, stall_timeout, clock
-        self._mark: tuple | None = None
-        self._t_mark = clock()
-
-    def step(self) -> tuple[list[DatasetProgress], bool]:
-        """Read progress once; return it and whether watching should stop."""
-        try:
-            progress = list(self.read(self.run_dir))
-        except (FileNotFoundError, sqlite3.OperationalError) as e:
-            if isinstance(e, sqlite3.OperationalError) and "no such table" not in str(e):
-                raise
-            progress = []  # the run has not made its database, or stored its config, yet
-        mark = tuple((p.dataset, p.tokens_done, p.samples_done, p.errors) for p in progress)
-        now = self.clock()
-        live = any(p.in_flight for p in progress)  # a runner with requests out is not stalled
-        if mark != self._mark or live:
-            self._mark, self._t_mark = mark, now
-        done = bool(progress) and all(p.state in DONE_STATES for p in progress)
-        stalled = self.stall_timeout is not None and now - self._t_mark >= self.stall_timeout
-        return progress, (done and self.until_done) or stalled
 
 
 def watch(
@@ -439,12 +392,13 @@ def watch(
 ) -> list[DatasetProgress]:
     """Follow a run written by another process: poll its directory and render progress.
 
-    Stops when every dataset is budget_reached or exhausted (if `until_done`), or when for
-    `stall_timeout` seconds no record or error was added and no live runner reported
-    requests in flight (None: never; Ctrl-C ends it).
+    Stops when every dataset is budget_reached, exhausted or failed (if `until_done`), or when
+    for `stall_timeout` seconds no record or error was added and no live runner reported
+    requests in flight (None: never; Ctrl-C ends it). In a notebook, run it in a thread:
+    `await asyncio.to_thread(kit.watch, run_dir)`.
 
     Args:
-        run_dir: the run directory (kit.types layout).
+        run_dir: the run directory.
         interval: seconds between polls.
         until_done: stop once every dataset is done.
         monitor: a progress callback; default `auto()`. Closed on return when it has `close`.
@@ -458,49 +412,41 @@ def watch(
         final = kit.watch("data/runs/demo", monitor=ConsoleMonitor(sys.stdout))
         [p.state for p in final]   # ['budget_reached', 'budget_reached']
     """
-    watcher, monitor = _start(run_dir, interval, until_done, monitor, stall_timeout, clock)
+    run_dir = Path(run_dir)
+    if not isinstance(interval, (int, float)) or interval <= 0:
+        raise ValueError(f"watch: interval must be a number > 0, got {interval!r}")
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"watch: run directory {str(run_dir)!r} does not exist")
+    if stall_timeout is not None and stall_timeout <= 0:
+        raise ValueError(f"watch: stall_timeout must be > 0 or None, got {stall_timeout!r}")
+    monitor = monitor if monitor is not None else auto()
+    mark, t_mark = None, clock()
     try:
         while True:
-            progress, stop = watcher.step()
+            progress = _read(run_dir)
+            now = clock()
+            seen = tuple((p.dataset, p.tokens_done, p.samples_done, p.errors) for p in progress)
+            if seen != mark or any(p.in_flight for p in progress):  # in flight: not stalled
+                mark, t_mark = seen, now
             monitor(progress)
-            if stop:
+            done = bool(progress) and all(p.state in _DONE_STATES for p in progress)
+            if (done and until_done) or (
+                stall_timeout is not None and now - t_mark >= stall_timeout
+            ):
                 return progress
             time.sleep(interval)
     finally:
-        _close(monitor)
+        if callable(close := getattr(monitor, "close", None)):
+            close()
 
 
-async def awatch(
-    run_dir,
-    interval: float = 1.0,
-    until_done: bool = True,
-    monitor: Callable | None = None,
-    stall_timeout: float | None = 300.0,
-    clock: Callable[[], float] = time.monotonic,
-) -> list[DatasetProgress]:
-    """`watch` for a notebook: `final = await kit.report.monitor.awatch(run_dir)`; same arguments."""
-    watcher, monitor = _start(run_dir, interval, until_done, monitor, stall_timeout, clock)
+def _read(run_dir: Path) -> list[DatasetProgress]:
+    """The run's progress from its totals table; [] before the run made its database."""
+    from kit.run.progress import progress
+
     try:
-        while True:
-            progress, stop = await asyncio.to_thread(watcher.step)
-            monitor(progress)
-            if stop:
-                return progress
-            await asyncio.sleep(interval)
-    finally:
-        _close(monitor)
-
-
-def _start(run_dir, interval, until_done, monitor, stall_timeout, clock):
-    """Validate watch arguments; build the watcher and the monitor."""
-    if not isinstance(interval, (int, float)) or interval <= 0:
-        raise ValueError(f"watch: interval must be a number > 0, got {interval!r}")
-    watcher = _Watcher(run_dir, until_done, stall_timeout, clock=clock)
-    return watcher, monitor if monitor is not None else auto()
-
-
-def _close(monitor) -> None:
-    """Close a monitor that has close() (a plain function callback has nothing to close)."""
-    close = getattr(monitor, "close", None)
-    if callable(close):
-        close()
+        return list(progress(run_dir))
+    except (FileNotFoundError, sqlite3.OperationalError) as e:
+        if isinstance(e, sqlite3.OperationalError) and "no such table" not in str(e):
+            raise
+        return []

@@ -7,7 +7,7 @@ wants every column, whole words and two decimals.
 
 from __future__ import annotations
 
-SETTINGS = {
+_SETTINGS = {
     "tbl_rows": 40,
     "tbl_cols": -1,
     "tbl_width_chars": 160,
@@ -19,7 +19,7 @@ SETTINGS = {
 
 
 def readable() -> None:
-    """Set polars to show frames the way SETTINGS says, for the rest of the session.
+    """Set polars to show frames the way _SETTINGS says, for the rest of the session.
 
     Example:
         >>> readable()
@@ -34,7 +34,7 @@ def readable() -> None:
     """
     import polars as pl
 
-    pl.Config(**SETTINGS)
+    pl.Config(**_SETTINGS)
 
 
 def html(frame) -> str:

@@ -1,22 +1,13 @@
-"""The hand-off to the trainers: for SpecForge and speculators, the exact route that trains
-an export's rows (config keys, command line), the chat template SpecForge needs registered
-for the conversation route, and what that route cannot carry, counted per dataset.
+"""The hand-off to the trainers: for SpecForge and speculators, the route that trains an
+export's rows (config keys, command line), the chat template SpecForge needs registered for
+the conversation route, and what that route cannot carry, counted per dataset.
 
-The token-id route is exact in both (tests/test_trainers.py runs their own data code, from
-PyPI, on real exports): SpecForge's `data.prompts_path` and speculators' `prepare-data --data`
-take input_ids + loss_mask verbatim. The conversation route re-renders text, so it loses what
-the text does not hold (sgl-project/SpecForge specforge/data/parse.py, vllm-project/
-speculators data_generation/preprocessing.py, 0.2.0 / 0.9.0):
-- SpecForge's GeneralParser keeps role, content, tool_calls of a message: reasoning_content
-  is dropped before the template sees it; ThinkingParser (parser_type "thinking") keeps it,
-  and the chat template then decides whether it is rendered.
-- its built-in ChatML templates ("qwen") end a turn with "<|im_end|>\\n" (the "\\n" trained)
-  and put in their own system prompt: kit names a template made from the tokenizer's.
-- speculators makes one row per assistant turn, trained to the end of the render (the
-  template's text after the end-of-turn too), and has no last-turn switch.
-- both train an end-of-turn after every answer: a `length` answer never emitted one, so the
-  conversation export leaves those rows out unless told to keep them (counted either way).
-"""
+The token-id route is exact in both (SpecForge 0.2.0, speculators 0.9.0; tests/test_trainers.py
+runs their own data code on real exports). The conversation route re-renders text and loses
+what it does not hold: SpecForge's GeneralParser drops reasoning_content and its ChatML
+templates add their own system prompt (kit names a template made from the tokenizer's);
+speculators trains one row per assistant turn to the end of the render; both train an
+end-of-turn after a `length` answer, so the conversation export leaves those out by default."""
 
 from __future__ import annotations
 
@@ -55,44 +46,38 @@ def chatml_parts(tok) -> dict | None:
     }
 
 
-def after_end_of_turn(tok) -> str | None:
+def _after_end_of_turn(tok) -> str | None:
     """The text the chat template writes after an assistant turn's end-of-turn (SmolLM2:
     "\n"): speculators trains it, kit's rows (the model's own ids) end at the end-of-turn."""
-    from kit.report.convo import render_one
     from kit.report.tokenrows import end_of_turn
 
     _, eot = end_of_turn(tok)
-    conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK}]
-    text = render_one(tok, conv, False) or ""
+    text = _answered(tok, {"content": _MARK})
     end = text.find(_MARK + eot) if eot else -1
     return text[end + len(_MARK + eot) :] if end >= 0 else None
 
 
 def renders_reasoning(tok) -> bool:
     """Whether the chat template writes an assistant message's reasoning_content."""
-    from kit.report.convo import render_one
-
-    conv = [
-        {"role": "user", "content": "q"},
-        {"role": "assistant", "content": "a", "reasoning_content": _MARK},
-    ]
-    return _MARK in (render_one(tok, conv, False) or "")
+    return _MARK in _answered(tok, {"content": "a", "reasoning_content": _MARK})
 
 
 def renders_tool_calls(tok) -> bool:
     """Whether the chat template writes an assistant message's tool_calls (the conversation
     route trains them only then; token-id rows hold the server's ids either way)."""
+    call = {"type": "function", "function": {"name": "kit_mark_fn", "arguments": "{}"}}
+    return "kit_mark_fn" in _answered(tok, {"content": "", "tool_calls": [call]})
+
+
+def _answered(tok, answer: dict) -> str:
+    """The template's render of a question and this assistant message ("" when it fails)."""
     from kit.report.convo import render_one
 
-    call = {"type": "function", "function": {"name": "kit_mark_fn", "arguments": "{}"}}
-    conv = [
-        {"role": "user", "content": "q"},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-    ]
-    return "kit_mark_fn" in (render_one(tok, conv, False) or "")
+    conv = [{"role": "user", "content": "q"}, {"role": "assistant", **answer}]
+    return render_one(tok, conv, False) or ""
 
 
-def specforge_template(tok, name: str, thinking: bool) -> dict | None:
+def _specforge_template(tok, name: str, thinking: bool) -> dict | None:
     """The ChatTemplate to register for the conversation route (its fields and a name):
     no system_prompt (the tokenizer's template adds its own default, as the server did),
     parser "thinking" when rows have reasoning and the template renders it."""
@@ -112,7 +97,7 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
 
     thinking = {d: t["reasoning"] for d, t in sorted(trainer.items()) if t["reasoning"]}
     name = f"kit-{chat_template_hash(tok)[:12]}" if tok is not None else None
-    template = specforge_template(tok, name, bool(thinking)) if tok is not None else None
+    template = _specforge_template(tok, name, bool(thinking)) if tok is not None else None
     model = config.tokenizer or config.model
     only_last = config.turns == "last_turn"
     keep = opts.keep_truncated_conversations
@@ -136,19 +121,19 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
                 d: {k: r[k] for k in ("rows", "compared", "compared_all")}
                 for d, r in sorted(retokenized.items())
             },
-            "note": RETOKENIZED_NOTE,
+            "note": _RETOKENIZED_NOTE,
         },
         "speculators": {
             "command": f"speculators prepare-data --model {model} --data specforge/train.jsonl "
             "--render-endpoint <the target's vLLM, served with --enable-scale-out; no /v1> "
             "--seq-length <its max_model_len or less> --output <dir>",
-            "trains_after_end_of_turn": after_end_of_turn(tok) if tok is not None else None,
+            "trains_after_end_of_turn": _after_end_of_turn(tok) if tok is not None else None,
             "earlier_turn_rows": {
                 d: t["turns"] for d, t in sorted(trainer.items()) if t.get("turns")
             },
-            "note": SPECULATORS_NOTE if only_last else SPECULATORS_NOTE.split(";")[0],
+            "note": _SPECULATORS_NOTE if only_last else _SPECULATORS_NOTE.split(";")[0],
         },
-        "reasoning": {d: {"rows": n, **reasoning_fate(template)} for d, n in thinking.items()},
+        "reasoning": {d: {"rows": n, **_reasoning_fate(template)} for d, n in thinking.items()},
         "tool_calls": {
             d: {
                 "rows": t["tool_calls"],
@@ -162,19 +147,19 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
             "rows": {
                 d: t["length"] for d, t in sorted(trainer.items()) if any(t["length"].values())
             },
-            "note": LENGTH_NOTE[keep],
+            "note": _LENGTH_NOTE[keep],
         },
     }
 
 
-SPECULATORS_NOTE = (
+_SPECULATORS_NOTE = (
     "one training row per assistant turn (earlier_turn_rows more rows than "
     "conversations), each trained to the end of the render: the template's text "
     "after the end-of-turn too (trains_after_end_of_turn), on every row; no "
     "last-turn switch: on a last_turn export it trains the dataset's earlier "
     "answers, so use the token-id route"
 )
-RETOKENIZED_NOTE = (
+_RETOKENIZED_NOTE = (
     "with the named template, SpecForge trains kit's token-id rows' tokens on "
     "every stop row but the retokenized_differently ones (the answer's text "
     "re-tokenizes to other ids than the server's), the reasoning rows and the "
@@ -182,14 +167,14 @@ RETOKENIZED_NOTE = (
     f"dataset's plain server-id rows, the first {RETOKENIZE_SAMPLE} (a seeded random draw) "
     "are compared, and all rows after one differs (compared_all)"
 )
-LENGTH_NOTE = {  # keep_truncated_conversations -> what became of the `length` rows
+_LENGTH_NOTE = {  # keep_truncated_conversations -> what became of the `length` rows
     False: "left out of the SpecForge JSONL; the token-id rows keep them, the end-of-turn untrained",
     True: "kept in the SpecForge JSONL (keep_truncated_conversations): both trainers train an "
     "end-of-turn after these cut answers, which the model never emitted",
 }
 
 
-def reasoning_fate(template: dict | None) -> dict:
+def _reasoning_fate(template: dict | None) -> dict:
     """What becomes of a row's reasoning_content on SpecForge's conversation route."""
     if template is None:
         return {"specforge": "no template could be named: use the token-id route"}
@@ -236,9 +221,8 @@ def count_retokenized(tok, frame, out: dict, keep: bool) -> None:
     plain &= (c("ids_source") == "server") & (pl.lit(keep) | ~cut_rows())
     picked = frame.filter(plain)
     for d, n in picked["dataset"].value_counts().iter_rows():
-        out.setdefault(d, {"rows": 0, "compared": 0, "differ": 0, "compared_all": False})[
-            "rows"
-        ] += n
+        entry = out.setdefault(d, {"rows": 0, "compared": 0, "differ": 0, "compared_all": False})
+        entry["rows"] += n
     seen = {d: o["compared"] for d, o in out.items()}
     full = {d for d, o in out.items() if o["compared_all"]}
     differ = widening_sample(
@@ -268,7 +252,5 @@ def _differs(tok, rows):
     end, start = (c("loss_mask").list.eval(e).list.first().fill_null(0) for e in (end, start))
     span = c("input_ids").list.slice(start, end - start)
     tail = pl.lit(eot if eot is not None else 0, pl.Int64).repeat_by(stop.cast(pl.UInt32))
-    differ = (span != pl.concat_list(answers, tail)) | (
-        stop & pl.lit(eot is None)
-    )  # no end-of-turn id: a stop never matches
-    return rows.select(differ).to_series()
+    no_eot = stop & pl.lit(eot is None)  # no end-of-turn id: a stop never matches
+    return rows.select((span != pl.concat_list(answers, tail)) | no_eot).to_series()

@@ -18,8 +18,11 @@ class Planner:
             dataset the samples have (a RunConfig's `budgets` as they come).
         samples: completion-length samples (a PilotResult or a frame), as budget() takes them.
         prompts_available: dataset -> samples available, or the prompt frame.
-        throughput: starting tokens/s. max_tokens: the pilot's max_tokens.
+        throughput: starting tokens/s (a kit.plan.Throughput: the pilot's, extrapolated to
+            `concurrency` while the box shows its rate).
+        max_tokens: the pilot's max_tokens.
         sample_cap: the naive cap to compare against (default: every prompt).
+        concurrency: the run's concurrency.
 
     Example:
         planner = Planner(config.budgets, pilot, prompts_available=frame, throughput=120.0)
@@ -40,9 +43,7 @@ class Planner:
     ):
         import ipywidgets as w
 
-        # a kit.plan.Throughput (the pilot's, with the concurrency it was measured at) is kept
-        # while the box shows its rate, so the plan notes an extrapolation to the run's
-        # concurrency; a number typed in is the rate at the run's concurrency
+        # a Throughput is kept while the box shows its rate; a number typed in is the run's rate
         self._measured = throughput if hasattr(throughput, "tokens_per_s") else None
         rate = throughput.tokens_per_s if self._measured else throughput
         self._concurrency = concurrency
@@ -52,41 +53,24 @@ class Planner:
         self._cap = sample_cap
         if not isinstance(budgets, dict):  # one number: every dataset the pilot measured
             budgets = dict.fromkeys(_datasets(samples), budgets)
-        style = {"description_width": "140px"}
-        layout = w.Layout(width="480px")
+        look = {"style": {"description_width": "140px"}, "layout": w.Layout(width="480px")}
         self.budget_inputs = {
-            name: w.IntText(value=int(v), description=name, style=style, layout=layout, step=500)
+            name: w.IntText(value=int(v), description=name, step=500, **look)
             for name, v in sorted(budgets.items())
         }
         self.throughput = w.FloatText(
-            value=round(float(rate), 2),
-            description="throughput tok/s",
-            style=style,
-            layout=layout,
+            value=round(float(rate), 2), description="throughput tok/s", **look
         )
         self.confidence = w.FloatSlider(
-            value=0.95,
-            min=0.5,
-            max=0.995,
-            step=0.005,
-            description="confidence",
-            style=style,
-            layout=layout,
+            value=0.95, min=0.5, max=0.995, step=0.005, description="confidence", **look
         )
         self.output = w.Output()
         self.message = w.HTML()
-        for control in [*self.budget_inputs.values(), self.throughput, self.confidence]:
+        controls = [*self.budget_inputs.values(), self.throughput, self.confidence]
+        for control in controls:
             control.observe(self._changed, names="value")
-        self.widget = w.VBox(
-            [
-                w.HTML("<b>Token budget per dataset</b>"),
-                *self.budget_inputs.values(),
-                self.throughput,
-                self.confidence,
-                self.message,
-                self.output,
-            ]
-        )
+        title = w.HTML("<b>Token budget per dataset</b>")
+        self.widget = w.VBox([title, *controls, self.message, self.output])
         self.table = self.compute()
         self._draw()
 
