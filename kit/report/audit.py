@@ -49,18 +49,9 @@ LIGHT_COLUMNS = [
     *record_columns(*KEYS, "completion_tokens", "prompt_tokens", "finish_reason"),
     "finish_class",
     *record_columns("count_source", "t_done", "latency_s"),
-    "empty",
-    "echo",
-    "think_marker",
-    "has_reasoning",
-    "has_ids",
-    "ids_len_mismatch",
-    "count_over_max",
-    "has_tool_calls",
-    "earlier_turns",
-    "earlier_length",
-    "text_hash",
-    "norm_hash",
+    *("empty", "echo", "think_marker", "has_reasoning", "has_ids", "ids_len_mismatch"),
+    *("count_over_max", "has_tool_calls", "earlier_turns", "earlier_length"),
+    *("text_hash", "norm_hash"),
 ]
 
 
@@ -71,13 +62,10 @@ class AuditReport:
     Frames: datasets (one row per dataset), lengths (completion-length distribution),
     finish (dataset x finish class counts: the finish_reason, or "length_in_reasoning" for a
     length finish with only reasoning), findings (dataset, check, value, threshold,
-    severity, message; empty when clean), and records: one light row per record, no text:
-    dataset, prompt_id, sample, completion_tokens, prompt_tokens, finish_reason,
-    finish_class, count_source, t_done, latency_s, the flag columns of
-    kit.report.flags (ids_text_mismatch and under_reported null where the
-    record was not in the tokenizer checks' sample), text_hash and norm_hash (hashes of the
-    completion and of its normalized text, the duplicate keys). `texts(keys)` reads the
-    text of chosen records back from the run.
+    severity, message; empty when clean), and records: one light row per record, no text
+    (LIGHT_COLUMNS: keys, counts, finish, timing, the flags of kit.report.flags with
+    ids_text_mismatch and under_reported null outside the tokenizer checks' sample, and
+    text_hash and norm_hash, the duplicate keys). `texts(keys)` reads chosen records' text.
 
     Example:
         echoed = report.records.filter(pl.col("echo"))
@@ -182,43 +170,31 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
     """One row per dataset: counts, shares, budget and the length distribution."""
     import polars as pl
 
-    c = pl.col
+    c, n = pl.col, pl.col("completion_tokens")
+    summed = lambda *names: {x: c(x).sum() for x in names}  # noqa: E731
     agg = flags.group_by("dataset").agg(
         records=pl.len(),
-        tokens=c("completion_tokens").clip(lower_bound=0).sum(),  # a negative count: 0, flagged
-        mean=c("completion_tokens").mean(),
-        p50=c("completion_tokens").quantile(0.5, "nearest"),
-        p90=c("completion_tokens").quantile(0.9, "nearest"),
-        p99=c("completion_tokens").quantile(0.99, "nearest"),
-        max=c("completion_tokens").max(),
-        stop=(c("finish_reason") == "stop").sum(),
-        length=(c("finish_reason") == "length").sum(),
+        tokens=n.clip(lower_bound=0).sum(),  # a negative count: 0, flagged
+        mean=n.mean(),
+        **{f"p{q}": n.quantile(q / 100, "nearest") for q in (50, 90, 99)},
+        max=n.max(),
+        **{f: (c("finish_reason") == f).sum() for f in ("stop", "length")},
         length_in_reasoning=(c("finish_class") == "length_in_reasoning").sum(),
         think_markers=c("think_marker").sum(),
         reasoning=c("has_reasoning").sum(),
         tool_calls=c("has_tool_calls").sum(),
-        earlier_turns=c("earlier_turns").sum(),
-        earlier_length=c("earlier_length").sum(),
-        empty=c("empty").sum(),
-        dup_exact=c("dup_exact").sum(),
-        dup_near=c("dup_near").sum(),
-        echo=c("echo").sum(),
-        server_ids=(c("count_source") == "server_ids").sum(),
-        usage=(c("count_source") == "usage").sum(),
-        retokenized=(c("count_source") == "retokenized").sum(),
+        **summed("earlier_turns", "earlier_length", "empty", "dup_exact", "dup_near", "echo"),
+        **{s: (c("count_source") == s).sum() for s in ("server_ids", "usage", "retokenized")},
         with_ids=c("has_ids").sum(),
-        ids_len_mismatch=c("ids_len_mismatch").sum(),
-        ids_text_mismatch=c("ids_text_mismatch").sum(),
+        **summed("ids_len_mismatch", "ids_text_mismatch"),
         ids_text_checked=c("ids_text_mismatch").is_not_null().sum(),
-        count_over_max=c("count_over_max").sum(),
-        under_reported=c("under_reported").sum(),
+        **summed("count_over_max", "under_reported"),
         count_checked=c("under_reported").is_not_null().sum(),
         countable=c("count_source").ne_missing("retokenized").sum(),
     )
-    err = errors.filter(~c("resolved")).unique(["dataset", "prompt_id", "sample"])
+    err = errors.filter(~c("resolved")).unique(KEYS)
     err = err.group_by("dataset").agg(errors=pl.len())
-    names = [*config.budgets, *totals, *agg["dataset"], *err["dataset"]]
-    names = list(dict.fromkeys(names))
+    names = list(dict.fromkeys([*config.budgets, *totals, *agg["dataset"], *err["dataset"]]))
     base = pl.DataFrame(
         {
             "dataset": names,

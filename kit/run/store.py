@@ -20,7 +20,7 @@ import socket
 import sqlite3
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import asdict
+from dataclasses import asdict, astuple
 from pathlib import Path
 
 from kit.run import db
@@ -256,15 +256,13 @@ class RunStore:
                         rejected += 1
                         continue
                     t = totals.setdefault(r.dataset, [0, 0, 0])
-                    t[0], t[1], t[2] = (
-                        t[0] + 1,
-                        t[1] + r.completion_tokens,
-                        t[2] + (r.finish_reason == "length"),
-                    )
+                    t[0] += 1
+                    t[1] += r.completion_tokens
+                    t[2] += r.finish_reason == "length"
                 self.conn.executemany(TOTALS_SQL, [(ds, *t) for ds, t in totals.items()])
                 self.conn.executemany(
                     "INSERT INTO errors (dataset, prompt_id, sample, error, attempts, t) VALUES (?, ?, ?, ?, ?, ?)",
-                    [(e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t) for e in errors],
+                    [astuple(e) for e in errors],  # ErrorRecord's fields, in order
                 )
                 if rejected:
                     self._add_state_count("rejected", rejected)
