@@ -152,7 +152,7 @@ class ExportResult:
 
 BATCH = 5_000  # records per batch of the writing pass: bounds its memory
 WRITES_IN_FLIGHT = 4  # batches rendered and queued for the writer thread
-_READ = list(record_columns(stored=True, exported=True))  # with the prompts
+_READ = list(record_columns(stored=True, exported=True))  # and the prompt (messages, tools)
 
 
 def _targets(formats) -> list[str]:

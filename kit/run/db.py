@@ -70,15 +70,8 @@ def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
     if not write and not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a kit run directory?")
     try:
-        if write:
-            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        else:
-            conn = sqlite3.connect(
-                f"{path.resolve().as_uri()}?mode=ro",
-                uri=True,
-                isolation_level=None,
-                check_same_thread=False,
-            )
+        where = path if write else f"{path.resolve().as_uri()}?mode=ro"
+        conn = sqlite3.connect(where, uri=not write, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
         if write:
             conn.execute("PRAGMA journal_mode = WAL")
