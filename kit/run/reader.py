@@ -293,16 +293,8 @@ def _finish(raw, prompts: bool):
     out = out.drop(*_FOUND)
     if prompts == "earlier":
         return out.with_columns(pl.col("earlier").cast(pl.Boolean))
-    check_prompts(
-        raw.select(
-            "messages",
-            "tools",
-            dataset="_dataset",
-            prompt_id="_prompt_id",
-            hash="_hash",
-            content_id="_content_id",
-        )
-    )
+    names = {f"_{n}": n for n in ("dataset", "prompt_id", "hash", "content_id")}
+    check_prompts(raw.select("messages", "tools", *names).rename(names))
     out = out.drop("_hash", "_content_id").with_columns(messages_series(raw["messages"]))
     if "turns" in out.columns and out["turns"].is_not_null().any():  # all_turns: as sent
         sent = [
