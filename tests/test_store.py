@@ -133,15 +133,20 @@ def test_the_records_table_is_the_one_record_declares(tmp_path):
     table of exactly its stored ones (type, NOT NULL, the key), the prompts table holds
     the others, and a Record written and read back is the Record (every kind encoded)."""
     db.connect(tmp_path, write=True).close()
-    made = {
-        name: (kind + " NOT NULL" * notnull, pk)
-        for _, name, kind, notnull, _, pk in _sql(tmp_path, "PRAGMA table_info(records)")
-    }
+
+    def made(table: str) -> dict:  # column -> (SQLite type, place in the primary key)
+        rows = _sql(tmp_path, f"PRAGMA table_info({table})")
+        return {name: (kind + " NOT NULL" * notnull, pk) for _, name, kind, notnull, _, pk in rows}
+
     stored = [c for c in COLUMNS.values() if c.table == "records"]
-    assert made == {c.name: (c.sql, KEY.index(c.name) + 1 if c.name in KEY else 0) for c in stored}
+    assert made("records") == {
+        c.name: (c.sql, KEY.index(c.name) + 1 if c.name in KEY else 0) for c in stored
+    }
     assert reader.RECORD_COLUMNS == tuple(c.name for c in stored)
-    prompts = {name for _, name, *_ in _sql(tmp_path, "PRAGMA table_info(prompts)")}
-    assert set(reader.PROMPT_COLUMNS) == {"messages", "tools"} <= prompts
+    assert reader.PROMPT_COLUMNS == ("messages", "tools")
+    assert {n: made("prompts")[n][0] for n in reader.PROMPT_COLUMNS} == {
+        n: COLUMNS[n].sql for n in reader.PROMPT_COLUMNS
+    }
     assert set(reader.record_schema()) == set(COLUMNS) == {f.name for f in fields(Record)}
     rec = Record(
         "a",

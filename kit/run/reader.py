@@ -141,9 +141,8 @@ def done_records(run_dir):
 
     schema = _sql_schema(["_rowid", *DONE_COLUMNS])
     sql = f"SELECT rowid AS {', '.join(schema)} FROM records INDEXED BY records_done"
-    parts = list(sql_frames(run_dir, sql, [], schema, 200_000))
-    frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
-    return frame.sort("_rowid").drop("_rowid")
+    parts = sql_frames(run_dir, sql, [], schema, 200_000)
+    return pl.concat([pl.DataFrame(schema=schema), *parts]).sort("_rowid").drop("_rowid")
 
 
 def _chunks(cur: sqlite3.Cursor, size: int) -> Iterator[list]:
@@ -199,13 +198,9 @@ def record_batches(
 def ids_by_key(run_dir, keys):
     """output_ids (lists) of chosen records, by key: keys, a frame of dataset, prompt_id,
     sample -> those columns and output_ids, one row per key found (the audit's sample)."""
-    import polars as pl
-
     sql = "SELECT r.dataset, r.prompt_id, r.sample, r.output_ids FROM json_each(?) k JOIN records r ON r.dataset = json_extract(k.value, '$[0]') AND r.prompt_id = json_extract(k.value, '$[1]') AND r.sample = json_extract(k.value, '$[2]')"
-    with open_db(run_dir) as conn:
-        found = conn.execute(sql, (json.dumps(keys.select(KEY).rows()),)).fetchall()
-    frame = pl.DataFrame(found, schema=_sql_schema([*KEY, "output_ids"]), orient="row")
-    return _finish(frame, False)
+    args = [json.dumps(keys.select(KEY).rows())]
+    return _finish(_frame(run_dir, sql, args, _sql_schema([*KEY, "output_ids"])), False)
 
 
 def owned(frame):
@@ -235,7 +230,16 @@ def sql_frames(run_dir, sql: str, args: list, schema: dict, batch_size: int = BA
         yield from _adbc_frames(adbc, run_dir, sql, args, schema, batch_size)
 
 
-def _sqlite_frames(run_dir, sql: str, args: list, schema: dict, batch_size: int) -> Iterator:
+def _frame(run_dir, sql: str, args: list, schema: dict):
+    """A query's rows as one frame of `schema` (read by sqlite3: small results)."""
+    import polars as pl
+
+    return pl.concat([pl.DataFrame(schema=schema), *_sqlite_frames(run_dir, sql, args, schema)])
+
+
+def _sqlite_frames(
+    run_dir, sql: str, args: list, schema: dict, batch_size: int = BATCH
+) -> Iterator:
     import polars as pl
 
     with open_db(run_dir) as conn:
@@ -462,13 +466,8 @@ def _prompt_rows(conn, cols: list[str], datasets, ids) -> Iterator[list]:
 def errors_frame(run_dir):
     """Every ErrorRecord as a frame, with `resolved` (the key now has a record; the rest are
     the effective error set)."""
-    import polars as pl
-
     sql = "SELECT e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t, EXISTS (SELECT 1 FROM records r WHERE r.dataset = e.dataset AND r.prompt_id = e.prompt_id AND r.sample = e.sample) FROM errors e ORDER BY e.id"
-    schema = _sql_schema([*KEY, "error", "attempts", "t", "resolved"])
-    with open_db(run_dir) as conn:
-        rows = conn.execute(sql).fetchall()
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    return _frame(run_dir, sql, [], _sql_schema([*KEY, "error", "attempts", "t", "resolved"]))
 
 
 def prompt_state(conn: sqlite3.Connection) -> dict:
