@@ -263,11 +263,7 @@ def _light_records(
         if tok is not None
         else None
     )
-    columns = (
-        READ_COLUMNS
-        if ids is None
-        else [c if c != "n_output_ids" else "output_ids" for c in READ_COLUMNS]
-    )
+    columns = [c if ids is None or c != "n_output_ids" else "output_ids" for c in READ_COLUMNS]
 
     def flag(batch, finished):
         if ids is not None:
