@@ -1,19 +1,9 @@
-"""The dataclasses every stage shares.
+"""The dataclasses every stage shares, and the record's columns declared once (on Record).
 
-The run directory (written by kit.run.store, read through kit.run.reader) holds:
-
-    run_dir/
-      run.sqlite (+ -wal, -shm)  the run database (kit.run.db): config and fingerprint (no
-                             secrets: no key, endpoints without user:password@), prompts,
-                             records, errors, skips, per-dataset totals, state (status,
-                             writer); on a local filesystem only (WAL)
-      plan.json              {"version": 2, "budgets", "config", "pilot", "table"}, written by
-                             kit.plan.write_plan (01_plan, `kit plan`), read by kit.plan.read_plan
-      guard.json             the context guard's cache of prompt counts (a cache: safe to delete)
-
-A prompt frame (kit.load, i.e. kit.data.sources.load) has the columns:
-    dataset: str, prompt_id: str, messages: list[struct{role: str, content: str}],
-    n_turns: int, row: int (index of the row in its source file)
+A run directory holds run.sqlite (kit.run.db: written by kit.run.store, read through
+kit.run.reader): config, prompts, records, errors, skips, per-dataset totals and state.
+A prompt frame (kit.load) has the columns dataset: str, prompt_id: str,
+messages: list[struct{role: str, content: str}], n_turns: int, row: int (its source row).
 """
 
 from __future__ import annotations
@@ -22,7 +12,7 @@ import hashlib
 import json
 import math
 import warnings
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Literal, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
@@ -96,39 +86,113 @@ class Completion:
     tool_calls: list[dict] | None = None
 
 
+# kind -> (SQLite type, the polars type a reader gives, from the polars module: named here,
+# resolved by the reader, so `import kit` loads no polars)
+KINDS = {
+    "text": ("TEXT", lambda pl: pl.String),
+    "int": ("INTEGER", lambda pl: pl.Int64),
+    "real": ("REAL", lambda pl: pl.Float64),
+    "ids": ("BLOB", lambda pl: pl.List(pl.Int64)),  # token ids: uint32 little-endian, 4 bytes each
+    "json": ("TEXT", lambda pl: pl.String),  # JSON text (a Record holds it decoded)
+    # JSON [[role, content], ...] (kit.load's prompt_id hashes it), read as {role, content}
+    "messages": ("TEXT", lambda pl: pl.List(pl.Struct({"role": pl.String, "content": pl.String}))),
+}
+
+
+def column(kind: str, default=MISSING, *, exported: bool = True, table: str = "records"):
+    """A Record field declaring its column: its kind (a key of KINDS), whether kit.export
+    reads it (the token ids aside: only its token-id formats read them) and its table."""
+    meta = {"kind": kind, "exported": exported, "table": table}
+    return field(default=default, metadata=meta)
+
+
 @dataclass(slots=True)
 class Record:
-    """One generated sample, keyed by (dataset, prompt_id, sample)."""
+    """One generated sample, keyed by (dataset, prompt_id, sample).
 
-    dataset: str
-    prompt_id: str
-    sample: int
-    messages: list[Message]  # the prompt only
-    completion: str
-    finish_reason: FinishReason
-    completion_tokens: int
-    count_source: CountSource
-    prompt_tokens: int | None = None
-    output_ids: list[int] | None = None
-    prompt_ids: list[int] | None = None
-    endpoint: str = ""
-    latency_s: float = 0.0
-    attempts: int = 1
-    t_done: float = 0.0  # unix time the response arrived
-    reasoning: str | None = None  # the target's thinking (Completion.reasoning), kept apart
-    tools: list[dict] | None = None  # the tool definitions sent with the prompt
+    Each field declares its column (column(); COLUMNS): a None default makes it nullable;
+    messages and tools live in the prompts table (one copy per prompt), the rest in the
+    records table. A new field is one line here and a migration in kit.run.db.MIGRATIONS
+    (`ALTER TABLE records ADD COLUMN name {COLUMNS[name].sql}`, nullable or with a default).
+    """
+
+    dataset: str = column("text")
+    prompt_id: str = column("text")
+    sample: int = column("int")
+    messages: list[Message] = column("messages", table="prompts")  # the prompt only
+    completion: str = column("text")
+    finish_reason: FinishReason = column("text")
+    completion_tokens: int = column("int")
+    count_source: CountSource = column("text")
+    prompt_tokens: int | None = column("int", None, exported=False)
+    output_ids: list[int] | None = column("ids", None, exported=False)
+    prompt_ids: list[int] | None = column("ids", None, exported=False)
+    endpoint: str = column("text", "", exported=False)
+    latency_s: float = column("real", 0.0, exported=False)
+    attempts: int = column("int", 1, exported=False)
+    t_done: float = column("real", 0.0, exported=False)  # unix time the response arrived
+    # the target's thinking (Completion.reasoning), kept apart
+    reasoning: str | None = column("text", None)
+    # the tool definitions sent with the prompt
+    tools: list[dict] | None = column("json", None, table="prompts")
     # RunConfig.turns == "all_turns": the assistant turns the target wrote before the last
     # one, in order, each {"content", "reasoning", "finish_reason", "completion_tokens",
     # "count_source", "output_ids", "prompt_ids", "tool_calls"}; `messages` holds them as the
     # assistant turns (the dataset's own are gone, and a user turn the dataset left
     # unanswered gets one) and completion_tokens counts every generated turn.
-    turns: list[dict] | None = None
+    turns: list[dict] | None = column("json", None)
     # the tool calls of the last answer (Completion.tool_calls), kept as the server gave them
-    tool_calls: list[dict] | None = None
+    tool_calls: list[dict] | None = column("json", None)
 
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.dataset, self.prompt_id, self.sample)
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One record column as Record's field declares it."""
+
+    name: str
+    kind: str  # a key of KINDS
+    nullable: bool  # the field's default is None
+    exported: bool
+    table: str  # "records" or "prompts"
+
+    @property
+    def sql(self) -> str:
+        """Its SQLite type, e.g. "TEXT NOT NULL"."""
+        return KINDS[self.kind][0] + ("" if self.nullable else " NOT NULL")
+
+    def polars(self, pl):
+        """Its polars type as a reader gives it, given the polars module."""
+        return KINDS[self.kind][1](pl)
+
+
+COLUMNS = {f.name: Column(f.name, nullable=f.default is None, **f.metadata) for f in fields(Record)}
+KEY = ("dataset", "prompt_id", "sample")  # a record's primary key
+
+
+def record_columns(*names: str, stored: bool = False, exported: bool = False) -> tuple[str, ...]:
+    """Names of record columns: `names`, each checked (ValueError for one Record lacks), or
+    every column in Record's order; stored: the records table's only; exported: kit.export's.
+
+    Example:
+        >>> record_columns(stored=True, exported=True)[:4]
+        ('dataset', 'prompt_id', 'sample', 'completion')
+        >>> record_columns("dataset", "text")
+        Traceback (most recent call last):
+        ...
+        ValueError: not record columns: ['text']
+    """
+    if bad := [n for n in names if n not in COLUMNS]:
+        raise ValueError(f"not record columns: {bad}")
+    cols = [COLUMNS[n] for n in names] or COLUMNS.values()
+    return tuple(
+        c.name
+        for c in cols
+        if (not stored or c.table == "records") and (not exported or c.exported)
+    )
 
 
 @dataclass(slots=True)

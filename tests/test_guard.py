@@ -14,11 +14,19 @@ import kit
 from kit.run import guard
 from kit.run.guard import model_context
 from kit.run.progress import progress
-from kit.run.reader import records_frame, skips_frame, state
+from kit.run.reader import open_db, records_frame, state
 from kit.tokens import count_prompt_tokens
 from kit.types import RunConfig, Sampling
 
 MAX_TOKENS, MAX_CONTEXT = 40, 400
+
+
+def skips_frame(run_dir) -> pl.DataFrame:
+    """The prompts the guard listed: the run database's skips table, read by SQL."""
+    with open_db(run_dir) as conn:
+        cur = conn.execute("SELECT * FROM skips ORDER BY dataset, prompt_id")
+        rows, names = cur.fetchall(), [d[0] for d in cur.description]
+    return pl.DataFrame(rows, schema=names, orient="row")
 
 
 def frame(spec: dict[str, dict[str, int]]) -> pl.DataFrame:

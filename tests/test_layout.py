@@ -186,3 +186,62 @@ def test_the_formatter_owns_layout():
 def test_module_imports_alone(module):
     subprocess.run([sys.executable, "-c", f"import {module}"], check=True, timeout=120)
     importlib.import_module(module)
+
+
+# Record column lists written out at this commit in modules other helpers of issue 33 own:
+# (module, the record columns it names). Each goes once derived from kit.types.record_columns.
+WRITTEN_OUT_ELSEWHERE = {
+    ("kit/report/charts.py", "completion_tokens dataset finish_reason prompt_tokens t_done"),
+    ("kit/report/charts.py", "completion_tokens dataset finish_reason prompt_tokens"),
+    ("kit/report/export.py", "dataset messages prompt_id tools"),
+    ("kit/report/selection.py", "completion_tokens dataset finish_reason prompt_id sample"),
+    ("kit/report/textchecks.py", "reasoning tool_calls tools turns"),
+    (
+        "kit/report/writers.py",
+        "completion_tokens count_source dataset finish_reason prompt_id sample",
+    ),
+    ("kit/run/legacy.py", "output_ids prompt_ids tool_calls turns"),
+    ("kit/run/legacy.py", "attempts dataset prompt_id sample"),  # the errors table's
+    (  # not a record: one earlier turn of Record.turns
+        "kit/run/turns.py",
+        "completion_tokens count_source finish_reason output_ids prompt_ids reasoning tool_calls",
+    ),
+}
+
+
+def record_column_lists(tree: ast.AST, columns: set[str]) -> list[str]:
+    """The record columns each list, tuple or set literal or dict's keys name (four or more),
+    and each one-line string naming six or more (a SQL column list), as sorted joined names."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+            elts = node.keys if isinstance(node, ast.Dict) else node.elts
+            names = {e.value for e in elts if isinstance(e, ast.Constant)} & columns
+            found += [" ".join(sorted(names))] if len(names) >= 4 else []
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            words = set(re.findall(r"\w+", node.value)) & columns
+            one_line = "\n" not in node.value.strip()  # a migration's script is history
+            found += [" ".join(sorted(words))] if len(words) >= 6 and one_line else []
+    return found
+
+
+def test_the_record_columns_are_written_out_once():
+    """kit.types.Record declares the record's columns; everything else derives them (a
+    subset by kit.types.record_columns' filters or its checked names), never lists them."""
+    from dataclasses import fields
+
+    from kit.types import Record
+
+    columns = {f.name for f in fields(Record)}
+    root = KIT.parent
+    found = {
+        (str(p.relative_to(root)), names)
+        for p in sorted(KIT.rglob("*.py"))
+        if p != KIT / "types.py"
+        for names in record_column_lists(ast.parse(p.read_text()), columns)
+    }
+    assert found <= WRITTEN_OUT_ELSEWHERE, sorted(found - WRITTEN_OUT_ELSEWHERE)
+    planted = ast.parse('COLS = ["dataset", "prompt_id", "sample", "completion"]\nX = ("a", "b")')
+    assert record_column_lists(planted, columns) == ["completion dataset prompt_id sample"]
+    sql = ast.parse(f'"INSERT INTO records ({", ".join(sorted(columns)[:6])}) VALUES"')
+    assert len(record_column_lists(sql, columns)) == 1

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import polars as pl
@@ -25,7 +26,7 @@ from kit.run import db, legacy, reader
 from kit.run.db import DatabaseDamaged
 from kit.run.progress import progress
 from kit.run.store import FingerprintMismatch, RunLocked, RunStore
-from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig, Sampling
+from kit.types import COLUMNS, KEY, DatasetProgress, ErrorRecord, Record, RunConfig, Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_LAYOUT = ROOT / "tests" / "fixtures" / "old_layout" / "run"
@@ -125,6 +126,57 @@ def _totals_match_records(run_dir: Path) -> dict:
 
 
 # ---------------------------------------------------------------- round trip, config
+
+
+def test_the_records_table_is_the_one_record_declares(tmp_path):
+    """kit.types.Record declares the record's columns: the migrations make the records
+    table of exactly its stored ones (type, NOT NULL, the key), the prompts table holds
+    the others, and a Record written and read back is the Record (every kind encoded)."""
+    db.connect(tmp_path, write=True).close()
+
+    def made(table: str) -> dict:  # column -> (SQLite type, place in the primary key)
+        rows = _sql(tmp_path, f"PRAGMA table_info({table})")
+        return {name: (kind + " NOT NULL" * notnull, pk) for _, name, kind, notnull, _, pk in rows}
+
+    stored = [c for c in COLUMNS.values() if c.table == "records"]
+    assert made("records") == {
+        c.name: (c.sql, KEY.index(c.name) + 1 if c.name in KEY else 0) for c in stored
+    }
+    assert reader.RECORD_COLUMNS == tuple(c.name for c in stored)
+    assert reader.PROMPT_COLUMNS == ("messages", "tools")
+    assert {n: made("prompts")[n][0] for n in reader.PROMPT_COLUMNS} == {
+        n: COLUMNS[n].sql for n in reader.PROMPT_COLUMNS
+    }
+    assert set(reader.record_schema()) == set(COLUMNS) == {f.name for f in fields(Record)}
+    rec = Record(
+        "a",
+        "p",
+        0,
+        _messages("a", 0),
+        "x",
+        "stop",
+        3,
+        "server_ids",
+        prompt_tokens=4,
+        output_ids=[1, 2**32 - 1],
+        prompt_ids=[],
+        endpoint="http://h/v1",
+        latency_s=0.5,
+        attempts=2,
+        t_done=1.5,
+        reasoning="r",
+        tools=[{"type": "function"}],
+        turns=[{"content": "y"}],
+        tool_calls=[{"id": "c"}],
+    )
+    prompt = {"dataset": "a", "prompt_id": "p", "messages": rec.messages, "n_turns": 1, "row": 0}
+    store = RunStore(tmp_path / "run")
+    store.init(
+        _config(budgets={"a": 10}), pl.DataFrame([prompt | {"tools": json.dumps(rec.tools)}])
+    )
+    store.append(rec)
+    store.close()
+    assert list(reader.records(tmp_path / "run")) == [rec]
 
 
 def test_round_trip(tmp_path):
@@ -753,14 +805,11 @@ def test_kill_9_between_commits_loses_no_committed_record(tmp_path):
     run_dir, every, stored = tmp_path / "run", 13, 0
     for trial in range(5):
         acked = _kill_writer_after(run_dir, every, stored, stored + rng.randint(1, 400), rng)
-        rows = _sql(
-            run_dir,
-            "SELECT dataset, prompt_id, completion, completion_tokens, output_ids FROM records ORDER BY rowid",
-        )
-        stored = len(rows)
+        cols = ["dataset", "prompt_id", "completion", "completion_tokens", "output_ids"]
+        got = reader.records_frame(run_dir, prompts=False).select(cols).rows()  # commit order
+        stored = len(got)
         assert stored >= acked, f"trial {trial}: {acked} acknowledged, {stored} stored"
         assert stored % every == 0, f"trial {trial}: a partial commit of {stored % every}"
-        got = [(ds, pid, text, n, db.ids_list(ids)) for ds, pid, text, n, ids in rows]
         assert got == [_expected(i) for i in range(stored)], f"trial {trial}"
         _totals_match_records(run_dir)
     assert db.integrity(run_dir) == []

@@ -1,33 +1,12 @@
-"""Checks over a run directory -> polars frames and a findings table.
+"""Checks over a run directory -> polars frames and a findings table (`kit.audit(run_dir)`).
 
-`kit.audit(run_dir)` reads the run database through kit.run.reader and checks every
-dataset against stated thresholds: budget adherence,
-completion-length distribution, finish reasons and truncation, empty, duplicate and echoed
-responses, error rate, where token counts came from, whether those counts are counts (an
-int in 0..max_tokens+1, equal to len(output_ids), not far below the text's own token count),
-(where the server returned token ids) whether those ids decode to the stored text. The run
-as a whole: SQLite's quick_check of the database (pages and records: the index-vs-table
-cross-check of integrity_check is most of its cost), duplicate records the database refused
-(a second writer, a runner bug) and lines of a JSONL-layout run its import could not take
-(findings of dataset "(run)"). A run with no records gives empty tables and a "no_records"
-finding per dataset. Thinking models: a "length" finish with an empty answer
-and non-empty reasoning is its own finish class, "length_in_reasoning" (in `finish` and a
-finding), and answers holding <think> / </think> markers are counted and flagged per dataset
-("think_markers": the server's reasoning parser did not split them off); with
-enable_thinking=False sent, reasoning in the records is "thinking_not_off" instead. Answers
-that are tool calls are counted and never empty; all_turns' earlier turns cut at max_tokens
-are counted. Asked for (draft_vocab=K), the same scan counts the server ids per dataset for
-the draft-vocabulary table (kit/report/draftvocab.py: share inside the top K, ids each
-dataset adds); otherwise no record's ids are read, only their count (SQL). The
-per-record checks live in kit/report/flags.py (those that need the
-tokenizer in kit/report/textchecks.py), the findings in kit/report/findings.py.
-
-The records are streamed batch by batch (kit.run.reader.record_batches): each batch is
-flagged in polars and only a light row per record is kept (keys, counts, finish, timing,
-flags, text hashes; no text), so memory does not grow with the records' text. The checks
-that need the tokenizer (ids decode to the text, counts not under-reported) run on a seeded
-sample of AuditThresholds.text_check_sample records per dataset (all of a smaller dataset);
-the findings and notes say how many were checked.
+Per dataset, against stated thresholds: budget, length distribution, finish reasons and
+truncation, empty, duplicate and echoed answers, errors, where counts came from and whether
+they are counts, whether server ids decode to the stored text; thinking and tool-call
+answers are classed apart. Per run: SQLite's quick_check, refused duplicates, import losses.
+Records stream batch by batch (kit.run.reader.record_batches), keeping one light row each
+(no text); the tokenizer checks run on a seeded sample per dataset. The per-record checks
+are kit/report/flags.py and textchecks.py, the findings kit/report/findings.py.
 """
 
 from __future__ import annotations
@@ -49,8 +28,9 @@ from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.re
 )
 from kit.report.tokenrows import load_tokenizer_for, strip_end_ids  # noqa: F401 - re-exported
 from kit.run.reader import PROMPT_COLUMNS, ids_by_key, owned, record_batches, record_schema
+from kit.types import KEY, record_columns
 
-KEYS = ["dataset", "prompt_id", "sample"]
+KEYS = list(KEY)
 # the audit's check of the database file: PRAGMA quick_check (every page and record) not
 # integrity_check, whose index-vs-table cross-check alone took 13 of its 17 CPU-s at 1M records
 CHECK_NOTE = (
@@ -58,43 +38,20 @@ CHECK_NOTE = (
     "'PRAGMA integrity_check'` also cross-checks every index against its table)"
 )
 BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows as Python objects)
-# what the checks read from each record (no prompt_ids, endpoint, attempts, tools; the
-# answer's ids counted by SQL, read only for the draft-vocabulary table)
-READ_COLUMNS = KEYS + [
-    "messages",
-    "completion",
-    "finish_reason",
-    "completion_tokens",
-    "count_source",
-    "prompt_tokens",
-    "n_output_ids",
-    "latency_s",
-    "t_done",
-    "reasoning",
-    "turns",
-    "tool_calls",
+# what the checks read from each record: not these; the answer's ids counted by SQL
+# (n_output_ids), read only for the draft-vocabulary table
+_UNREAD = record_columns("prompt_ids", "endpoint", "attempts", "tools")
+READ_COLUMNS = [
+    "n_output_ids" if c == "output_ids" else c for c in record_columns() if c not in _UNREAD
 ]
-# AuditReport.records: one light row per record
-LIGHT_COLUMNS = KEYS + [
-    "completion_tokens",
-    "prompt_tokens",
-    "finish_reason",
+# AuditReport.records: one light row per record (keys, counts, finish, timing; flags)
+LIGHT_COLUMNS = [
+    *record_columns(*KEYS, "completion_tokens", "prompt_tokens", "finish_reason"),
     "finish_class",
-    "count_source",
-    "t_done",
-    "latency_s",
-    "empty",
-    "echo",
-    "think_marker",
-    "has_reasoning",
-    "has_ids",
-    "ids_len_mismatch",
-    "count_over_max",
-    "has_tool_calls",
-    "earlier_turns",
-    "earlier_length",
-    "text_hash",
-    "norm_hash",
+    *record_columns("count_source", "t_done", "latency_s"),
+    *("empty", "echo", "think_marker", "has_reasoning", "has_ids", "ids_len_mismatch"),
+    *("count_over_max", "has_tool_calls", "earlier_turns", "earlier_length"),
+    *("text_hash", "norm_hash"),
 ]
 
 
@@ -105,13 +62,10 @@ class AuditReport:
     Frames: datasets (one row per dataset), lengths (completion-length distribution),
     finish (dataset x finish class counts: the finish_reason, or "length_in_reasoning" for a
     length finish with only reasoning), findings (dataset, check, value, threshold,
-    severity, message; empty when clean), and records: one light row per record, no text:
-    dataset, prompt_id, sample, completion_tokens, prompt_tokens, finish_reason,
-    finish_class, count_source, t_done, latency_s, the flag columns of
-    kit.report.flags (ids_text_mismatch and under_reported null where the
-    record was not in the tokenizer checks' sample), text_hash and norm_hash (hashes of the
-    completion and of its normalized text, the duplicate keys). `texts(keys)` reads the
-    text of chosen records back from the run.
+    severity, message; empty when clean), and records: one light row per record, no text
+    (LIGHT_COLUMNS: keys, counts, finish, timing, the flags of kit.report.flags with
+    ids_text_mismatch and under_reported null outside the tokenizer checks' sample, and
+    text_hash and norm_hash, the duplicate keys). `texts(keys)` reads chosen records' text.
 
     Example:
         echoed = report.records.filter(pl.col("echo"))
@@ -191,7 +145,7 @@ def record_texts(run_dir, keys, columns=("messages", "completion", "reasoning"))
     if isinstance(keys, pl.DataFrame):
         want = keys.select(KEYS)
     else:
-        schema = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64}
+        schema = {k: record_schema()[k] for k in KEYS}
         want = pl.DataFrame(list(keys), schema=schema, orient="row")
     want = want.unique()
     names = want["dataset"].unique().to_list()
@@ -216,43 +170,31 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
     """One row per dataset: counts, shares, budget and the length distribution."""
     import polars as pl
 
-    c = pl.col
+    c, n = pl.col, pl.col("completion_tokens")
+    summed = lambda *names: {x: c(x).sum() for x in names}  # noqa: E731
     agg = flags.group_by("dataset").agg(
         records=pl.len(),
-        tokens=c("completion_tokens").clip(lower_bound=0).sum(),  # a negative count: 0, flagged
-        mean=c("completion_tokens").mean(),
-        p50=c("completion_tokens").quantile(0.5, "nearest"),
-        p90=c("completion_tokens").quantile(0.9, "nearest"),
-        p99=c("completion_tokens").quantile(0.99, "nearest"),
-        max=c("completion_tokens").max(),
-        stop=(c("finish_reason") == "stop").sum(),
-        length=(c("finish_reason") == "length").sum(),
+        tokens=n.clip(lower_bound=0).sum(),  # a negative count: 0, flagged
+        mean=n.mean(),
+        **{f"p{q}": n.quantile(q / 100, "nearest") for q in (50, 90, 99)},
+        max=n.max(),
+        **{f: (c("finish_reason") == f).sum() for f in ("stop", "length")},
         length_in_reasoning=(c("finish_class") == "length_in_reasoning").sum(),
         think_markers=c("think_marker").sum(),
         reasoning=c("has_reasoning").sum(),
         tool_calls=c("has_tool_calls").sum(),
-        earlier_turns=c("earlier_turns").sum(),
-        earlier_length=c("earlier_length").sum(),
-        empty=c("empty").sum(),
-        dup_exact=c("dup_exact").sum(),
-        dup_near=c("dup_near").sum(),
-        echo=c("echo").sum(),
-        server_ids=(c("count_source") == "server_ids").sum(),
-        usage=(c("count_source") == "usage").sum(),
-        retokenized=(c("count_source") == "retokenized").sum(),
+        **summed("earlier_turns", "earlier_length", "empty", "dup_exact", "dup_near", "echo"),
+        **{s: (c("count_source") == s).sum() for s in ("server_ids", "usage", "retokenized")},
         with_ids=c("has_ids").sum(),
-        ids_len_mismatch=c("ids_len_mismatch").sum(),
-        ids_text_mismatch=c("ids_text_mismatch").sum(),
+        **summed("ids_len_mismatch", "ids_text_mismatch"),
         ids_text_checked=c("ids_text_mismatch").is_not_null().sum(),
-        count_over_max=c("count_over_max").sum(),
-        under_reported=c("under_reported").sum(),
+        **summed("count_over_max", "under_reported"),
         count_checked=c("under_reported").is_not_null().sum(),
         countable=c("count_source").ne_missing("retokenized").sum(),
     )
-    err = errors.filter(~c("resolved")).unique(["dataset", "prompt_id", "sample"])
+    err = errors.filter(~c("resolved")).unique(KEYS)
     err = err.group_by("dataset").agg(errors=pl.len())
-    names = [*config.budgets, *totals, *agg["dataset"], *err["dataset"]]
-    names = list(dict.fromkeys(names))
+    names = list(dict.fromkeys([*config.budgets, *totals, *agg["dataset"], *err["dataset"]]))
     base = pl.DataFrame(
         {
             "dataset": names,
@@ -321,11 +263,7 @@ def _light_records(
         if tok is not None
         else None
     )
-    columns = (
-        READ_COLUMNS
-        if ids is None
-        else [c if c != "n_output_ids" else "output_ids" for c in READ_COLUMNS]
-    )
+    columns = [c if ids is None or c != "n_output_ids" else "output_ids" for c in READ_COLUMNS]
 
     def flag(batch, finished):
         if ids is not None:

@@ -74,6 +74,7 @@ from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re
     validate,
 )
 from kit.report.writers import Split
+from kit.types import record_columns
 
 FORMATS = ("specforge", "token_ids", "parquet", "hf")
 SPLITS = ("train", "validation")
@@ -151,18 +152,7 @@ class ExportResult:
 
 BATCH = 5_000  # records per batch of the writing pass: bounds its memory
 WRITES_IN_FLIGHT = 4  # batches rendered and queued for the writer thread
-_READ = [
-    "dataset",
-    "prompt_id",
-    "sample",
-    "completion",
-    "reasoning",
-    "finish_reason",
-    "completion_tokens",
-    "count_source",
-    "turns",
-    "tool_calls",
-]
+_READ = list(record_columns(stored=True, exported=True))  # and the prompt (messages, tools)
 
 
 def _targets(formats) -> list[str]:

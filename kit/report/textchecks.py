@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kit.report.convo import parsed
 from kit.report.tokenrows import strip_end_ids
+from kit.types import KEY, record_columns
 
 THINK_MARKERS = ("<think>", "</think>")
 HASH_SEED = 0x6B6974  # polars .hash() seed of text_hash / norm_hash and of TextSample's pick
@@ -122,16 +123,9 @@ class TextSample:
         sample.checks(tok, 0.5)  # dataset, prompt_id, sample, ids_text_mismatch, under_reported
     """
 
-    COLUMNS = [
-        "dataset",
-        "prompt_id",
-        "sample",
-        "completion",
-        "reasoning",
-        "completion_tokens",
-        "count_source",
-        "tool_calls",
-    ]
+    COLUMNS = record_columns(
+        *KEY, "completion", "reasoning", "completion_tokens", "count_source", "tool_calls"
+    )
     KEYS = ["dataset", "prompt_id", "sample"]
 
     def __init__(self, size: int | None, seed: int = HASH_SEED, ids_for=None) -> None:

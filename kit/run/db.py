@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 import sqlite3
 import sys
@@ -20,7 +21,7 @@ import time
 from array import array
 from pathlib import Path
 
-from kit.types import Record
+from kit.types import COLUMNS, Record, record_columns
 
 DB_NAME = "run.sqlite"
 BUSY_MS = 30_000  # how long a statement waits for the other side's lock before it fails
@@ -69,15 +70,8 @@ def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
     if not write and not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a kit run directory?")
     try:
-        if write:
-            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        else:
-            conn = sqlite3.connect(
-                f"{path.resolve().as_uri()}?mode=ro",
-                uri=True,
-                isolation_level=None,
-                check_same_thread=False,
-            )
+        where = path if write else f"{path.resolve().as_uri()}?mode=ro"
+        conn = sqlite3.connect(where, uri=not write, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
         if write:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -111,6 +105,9 @@ def is_damage(e: sqlite3.Error) -> bool:
 # ---------------------------------------------------------------- schema
 
 
+# The tables as first made. A migration is history, never edited: the records table they make
+# is kit.types.Record's stored columns (tests/test_store.py checks it); a new Record field
+# adds its column by a migration of its own.
 _M001_SCHEMA = """
 CREATE TABLE config (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -297,11 +294,9 @@ def prompt_rows(frame):
         yield [(*row, h, int(h == row[1])) for *row, h in zip(*cols, hashes, strict=True)]
 
 
+STORED = record_columns(stored=True)  # the records table's columns (kit.types.Record)
 RECORD_SQL = (
-    "INSERT OR IGNORE INTO records (dataset, prompt_id, sample, completion, reasoning, "
-    "finish_reason, completion_tokens, count_source, prompt_tokens, output_ids, prompt_ids, "
-    "endpoint, latency_s, attempts, t_done, turns, tool_calls) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT OR IGNORE INTO records ({', '.join(STORED)}) VALUES ({', '.join('?' * len(STORED))})"
 )
 TOTALS_SQL = (
     "INSERT INTO totals (dataset, samples, tokens, truncated) VALUES (?, ?, ?, ?) "
@@ -310,30 +305,19 @@ TOTALS_SQL = (
 )
 
 
-def record_row(r: Record) -> tuple:
-    """RECORD_SQL's row of a record: ids as blobs, turns and tool_calls as JSON (or NULL)."""
-    turns, calls = (
-        None if v is None else json.dumps(v, ensure_ascii=False) for v in (r.turns, r.tool_calls)
-    )
-    return (
-        r.dataset,
-        r.prompt_id,
-        r.sample,
-        r.completion,
-        r.reasoning,
-        r.finish_reason,
-        r.completion_tokens,
-        r.count_source,
-        r.prompt_tokens,
-        ids_blob(r.output_ids),
-        ids_blob(r.prompt_ids),
-        r.endpoint,
-        r.latency_s,
-        r.attempts,
-        r.t_done,
-        turns,
-        calls,
-    )
+def record_row(r: Record) -> list:
+    """RECORD_SQL's row of a record: ids as blobs, JSON columns as JSON text (None: NULL)."""
+    row = list(_VALUES(r))
+    for i, kind in _ENCODED:
+        if row[i] is not None:
+            row[i] = ids_blob(row[i]) if kind == "ids" else json.dumps(row[i], ensure_ascii=False)
+    return row
+
+
+_VALUES = operator.attrgetter(*STORED)
+_ENCODED = [
+    (i, COLUMNS[n].kind) for i, n in enumerate(STORED) if COLUMNS[n].kind in ("ids", "json")
+]
 
 
 # ---------------------------------------------------------------- token ids
@@ -354,19 +338,3 @@ def ids_blob(ids) -> bytes | None:
     if not _LITTLE:
         a.byteswap()
     return a.tobytes()
-
-
-def ids_list(blob) -> list[int] | None:
-    """ids_blob's inverse.
-
-    Example:
-        >>> ids_list(ids_blob([1, 258]))
-        [1, 258]
-    """
-    if blob is None:
-        return None
-    a = array("I")
-    a.frombytes(blob)
-    if not _LITTLE:
-        a.byteswap()
-    return a.tolist()

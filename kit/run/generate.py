@@ -136,7 +136,7 @@ async def generate(
         config: the run's settings (kit.RunConfig: model, endpoints, budgets, sampling,
             tokenizer, api, concurrency, policy, timeouts ...). With a tokenizer, prompts whose
             prompt tokens + sampling.max_tokens exceed the context are skipped, counted
-            (summary column `skipped_context`) and listed in the run database (kit.run.reader.skips_frame).
+            (summary column `skipped_context`) and listed in the run database (its skips table).
         run_dir: the run directory (created; resumed when it exists).
         progress: callback(list[DatasetProgress]), at most once a second and once at the end.
         background: return at once; the run is a task on the current loop.

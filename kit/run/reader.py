@@ -9,6 +9,7 @@ prompt is a PromptMismatch naming it, never a wrong pair. Token ids come back as
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -17,30 +18,46 @@ from pathlib import Path
 
 from kit.run import db
 from kit.run.legacy import import_old_layout, is_old_layout
-from kit.types import Record, RunConfig
+from kit.types import COLUMNS, KEY, KINDS, Record, RunConfig, record_columns
 
 BATCH = 10_000  # records per frame a reader yields
-RECORD_COLUMNS = (
-    "dataset",
-    "prompt_id",
-    "sample",
-    "completion",
-    "reasoning",
-    "finish_reason",
-    "completion_tokens",
-    "count_source",
-    "prompt_tokens",
-    "output_ids",
-    "prompt_ids",
-    "endpoint",
-    "latency_s",
-    "attempts",
-    "t_done",
-    "turns",
-    "tool_calls",
-)
-PROMPT_COLUMNS = ("messages", "tools")  # joined onto records with prompts=True
+RECORD_COLUMNS = record_columns(stored=True)  # the records table's (kit.types.Record)
+PROMPT_COLUMNS = tuple(n for n in record_columns() if n not in RECORD_COLUMNS)  # joined on
+_IDS = tuple(n for n in RECORD_COLUMNS if COLUMNS[n].kind == "ids")  # 4-byte blobs -> lists
 COMPUTED = {"n_output_ids": "length(r.output_ids) / 4"}  # by SQL, no blob read: the ids' count
+# what a record's prompt adds to record_batches (prompts=True, or "earlier"): alias -> SQL
+_FOUND = {"_found": "p.prompt_id IS NOT NULL", "_dataset": "r.dataset", "_prompt_id": "r.prompt_id"}
+_JOINED = {
+    True: {
+        "messages": "p.messages",
+        "tools": "p.tools",
+        "_hash": "p.hash",
+        "_content_id": "p.content_id",
+    },
+    "earlier": {"earlier": "instr(p.messages, '[\"assistant\",') > 0"},  # compact JSON
+}
+# the polars type of each value SQLite gives: a record column's by its SQLite type, the others'
+_BY_SQL = {"TEXT": "String", "INTEGER": "Int64", "REAL": "Float64", "BLOB": "Binary"}
+_OTHERS = dict.fromkeys(["n_output_ids", "earlier", "_found", "_content_id", "_rowid"], "Int64")
+_OTHERS |= dict.fromkeys(["n_turns", "row", "content_id"], "Int64")  # the prompts table's
+_OTHERS |= {"_dataset": "String", "_prompt_id": "String", "_hash": "String", "hash": "String"}
+_OTHERS |= {"error": "String", "t": "Float64", "resolved": "Boolean"}  # the errors table's
+
+
+def _sql_schema(names) -> dict:
+    """The polars type of each named column as SQLite holds it (ids as Binary)."""
+    import polars as pl
+
+    stored = {n: _BY_SQL[KINDS[c.kind][0]] for n, c in COLUMNS.items()}
+    return {n: getattr(pl, stored.get(n) or _OTHERS[n]) for n in names}
+
+
+def _where(column: str, values) -> tuple[str, list]:
+    """The SQL filter ` WHERE column IN (values)` and its args ("" and [] for None)."""
+    if values is None:
+        return "", []
+    values = list(values)
+    return f" WHERE {column} IN ({', '.join('?' * len(values))})", values
 
 
 class PromptMismatch(ValueError):
@@ -91,15 +108,8 @@ def state(run_dir, key: str) -> str | None:
 def done_frame(conn: sqlite3.Connection):
     """dataset, prompt_id, sample of every stored record, read from the index records_done
     alone (not the records' text pages); their counts are the totals table's (totals)."""
-    import polars as pl
-
-    schema = {"prompt_id": pl.String, "sample": pl.Int64}
-    return _grouped(
-        conn,
-        "SELECT dataset, json_group_array(prompt_id), json_group_array(sample) FROM records INDEXED BY records_done GROUP BY dataset",
-        [],
-        schema,
-    )
+    sql = "SELECT dataset, json_group_array(prompt_id), json_group_array(sample) FROM records INDEXED BY records_done GROUP BY dataset"
+    return _grouped(conn, sql, [], _sql_schema(KEY[1:]))
 
 
 def _grouped(conn: sqlite3.Connection, sql: str, args: list, schema: dict):
@@ -117,24 +127,22 @@ def _grouped(conn: sqlite3.Connection, sql: str, args: list, schema: dict):
     return pl.concat(parts) if parts else pl.DataFrame(schema={"dataset": pl.String} | schema)
 
 
+# the columns of the index records_done: what a restart and an export's selection read
+DONE_COLUMNS = record_columns(
+    "dataset", "prompt_id", "sample", "completion_tokens", "finish_reason"
+)
+
+
 def done_records(run_dir):
     """dataset, prompt_id, sample, completion_tokens, finish_reason of every stored record, in
     commit order (record_batches' order): read from the index records_done alone, not the
     records' pages (an export's selection)."""
     import polars as pl
 
-    schema = {
-        "_rowid": pl.Int64,
-        "dataset": pl.String,
-        "prompt_id": pl.String,
-        "sample": pl.Int64,
-        "completion_tokens": pl.Int64,
-        "finish_reason": pl.String,
-    }
+    schema = _sql_schema(["_rowid", *DONE_COLUMNS])
     sql = f"SELECT rowid AS {', '.join(schema)} FROM records INDEXED BY records_done"
-    parts = list(sql_frames(run_dir, sql, [], schema, 200_000))
-    frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
-    return frame.sort("_rowid").drop("_rowid")
+    parts = sql_frames(run_dir, sql, [], schema, 200_000)
+    return pl.concat([pl.DataFrame(schema=schema), *parts]).sort("_rowid").drop("_rowid")
 
 
 def _chunks(cur: sqlite3.Cursor, size: int) -> Iterator[list]:
@@ -146,31 +154,11 @@ def _chunks(cur: sqlite3.Cursor, size: int) -> Iterator[list]:
 
 
 def record_schema() -> dict:
-    """The polars schema of record_batches' columns (token ids as lists of ints)."""
+    """The polars schema of every record column as the reader gives it (kit.types.Record's
+    order; token ids as lists of ints, JSON columns as text)."""
     import polars as pl
 
-    ids = pl.List(pl.Int64)
-    return {
-        "dataset": pl.String,
-        "prompt_id": pl.String,
-        "sample": pl.Int64,
-        "completion": pl.String,
-        "reasoning": pl.String,
-        "finish_reason": pl.String,
-        "completion_tokens": pl.Int64,
-        "count_source": pl.String,
-        "prompt_tokens": pl.Int64,
-        "output_ids": ids,
-        "prompt_ids": ids,
-        "endpoint": pl.String,
-        "latency_s": pl.Float64,
-        "attempts": pl.Int64,
-        "t_done": pl.Float64,
-        "turns": pl.String,
-        "tool_calls": pl.String,  # JSON text, or null
-        "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
-        "tools": pl.String,
-    }
+    return {c.name: c.polars(pl) for c in COLUMNS.values()}
 
 
 def record_batches(
@@ -195,58 +183,24 @@ def record_batches(
         raise ValueError(
             f"unknown record columns {bad}; choose from {RECORD_COLUMNS + tuple(COMPUTED)}"
         )
-    names = [(COMPUTED.get(c, f"r.{c}"), c) for c in cols]  # (SQL expression, column)
-    if prompts == "earlier":  # compact JSON: `["assistant",` only opens an assistant message
-        names += [
-            ("p.prompt_id IS NOT NULL", "_found"),
-            ("r.dataset", "_dataset"),
-            ("r.prompt_id", "_prompt_id"),
-            ("instr(p.messages, '[\"assistant\",') > 0", "earlier"),
-        ]
-    elif prompts:
-        names += [
-            ("p.prompt_id IS NOT NULL", "_found"),
-            ("p.messages", "messages"),
-            ("p.tools", "tools"),
-            ("r.dataset", "_dataset"),
-            ("r.prompt_id", "_prompt_id"),
-            ("p.hash", "_hash"),
-            ("p.content_id", "_content_id"),
-        ]
-    sql = f"SELECT {', '.join(f'{e} AS {a}' for e, a in names)} FROM records r"
+    names = {c: COMPUTED.get(c, f"r.{c}") for c in cols}  # alias -> SQL expression
+    if prompts:
+        names |= _FOUND | _JOINED[prompts]
+    sql = f"SELECT {', '.join(f'{e} AS {a}' for a, e in names.items())} FROM records r"
     if prompts:
         sql += " LEFT JOIN prompts p ON p.dataset = r.dataset AND p.prompt_id = r.prompt_id"
-    args: list = []
-    if datasets is not None:
-        datasets = list(datasets)
-        sql += f" WHERE r.dataset IN ({', '.join('?' * len(datasets))})"
-        args = datasets
-    sql += " ORDER BY r.rowid"
-    for raw in sql_frames(run_dir, sql, args, _sql_schema([a for _, a in names]), batch_size):
+    where, args = _where("r.dataset", datasets)
+    sql += where + " ORDER BY r.rowid"
+    for raw in sql_frames(run_dir, sql, args, _sql_schema(names), batch_size):
         yield _finish(raw, prompts)
 
 
 def ids_by_key(run_dir, keys):
     """output_ids (lists) of chosen records, by key: keys, a frame of dataset, prompt_id,
     sample -> those columns and output_ids, one row per key found (the audit's sample)."""
-    import polars as pl
-
     sql = "SELECT r.dataset, r.prompt_id, r.sample, r.output_ids FROM json_each(?) k JOIN records r ON r.dataset = json_extract(k.value, '$[0]') AND r.prompt_id = json_extract(k.value, '$[1]') AND r.sample = json_extract(k.value, '$[2]')"
-    with open_db(run_dir) as conn:
-        found = conn.execute(
-            sql, (json.dumps(keys.select("dataset", "prompt_id", "sample").rows()),)
-        ).fetchall()
-    frame = pl.DataFrame(
-        found,
-        schema={
-            "dataset": pl.String,
-            "prompt_id": pl.String,
-            "sample": pl.Int64,
-            "output_ids": pl.Binary,
-        },
-        orient="row",
-    )
-    return frame.with_columns(ids_series(frame["output_ids"].to_arrow(), "output_ids"))
+    args = [json.dumps(keys.select(KEY).rows())]
+    return _finish(_frame(run_dir, sql, args, _sql_schema([*KEY, "output_ids"])), False)
 
 
 def owned(frame):
@@ -256,27 +210,6 @@ def owned(frame):
     import polars as pl
 
     return pl.from_arrow(frame.to_arrow())
-
-
-def _sql_schema(names: list[str]) -> dict:
-    """The polars type of each selected column as SQLite holds it (ids as Binary)."""
-    import polars as pl
-
-    typed = record_schema() | {
-        "output_ids": pl.Binary,
-        "prompt_ids": pl.Binary,
-        "messages": pl.String,
-    }
-    typed |= {
-        "n_output_ids": pl.Int64,
-        "_found": pl.Int64,
-        "_dataset": pl.String,
-        "_prompt_id": pl.String,
-        "_hash": pl.String,
-        "_content_id": pl.Int64,
-        "earlier": pl.Int64,
-    }
-    return {n: typed[n] for n in names}
 
 
 def sql_frames(run_dir, sql: str, args: list, schema: dict, batch_size: int = BATCH) -> Iterator:
@@ -297,7 +230,16 @@ def sql_frames(run_dir, sql: str, args: list, schema: dict, batch_size: int = BA
         yield from _adbc_frames(adbc, run_dir, sql, args, schema, batch_size)
 
 
-def _sqlite_frames(run_dir, sql: str, args: list, schema: dict, batch_size: int) -> Iterator:
+def _frame(run_dir, sql: str, args: list, schema: dict):
+    """A query's rows as one frame of `schema` (read by sqlite3: small results)."""
+    import polars as pl
+
+    return pl.concat([pl.DataFrame(schema=schema), *_sqlite_frames(run_dir, sql, args, schema)])
+
+
+def _sqlite_frames(
+    run_dir, sql: str, args: list, schema: dict, batch_size: int = BATCH
+) -> Iterator:
     import polars as pl
 
     with open_db(run_dir) as conn:
@@ -346,62 +288,43 @@ def _finish(raw, prompts: bool):
     decoded and, with all_turns, as sent."""
     import polars as pl
 
-    out = raw.with_columns(
-        ids_series(raw[c].to_arrow(), c) for c in ("output_ids", "prompt_ids") if c in raw.columns
-    )
+    out = raw.with_columns(ids_series(raw[c].to_arrow(), c) for c in _IDS if c in raw.columns)
     if not prompts:
         return out
+    if (missing := raw["_found"] == 0).any():
+        ds, pid = raw.filter(missing).select("_dataset", "_prompt_id").row(0)
+        raise PromptMismatch(f"record ({ds!r}, {pid!r}) has no stored prompt in the run database")
+    out = out.drop(*_FOUND)
     if prompts == "earlier":
-        if (missing := raw["_found"] == 0).any():
-            i = missing.arg_true()[0]
-            raise PromptMismatch(
-                f"record ({raw['_dataset'][i]!r}, {raw['_prompt_id'][i]!r}) has no stored prompt in the run database"
-            )
-        return out.drop("_found", "_dataset", "_prompt_id").with_columns(
-            out["earlier"].cast(pl.Boolean)
-        )
-    check_prompts(
-        raw.select(
-            dataset="_dataset",
-            prompt_id="_prompt_id",
-            messages="messages",
-            tools="tools",
-            hash="_hash",
-            content_id="_content_id",
-            found="_found",
-        )
-    )
-    out = out.drop("_found", "_dataset", "_prompt_id", "_hash", "_content_id")
-    out = out.with_columns(messages_series(raw["messages"]))
+        return out.with_columns(pl.col("earlier").cast(pl.Boolean))
+    names = {f"_{n}": n for n in ("dataset", "prompt_id", "hash", "content_id")}
+    check_prompts(raw.select("messages", "tools", *names).rename(names))
+    out = out.drop("_hash", "_content_id").with_columns(messages_series(raw["messages"]))
     if "turns" in out.columns and out["turns"].is_not_null().any():  # all_turns: as sent
         sent = [
             as_sent(m, json.loads(t)) if t else m
             for m, t in zip(out["messages"].to_list(), out["turns"].to_list(), strict=True)
         ]
-        out = out.with_columns(pl.Series("messages", sent, dtype=record_schema()["messages"]))
+        out = out.with_columns(pl.Series("messages", sent, dtype=out["messages"].dtype))
     return out
 
 
 def check_prompts(prompts) -> None:
-    """Raise PromptMismatch when a prompt is missing, or its text does not hash to the hash
-    stored with it (and, for kit.load's content ids, to its prompt_id); each distinct
-    prompt is hashed once.
+    """Raise PromptMismatch when a prompt's text does not hash to the hash stored with it
+    (and, for kit.load's content ids, to its prompt_id); each distinct prompt hashed once.
 
     prompts: a frame of dataset, prompt_id, messages (the stored JSON text), tools, hash (the
-    stored one), content_id and, optionally, found (0 where the record has no stored prompt).
+    stored one) and content_id.
     """
     import polars as pl
 
-    if "found" in prompts.columns and (missing := prompts["found"] == 0).any():
-        ds, pid = prompts.filter(missing).row(0)[:2]
-        raise PromptMismatch(f"record ({ds!r}, {pid!r}) has no stored prompt in the run database")
     distinct = prompts.unique(["dataset", "prompt_id"], maintain_order=True)
     got = pl.Series(db.content_hashes(distinct["messages"], distinct["tools"]), dtype=pl.String)
     bad = (got != distinct["hash"]) | (
         (distinct["content_id"].fill_null(0) != 0) & (got != distinct["prompt_id"])
     )
     if bad.any():
-        ds, pid = distinct.filter(bad).row(0)[:2]
+        ds, pid = distinct.filter(bad).select("dataset", "prompt_id").row(0)
         raise PromptMismatch(
             f"prompt ({ds!r}, {pid!r}) in the run database is not the prompt stored with it "
             "(its text was changed after the run); nothing was paired with it. Restore the "
@@ -454,21 +377,16 @@ def records_frame(run_dir, datasets=None, *, prompts: bool = True):
 
     if parts := list(record_batches(run_dir, datasets=datasets, prompts=prompts)):
         return pl.concat(parts)
-    cols = list(RECORD_COLUMNS) + (list(PROMPT_COLUMNS) if prompts else [])
+    cols = RECORD_COLUMNS + (PROMPT_COLUMNS if prompts else ())
     return pl.DataFrame(schema={c: record_schema()[c] for c in cols})
 
 
 def records(run_dir, datasets=None) -> Iterator[Record]:
     """The run's records as Record objects, messages as the runner sent them."""
+    decoded = [n for n, c in COLUMNS.items() if c.kind == "json"]
     for batch in record_batches(run_dir, datasets=datasets, prompts=True):
         for row in batch.iter_rows(named=True):
-            turns, calls, tools = (
-                json.loads(row[k]) if row[k] else None for k in ("turns", "tool_calls", "tools")
-            )
-            fields = {k: row[k] for k in RECORD_COLUMNS if k not in ("turns", "tool_calls")}
-            yield Record(
-                **fields, messages=row["messages"], tools=tools, turns=turns, tool_calls=calls
-            )
+            yield Record(**row | {k: json.loads(row[k]) if row[k] else None for k in decoded})
 
 
 def as_sent(messages: list[dict], turns) -> list[dict]:
@@ -508,46 +426,23 @@ def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
     dataset), looked up by key."""
     import polars as pl
 
-    cols = ["dataset", "prompt_id"] + (
-        ["n_turns", "row", "messages", "tools", "hash", "content_id"] if text else []
-    )
-    schema = {
-        "dataset": pl.String,
-        "prompt_id": pl.String,
-        "n_turns": pl.Int64,
-        "row": pl.Int64,
-        "messages": pl.String,
-        "tools": pl.String,
-        "hash": pl.String,
-        "content_id": pl.Int64,
-    }
-    schema = {c: schema[c] for c in cols}
-    datasets = None if datasets is None else list(datasets)
+    cols = ["dataset", "prompt_id"]
+    cols += ["n_turns", "row", "messages", "tools", "hash", "content_id"] if text else []
+    schema = _sql_schema(cols)
     if not text and ids is None:  # keys only: the key index, a JSON array per dataset
-        where = (
-            f" WHERE dataset IN ({', '.join('?' * len(datasets))})" if datasets is not None else ""
-        )
+        where, args = _where("dataset", datasets)
+        sql = f"SELECT dataset, json_group_array(prompt_id) FROM prompts INDEXED BY prompts_key{where} GROUP BY dataset"
         with open_db(run_dir) as conn:
-            return _grouped(
-                conn,
-                f"SELECT dataset, json_group_array(prompt_id) FROM prompts INDEXED BY prompts_key{where} GROUP BY dataset",
-                datasets or [],
-                {"prompt_id": pl.String},
-            )
+            return _grouped(conn, sql, args, _sql_schema(["prompt_id"]))
     parts = []
-    with open_db(run_dir) as conn:
-        for rows in _prompt_rows(conn, cols, datasets, ids):
+    with open_db(run_dir) as conn:  # an empty first part: the columns when no row is found
+        for rows in itertools.chain([[]], _prompt_rows(conn, cols, datasets, ids)):
             part = pl.DataFrame(rows, schema=schema, orient="row")
-            if text and part.height:
+            if text:
                 check_prompts(part)
                 part = part.with_columns(messages_series(part["messages"]))
             parts.append(part.drop("hash", "content_id", strict=False))
-    if parts:
-        return pl.concat(parts)
-    frame = pl.DataFrame(schema=schema).drop("hash", "content_id", strict=False)
-    return (
-        frame.with_columns(pl.col("messages").cast(record_schema()["messages"])) if text else frame
-    )
+    return pl.concat(parts)
 
 
 _ID_CHUNK = 50_000  # prompt ids looked up per statement
@@ -555,65 +450,24 @@ _ID_CHUNK = 50_000  # prompt ids looked up per statement
 
 def _prompt_rows(conn, cols: list[str], datasets, ids) -> Iterator[list]:
     """prompts_frame's rows, a chunk at a time: by key (ids, one dataset) or by dataset."""
-    sql = f"SELECT {', '.join(cols)} FROM prompts" + (
-        " INDEXED BY prompts_key" if ids is not None else ""
-    )
-    if ids is not None:
-        if datasets is None or len(list(datasets)) != 1:
-            raise ValueError(
-                "prompts_frame: ids are looked up within one dataset (datasets=[name])"
-            )
-        ids, (name,) = list(ids), list(datasets)
-        sql += " WHERE dataset = ? AND prompt_id IN (SELECT value FROM json_each(?))"
-        for k in range(0, len(ids), _ID_CHUNK):
-            yield conn.execute(sql, (name, json.dumps(ids[k : k + _ID_CHUNK]))).fetchall()
+    sql = f"SELECT {', '.join(cols)} FROM prompts"
+    if ids is None:
+        where, args = _where("dataset", datasets)
+        yield from _chunks(conn.execute(sql + where, args), 100_000)
         return
-    args: list = []
-    if datasets is not None:
-        args = list(datasets)
-        sql += f" WHERE dataset IN ({', '.join('?' * len(args))})"
-    yield from _chunks(conn.execute(sql, args), 100_000)
+    if datasets is None or len(list(datasets)) != 1:
+        raise ValueError("prompts_frame: ids are looked up within one dataset (datasets=[name])")
+    ids, (name,) = list(ids), list(datasets)
+    sql += " INDEXED BY prompts_key WHERE dataset = ? AND prompt_id IN (SELECT value FROM json_each(?))"
+    for k in range(0, len(ids), _ID_CHUNK):
+        yield conn.execute(sql, (name, json.dumps(ids[k : k + _ID_CHUNK]))).fetchall()
 
 
 def errors_frame(run_dir):
     """Every ErrorRecord as a frame, with `resolved` (the key now has a record; the rest are
     the effective error set)."""
-    import polars as pl
-
     sql = "SELECT e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t, EXISTS (SELECT 1 FROM records r WHERE r.dataset = e.dataset AND r.prompt_id = e.prompt_id AND r.sample = e.sample) FROM errors e ORDER BY e.id"
-    schema = {
-        "dataset": pl.String,
-        "prompt_id": pl.String,
-        "sample": pl.Int64,
-        "error": pl.String,
-        "attempts": pl.Int64,
-        "t": pl.Float64,
-        "resolved": pl.Boolean,
-    }
-    with open_db(run_dir) as conn:
-        rows = conn.execute(sql).fetchall()
-    return pl.DataFrame(rows, schema=schema, orient="row")
-
-
-def skips_frame(run_dir):
-    """The prompts the context guard skipped: dataset, prompt_id, prompt_tokens, max_tokens,
-    max_context, samples, reason."""
-    import polars as pl
-
-    schema = {
-        "dataset": pl.String,
-        "prompt_id": pl.String,
-        "prompt_tokens": pl.Int64,
-        "max_tokens": pl.Int64,
-        "max_context": pl.Int64,
-        "samples": pl.Int64,
-        "reason": pl.String,
-    }
-    with open_db(run_dir) as conn:
-        rows = conn.execute(
-            f"SELECT {', '.join(schema)} FROM skips ORDER BY dataset, prompt_id"
-        ).fetchall()
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    return _frame(run_dir, sql, [], _sql_schema([*KEY, "error", "attempts", "t", "resolved"]))
 
 
 def prompt_state(conn: sqlite3.Connection) -> dict:

@@ -1,16 +1,12 @@
 """The writer of a run directory: its SQLite database (kit.run.db), one writer at a time.
 
-One writer: RunStore.init takes an exclusive flock on run.sqlite itself (not on a side file
-that can be deleted) and names its pid in the `state` table; a second writer gets RunLocked
-naming that pid. The kernel drops the lock when the process ends, even by kill -9. Even if
-two writers raced, the primary key (dataset, prompt_id, sample) refuses a second copy of a
-record; refused inserts are counted (state "rejected").
-
-Durability: records and errors are buffered and committed together, every `flush_every`
-records or `flush_interval` seconds and on close; a record is counted (totals, progress)
-in the transaction that commits it, with synchronous=FULL. A kill -9 loses at most the
-uncommitted batch, which a resume generates again; a commit is whole or absent, never torn.
-A failed commit (full disk) is rolled back and raises StoreWriteError.
+RunStore.init takes an exclusive flock on run.sqlite itself and names its pid in the `state`
+table; a second writer gets RunLocked naming it (the kernel drops the lock when the process
+ends, even by kill -9). The primary key (dataset, prompt_id, sample) refuses a second copy
+of a record, counted (state "rejected"). Records and errors are committed together every
+`flush_every` records or `flush_interval` seconds and on close, with the totals they add
+(synchronous=FULL): a kill -9 loses at most the uncommitted batch, never a torn one. A
+failed commit (full disk) is rolled back and raises StoreWriteError.
 """
 
 from __future__ import annotations
@@ -23,6 +19,8 @@ import os
 import socket
 import sqlite3
 import time
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, astuple
 from pathlib import Path
 
 from kit.run import db
@@ -112,15 +110,19 @@ class RunStore:
         when the database holds a different fingerprint, unless force=True. Budgets and
         endpoints may change. Prompts are added, never replaced (prompt_id is a content hash).
         """
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        import_old_layout(self.run_dir)
         try:
-            self.conn = db.connect(self.run_dir, write=True)
-            self._take_lock()
+            self._open()
             self._init(config, prompts_frame, force)
         except BaseException:
             self.close()
             raise
+
+    def _open(self) -> None:
+        """Create the run dir, open (and migrate) its database, take the writer's lock."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        import_old_layout(self.run_dir)
+        self.conn = db.connect(self.run_dir, write=True)
+        self._take_lock()
 
     def _init(self, config: RunConfig, prompts_frame, force: bool) -> None:
         old = config_doc(self.conn)
@@ -254,15 +256,13 @@ class RunStore:
                         rejected += 1
                         continue
                     t = totals.setdefault(r.dataset, [0, 0, 0])
-                    t[0], t[1], t[2] = (
-                        t[0] + 1,
-                        t[1] + r.completion_tokens,
-                        t[2] + (r.finish_reason == "length"),
-                    )
+                    t[0] += 1
+                    t[1] += r.completion_tokens
+                    t[2] += r.finish_reason == "length"
                 self.conn.executemany(TOTALS_SQL, [(ds, *t) for ds, t in totals.items()])
                 self.conn.executemany(
                     "INSERT INTO errors (dataset, prompt_id, sample, error, attempts, t) VALUES (?, ?, ?, ?, ?, ?)",
-                    [(e.dataset, e.prompt_id, e.sample, e.error, e.attempts, e.t) for e in errors],
+                    [astuple(e) for e in errors],  # ErrorRecord's fields, in order
                 )
                 if rejected:
                     self._add_state_count("rejected", rejected)
@@ -305,24 +305,17 @@ class RunStore:
     ) -> None:
         """The live runner's view (in flight, retries, state, and why the run stopped early:
         `stop_reason`, null while running or when it ran to the end), as state "status"."""
-        from dataclasses import asdict
-
-        doc = {
-            "t": time.time(),
-            "finished": finished,
-            "pid": os.getpid(),
-            "stop_reason": stop_reason,
-        }
-        doc["datasets"] = [asdict(p) for p in progress]
         if self.conn is None:
             return
+        doc = {"t": time.time(), "finished": finished, "pid": os.getpid()}
+        doc |= {"stop_reason": stop_reason, "datasets": [asdict(p) for p in progress]}
         try:
             self.set_state("status", json.dumps(doc))
         except sqlite3.Error:
             pass  # status is advisory; records and errors carry the truth
 
     def _transaction(self):
-        return _Transaction(self.conn)
+        return _transaction(self.conn)
 
     def close(self) -> None:
         """Commit what is buffered, close the database, then drop the lock (safe twice)."""
@@ -345,11 +338,8 @@ def store_prompts(run_dir, frame) -> None:
     database before any run (kit.plan.write_plan), under the writer's lock; refused over a
     started run whose prompts are other ones."""
     store = RunStore(run_dir)
-    store.run_dir.mkdir(parents=True, exist_ok=True)
-    import_old_layout(store.run_dir)
     try:
-        store.conn = db.connect(store.run_dir, write=True)
-        store._take_lock()
+        store._open()
         if config_doc(store.conn) is not None:
             from kit.data.sources import LoadResult, source_hashes
 
@@ -365,21 +355,14 @@ def store_prompts(run_dir, frame) -> None:
         store.close()
 
 
-class _Transaction:
+@contextmanager
+def _transaction(conn: sqlite3.Connection):
     """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    def __enter__(self):
-        self.conn.execute("BEGIN IMMEDIATE")
-        return self.conn
-
-    def __exit__(self, kind, value, tb) -> None:
-        if kind is None:
-            self.conn.execute("COMMIT")
-        else:
-            try:
-                self.conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        with suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
