@@ -7,6 +7,5 @@ admission, retries, clean stops), `queues` (per-dataset queues and live state), 
 must be to be believed: counts, ids, errors, redaction), `pool` (endpoint pool), `served`
 (what the endpoints serve, checked first), `guard` (context-length pre-filter), `db` (the
 run database's schema and connections), `store` (RunStore, the one writer), `reader` (the
-one reader), `legacy` (the JSONL layout imported once), `progress` (progress from the
-totals table). Imports kit.types, kit.tokens and kit.data only.
+one reader), `progress` (progress from the totals table). Imports kit.types, kit.tokens and kit.data only.
 """

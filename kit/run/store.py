@@ -27,7 +27,6 @@ from pathlib import Path
 
 from kit.run import db
 from kit.run.db import RECORD_SQL, TOTALS_SQL, prompt_rows, record_row
-from kit.run.legacy import import_old_layout
 from kit.run.reader import config_doc, done_frame, prompt_state, totals
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
 
@@ -113,7 +112,6 @@ class RunStore:
         endpoints may change. Prompts are added, never replaced (prompt_id is a content hash).
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        import_old_layout(self.run_dir)
         try:
             self.conn = db.connect(self.run_dir, write=True)
             self._take_lock()
@@ -124,7 +122,8 @@ class RunStore:
 
     def _init(self, config: RunConfig, prompts_frame, force: bool) -> None:
         old = config_doc(self.conn)
-        if old is not None and not force:
+        started = self.conn.execute("SELECT fingerprint FROM config").fetchone()
+        if started and started[0] and not force:  # '': a plan's config, no run made yet
             changes = _diff_parts(
                 RunConfig.from_dict(old).fingerprint_parts(), config.fingerprint_parts()
             )
@@ -346,7 +345,6 @@ def store_prompts(run_dir, frame) -> None:
     started run whose prompts are other ones."""
     store = RunStore(run_dir)
     store.run_dir.mkdir(parents=True, exist_ok=True)
-    import_old_layout(store.run_dir)
     try:
         store.conn = db.connect(store.run_dir, write=True)
         store._take_lock()
