@@ -1,4 +1,4 @@
-"""kit.plan: profiles, budget math, bounds, allocation, validation, the seed story, plan.json,
+"""kit.plan: profiles, budget math, bounds, allocation, validation, the seed story, the stored plan,
 the pilot (faults, n samples, the embedded server), and the planning charts' specs."""
 
 from __future__ import annotations
