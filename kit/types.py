@@ -3,13 +3,14 @@
 The run directory (written by kit.run.store, read through kit.run.reader) holds:
 
     run_dir/
-      run.sqlite (+ -wal, -shm)  the run database (kit.run.db): config and fingerprint (no
-                             secrets: no key, endpoints without user:password@), prompts,
-                             records, errors, skips, per-dataset totals, state (status,
-                             writer); on a local filesystem only (WAL)
-      plan.json              {"version": 2, "budgets", "config", "pilot", "table"}, written by
-                             kit.plan.write_plan (01_plan, `kit plan`), read by kit.plan.read_plan
-      guard.json             the context guard's cache of prompt counts (a cache: safe to delete)
+      run.sqlite (+ -wal, -shm)  the run database (kit.run.db), the one store: the config
+                             (no secrets: no key, endpoints without user:password@; its
+                             fingerprint '' until a run starts), the plan (budgets, pilot,
+                             plan table, sources, server: kit.plan.write_plan / read_plan),
+                             prompts, records, errors, skips, per-dataset totals, state
+                             (status, writer), the context guard's cache; on a local
+                             filesystem only (WAL)
+      plan.json.imported     an older kit's plan.json, once imported into run.sqlite
 
 A prompt frame (kit.load, i.e. kit.data.sources.load) has the columns:
     dataset: str, prompt_id: str, messages: list[struct{role: str, content: str}],

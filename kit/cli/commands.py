@@ -388,7 +388,8 @@ def planned_run(run_dir, *, engine: str | None = None, **changes):
             raise
         from kit.run.reader import read_config
 
-        spec = {"config": read_config(run_dir), "server": None, "sources": None, "table": None}
+        server = {"embedded": False}  # kit.generate's own run: its endpoints as stored
+        spec = {"config": read_config(run_dir), "server": server, "sources": None, "table": None}
     config = spec["config"]
     if "budgets" in changes:
         changes["budgets"] = _merged_budgets(config.budgets, changes["budgets"])
