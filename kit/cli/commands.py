@@ -91,36 +91,35 @@ def parse_mappings(values: list[str] | None) -> dict | None:
         >>> parse_mappings(['gsm8k={"prompt": "question"}', 'humaneval={"prompt": "prompt"}'])
         {'gsm8k': {'prompt': 'question'}, 'humaneval': {'prompt': 'prompt'}}
     """
-    if not values:
-        return None
-    pairs = [_named(v) for v in values]
-    if len(pairs) == 1 and pairs[0][0] is None:
-        return parse_mapping(pairs[0][1])
-    if any(name is None for name, _ in pairs):
-        raise ValueError(
-            "--mapping takes one JSON mapping for every source, or NAME=JSON for each "
-            f"dataset, not both; got {values}"
-        )
-    return {name: parse_mapping(text) for name, text in pairs}
+    return _one_or_each("--mapping", "JSON", values, parse_mapping)
 
 
 def parse_formats(values: list[str] | None) -> str | dict | None:
     """--format values -> kit.load's format=: FORMAT for every source, or NAME=FORMAT each."""
     from kit.data.formats import FORMATS
 
+    def check(fmt: str) -> str:
+        if fmt not in FORMATS:
+            raise ValueError(f"--format takes one of {FORMATS} (or NAME=FORMAT), got {fmt!r}")
+        return fmt
+
+    return _one_or_each("--format", "FORMAT", values, check)
+
+
+def _one_or_each(flag: str, what: str, values: list[str] | None, parse):
+    """parse(VALUE) of a flag's one VALUE for every source, or {NAME: parse(VALUE)} of its
+    NAME=VALUE for each dataset; None when not given."""
     if not values:
         return None
     pairs = [_named(v) for v in values]
-    for _, fmt in pairs:
-        if fmt not in FORMATS:
-            raise ValueError(f"--format takes one of {FORMATS} (or NAME=FORMAT), got {fmt!r}")
     if len(pairs) == 1 and pairs[0][0] is None:
-        return pairs[0][1]
+        return parse(pairs[0][1])
     if any(name is None for name, _ in pairs):
         raise ValueError(
-            f"--format takes FORMAT for every source or NAME=FORMAT each, got {values}"
+            f"{flag} takes one {what} for every source, or NAME={what} for each dataset, "
+            f"not both; got {values}"
         )
-    return dict(pairs)
+    return {name: parse(value) for name, value in pairs}
 
 
 def _tokens(flag: str, value: str) -> int:
@@ -403,8 +402,16 @@ def planned_run(run_dir, *, engine: str | None = None, **changes):
 
 
 async def resume(run_dir, *, engine=None, progress=None, force: bool = False, **changes):
-    """Run, or resume, the plan in run_dir on the plan's server (planned_run) and return the
-    kit.run.generate.Run; the embedded server it started is stopped when it ends.
+    """Run, or resume, the plan in run_dir on the plan's server (planned_run).
+
+    Args:
+        run_dir: a run directory holding a plan (kit plan, 01_plan) or a started run.
+        engine: start a fresh embedded server of this engine whatever the plan says.
+        progress: kit.generate's progress callback. force: resume despite a changed fingerprint.
+        changes: RunConfig fields to change (endpoints, budgets, concurrency, model ...).
+
+    Returns:
+        kit.run.generate.Run; an embedded server started for it is stopped when it ends.
 
     Example (a notebook cell; a script: asyncio.run(kit.resume(...))):
         run = await kit.resume("data/runs/demo", concurrency=64)

@@ -21,7 +21,7 @@ from pathlib import Path
 import orjson
 
 from kit.run import db
-from kit.run.reader import open_db
+from kit.run.reader import is_run_dir, open_db, prompt_state
 
 _CACHE_VERSION = 1  # bump when too_long's rule changes
 REASON = "context"  # prompt_tokens + max_tokens > max_context
@@ -170,8 +170,6 @@ def apply(frame, config, run_dir, done) -> tuple[Skips, list[tuple]]:
 
 def _custom_ids(run_dir) -> dict[str, int]:
     """dataset -> its stored prompts whose id is not their content hash (absent: unknown)."""
-    from kit.run.reader import is_run_dir, open_db, prompt_state
-
     if not is_run_dir(run_dir):
         return {}
     with open_db(run_dir) as conn:
@@ -252,20 +250,8 @@ class _Cache:
         if self.files is None:
             return None  # not local files (a Hugging Face id): kit cannot tell it changed
         rows = hashlib.sha256(part.hash_rows().to_numpy().tobytes()).hexdigest()
-        parts = [
-            _CACHE_VERSION,
-            str(self.name),
-            self.files,
-            template_hash,
-            limit,
-            max_tokens,
-            kwargs,
-            part.columns,
-            part.height,
-            rows,
-            pl.__version__,
-            _versions(),
-        ]
+        facts = [_CACHE_VERSION, str(self.name), self.files, template_hash, limit, max_tokens]
+        parts = [*facts, kwargs, part.columns, part.height, rows, pl.__version__, _versions()]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
     def get(self, dataset: str, key: str | None) -> dict | None:
@@ -319,7 +305,7 @@ class _Cache:
 def _stored(run_dir: Path) -> tuple[dict, dict]:
     """(the tokenizer's facts, dataset -> {"key", "ids_key", "too_long"}) stored in run_dir's
     database; empty when it has none or cannot be read."""
-    if not db.db_path(run_dir).exists():
+    if not is_run_dir(run_dir):
         return {}, {}
     try:
         with open_db(run_dir) as conn:
