@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 
