@@ -537,11 +537,13 @@ def restore(run_dir: Path, meta: dict) -> None:
         for table in ("totals", "state", "config"):
             for row in keep[table]:
                 conn.execute(f"INSERT INTO {table} VALUES ({', '.join('?' * len(row))})", row)  # noqa: S608
+        for table in ("guard_datasets", "guard_tokenizer"):  # the guard's cache, as written: none
+            if conn.execute("SELECT 1 FROM sqlite_schema WHERE name = ?", (table,)).fetchone():
+                conn.execute(f"DELETE FROM {table}")  # noqa: S608 - our table names
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
-    (run_dir / "guard.json").unlink(missing_ok=True)
 
 
 def run_dir_for(workdir: Path, n: int) -> tuple[Path, Path, dict]:

@@ -17,7 +17,7 @@ CPU time, the process's peak RSS and, for kit's steps, the ratio to its plain ba
   plain_watch     the totals table by a plain sqlite3 query (what watch needs at least)
   restart         kit.run.runner.Runner.create(None, config): read the stored prompts, check
                   the fingerprint, read the done keys, guard (with --tokenizer; its cache in
-                  guard.json filled by a first, untimed, restart), queues: everything before
+                  run.sqlite filled by a first, untimed, restart), queues: everything before
                   the first request (the store's close is not timed)
 """
 
@@ -280,7 +280,7 @@ def main() -> None:
         marker.write_text("")
         print(f"built {run_dir} in {time.perf_counter() - t0:.0f} s", flush=True)
     if "restart" in args.steps:
-        run_step("restart", run_dir)  # untimed: fills guard.json (a first start renders once)
+        run_step("restart", run_dir)  # untimed: fills the guard cache (a first start renders once)
     size = sum(f.stat().st_size for f in run_dir.glob("run.sqlite*"))
     print(
         f"{args.records:,} records, run.sqlite {size / 1e6:,.0f} MB; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"

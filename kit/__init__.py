@@ -26,6 +26,7 @@ _EXPORTS = {
     "load": "kit.data.sources:load",
     "generate": "kit.run.generate:generate",
     "generate_sync": "kit.run.generate:generate_sync",
+    "resume": "kit.cli.commands:resume",
     "audit": "kit.report.audit:audit",
     "export": "kit.report.export:export",
     "validate": "kit.report.validate:validate",

@@ -1,7 +1,9 @@
 """The dataclasses every stage shares, and the record's columns declared once (on Record).
 
-A run directory holds run.sqlite (kit.run.db: written by kit.run.store, read through
-kit.run.reader): config, prompts, records, errors, skips, per-dataset totals and state.
+A run directory holds one store, run.sqlite (kit.run.db: written by kit.run.store, read
+through kit.run.reader): the config (no secrets; its fingerprint '' until a run starts), the
+plan (kit.plan.write_plan), prompts, records, errors, skips, per-dataset totals, state and the
+context guard's cache. An older kit's plan.json is imported once (kept as plan.json.imported).
 A prompt frame (kit.load) has the columns dataset: str, prompt_id: str,
 messages: list[struct{role: str, content: str}], n_turns: int, row: int (its source row).
 """

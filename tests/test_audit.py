@@ -313,27 +313,6 @@ def test_refused_duplicates_are_a_finding(tmp_path):
     assert report.datasets["records"].to_list() == [3]
 
 
-def test_import_report_of_an_old_layout_run(tmp_path):
-    """A run of kit's JSONL layout is imported on first read; what the import could not
-    take (a torn last line) is a finding naming the line, the import itself a note."""
-    import shutil
-
-    run = tmp_path / "run"
-    shutil.copytree(FIXTURES / "old_layout" / "run", run)
-    records = sorted((run / "records").glob("*.jsonl"))[0]
-    with open(records, "ab") as f:
-        f.write(b'{"dataset": "torn", "prompt_id"')
-    report = kit.audit(run)
-    assert any(n.startswith("imported from kit's JSONL layout: ") for n in report.notes)
-    found = report.findings.filter(pl.col("check") == "import_skipped_lines").row(0, named=True)
-    assert found["dataset"] == "(run)" and found["value"] == 1.0 and found["severity"] == "error"
-    assert f"{records.name}:" in found["message"] and "torn last line" in found["message"]
-    assert not report.ok
-
-
-FIXTURES = Path(__file__).parent / "fixtures"
-
-
 # ---------------------------------------------------------------- audit charts
 
 

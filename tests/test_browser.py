@@ -16,7 +16,6 @@ Needs /usr/bin/chromium (`make browser`) and the `playwright` package (dev extra
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -33,6 +32,7 @@ from browser_helpers import (
 )
 
 from kit.cli.demo import DEMO_BUDGETS, DEMO_PARAMETERS, NOTEBOOKS, parameterized
+from kit.plan import read_plan
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
@@ -211,7 +211,7 @@ def check_plan(nb: NotebookPage, run_dir: Path, shots: Path) -> None:
     assert_charts_drawn(nb, at_least=3)  # the planner chart was redrawn, not lost
     nb.screenshot(shots / "01_plan.png", cell_index=planner_cell(nb))
     rerun_last_cell(nb)
-    plan = json.loads((run_dir / "plan.json").read_text())
+    plan = read_plan(run_dir)
     assert plan["budgets"] == {name: TYPED_BUDGETS[name] for name in datasets}
     finish(nb)
 
@@ -293,7 +293,7 @@ def check_generate(browser, lab, run_dir: Path, shots: Path) -> None:
     assert len(final) == 1, f"want one monitor, under the run cell: {final}"
     last_cell = max(final, key=int)
     bars = final[last_cell]["bars"]
-    plan = json.loads((run_dir / "plan.json").read_text())
+    plan = read_plan(run_dir)
     assert sorted(b["label"] for b in bars) == sorted(plan["budgets"])
     assert all(b["fraction"] > 0.99 and b["success"] for b in bars), bars
     assert "budget_reached" in final[last_cell]["text"], final[last_cell]["text"]

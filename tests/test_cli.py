@@ -1,13 +1,17 @@
 """The `kit` command (kit.cli) without a server: one-line user errors (exit 2), budgets required,
-plan -> generate through plan.json (the pilot and the run replaced by fakes), the demo's
+plan -> generate through the stored plan (the pilot and the run replaced by fakes), the plan's
+server honoured on resume, `kit plan --show`, the demo's
 run-directory guard and its papermill-style parameter injection."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import queue
+import shutil
+import sqlite3
 import time
 from pathlib import Path
 
@@ -22,6 +26,14 @@ from kit.run.reader import prompts_frame
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT = REPO / "data" / "samples" / "chat_general.jsonl"
+
+
+def drop_stored_prompts(run_dir: Path) -> None:
+    """Delete the prompts stored with a plan, as if it had been written without them."""
+    with sqlite3.connect(run_dir / "run.sqlite") as conn:
+        conn.execute("DELETE FROM prompts")
+        conn.execute("DELETE FROM state WHERE key = 'prompts'")
+    conn.close()
 
 
 def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -117,7 +129,7 @@ def test_generate_in_a_missing_run_dir(tmp_path, capsys):
 def test_generate_without_a_plan(tmp_path, capsys):
     code, _, err = run_main(["generate", "--run-dir", str(tmp_path)], capsys)
     assert code == 2
-    assert_one_line_error(err, "plan.json")
+    assert_one_line_error(err, "no plan at", "kit plan")
 
 
 def test_generate_with_a_broken_plan(tmp_path, capsys):
@@ -208,7 +220,7 @@ class FakeRun:
 
 @pytest.fixture
 def planned(tmp_path, monkeypatch, capsys) -> Path:
-    """`kit plan` against a (fake) remote server: run_dir/plan.json written."""
+    """`kit plan` against a (fake) remote server: the plan stored in run_dir/run.sqlite."""
     fake_pilot.calls = []
     monkeypatch.setattr(kit.plan, "pilot_sync", fake_pilot)
     run_dir = tmp_path / "run"
@@ -279,7 +291,7 @@ def test_generate_applies_only_the_flags_given(planned, monkeypatch, capsys):
     assert kw["run_dir"] == planned and kw["force"] is False
     assert set(kw["expected_tokens"]) == {"chat_general"}
 
-    (planned / "run.sqlite").unlink()  # a plan without stored prompts: its sources, reloaded
+    drop_stored_prompts(planned)  # a plan without stored prompts: its sources, reloaded
     run_main(["generate", "--run-dir", str(planned)], capsys)
     prompts, config, _ = calls[1]
     assert prompts.paths == {"chat_general": str(CHAT)}
@@ -323,11 +335,12 @@ def test_plan_with_a_mapping_runs_from_the_run_dir(tmp_path, monkeypatch, capsys
     ]
     calls = []
     monkeypatch.setattr(kit, "generate_sync", lambda p, c, **kw: calls.append(p) or FakeRun())
-    (run_dir / "run.sqlite").rename(tmp_path / "kept.sqlite")
+    shutil.copy(run_dir / "run.sqlite", tmp_path / "kept.sqlite")
+    drop_stored_prompts(run_dir)
     data.unlink()  # without its frame and its file, the plan cannot run: said in one line
     code, _, err = run_main(["generate", "--run-dir", str(run_dir)], capsys)
     assert code == 2 and "quiz.jsonl" in err, err
-    (tmp_path / "kept.sqlite").rename(run_dir / "run.sqlite")
+    shutil.copy(tmp_path / "kept.sqlite", run_dir / "run.sqlite")
     code, _, err = run_main(["generate", "--run-dir", str(run_dir)], capsys)
     assert code == 0 and calls == [None], err
 
@@ -479,9 +492,57 @@ def test_sliced_polls_keep_the_timeout_and_wait_forever_without_one():
         asyncio.run(a_second_of_none())
 
 
-def test_plan_json_is_what_the_notebooks_and_cli_share(planned):
-    doc = json.loads((planned / "plan.json").read_text())
-    assert doc["version"] == 2 and doc["config"]["budgets"] == doc["budgets"]
+def test_plan_show_prints_the_stored_plan(planned, capsys):
+    assert not (planned / "plan.json").exists()  # the plan is in run.sqlite
+    code, out, err = run_main(["plan", "--show", str(planned)], capsys)
+    assert code == 0, err
+    assert "server: remote at http://127.0.0.1:9/v1" in out and "(no run yet)" in out
+    (row,) = [line.split() for line in out.splitlines() if line.strip().startswith("chat_gene")]
+    assert row == ["chat_general", "3,000", "51.0"]  # budget, the fake pilot's mean
+    config = json.loads(out[out.index("config: ") + len("config: ") :])
+    assert config == kit.plan.read_plan(planned)["config"].to_dict() and config["concurrency"] == 8
+    code, _, err = run_main(["plan", "--show", str(planned / "nowhere")], capsys)
+    assert code == 2 and "no plan at" in err
+
+
+class FakeServer:
+    base_url, model, api, tokenizer_path = "http://127.0.0.1:7/v1", "/models/smol", "vllm", "/tok"
+
+
+def test_a_resume_honours_the_plans_server(planned, monkeypatch, capsys):
+    """A plan made against a remote server resumes there (no embedded server started); one
+    made on the embedded server starts a fresh one of the plan's engine; --base-url wins."""
+    started, calls = [], []
+    monkeypatch.setattr(
+        "kit.serve.start",
+        lambda *a, **kw: started.append(kw["engine"]) or contextlib.nullcontext(FakeServer),
+    )
+    monkeypatch.setattr(kit, "generate_sync", lambda p, c, **kw: calls.append(c) or FakeRun())
+    assert run_main(["generate", "--run-dir", str(planned)], capsys)[0] == 0
+    assert started == [] and calls[-1].endpoints == ["http://127.0.0.1:9/v1"]
+    spec = kit.plan.read_plan(planned)
+    kit.plan.write_plan(
+        planned, spec["table"], spec["config"], server={"embedded": True, "engine": "transformers"}
+    )
+    assert run_main(["generate", "--run-dir", str(planned)], capsys)[0] == 0
+    assert started == ["transformers"] and calls[-1].endpoints == [FakeServer.base_url]
+    assert (calls[-1].model, calls[-1].api) == (FakeServer.model, "vllm")
+    argv = ["generate", "--run-dir", str(planned), "--base-url", "http://gpu:30000/v1"]
+    assert run_main(argv, capsys)[0] == 0
+    assert started == ["transformers"] and calls[-1].endpoints == ["http://gpu:30000/v1"]
+
+    seen = []  # the Python API (02_generate) takes the same path
+
+    async def fake_generate(prompts, config, **kw):
+        seen.append((config, kw))
+        return FakeRun()
+
+    monkeypatch.setattr("kit.run.generate.generate", fake_generate)
+    asyncio.run(kit.resume(planned, concurrency=3, budgets={"chat_general": 10}))
+    config, kw = seen[0]
+    assert started == ["transformers", "transformers"] and config.endpoints == [FakeServer.base_url]
+    assert (config.concurrency, config.budgets) == (3, {"chat_general": 10})
+    assert set(kw) == {"run_dir", "expected_tokens", "progress", "force"}
 
 
 def test_a_failing_notebook_is_named_with_its_error(tmp_path, monkeypatch, capsys):

@@ -32,7 +32,7 @@ kit.generate_sync(frame, kit.RunConfig.from_dict(args["config"]), run_dir=args["
 """
 RESUME = """
 import asyncio, sys
-from kit.run.generate import resume
+from kit import resume
 asyncio.run(resume(sys.argv[1], timeout=900))
 """
 BUDGETS = {"a": 2500, "b": 1500, "c": 3500}
@@ -318,7 +318,7 @@ def test_sigterm_stops_kit_generate_cleanly(tmp_path):
         for trial in range(10):
             run_dir = tmp_path / f"run{trial}"
             run_dir.mkdir()
-            (run_dir / "plan.json").write_bytes((plan_dir / "plan.json").read_bytes())
+            (run_dir / "run.sqlite").write_bytes((plan_dir / "run.sqlite").read_bytes())  # the plan
             proc = _kit(
                 "generate",
                 "--run-dir",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -467,9 +466,12 @@ OLD = Path(__file__).parent / "fixtures" / "old_layout"
 
 
 def test_an_old_layout_run_exports_byte_for_byte_as_the_old_code_did(tmp_path):
-    """tests/fixtures/old_layout: a run of the JSONL layout and its SpecForge export by the
-    code before the run database; the reader imports the run on first open."""
-    shutil.copytree(OLD / "run", tmp_path / "run")
+    """tests/fixtures/old_layout: a run of the JSONL layout (run.sql: as imported into the run
+    database) and its SpecForge export by the code before the run database."""
+    (tmp_path / "run").mkdir()
+    conn = sqlite3.connect(tmp_path / "run" / "run.sqlite")
+    conn.executescript((OLD / "run.sql").read_text())
+    conn.close()
     result = export(
         tmp_path / "run",
         tmp_path / "out",

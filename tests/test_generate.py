@@ -186,7 +186,7 @@ async def _background_stop_then_resume(tmp_path):
         await kit.generate(frame, bigger, run_dir=run_dir)  # a bigger budget continues
         assert 4000 <= totals(run_dir)["a"] <= 4040 and assert_no_duplicates(run_dir) > n
 
-        run3 = await kit.run.generate.resume(run_dir, budgets={"a": 4000, "b": 2500})
+        run3 = await kit.resume(run_dir, budgets={"a": 4000, "b": 2500})
         assert 2500 <= totals(run_dir)["b"] <= 2540 and assert_no_duplicates(run_dir) > n
         assert run3.summary()["budget"].to_list() == [4000, 2500]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sqlite3
 
 import polars as pl
 import pytest
@@ -171,7 +172,7 @@ def test_no_tokenizer_no_guard_and_bad_settings_raise(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-# ---------------------------------------------------------------- the guard cache (guard.json)
+# ---------------------------------------------------------------- the guard cache (run.sqlite)
 
 
 def tiny_tokenizer(folder, template: str = "{{ m['role'] }} {{ m['content'] }}\n"):
@@ -316,11 +317,38 @@ def test_guard_cache_holds_the_tokenizer_facts_while_its_files_are_unchanged(
     renders.clear()
     guard.apply(prompts, dataclasses.replace(config, chat_template_hash=new_hash), run_dir, {})
     assert renders == ["a"]
-    (run_dir / "guard.json").write_bytes(b"\x00garbage")  # a spoiled cache is only a miss
+    with sqlite3.connect(run_dir / "run.sqlite") as conn:  # a spoiled cache is only a miss
+        conn.execute("UPDATE guard_datasets SET too_long = 'garbage'")
+    conn.close()
     renders.clear()
-    assert list(guard.apply(prompts, config, run_dir, {})[0]) == [
-        ("a", "a-long-0")
-    ] and renders == ["a"]
+    assert list(
+        guard.apply(prompts, dataclasses.replace(config, chat_template_hash=new_hash), run_dir, {})[
+            0
+        ]
+    ) == [("a", "a-long-0")] and renders == ["a"]
+
+
+def test_an_older_guard_json_is_imported_once_then_removed(tmp_path, renders):
+    tok = tiny_tokenizer(tmp_path / "tok")
+    prompts = frame({"a": {"short": 3, "long": 1}, "b": {"short": 2}})
+    config, run_dir = guard_config(tok), tmp_path / "run"
+    run_dir.mkdir()
+    first = guard.apply(prompts, config, run_dir, {})[0]
+    conn = sqlite3.connect(run_dir / "run.sqlite")
+    (tokenizer,) = conn.execute("SELECT doc FROM guard_tokenizer").fetchone()
+    rows = conn.execute("SELECT dataset, key, ids_key, too_long FROM guard_datasets").fetchall()
+    conn.close()
+    datasets = {d: {"key": k, "ids_key": i, "too_long": json.loads(t)} for d, k, i, t in rows}
+    doc = {"version": 1, "tokenizer": json.loads(tokenizer), "datasets": datasets}
+    (run_dir / "run.sqlite").unlink()  # the run directory of an older kit: its cache a file
+    (run_dir / "guard.json").write_text(json.dumps(doc))
+    renders.clear()
+    assert guard.apply(prompts, config, run_dir, {})[0] == first and renders == []
+    assert not (run_dir / "guard.json").exists()  # imported into the database, then removed
+    assert guard.apply(prompts, config, run_dir, {})[0] == first and renders == []
+    conn = sqlite3.connect(run_dir / "run.sqlite")
+    assert conn.execute("SELECT count(*) FROM guard_datasets").fetchone() == (2,)
+    conn.close()
 
 
 def test_a_restart_renders_nothing_and_loads_no_tokenizer(tmp_path, monkeypatch):

@@ -200,8 +200,6 @@ WRITTEN_OUT_ELSEWHERE = {
         "kit/report/writers.py",
         "completion_tokens count_source dataset finish_reason prompt_id sample",
     ),
-    ("kit/run/legacy.py", "output_ids prompt_ids tool_calls turns"),
-    ("kit/run/legacy.py", "attempts dataset prompt_id sample"),  # the errors table's
     (  # not a record: one earlier turn of Record.turns
         "kit/run/turns.py",
         "completion_tokens count_source finish_reason output_ids prompt_ids reasoning tool_calls",

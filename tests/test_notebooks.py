@@ -5,13 +5,13 @@ cold, in order, against one embedded server with papermill-style injected parame
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from kit.cli import demo
+from kit.plan import read_plan
 from kit.run.reader import read_config, records_frame
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,8 +56,8 @@ def test_notebooks_run_cold_in_order(embedded_server, tmp_path):
         nb = nbformat.read(executed / f"{name}.ipynb", as_version=4)
         errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
         assert not errors, f"{name}: {errors[0]}"
-    plan = json.loads((run_dir / "plan.json").read_text())
-    assert plan["budgets"] == budgets and plan["config"]["sampling"]["max_tokens"] == 32
+    plan = read_plan(run_dir)
+    assert plan["budgets"] == budgets and plan["config"].sampling.max_tokens == 32
     assert read_config(run_dir).endpoints == [embedded_server.base_url]
     records = records_frame(run_dir, prompts=False)
     assert records["completion_tokens"].sum() >= sum(budgets.values())

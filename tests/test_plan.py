@@ -1,4 +1,4 @@
-"""kit.plan: profiles, budget math, bounds, allocation, validation, the seed story, plan.json,
+"""kit.plan: profiles, budget math, bounds, allocation, validation, the seed story, the stored plan,
 the pilot (faults, n samples, the embedded server), and the planning charts' specs."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import inspect
 import json
 import math
 import random
+import sqlite3
 import statistics
 
 import polars as pl
@@ -287,7 +288,7 @@ def test_allocate_validation(kwargs, match):
         plan.allocate(**args)
 
 
-# ---------------------------------------------------------------- plan.json
+# ---------------------------------------------------------------- the stored plan
 
 
 def config(**kw) -> RunConfig:
@@ -314,12 +315,9 @@ def test_write_and_read_plan_round_trip(tmp_path):
         sampling=cfg.sampling,
     )
     path = plan.write_plan(tmp_path / "run", table, cfg, pilot=measured)
-    raw = json.loads(path.read_text())  # plain JSON: no NaN/inf
-    assert raw["version"] == 2 and raw["budgets"] == {"a": 1000, "b": 2000}
-    assert raw["config"]["budgets"] == raw["budgets"]  # the planned budgets, not the placeholder
-    assert raw["config"]["sampling"]["max_tokens"] == 128
-    assert raw["pilot"]["completions"] == 1 and raw["pilot"]["tokens_per_s"] == 50.0
+    assert path == tmp_path / "run" / "run.sqlite" and not (tmp_path / "run" / "plan.json").exists()
     back = plan.read_plan(tmp_path / "run")
+    assert back["pilot"]["completions"] == 1 and back["pilot"]["tokens_per_s"] == 50.0
     assert isinstance(back["config"], RunConfig)
     assert back["config"] == dataclasses.replace(cfg, budgets={"a": 1000, "b": 2000})
     assert back["config"].fingerprint() == cfg.fingerprint()  # budgets are not identity
@@ -370,7 +368,10 @@ def test_plan_prompts_and_write_plan_prompts_checks(tmp_path):
     plan.write_plan(run_dir, table, config(), prompts=loaded)
     assert plan.plan_prompts(run_dir) is None  # generate runs the prompts in run.sqlite
     assert not plan.run_started(run_dir) and not plan.run_started(tmp_path / "nowhere")
-    (run_dir / "run.sqlite").unlink()  # the spec alone loads the same prompts again
+    with sqlite3.connect(run_dir / "run.sqlite") as conn:  # the spec alone loads them again
+        conn.execute("DELETE FROM prompts")
+        conn.execute("DELETE FROM state WHERE key = 'prompts'")
+    conn.close()
     again = plan.plan_prompts(run_dir)
     assert again.frame["prompt_id"].to_list() == loaded.frame["prompt_id"].to_list()
 
@@ -599,3 +600,52 @@ def test_budget_vs_cap_spec():
         r["dataset"]: r["label"] for d in spec["datasets"].values() for r in d if "label" in r
     }
     assert labels["sharegpt"] == "2.66x"
+
+
+def test_the_plan_config_is_the_run_config_stored_once(tmp_path):
+    """The plan's RunConfig is the config row: no fingerprint until a run starts with it,
+    then a new plan must keep the run's fingerprint."""
+    table = pl.DataFrame({"dataset": ["a"], "budget": [500]})
+    run_dir = tmp_path / "run"
+    plan.write_plan(run_dir, table, config())
+    fingerprint = "SELECT fingerprint FROM config"
+    with sqlite3.connect(run_dir / "run.sqlite") as conn:
+        assert conn.execute(fingerprint).fetchone() == ("",)
+    conn.close()
+    store = RunStore(run_dir)  # the first run may change anything: nothing ran before it
+    store.init(config(model="other", budgets={"a": 500}))
+    store.close()
+    assert plan.run_started(run_dir) and plan.read_plan(run_dir)["config"].model == "other"
+    with pytest.raises(ValueError, match="holds a run made with another model"):
+        plan.write_plan(run_dir, table, config())
+    plan.write_plan(
+        run_dir,
+        pl.DataFrame({"dataset": ["a"], "budget": [900]}),
+        config(model="other", concurrency=3),
+    )
+    back = plan.read_plan(run_dir)
+    assert (back["config"].budgets, back["config"].concurrency) == ({"a": 900}, 3)
+    with sqlite3.connect(run_dir / "run.sqlite") as conn:
+        assert conn.execute(fingerprint).fetchone() == (config(model="other").fingerprint(),)
+    conn.close()
+
+
+def test_a_plan_json_of_an_older_kit_is_imported_once(tmp_path):
+    table = plan.budget({"a": 1000}, {"a": spread(100)}, prompts_available={"a": 99})
+    cfg = config(budgets={"a": 1000}, concurrency=5)
+    doc = {
+        "version": 2,
+        "created": "2026-12-01T10:00:00+00:00",
+        "budgets": {"a": 1000},
+        "config": cfg.to_dict(),
+        "sources": None,
+        "server": {"embedded": False, "engine": None},
+        "pilot": None,
+        "table": table.to_dicts(),
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    back = plan.read_plan(tmp_path)
+    assert not (tmp_path / "plan.json").exists() and (tmp_path / "plan.json.imported").is_file()
+    assert back["config"] == cfg and back["created"] == doc["created"]
+    assert back["server"] == doc["server"] and plan.pilot_means(back) == {"a": 100.0}
+    assert plan.read_plan(tmp_path)["table"].equals(back["table"])  # from the database now

@@ -22,6 +22,7 @@ EXPECTED = [
     "load",
     "plan",
     "report",
+    "resume",
     "run",
     "serve",
     "tokens",

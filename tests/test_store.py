@@ -1,13 +1,12 @@
-"""The run store (kit.run.store, kit.run.db, kit.run.reader, kit.run.legacy): round trip,
-fingerprints, one writer, duplicates refused and counted, damaged databases, the JSONL
-layout imported once, full disk and kill -9 between commits."""
+"""The run store (kit.run.store, kit.run.db, kit.run.reader): round trip, fingerprints, one
+writer, duplicates refused and counted, damaged databases, older schemas upgraded, full disk
+and kill -9 between commits."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -22,14 +21,13 @@ import polars as pl
 import pytest
 
 from kit.data.sources import prompt_id
-from kit.run import db, legacy, reader
+from kit.run import db, reader
 from kit.run.db import DatabaseDamaged
 from kit.run.progress import progress
 from kit.run.store import FingerprintMismatch, RunLocked, RunStore
 from kit.types import COLUMNS, KEY, DatasetProgress, ErrorRecord, Record, RunConfig, Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
-OLD_LAYOUT = ROOT / "tests" / "fixtures" / "old_layout" / "run"
 ENV = os.environ | {"PYTHONPATH": str(ROOT)}
 
 
@@ -479,104 +477,6 @@ def test_a_file_that_is_no_database_is_reported_in_one_line(tmp_path):
     with pytest.raises(DatabaseDamaged) as err:
         reader.read_config(tmp_path)
     assert "damaged" in _one_line(err.value)
-
-
-# ---------------------------------------------------------------- the JSONL layout
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def test_a_run_of_the_jsonl_layout_is_imported_once(tmp_path):
-    run_dir = tmp_path / "run"
-    shutil.copytree(OLD_LAYOUT, run_dir)
-    lines = [row for p in sorted((run_dir / "records").glob("*.jsonl")) for row in _jsonl(p)]
-    errors = _jsonl(run_dir / "errors.jsonl")
-    assert len(lines) == 13 and len(errors) == 1  # the fixture as the old code wrote it
-    want = {}  # dataset -> [samples, tokens, truncated], from the old files
-    for row in lines:
-        w = want.setdefault(row["dataset"], [0, 0, 0])
-        w[0], w[1], w[2] = (
-            w[0] + 1,
-            w[1] + row["completion_tokens"],
-            w[2] + (row["finish_reason"] == "length"),
-        )
-
-    frame = reader.records_frame(run_dir)  # the first open imports
-    assert db.db_path(run_dir).exists() and not (run_dir / "run.sqlite.importing").exists()
-    got = {(r["dataset"], r["prompt_id"], r["sample"]): r for r in frame.iter_rows(named=True)}
-    assert len(frame) == len(got) == 13
-    for row in lines:
-        rec = got[(row["dataset"], row["prompt_id"], row["sample"])]
-        assert {k: rec[k] for k in row if k in reader.RECORD_COLUMNS} == {
-            k: v for k, v in row.items() if k in reader.RECORD_COLUMNS
-        }
-    by = {p.dataset: p for p in progress(run_dir)}
-    assert {ds: [p.samples_done, p.tokens_done, p.truncated] for ds, p in by.items()} == want
-    assert {ds: list(t) for ds, t in _totals_match_records(run_dir).items()} == want
-    errs = reader.errors_frame(run_dir)
-    assert errs.select("dataset", "prompt_id", "error").rows() == [
-        (e["dataset"], e["prompt_id"], e["error"]) for e in errors
-    ]
-    old = json.loads((run_dir / "config.json").read_text())
-    assert reader.read_config(run_dir).budgets == old["config"]["budgets"]
-    report = json.loads(reader.state(run_dir, "imported"))
-    assert (report["records"], report["errors"], report["skipped_lines"]) == (13, 1, 0)
-
-    inode = db.db_path(run_dir).stat().st_ino
-    assert legacy.import_old_layout(run_dir) is None  # a second open does not import again
-    assert len(reader.records_frame(run_dir)) == 13
-    assert db.db_path(run_dir).stat().st_ino == inode
-    assert (run_dir / "records" / "chat.jsonl").exists()  # the old files are left alone
-
-
-def test_old_lines_with_tool_calls_are_imported_with_them(tmp_path):
-    """Lines of the JSONL layout may carry the answer's tool calls (a list): imported into
-    the tool_calls column; a line whose tool_calls is no list is not a whole record."""
-    run_dir = tmp_path / "run"
-    shutil.copytree(OLD_LAYOUT, run_dir)
-    path = run_dir / "records" / "chat.jsonl"
-    first = _jsonl(path)[0]
-    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
-    extra = [first | {"sample": 7, "tool_calls": calls}, first | {"sample": 8, "tool_calls": "f()"}]
-    with open(path, "a") as f:
-        f.writelines(json.dumps(row) + "\n" for row in extra)
-    got = {r.key: r for r in reader.records(run_dir)}
-    assert got[(first["dataset"], first["prompt_id"], 7)].tool_calls == calls
-    assert got[(first["dataset"], first["prompt_id"], 0)].tool_calls is None
-    assert (first["dataset"], first["prompt_id"], 8) not in got
-    report = json.loads(reader.state(run_dir, "imported"))
-    assert report["skipped_lines"] == 1 and "tool_calls is not a list" in report["problems"][0]
-
-
-def test_an_import_killed_midway_is_done_again_whole(tmp_path):
-    run_dir = tmp_path / "run"
-    shutil.copytree(OLD_LAYOUT, run_dir)
-    tmp = run_dir / "run.sqlite.importing"
-    conn = sqlite3.connect(tmp, isolation_level=None)  # what a kill mid-import leaves
-    db.migrate(conn)
-    conn.execute("BEGIN")
-    conn.execute("INSERT INTO totals VALUES ('chat', 99, 9999, 0)")
-    conn.close()  # the open transaction is never committed
-    (run_dir / "run.sqlite.importing-journal").write_bytes(b"half a journal")
-    assert reader.is_run_dir(run_dir) and not db.db_path(run_dir).exists()
-
-    assert len(reader.records_frame(run_dir)) == 13
-    assert sorted(p.name for p in run_dir.glob("run.sqlite*")) == ["run.sqlite"]
-    assert _totals_match_records(run_dir)["chat"][0] == 8
-    assert json.loads(reader.state(run_dir, "imported"))["records"] == 13
-
-
-def test_a_writer_resumes_an_imported_run(tmp_path):
-    run_dir = tmp_path / "run"
-    shutil.copytree(OLD_LAYOUT, run_dir)
-    config = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text())["config"])
-    store = RunStore(run_dir)
-    store.init(config)  # the writer imports too, then keeps the fingerprint check
-    done = store.done()
-    store.close()
-    assert len(done) == 13
 
 
 def _m001_database(run_dir: Path, n: int = 5) -> None:

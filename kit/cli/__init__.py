@@ -2,9 +2,10 @@
 validate.
 
 Every subcommand is a thin wrapper over the package (kit.cli.commands; the demo in
-kit.cli.demo). `kit plan` builds one kit.RunConfig from its flags, pilots and writes
-plan.json; `kit generate` reads it back, applies only the flags given, and runs or
-resumes; `kit demo` executes the four notebooks against the embedded server.
+kit.cli.demo). `kit plan` builds one kit.RunConfig from its flags, pilots and stores the
+plan in the run database; `kit generate` reads it back, applies only the flags given, and
+runs or resumes on the plan's server; `kit demo` executes the four notebooks against the
+embedded server.
 
 A user error is one line on stderr (`kit: error: <what and the fix>`, exit 2), and so is
 a damaged run database (kit.run.db.DatabaseDamaged: what to do) and a run directory held
@@ -148,7 +149,8 @@ def parser() -> argparse.ArgumentParser:
     _server_args(d)
     d.set_defaults(fn=cmd_demo)
 
-    pl_ = sub.add_parser("plan", help="pilot and plan per-dataset token budgets -> plan.json")
+    pl_ = sub.add_parser("plan", help="pilot and plan per-dataset token budgets (or --show one)")
+    pl_.add_argument("--show", metavar="RUN_DIR", help="print the plan stored in RUN_DIR and exit")
     pl_.add_argument("--samples", nargs="+", default=[str(SAMPLES)], help="files or folders")
     pl_.add_argument(
         "--format",
@@ -175,14 +177,13 @@ def parser() -> argparse.ArgumentParser:
         choices=["last_turn", "all_turns"],
         default="last_turn",
         help="multi-turn prompts: generate the last assistant turn only, or every one in order "
-        "(all_turns; needed by lists of user turns such as MT-bench); kept in plan.json",
+        "(all_turns; needed by lists of user turns such as MT-bench); kept with the plan",
     )
-    pl_.add_argument("--run-dir", required=True, help="the run directory plan.json goes into")
+    pl_.add_argument("--run-dir", help="the run directory the plan goes into (required)")
     pl_.add_argument(
         "--budget",
         nargs="+",
-        required=True,
-        help=f"{BUDGET_HELP}; or bytes of hidden states of an offline EAGLE-3 dump (2TB, 500GiB, "
+        help=f"(required) {BUDGET_HELP}; or bytes of hidden states of an offline EAGLE-3 dump (2TB, 500GiB, "
         "NAME=1TB), converted to completion tokens from the pilot's lengths",
     )
     pl_.add_argument(

@@ -1,10 +1,10 @@
 """The `kit` subcommands over the package: plan, generate, audit, records, export, watch,
 prepare, serve.
 
-`kit plan` builds one kit.RunConfig from its flags, pilots and writes plan.json (which
-stores that config); `kit generate` reads it back, applies only the flags given (with
-dataclasses.replace) and runs or resumes. A user error raises ValueError /
-FileNotFoundError with the fix in its message; kit.cli.main prints it as one line.
+`kit plan` builds one kit.RunConfig from its flags, pilots and stores the plan (with that
+config) in the run database; `kit generate` runs or resumes it through planned_run, the one
+resume path (also kit.resume and 02_generate), with only the flags given changed. A user
+error raises ValueError / FileNotFoundError with the fix in its message.
 """
 
 from __future__ import annotations
@@ -91,36 +91,35 @@ def parse_mappings(values: list[str] | None) -> dict | None:
         >>> parse_mappings(['gsm8k={"prompt": "question"}', 'humaneval={"prompt": "prompt"}'])
         {'gsm8k': {'prompt': 'question'}, 'humaneval': {'prompt': 'prompt'}}
     """
-    if not values:
-        return None
-    pairs = [_named(v) for v in values]
-    if len(pairs) == 1 and pairs[0][0] is None:
-        return parse_mapping(pairs[0][1])
-    if any(name is None for name, _ in pairs):
-        raise ValueError(
-            "--mapping takes one JSON mapping for every source, or NAME=JSON for each "
-            f"dataset, not both; got {values}"
-        )
-    return {name: parse_mapping(text) for name, text in pairs}
+    return _one_or_each("--mapping", "JSON", values, parse_mapping)
 
 
 def parse_formats(values: list[str] | None) -> str | dict | None:
     """--format values -> kit.load's format=: FORMAT for every source, or NAME=FORMAT each."""
     from kit.data.formats import FORMATS
 
+    def check(fmt: str) -> str:
+        if fmt not in FORMATS:
+            raise ValueError(f"--format takes one of {FORMATS} (or NAME=FORMAT), got {fmt!r}")
+        return fmt
+
+    return _one_or_each("--format", "FORMAT", values, check)
+
+
+def _one_or_each(flag: str, what: str, values: list[str] | None, parse):
+    """parse(VALUE) of a flag's one VALUE for every source, or {NAME: parse(VALUE)} of its
+    NAME=VALUE for each dataset; None when not given."""
     if not values:
         return None
     pairs = [_named(v) for v in values]
-    for _, fmt in pairs:
-        if fmt not in FORMATS:
-            raise ValueError(f"--format takes one of {FORMATS} (or NAME=FORMAT), got {fmt!r}")
     if len(pairs) == 1 and pairs[0][0] is None:
-        return pairs[0][1]
+        return parse(pairs[0][1])
     if any(name is None for name, _ in pairs):
         raise ValueError(
-            f"--format takes FORMAT for every source or NAME=FORMAT each, got {values}"
+            f"{flag} takes one {what} for every source, or NAME={what} for each dataset, "
+            f"not both; got {values}"
         )
-    return dict(pairs)
+    return {name: parse(value) for name, value in pairs}
 
 
 def _tokens(flag: str, value: str) -> int:
@@ -234,9 +233,9 @@ def plan_run(
     hidden=None,
     target_config=None,
 ):
-    """Profile prompts, pilot, plan the budgets (timed on `servers` endpoints) and write
-    plan.json (storing `config` and `server`: whether its endpoints are an embedded server
-    this command started). `hidden`: dataset -> bytes of hidden states (or one number for
+    """Profile prompts, pilot, plan the budgets (timed on `servers` endpoints) and store the
+    plan (with `config` and `server`: whether its endpoints are an embedded server this
+    command started). `hidden`: dataset -> bytes of hidden states (or one number for
     all), converted to completion tokens from the pilot; `target_config`: the target's
     config.json or folder (default: the tokenizer's folder when it holds one)."""
     from kit import plan
@@ -295,6 +294,13 @@ def cmd_plan(args) -> int:
     import kit
     from kit import plan
 
+    if args.show:
+        print(plan.show_plan(args.show))
+        return 0
+    if missing := [f for f, v in (("--run-dir", args.run_dir), ("--budget", args.budget)) if not v]:
+        raise ValueError(
+            f"kit plan needs {' and '.join(missing)} (or --show RUN_DIR); see `kit plan --help`"
+        )
     if bool(args.base_url) != bool(args.model):
         raise ValueError(
             "--base-url and --model go together (the server and the model name it expects); "
@@ -356,47 +362,77 @@ def cmd_plan(args) -> int:
 # -------------------------------------------------------------------------- generate
 
 
-def generate_run(run_dir, args):
-    """Run (or resume) the plan in run_dir with a console monitor; return the Run."""
-    import kit
+@contextlib.contextmanager
+def planned_run(run_dir, *, engine: str | None = None, **changes):
+    """Yield (prompts, config, options) of kit.generate for the plan (or the run) in run_dir,
+    on the plan's server: the one resume path (kit.resume, `kit generate`, 02_generate).
+
+    The server: `endpoints` in changes -> those; `engine` given -> a fresh embedded server
+    of that engine; else a fresh embedded server only for a plan made on one (a plan that
+    does not say: when its model is the embedded model), else the stored endpoints (a
+    remote server; its API key from the environment variable config.api_key_env names,
+    never stored). `changes` replace RunConfig fields; budgets NAME=TOKENS are merged over
+    the plan's. A run started by kit.generate without a plan resumes from its config."""
     from kit import plan
-    from kit.report.monitor import ConsoleMonitor
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(
             f"--run-dir {run_dir} does not exist: make a plan there first (kit plan --run-dir {run_dir} ...)"
         )
-    spec = plan.read_plan(run_dir)
-    config = replace(spec["config"], **_run_changes(args))
-    if args.budget:
-        config = replace(
-            config, budgets=_merged_budgets(config.budgets, parse_budgets(args.budget))
-        )
+    try:
+        spec = plan.read_plan(run_dir)
+    except FileNotFoundError:
+        if not plan.run_started(run_dir):
+            raise
+        from kit.run.reader import read_config
+
+        server = {"embedded": False}  # kit.generate's own run: its endpoints as stored
+        spec = {"config": read_config(run_dir), "server": server, "sources": None, "table": None}
+    config = spec["config"]
+    if "budgets" in changes:
+        changes["budgets"] = _merged_budgets(config.budgets, changes["budgets"])
+    config = replace(config, **changes)
+    start, engine = _start_embedded(spec["server"], config, "endpoints" in changes, engine)
     resuming = plan.run_started(run_dir)
     prompts = plan.plan_prompts(run_dir, spec)
-    start, engine = _start_embedded(spec.get("server"), config, args)
     with _embedded(config, start=start, engine=engine) as config:
         print(f"{'resuming' if resuming else 'starting'} the run in {run_dir}", file=sys.stderr)
-        return kit.generate_sync(
-            prompts,
-            config,
-            run_dir=run_dir,
-            progress=ConsoleMonitor(),
-            expected_tokens=plan.pilot_means(spec),
-            force=args.force,
-        )
+        yield prompts, config, {"run_dir": run_dir, "expected_tokens": plan.pilot_means(spec)}
 
 
-def _start_embedded(server: dict | None, config, args) -> tuple[bool, str | None]:
-    """(start an embedded server?, its engine) for `kit generate`: never with --base-url;
-    with --engine, always; else only when the plan was made on an embedded server (plan.json
-    "server"; a plan without that record: when its model is the embedded model). A plan
-    made with --base-url keeps its endpoints, whatever model they serve."""
-    if args.base_url:
+async def resume(run_dir, *, engine=None, progress=None, force: bool = False, **changes):
+    """Run, or resume, the plan in run_dir on the plan's server (planned_run).
+
+    Args:
+        run_dir: a run directory holding a plan (kit plan, 01_plan) or a started run.
+        engine: start a fresh embedded server of this engine whatever the plan says.
+        progress: kit.generate's progress callback. force: resume despite a changed fingerprint.
+        changes: RunConfig fields to change (endpoints, budgets, concurrency, model ...).
+
+    Returns:
+        kit.run.generate.Run; an embedded server started for it is stopped when it ends.
+
+    Example (a notebook cell; a script: asyncio.run(kit.resume(...))):
+        run = await kit.resume("data/runs/demo", concurrency=64)
+        run.summary()
+    """
+    from kit.run.generate import generate
+
+    with planned_run(run_dir, engine=engine, **changes) as (prompts, config, options):
+        return await generate(prompts, config, **options, progress=progress, force=force)
+
+
+def _start_embedded(
+    server: dict | None, config, endpoints: bool, engine
+) -> tuple[bool, str | None]:
+    """(start an embedded server?, its engine): never with endpoints given; with an engine,
+    always; else only when the plan was made on an embedded server (a plan without that
+    record: when its model is the embedded model)."""
+    if endpoints:
         return False, None
-    if args.engine is not None:
-        return True, args.engine
+    if engine is not None:
+        return True, engine
     if server is None:
         return _is_embedded(config.model), None
     return bool(server.get("embedded")), server.get("engine")
@@ -406,7 +442,16 @@ SUMMARY = ["dataset", "state", "budget", "tokens_done", "overshoot", "shortfall"
 
 
 def cmd_generate(args) -> int:
-    run = generate_run(args.run_dir, args)
+    import kit
+    from kit.report.monitor import ConsoleMonitor
+
+    changes = _run_changes(args)
+    if args.budget:
+        changes["budgets"] = parse_budgets(args.budget)
+    with planned_run(args.run_dir, engine=args.engine, **changes) as (prompts, config, options):
+        run = kit.generate_sync(
+            prompts, config, **options, progress=ConsoleMonitor(), force=args.force
+        )
     print(_table(run.summary().select(*SUMMARY, "skipped_context")))
     if run.stop_reason is not None:
         print(

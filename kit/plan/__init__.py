@@ -1,10 +1,10 @@
-"""Stage 2, plan: length profiles, the pilot, samples needed per budget, plan.json.
+"""Stage 2, plan: length profiles, the pilot, samples needed per budget, the stored plan.
 
 Modules: `lengths` (profiles), `pilots` (a seeded sample run through kit.run.generate, its
 throughput at the run's concurrency), `estimate` (budget(): samples needed, bounds, hours,
 cap overshoot), `inputs` (budget()/allocate() input checks), `allocation` (allocate():
-tokens per dataset from hours), `planfile` (plan.json, the hand-over to the run stage),
-`hidden` (the disk an offline EAGLE-3 hidden-state dump of a plan takes; byte budgets).
+tokens per dataset from hours), `planfile` (the plan in run.sqlite, the hand-over to the
+run stage), `hidden` (the disk an offline EAGLE-3 hidden-state dump of a plan takes; byte budgets).
 The pilot is a small run, so this package sits above kit.run.
 
     res = kit.plan.pilot_sync(prompts, config)   # 30 per dataset
@@ -25,7 +25,14 @@ from kit.plan.pilots import (
     pilot_sample,
     pilot_sync,
 )
-from kit.plan.planfile import pilot_means, plan_prompts, read_plan, run_started, write_plan
+from kit.plan.planfile import (
+    pilot_means,
+    plan_prompts,
+    read_plan,
+    run_started,
+    show_plan,
+    write_plan,
+)
 
 __all__ = [
     "PILOT_PER_DATASET",
@@ -47,6 +54,7 @@ __all__ = [
     "profile_prompts",
     "read_plan",
     "run_started",
+    "show_plan",
     "target_shape",
     "tokens_for_bytes",
     "write_plan",

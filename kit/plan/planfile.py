@@ -1,18 +1,17 @@
-"""plan.json: the hand-over from the planning stage to the generate stage.
+"""The plan in the run database: the hand-over from the planning stage to the generate stage.
 
-The plan stores the run's RunConfig with the planned budgets and, given the prompts, the
-load spec of each dataset (path, format, mapping: plan.json "sources") with the prompts
-themselves in the run database (run_dir/run.sqlite), so generate needs nothing else:
-not the source files, not the format or mapping they were read with, not data that only
-ever lived in memory. Re-exported as kit.plan.write_plan / read_plan / plan_prompts /
-run_started / pilot_means.
+write_plan stores the planned budgets, the pilot's summary, the plan table, each dataset's
+load spec and the server the plan was made on (run.sqlite's `plan` and `plan_rows`), its
+RunConfig as the run's config row (fingerprint '' until a run starts), and the prompts;
+generate then needs nothing else. A plan.json of an older kit is imported once, then renamed
+plan.json.imported. Re-exported as kit.plan.write_plan / read_plan / show_plan /
+plan_prompts / run_started / pilot_means.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,10 +20,15 @@ from typing import TYPE_CHECKING
 from kit.data.sources import LoadResult, reload
 from kit.plan.estimate import TOTAL, plan_schema
 from kit.plan.pilots import PilotResult
+from kit.run import db
+from kit.run.reader import config_doc, has_prompts, is_run_dir, open_db
+from kit.run.store import store_prompts
 from kit.types import RunConfig
 
 if TYPE_CHECKING:
     import polars as pl
+
+_PLAN_FIELDS = ("created", "budgets", "sources", "server", "pilot")
 
 
 def write_plan(
@@ -37,26 +41,24 @@ def write_plan(
     prompts: pl.DataFrame | LoadResult | None = None,
     server: dict | None = None,
 ) -> Path:
-    """Write run_dir/plan.json: the planned budgets and the run's RunConfig, which the
-    generate stage (02_generate, `kit generate`) reads back with read_plan().
+    """Store the plan in run_dir's database, which generate (02_generate, `kit generate`,
+    kit.resume) reads back with read_plan().
 
     Args:
         run_dir: the run directory (created if missing).
-        plan_frame: the table from budget() (or allocate()), stored as records.
-        config: the run's settings; its budgets are replaced by the planned ones.
+        plan_frame: the table from budget() (or allocate()), stored row by row.
+        config: the run's settings; its budgets are replaced by the planned ones. Over a
+            started run it must keep the run's fingerprint (else ValueError).
         budgets: dataset -> tokens; default: the plan's `budget` (or `tokens`) column.
         pilot: the PilotResult the plan came from (its summary is stored).
-        prompts: the prompts to run (a prompt frame or a LoadResult). Written to
-            the run database, with each dataset's load spec in plan.json
-            ("sources"; config.datasets from it): kit.generate(None, config, run_dir=...)
-            then runs the plan from the run directory alone. The planned budgets must
-            name exactly its datasets.
-        server: what the plan's endpoints are, {"embedded": bool, "engine": str | None}:
-            `kit generate` starts a fresh embedded server only for a plan made on one
-            (config.endpoints is then a server that is gone), else it uses the endpoints.
+        prompts: the prompts to run (a prompt frame or a LoadResult), stored with each
+            dataset's load spec (config.datasets from it): generate then runs the plan from
+            the run directory alone. The planned budgets must name exactly its datasets.
+        server: {"embedded": bool, "engine": str | None}: generate starts a fresh embedded
+            server only for a plan made on one, else it uses config.endpoints.
 
     Returns:
-        The path of plan.json.
+        The path of the run database.
 
     Example:
         >>> import tempfile
@@ -66,7 +68,7 @@ def write_plan(
         ...     path = write_plan(run_dir, t, config)
         ...     back = read_plan(run_dir)
         >>> path.name, back["budgets"], back["config"].budgets
-        ('plan.json', {'a': 4000}, {'a': 4000})
+        ('run.sqlite', {'a': 4000}, {'a': 4000})
     """
     if budgets is None:
         budgets = _plan_budgets(plan_frame)
@@ -77,31 +79,65 @@ def write_plan(
         frame, specs = _prompt_specs(prompts)
         config.budgets_for(list(specs))  # a plan that cannot run is refused now, not later
         config = replace(config, datasets={name: s["path"] for name, s in specs.items()})
-        _write_prompts(run_dir, frame)
-    payload = {
-        "version": 2,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "budgets": config.budgets,
-        "config": config.to_dict(),
-        "sources": specs,
-        "server": server,
-        "pilot": pilot.summary() if pilot is not None else None,
-        "table": plan_frame.to_dicts(),
-    }
-    path = run_dir / "plan.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, allow_nan=False, default=str))
-    os.replace(tmp, path)
-    return path
+        store_prompts(run_dir, frame)  # under the writer's lock: refused while a run writes
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    plan = [created, config.budgets, specs, server, pilot.summary() if pilot else None]
+    _store(run_dir, plan, plan_frame.to_dicts(), config)
+    return db.db_path(run_dir)
+
+
+def _store(run_dir: Path, plan: list, rows: list[dict], config: RunConfig | None) -> None:
+    """Replace the plan (values in _PLAN_FIELDS order) and its table in one transaction, and
+    the config row (None: keep it)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    conn = db.connect(run_dir, write=True)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        if config is not None:
+            fingerprint, config = _planned_config(conn, config, run_dir)
+            conn.execute(
+                "INSERT OR REPLACE INTO config VALUES (1, ?, ?)",
+                (fingerprint, _json(config.to_dict())),
+            )
+        conn.execute(
+            "INSERT OR REPLACE INTO plan VALUES (1, ?, ?, ?, ?, ?)",
+            [plan[0], *(None if v is None else _json(v) for v in plan[1:])],
+        )
+        conn.execute("DELETE FROM plan_rows")
+        conn.executemany("INSERT INTO plan_rows VALUES (?, ?)", enumerate(map(_json, rows)))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()  # a transaction left open is rolled back
+
+
+def _json(value) -> str:
+    return json.dumps(value, allow_nan=False, default=str)
+
+
+def _planned_config(conn, config: RunConfig, run_dir: Path) -> tuple[str, RunConfig]:
+    """(fingerprint, config) of the config row: ('', config) before a run; over a started
+    run, the run's fingerprint and what the run found (its prompts' and chat template's
+    hashes), or ValueError when config would change what the fingerprint covers."""
+    row = conn.execute("SELECT fingerprint, doc FROM config").fetchone()
+    if not row or not row[0]:
+        return "", config
+    run = RunConfig.from_dict(json.loads(row[1]))
+    config = replace(
+        config, source_hashes=run.source_hashes, chat_template_hash=run.chat_template_hash
+    )
+    old, new = run.fingerprint_parts(), config.fingerprint_parts()
+    if changed := sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)):
+        raise ValueError(
+            f"{run_dir} holds a run made with another {', '.join(changed)}: write this plan "
+            "into a new run directory"
+        )
+    return row[0], config
 
 
 def _prompt_specs(prompts) -> tuple[pl.DataFrame, dict[str, dict]]:
     """(prompts, dataset -> load spec) of a LoadResult (kept as it is: its prompts are
     stored a part at a time) or a frame (in-memory specs)."""
     import polars as pl
-
-    from kit.data.sources import LoadResult
 
     frame = prompts.scan() if isinstance(prompts, LoadResult) else prompts
     if not isinstance(frame, pl.DataFrame | pl.LazyFrame):
@@ -127,14 +163,6 @@ def _prompt_specs(prompts) -> tuple[pl.DataFrame, dict[str, dict]]:
     return prompts, specs
 
 
-def _write_prompts(run_dir: Path, frame) -> None:
-    """The plan's prompts into the run database (kit.run.store.store_prompts, under the
-    writer's lock); refused over a started run with other prompts."""
-    from kit.run.store import store_prompts
-
-    store_prompts(run_dir, frame)
-
-
 def _plan_budgets(plan_frame: pl.DataFrame) -> dict[str, float]:
     """dataset -> budget from a budget() or allocate() table, without the TOTAL row."""
     column = "budget" if "budget" in plan_frame.columns else "tokens"
@@ -145,34 +173,81 @@ def _plan_budgets(plan_frame: pl.DataFrame) -> dict[str, float]:
     return {d: v for d, v in plan_frame.select("dataset", column).iter_rows() if d != TOTAL}
 
 
-def read_plan(run_dir: str | Path) -> dict:
-    """Read run_dir/plan.json: `budgets`, `config` (a RunConfig), `sources` (dataset -> load
-    spec, None when the plan was written without prompts), `server` ({"embedded",
-    "engine"}, or None), `pilot`, `table` (a frame).
-
-    A plan.json from before version 2 (no "config") is refused: make it again.
-
-    Example (see write_plan for one that runs):
-        plan = read_plan("data/runs/demo")
-        plan["config"].budgets == plan["budgets"]   # True: the config carries the plan
-    """
-    import polars as pl
-
-    path = Path(run_dir) / "plan.json"
+def _import_plan_json(run_dir: Path) -> None:
+    """Store the plan.json of an older kit in the run database once, then rename it
+    plan.json.imported; over a started run the run's config is kept."""
+    path = run_dir / "plan.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no plan at {path}: run the plan stage (kit plan, 01_plan) first")
+        return
     try:
-        plan = json.loads(path.read_text())
-        plan["config"] = RunConfig.from_dict(plan["config"])
+        doc = json.loads(path.read_text())
+        config = RunConfig.from_dict(doc["config"])
+        plan = [doc.get("created") or "", doc["budgets"], *map(doc.get, _PLAN_FIELDS[2:])]
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(
             f"{path} is not a valid plan (make it again with kit plan): {exc}"
         ) from exc
-    table = plan.get("table")
-    plan["table"] = pl.DataFrame(table) if table else pl.DataFrame(schema=plan_schema())
-    plan.setdefault("sources", None)
-    plan.setdefault("server", None)  # plans made before it say nothing of their server
+    _store(run_dir, plan, doc.get("table") or [], None if run_started(run_dir) else config)
+    path.rename(path.with_name("plan.json.imported"))
+
+
+def read_plan(run_dir: str | Path) -> dict:
+    """The plan stored in run_dir: `created`, `budgets` (as planned), `config` (the run's
+    RunConfig), `sources` (dataset -> load spec, None when the plan was written without
+    prompts), `server` ({"embedded", "engine"}, or None), `pilot`, `table` (a frame).
+
+    Example (see write_plan for one that runs):
+        plan = read_plan("data/runs/demo")
+        plan["config"].budgets == plan["budgets"]   # True until a run changes its budgets
+    """
+    import polars as pl
+
+    run_dir = Path(run_dir)
+    _import_plan_json(run_dir)
+    row, rows, doc = None, [], None
+    if is_run_dir(run_dir):
+        with open_db(run_dir) as conn:
+            row = conn.execute(f"SELECT {', '.join(_PLAN_FIELDS)} FROM plan").fetchone()
+            rows = [
+                json.loads(r)
+                for (r,) in conn.execute("SELECT row FROM plan_rows ORDER BY position")
+            ]
+            doc = config_doc(conn)
+    if row is None or doc is None:
+        raise FileNotFoundError(
+            f"no plan at {run_dir}: run the plan stage (kit plan, 01_plan) first"
+        )
+    plan = {
+        "created": row[0],
+        **{k: json.loads(v) if v else None for k, v in zip(_PLAN_FIELDS[1:], row[1:], strict=True)},
+    }
+    plan["config"] = RunConfig.from_dict(doc)
+    plan["table"] = pl.DataFrame(rows) if rows else pl.DataFrame(schema=plan_schema())
     return plan
+
+
+def show_plan(run_dir: str | Path) -> str:
+    """The stored plan as text (`kit plan --show RUN_DIR`): when it was made, its server,
+    each dataset's budget and pilot mean, the run's config.
+
+    Example: print(kit.plan.show_plan("data/runs/demo"))
+    """
+    plan = read_plan(run_dir)
+    config, server, means = plan["config"], plan["server"], pilot_means(plan) or {}
+    if server is None:
+        where = "not recorded (embedded when the model is the embedded one)"
+    elif server.get("embedded"):
+        where = f"embedded ({server.get('engine') or 'the api says which engine'})"
+    else:
+        where = "remote at " + ", ".join(config.endpoints)
+    state = "a run has started" if run_started(run_dir) else "no run yet"
+    lines = [f"plan in {run_dir}, made {plan['created']} ({state})", f"server: {where}"]
+    lines.append(f"  {'dataset':<28}{'budget':>14}{'pilot mean':>12}")
+    for name, tokens in plan["budgets"].items():
+        mean = f"{means[name]:.1f}" if name in means else "-"
+        lines.append(f"  {name:<28}{tokens:>14,}{mean:>12}")
+    lines.append("config: " + json.dumps(config.to_dict(), indent=2))
+    return "\n".join(lines)
 
 
 def plan_prompts(run_dir: str | Path, plan: dict | None = None) -> LoadResult | None:
@@ -181,13 +256,11 @@ def plan_prompts(run_dir: str | Path, plan: dict | None = None) -> LoadResult | 
     or a run under way), else the plan's datasets loaded again from their specs (or from
     config.datasets for a plan that has none).
 
-    Example (02_generate, `kit generate`):
+    Example (kit.resume does this):
         plan = kit.plan.read_plan(run_dir)
         prompts = kit.plan.plan_prompts(run_dir, plan)
         run = await kit.generate(prompts, plan["config"], run_dir=run_dir)
     """
-    from kit.run.reader import has_prompts
-
     if has_prompts(run_dir):
         return None
     plan = plan if plan is not None else read_plan(run_dir)
@@ -197,25 +270,23 @@ def plan_prompts(run_dir: str | Path, plan: dict | None = None) -> LoadResult | 
     }
     if not specs:
         raise ValueError(
-            f"{Path(run_dir) / 'plan.json'} records no prompts and {run_dir} has no "
-            "stored prompts: write the plan with prompts= (kit.plan.write_plan)"
+            f"the plan in {run_dir} records no prompts and {run_dir} has no stored prompts: "
+            "write the plan with prompts= (kit.plan.write_plan)"
         )
     return reload(specs)
 
 
 def run_started(run_dir: str | Path) -> bool:
-    """True when a run has started in run_dir (its database holds the run's config), so
-    generate resumes it; False for a plan alone or an empty directory.
+    """True when a run has started in run_dir (its config row holds the run's fingerprint),
+    so generate resumes it; False for a plan alone or an empty directory.
 
     Example: kit.plan.run_started("data/runs/demo") -> True after 02_generate's first run
     """
-    from kit.run.reader import read_config
-
-    try:
-        read_config(run_dir)
-    except FileNotFoundError:
+    if not is_run_dir(run_dir):
         return False
-    return True
+    with open_db(run_dir) as conn:
+        row = conn.execute("SELECT fingerprint FROM config").fetchone()
+    return bool(row and row[0])
 
 
 def pilot_means(plan: dict) -> dict[str, float] | None:

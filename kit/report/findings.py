@@ -4,7 +4,7 @@
 severity, message): the budget, shares over their AuditThresholds, counts that are no counts,
 ids that disagree with counts or text, a template that ignored enable_thinking=False, cut
 earlier turns (all_turns). `run_findings` adds those of the run as a whole (dataset "(run)"):
-SQLite's integrity check, duplicate records the database refused, what an import skipped.
+SQLite's integrity check, and duplicate records the database refused.
 """
 
 from __future__ import annotations
@@ -201,9 +201,7 @@ def thinking_off(config, table, tok) -> dict[str, str]:
 
 def run_findings(run_dir, problems: list[str]) -> tuple[list[tuple], list[str]]:
     """(findings, notes) about the run as a whole: SQLite's integrity check (`problems`),
-    duplicate records the database refused, what an import of the JSONL layout skipped."""
-    import json
-
+    duplicate records the database refused."""
     from kit.run.db import db_path
     from kit.run.reader import state
 
@@ -224,14 +222,4 @@ def run_findings(run_dir, problems: list[str]) -> tuple[list[tuple], list[str]]:
             "copies are kept"
         )
         rows.append((RUN, "rejected_duplicates", float(rejected), 0.0, "warn", msg))
-    if text := state(run_dir, "imported"):
-        report = json.loads(text)
-        notes.append(
-            f"imported from kit's JSONL layout: {report['records']} records, "
-            f"{report['errors']} errors"
-        )
-        if skipped := report.get("skipped_lines", 0):
-            listed = "; ".join(report.get("problems", [])[:5])
-            msg = f"{skipped} lines of the JSONL layout were not whole records and were not imported: {listed}"
-            rows.append((RUN, "import_skipped_lines", float(skipped), 0.0, "error", msg))
     return rows, notes

@@ -200,8 +200,44 @@ CREATE UNIQUE INDEX prompts_key ON prompts (dataset, prompt_id);
 CREATE INDEX records_done ON records (dataset, prompt_id, sample, completion_tokens, finish_reason);
 """
 
+# the plan (kit.plan.planfile): what 01_plan and `kit plan` hand to generate. Its RunConfig
+# is the config row, whose fingerprint stays '' until a run starts with it
+_M003_PLAN = """
+CREATE TABLE plan (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    created TEXT NOT NULL,             -- ISO 8601, UTC
+    budgets TEXT NOT NULL,             -- JSON dataset -> planned completion tokens
+    sources TEXT,                      -- JSON dataset -> load spec {path, format, mapping}
+    server TEXT,                       -- JSON {"embedded": bool, "engine": str | null}
+    pilot TEXT                         -- JSON PilotResult.summary()
+);
+CREATE TABLE plan_rows (
+    position INTEGER PRIMARY KEY,
+    row TEXT NOT NULL                  -- JSON of one row of the budget() / allocate() table
+);
+"""
+
+# the context guard's cache (kit.run.guard): a cache, never the truth (emptied: one render)
+_M004_GUARD_CACHE = """
+CREATE TABLE guard_tokenizer (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    doc TEXT NOT NULL                  -- JSON {"files", "chat_template_hash", "context"}
+);
+CREATE TABLE guard_datasets (
+    dataset TEXT PRIMARY KEY,
+    key TEXT NOT NULL,                 -- sha256 of everything too_long's answer depends on
+    ids_key TEXT,                      -- the same from the prompt ids alone (content-hash ids)
+    too_long TEXT NOT NULL             -- JSON [[prompt_id, prompt_tokens], ...]
+) WITHOUT ROWID;
+"""
+
 # (name, SQL script): append only; each runs once, in order, in one transaction, recorded
-MIGRATIONS = [("m001_schema", _M001_SCHEMA), ("m002_prompt_keys", _M002_PROMPT_KEYS)]
+MIGRATIONS = [
+    ("m001_schema", _M001_SCHEMA),
+    ("m002_prompt_keys", _M002_PROMPT_KEYS),
+    ("m003_plan", _M003_PLAN),
+    ("m004_guard_cache", _M004_GUARD_CACHE),
+]
 
 
 def migrate(conn: sqlite3.Connection) -> None:

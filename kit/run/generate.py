@@ -18,7 +18,6 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -189,21 +188,6 @@ def _stop_on_sigterm(runner: Runner):
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-async def resume(run_dir: str | Path, *, progress=None, force: bool = False, **changes) -> Run:
-    """Continue a run from the config and prompts its run database holds.
-
-    `changes` replace settings that may change on resume (budgets, endpoints,
-    concurrency, timeout ...); a change to what the fingerprint covers is refused
-    unless force=True.
-
-    Example: run = await kit.run.generate.resume("data/runs/demo", concurrency=64)
-    """
-    from kit.run.reader import read_config
-
-    config = replace(read_config(run_dir), **changes)
-    return await generate(None, config, run_dir=run_dir, progress=progress, force=force)
 
 
 def generate_sync(*args, **kwargs) -> Run:

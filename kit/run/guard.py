@@ -1,41 +1,28 @@
 """The context guard of kit.generate: prompts too long for the target are skipped, never sent.
 
-A prompt is skipped when prompt_tokens + sampling.max_tokens > max_context, where
-prompt_tokens is the length of the prompt rendered with the target's chat template
-(generation prompt added). A server handed such a prompt errors out or, like the
-embedded `transformers serve`, accepts it and stalls for minutes.
-
-Skipped prompts are counted per dataset (DatasetProgress.skipped, the `skipped_context`
-column of run.summary()) and listed in the run database's `skips` table, one row a prompt
-(dataset, prompt_id, prompt_tokens, max_tokens, max_context, samples, reason), replaced at
-each start of the run, so it always describes the current guard (a resume with a larger
-max_context sends what an earlier start skipped).
-
-Rendering every prompt costs ~90 s at a million prompts, so run_dir/guard.json (a cache,
-never the truth: deleting it costs one render) keeps, per
-dataset, what too_long found under a key of everything it depends on (the tokenizer's files
-and chat_template_hash, max_context, max_tokens, the dataset's template kwargs, a hash of
-its prompts' dataset, prompt_id, messages and tools, the versions of polars, transformers
-and tokenizers); a start whose key matches reuses it, any other renders again. Where every stored prompt
-of a dataset has its content hash for id (kit.load's ids; the writer counts the others),
-the ids alone stand for the texts: a restart finds the entry by them, reading no text (an
-edited prompt is still refused when it is sent, its hash checked). It also
-keeps the tokenizer's chat_template_hash and context under the tokenizer files' names,
-sizes and mtimes, so a restart loads no tokenizer when those are unchanged.
+A prompt is skipped when prompt_tokens + sampling.max_tokens > max_context, prompt_tokens
+counted on the prompt rendered with the target's chat template (a server handed one errors
+out or, like `transformers serve`, stalls). Skips are counted per dataset and listed in the
+run database's `skips` table, replaced at each start. Rendering a million prompts costs ~90 s,
+so the database caches too_long's answer per dataset under a key of everything it depends on
+(tokenizer files, template, limits, kwargs, the prompts or, for content-hash ids, their ids
+alone, library versions), and the tokenizer's facts under its files' names, sizes and mtimes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+import sqlite3
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
 import orjson
 
-CACHE_FILE = "guard.json"
+from kit.run import db
+from kit.run.reader import is_run_dir, open_db, prompt_state
+
 _CACHE_VERSION = 1  # bump when too_long's rule changes
 REASON = "context"  # prompt_tokens + max_tokens > max_context
 _SANE_MAX = 10_000_000  # tokenizers without a known limit report int(1e30)
@@ -126,8 +113,8 @@ def apply(frame, config, run_dir, done) -> tuple[Skips, list[tuple]]:
             frame (or a set of their keys).
     Returns:
         ({(dataset, prompt_id): (prompt_tokens, samples not yet done)}, rows) for prompts with at
-        least one sample still to do. too_long's answers come from run_dir/guard.json when
-        their key matches (see the module docstring).
+        least one sample still to do. too_long's answers come from the cache when their key
+        matches (see the module docstring).
     """
     cache = _Cache(Path(run_dir), config.tokenizer) if config.tokenizer else None
     limit = config.max_context
@@ -183,8 +170,6 @@ def apply(frame, config, run_dir, done) -> tuple[Skips, list[tuple]]:
 
 def _custom_ids(run_dir) -> dict[str, int]:
     """dataset -> its stored prompts whose id is not their content hash (absent: unknown)."""
-    from kit.run.reader import is_run_dir, open_db, prompt_state
-
     if not is_run_dir(run_dir):
         return {}
     with open_db(run_dir) as conn:
@@ -192,7 +177,7 @@ def _custom_ids(run_dir) -> dict[str, int]:
 
 
 def template_hash(tokenizer, run_dir) -> str:
-    """kit.tokens.chat_template_hash(tokenizer), read from run_dir/guard.json when the
+    """kit.tokens.chat_template_hash(tokenizer), read from the guard's cache when the
     tokenizer's files are those it was computed from (no tokenizer loaded), else computed.
 
     Example: template_hash("data/models/SmolLM2-135M-Instruct", "data/runs/demo") -> "5adf0442e5f7706b"
@@ -232,22 +217,20 @@ def _versions() -> dict:
 
 
 class _Cache:
-    """run_dir/guard.json: too_long answers per dataset under their key, and facts about
-    the tokenizer (chat_template_hash, context) under its files' names, sizes and mtimes."""
+    """The guard's cache in the run database: too_long answers per dataset under their key
+    (guard_datasets), facts about the tokenizer (chat_template_hash, context) under its
+    files' names, sizes and mtimes (guard_tokenizer). A guard.json of an older kit is read
+    instead once, then stored in the database and removed."""
 
     def __init__(self, run_dir: Path, tokenizer) -> None:
-        self.path, self.name = run_dir / CACHE_FILE, tokenizer
+        self.run_dir, self.name = run_dir, tokenizer
         self.files = tokenizer_files(tokenizer) if tokenizer else None
-        try:
-            doc = orjson.loads(self.path.read_bytes())
-        except (OSError, ValueError):
-            doc = {}
-        ok = isinstance(doc, dict) and doc.get("version") == _CACHE_VERSION
-        datasets, tok = (doc.get("datasets"), doc.get("tokenizer")) if ok else ({}, {})
-        self.datasets = datasets if isinstance(datasets, dict) else {}
+        imported = (run_dir / "guard.json").is_file()
+        tok, self.datasets = _guard_json(run_dir) if imported else _stored(run_dir)
+        self.dirty = set(self.datasets) if imported else set()  # datasets to store
         fresh = isinstance(tok, dict) and self.files is not None and tok.get("files") == self.files
         self.tokenizer = dict(tok) if fresh else {"files": self.files}
-        self.changed = not fresh
+        self.changed = imported or not fresh
 
     def context(self) -> int | None:
         """model_context(tokenizer), cached with the tokenizer's files."""
@@ -267,20 +250,8 @@ class _Cache:
         if self.files is None:
             return None  # not local files (a Hugging Face id): kit cannot tell it changed
         rows = hashlib.sha256(part.hash_rows().to_numpy().tobytes()).hexdigest()
-        parts = [
-            _CACHE_VERSION,
-            str(self.name),
-            self.files,
-            template_hash,
-            limit,
-            max_tokens,
-            kwargs,
-            part.columns,
-            part.height,
-            rows,
-            pl.__version__,
-            _versions(),
-        ]
+        facts = [_CACHE_VERSION, str(self.name), self.files, template_hash, limit, max_tokens]
+        parts = [*facts, kwargs, part.columns, part.height, rows, pl.__version__, _versions()]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
     def get(self, dataset: str, key: str | None) -> dict | None:
@@ -302,28 +273,60 @@ class _Cache:
             rows = [[pid, n] for (_, pid), n in found.items()]
             entry = {"key": key, "ids_key": ids_key, "too_long": rows}
             if self.datasets.get(dataset) != entry:
-                self.datasets[dataset], self.changed = entry, True
+                self.datasets[dataset] = entry
+                self.dirty.add(dataset)
 
     def save(self) -> None:
-        """Write guard.json when something changed (atomically; a failure is only a miss)."""
-        if self.changed:
-            doc = {
-                "version": _CACHE_VERSION,
-                "tokenizer": self.tokenizer,
-                "datasets": self.datasets,
-            }
+        """Store what changed in one transaction (a failure is only a miss next time)."""
+        if not (self.changed or self.dirty):
+            return
+        rows = [
+            (name, e["key"], e.get("ids_key"), orjson.dumps(e["too_long"]).decode())
+            for name, e in self.datasets.items()
+            if name in self.dirty and isinstance(e, dict) and isinstance(e.get("key"), str)
+        ]
+        try:
+            conn = db.connect(self.run_dir, write=True)
             try:
-                write_atomic(self.path, orjson.dumps(doc))
-                self.changed = False
-            except OSError:
-                pass
+                conn.execute("BEGIN IMMEDIATE")
+                if self.changed:
+                    doc = orjson.dumps(self.tokenizer).decode()
+                    conn.execute("INSERT OR REPLACE INTO guard_tokenizer VALUES (1, ?)", (doc,))
+                conn.executemany("INSERT OR REPLACE INTO guard_datasets VALUES (?, ?, ?, ?)", rows)
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+            (self.run_dir / "guard.json").unlink(missing_ok=True)
+        except (OSError, sqlite3.Error, db.DatabaseDamaged):
+            return
+        self.changed, self.dirty = False, set()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file whole or not at all (a temporary file renamed over it)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _stored(run_dir: Path) -> tuple[dict, dict]:
+    """(the tokenizer's facts, dataset -> {"key", "ids_key", "too_long"}) stored in run_dir's
+    database; empty when it has none or cannot be read."""
+    if not is_run_dir(run_dir):
+        return {}, {}
+    try:
+        with open_db(run_dir) as conn:
+            tok = conn.execute("SELECT doc FROM guard_tokenizer").fetchone()
+            rows = conn.execute("SELECT dataset, key, ids_key, too_long FROM guard_datasets")
+            datasets = {
+                name: {"key": key, "ids_key": ids_key, "too_long": orjson.loads(found)}
+                for name, key, ids_key, found in rows
+            }
+        return (orjson.loads(tok[0]) if tok else {}), datasets
+    except (OSError, ValueError, sqlite3.Error, db.DatabaseDamaged):
+        return {}, {}
+
+
+def _guard_json(run_dir: Path) -> tuple[dict, dict]:
+    """(tokenizer facts, dataset entries) of an older kit's guard.json; empty when spoiled."""
+    try:
+        doc = orjson.loads((run_dir / "guard.json").read_bytes())
+    except (OSError, ValueError):
+        doc = {}
+    if not isinstance(doc, dict) or doc.get("version") != _CACHE_VERSION:
+        return {}, {}
+    tok, datasets = doc.get("tokenizer"), doc.get("datasets")
+    return (tok if isinstance(tok, dict) else {}), (datasets if isinstance(datasets, dict) else {})

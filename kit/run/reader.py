@@ -14,10 +14,8 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from kit.run import db
-from kit.run.legacy import import_old_layout, is_old_layout
 from kit.types import COLUMNS, KEY, KINDS, Record, RunConfig, record_columns
 
 BATCH = 10_000  # records per frame a reader yields
@@ -67,8 +65,6 @@ class PromptMismatch(ValueError):
 @contextmanager
 def open_db(run_dir):
     """A read-only connection to run_dir's database, closed on exit."""
-    if is_old_layout(Path(run_dir)):
-        import_old_layout(Path(run_dir))  # a run of kit's JSONL layout: imported once
     conn = db.connect(run_dir)
     try:
         yield conn
@@ -499,6 +495,5 @@ def has_prompts(run_dir) -> bool:
 
 
 def is_run_dir(run_dir) -> bool:
-    """True when run_dir holds a run database (or a run of kit's older JSONL layout)."""
-    run_dir = Path(run_dir)
-    return db.db_path(run_dir).exists() or (run_dir / "config.json").exists()
+    """True when run_dir holds a run database."""
+    return db.db_path(run_dir).exists()

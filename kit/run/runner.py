@@ -82,7 +82,7 @@ class Runner:
             _refuse_user_runs(prompts.scan() if isinstance(prompts, LoadResult) else frame.lazy())
         names = frame["dataset"].unique(maintain_order=True).to_list()
         _guard.check(config.max_context, config.tokenizer, config.sampling.max_tokens)
-        # kept in run_dir/guard.json while the tokenizer's files are unchanged: no load
+        # kept in the guard's cache while the tokenizer's files are unchanged: no load
         template = _guard.template_hash(config.tokenizer, run_dir) if config.tokenizer else None
         config = replace(
             config,

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from kit.run import db
 from kit.run.db import RECORD_SQL, TOTALS_SQL, prompt_rows, record_row
-from kit.run.legacy import import_old_layout
 from kit.run.reader import config_doc, done_frame, prompt_state, totals
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
 
@@ -120,13 +119,13 @@ class RunStore:
     def _open(self) -> None:
         """Create the run dir, open (and migrate) its database, take the writer's lock."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        import_old_layout(self.run_dir)
         self.conn = db.connect(self.run_dir, write=True)
         self._take_lock()
 
     def _init(self, config: RunConfig, prompts_frame, force: bool) -> None:
         old = config_doc(self.conn)
-        if old is not None and not force:
+        started = self.conn.execute("SELECT fingerprint FROM config").fetchone()
+        if started and started[0] and not force:  # '': a plan's config, no run made yet
             changes = _diff_parts(
                 RunConfig.from_dict(old).fingerprint_parts(), config.fingerprint_parts()
             )
