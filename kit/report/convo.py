@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import json
 
+from kit.tokens import parsed
+
 
 def row_id(r: dict) -> str:
     return f"{r['dataset']}-{r['prompt_id']}-{r['sample']}"
@@ -67,13 +69,6 @@ def with_tool_calls(conv: list[dict], r: dict) -> list[dict]:
     return conv[:-1] + [{**conv[-1], "tool_calls": calls}]
 
 
-def parsed(value):
-    """A tools/turns cell as Python: JSON text parsed, a list kept, null or "" -> None."""
-    if isinstance(value, str):
-        return json.loads(value) if value.strip() else None
-    return value
-
-
 def tools_of(r: dict) -> list[dict] | None:
     """The record's tool definitions (None without)."""
     return parsed(r.get("tools")) or None
@@ -95,38 +90,6 @@ def earlier_turns(r: dict) -> list[dict]:
         }
         for c, t in zip(contents, turns, strict=True)
     ]
-
-
-def render_all(tok, convs: list, gen: bool, tools: list, kwargs: list) -> list[str | None]:
-    """The template's text of each conversation (None where it refuses one).
-
-    Rows without tools or template kwargs go through kit.tokens.render (batched, the path
-    of every earlier export); the others are rendered one by one with
-    apply_chat_template(conv, tools=..., **kwargs).
-    """
-    from kit.tokens import render
-
-    plain = [i for i in range(len(convs)) if not tools[i] and not kwargs[i]]
-    out: list[str | None] = [None] * len(convs)
-    if plain:
-        for i, text in zip(
-            plain, render(tok, [convs[i] for i in plain], gen, on_error="skip"), strict=True
-        ):
-            out[i] = text
-    for i in sorted(set(range(len(convs))) - set(plain)):
-        out[i] = render_one(tok, convs[i], gen, tools[i], kwargs[i])
-    return out
-
-
-def render_one(tok, conv: list[dict], gen: bool, tools=None, kwargs=None) -> str | None:
-    """One conversation rendered with tools and template kwargs; None if the template refuses."""
-    try:
-        text = tok.apply_chat_template(
-            conv, tokenize=False, add_generation_prompt=gen, tools=tools, **(kwargs or {})
-        )
-    except Exception:  # any template error (jinja, TypeError, ...): the caller counts it
-        return None
-    return text if isinstance(text, str) else None
 
 
 def find_ids(haystack: list[int], needle: list[int], start: int, stop: int) -> int | None:

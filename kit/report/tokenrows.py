@@ -11,7 +11,7 @@ kwargs) and compared with the server's prompt_ids: rows that differ are counted
 ("prompt_render_differs"), never hidden; the server's ids are the row.
 
 Server ids are believed only when they were counted as the record's tokens (count_source
-"server_ids": kit.run.answers found they spell the text, or had no tokenizer to check) and
+"server_ids": the runner found they spell the text, kit.tokens.ids_spell, or had no tokenizer) and
 they spell the completion and its thinking here too; ids that do not are re-tokenized and
 counted ("ids_text_differ"), never exported as exact. An export builds its last_turn exact
 rows in polars and runs these two checks on a stated sample (kit/report/exactrows.py);
@@ -50,20 +50,17 @@ from kit.report.convo import (
     earlier_turns,
     find_ids,
     parsed,
-    render_all,
-    render_one,
     row_id,
     tools_of,
     with_tool_calls,
 )
+from kit.tokens import ids_spell, ids_spell_batch, render, strip_end_ids
 
 _MARK = "\ue000kit-answer\ue000"  # stands in for the answer to find where the template puts it
 
 
 def end_of_turn(tok) -> tuple[int | None, str]:
     """(id of the special token that closes an assistant turn, its text) from the template."""
-    from kit.tokens import render
-
     mark = "\ue000kit\ue000"
     full = render(
         tok, [[{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}]], False
@@ -146,8 +143,10 @@ def token_rows(
         with_tool_calls(conversation(r["messages"], r["completion"], r.get("reasoning")), r)
         for r in rows
     ]
-    prompts = render_all(tok, [c[:-1] for c in convs], True, tools, kw)
-    fulls = render_all(tok, convs, False, tools, kw)
+    prompts = render(
+        tok, [c[:-1] for c in convs], True, on_error="skip", tools=tools, template_kwargs=kw
+    )
+    fulls = render(tok, convs, False, on_error="skip", tools=tools, template_kwargs=kw)
     tok = _Encoding(tok)  # the texts most rows encode, encoded in one batch
     texts = [r["completion"] for r in rows if not (r.get("prompt_ids") and r.get("output_ids"))]
     tok.prefill([p for p in prompts if p is not None] + texts)
@@ -174,19 +173,15 @@ def token_rows(
 def _believed(tok, rows: list[dict]) -> list[bool]:
     """Per row: whether its output_ids may be the exact row (True without ids): counted by
     the server's ids at generation (count_source "server_ids", or no count_source) and
-    spelling the completion and its thinking when decoded (kit.run.answers.ids_spell)."""
-    from kit.run.answers import ids_spell
-
-    todo = [i for i, r in enumerate(rows) if r.get("output_ids")]
-    decoded = tok.batch_decode(
-        [list(rows[i]["output_ids"]) for i in todo], skip_special_tokens=True
-    )
-    out = [True] * len(rows)
-    for i, text in zip(todo, decoded, strict=True):
-        r = rows[i]
-        counted = r.get("count_source") in (None, "server_ids")
-        out[i] = counted and ids_spell(text, r.get("reasoning"), r["completion"])
-    return out
+    spelling its text (kit.tokens.ids_spell)."""
+    todo = [r for r in rows if r.get("output_ids")]
+    cols = [[r.get(k) for r in todo] for k in ("completion", "reasoning", "tool_calls")]
+    ends = [r["finish_reason"] for r in todo]
+    spelled = iter(ids_spell_batch(tok, [list(r["output_ids"]) for r in todo], *cols, ends))
+    return [
+        not r.get("output_ids") or (next(spelled) and r.get("count_source") in (None, "server_ids"))
+        for r in rows
+    ]
 
 
 def _server_row(tok, r, p_text, earlier, eot, special, stats, ds) -> dict | None:
@@ -232,7 +227,7 @@ def _text_row(tok, r, ctx, earlier, eot, stats, ds) -> dict | None:
         return None
     p_ids = _pick(r.get("prompt_ids"), p_text, tok, stats, "prompt_ids")
     gen = strip_end_ids(tok, r["output_ids"]) if r.get("output_ids") else None
-    c_ids = _pick(gen, lead + r["completion"], tok, stats, "output_ids")
+    c_ids = _pick(gen, lead + r["completion"], tok, stats, "output_ids", r["finish_reason"])
     tail = tok.encode(f_text[len(head) :], add_special_tokens=False)
     calls = _rendered_calls(r, f_text[len(head) :], tail, eot, ds)  # tail tokens that are calls
     closed = r["finish_reason"] == "stop" and eot is not None and tail[calls : calls + 1] == [eot]
@@ -270,7 +265,8 @@ def _lead(tok, r, conv, p_text, f_text, tools, kw) -> str | None:
     or "" for a plain answer); None when the template's rendering cannot be split there."""
     if not r.get("reasoning") and f_text.startswith(p_text + r["completion"]):
         return ""
-    marked = render_one(tok, conv[:-1] + [{**conv[-1], "content": _MARK}], False, tools, kw)
+    conv = conv[:-1] + [{**conv[-1], "content": _MARK}]
+    marked = render(tok, [conv], False, on_error="skip", tools=[tools], template_kwargs=kw)[0]
     if marked is None or _MARK not in marked or not marked.startswith(p_text):
         return None
     return marked[len(p_text) : marked.index(_MARK)]
@@ -311,9 +307,14 @@ def _mark(mask: list[int], spans: list, rendered: bool, ds: dict) -> None:
         _count(ds, "earlier_turns_rendered")
 
 
-def _pick(ids, text: str, tok, stats: dict, name: str) -> list[int]:
-    """The server's ids when they decode to text, else text tokenized; counted in stats."""
-    if ids and tok.decode(ids, skip_special_tokens=False) == text:
+def _pick(ids, text: str, tok, stats: dict, name: str, finish: str | None = None) -> list[int]:
+    """The server's ids when they spell text (output ids: kit.tokens.ids_spell; prompt ids:
+    decoded exactly), else text tokenized; counted in stats."""
+    if name == "output_ids":
+        ok = bool(ids) and ids_spell(tok, ids, text, finish_reason=finish)
+    else:
+        ok = bool(ids) and tok.decode(ids, skip_special_tokens=False) == text
+    if ok:
         _count(stats, name)
         return list(ids)
     _count(stats, "completion_retokenized" if name == "output_ids" else "prompt_tokenized")
@@ -327,12 +328,3 @@ def load_tokenizer_for(tokenizer, config=None):
     return load_tokenizer(
         tokenizer if tokenizer is not None else getattr(config, "tokenizer", None)
     )
-
-
-def strip_end_ids(tokenizer, ids: list[int]) -> list[int]:
-    """Drop trailing special ids (the EOS / end-of-turn a server may include in output ids)."""
-    special = set(tokenizer.all_special_ids)
-    end = len(ids)
-    while end and ids[end - 1] in special:
-        end -= 1
-    return list(ids[:end])

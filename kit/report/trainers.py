@@ -33,12 +33,14 @@ def chatml_parts(tok) -> dict | None:
     Example: SmolLM2 -> {"assistant_header": "<|im_start|>assistant\\n",
                          "user_header": "<|im_start|>user\\n", "end_of_turn_token": "<|im_end|>"}
     """
-    from kit.report.convo import render_one
     from kit.report.tokenrows import end_of_turn
+    from kit.tokens import render
 
     user = [{"role": "user", "content": _MARK}]
-    asked = render_one(tok, user, False)
-    answered = render_one(tok, [*user, {"role": "assistant", "content": _MARK + "a"}], False)
+    asked = render(tok, [user], False, on_error="skip")[0]
+    answered = render(
+        tok, [[*user, {"role": "assistant", "content": _MARK + "a"}]], False, on_error="skip"
+    )[0]
     _, eot = end_of_turn(tok)
     if not (asked and answered and eot and answered.startswith(asked)):
         return None
@@ -58,38 +60,38 @@ def chatml_parts(tok) -> dict | None:
 def after_end_of_turn(tok) -> str | None:
     """The text the chat template writes after an assistant turn's end-of-turn (SmolLM2:
     "\n"): speculators trains it, kit's rows (the model's own ids) end at the end-of-turn."""
-    from kit.report.convo import render_one
     from kit.report.tokenrows import end_of_turn
+    from kit.tokens import render
 
     _, eot = end_of_turn(tok)
     conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK}]
-    text = render_one(tok, conv, False) or ""
+    text = render(tok, [conv], False, on_error="skip")[0] or ""
     end = text.find(_MARK + eot) if eot else -1
     return text[end + len(_MARK + eot) :] if end >= 0 else None
 
 
 def renders_reasoning(tok) -> bool:
     """Whether the chat template writes an assistant message's reasoning_content."""
-    from kit.report.convo import render_one
+    from kit.tokens import render
 
     conv = [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "a", "reasoning_content": _MARK},
     ]
-    return _MARK in (render_one(tok, conv, False) or "")
+    return _MARK in (render(tok, [conv], False, on_error="skip")[0] or "")
 
 
 def renders_tool_calls(tok) -> bool:
     """Whether the chat template writes an assistant message's tool_calls (the conversation
     route trains them only then; token-id rows hold the server's ids either way)."""
-    from kit.report.convo import render_one
+    from kit.tokens import render
 
     call = {"type": "function", "function": {"name": "kit_mark_fn", "arguments": "{}"}}
     conv = [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "", "tool_calls": [call]},
     ]
-    return "kit_mark_fn" in (render_one(tok, conv, False) or "")
+    return "kit_mark_fn" in (render(tok, [conv], False, on_error="skip")[0] or "")
 
 
 def specforge_template(tok, name: str, thinking: bool) -> dict | None:
