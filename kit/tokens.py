@@ -1,11 +1,10 @@
-"""Tokenizer loading, chat-template rendering, token counts and the chat-template hash.
+"""The target's tokenizer: loading, kit's one chat-template rendering (`render`), its one
+token count (`encode_lengths`, behind count_prompt_tokens / count_completion_tokens), its one
+check that output ids spell a text (`ids_spell`) and the chat-template hash.
 
-Counting goes through the target's tokenizer only: the public
-`tokenizer.apply_chat_template(..., tokenize=False)` renders chunks of conversations
-(row by row in a chunk the template refuses a row of) and the tokenizer's Rust batch
-encoder counts the texts, so each count equals
-`len(tokenizer.apply_chat_template(m, tokenize=True, add_generation_prompt=True))`.
-`python bench/bench_tokens.py` times it against those two calls written by hand.
+Prompt counts equal `len(tokenizer.apply_chat_template(m, tokenize=True,
+add_generation_prompt=True))`, made by the batched template and the Rust batch encoder
+(`python bench/bench_tokens.py` times them against those calls written by hand).
 
     >>> tok = load_tokenizer("data/models/SmolLM2-135M-Instruct")
     >>> count_prompt_tokens(tok, kit.load("data/samples").frame)["prompt_tokens"][:3].to_list()
@@ -256,25 +255,15 @@ def ids_spell(
     tool_calls: Any = None,
     finish_reason: str | None = None,
 ) -> bool:
-    """Whether a server's output ids spell its text: kit's one check of that fact, used by
-    the runner (a lying server), kit.audit (ids_text_mismatch) and kit.export (exact rows).
+    """Whether a server's output ids spell its text: kit's one check of that fact, for the
+    runner (a lying server), kit.audit (ids_text_mismatch) and kit.export (exact rows).
 
-    The ids, decoded with their special ids (a trailing EOS / end-of-turn dropped) or
-    without any, must be the text. With reasoning they hold the thinking and then the
-    answer: the decoded text must contain the reasoning and end with the answer (a reasoning
-    parser's markers and spacing are not checked). With tool calls (a list, or its JSON
-    text) they hold the calls as the model wrote them: the decoded text must contain the
-    answer and every call's name. A "length" stop may cut the last character after some of
-    its bytes: the decode then ends in U+FFFD, which the server's text leaves out or keeps.
-    Nothing else is let through.
-
-    Args:
-        tokenizer: the target's tokenizer (decode and all_special_ids are used).
-        ids: the output ids (a list or a numpy array).
-        text: the answer; reasoning, tool_calls, finish_reason: the record's.
-
-    Returns:
-        True when the ids spell the text.
+    Decoded with their special ids (a trailing EOS / end-of-turn dropped) or without any,
+    the ids must be the text. With reasoning, the decode must contain it and end with the
+    answer (a reasoning parser's markers and spacing aside); with tool calls (a list or its
+    JSON text), contain the answer and every call's name. A "length" stop may end inside a
+    character: its decode then ends in U+FFFD, which the text leaves out or keeps. Nothing
+    else is let through.
 
     Example:
         >>> ids = tok.encode("春天", add_special_tokens=False)[:3]  # 春 and a byte of 天
@@ -381,37 +370,31 @@ def count_completion_tokens(records: pl.DataFrame, tokenizer: Any = None) -> pl.
     """
     import polars as pl
 
-    n = records.height
-    counts = _column_or_nulls(records, "completion_tokens", n)
-    sources = _column_or_nulls(records, "count_source", n)
-    for i, row_ids in enumerate(_column_or_nulls(records, "output_ids", n)):
-        if row_ids is not None:
-            counts[i], sources[i] = len(row_ids), "server_ids"
-        elif counts[i] is not None:
-            counts[i], sources[i] = int(counts[i]), sources[i] or "usage"
-        else:
-            sources[i] = "retokenized"
-    missing = [i for i, c in enumerate(counts) if c is None]
-    if missing and (tokenizer is None or "completion" not in records.columns):
+    def column(name: str, dtype):
+        return (pl.col(name) if name in records.columns else pl.lit(None)).cast(dtype)
+
+    ids = column("output_ids", pl.List(pl.Int64)).list.len().cast(pl.Int64)
+    told = column("completion_tokens", pl.Int64)
+    counts = records.select(
+        completion_tokens=pl.coalesce(ids, told),
+        count_source=pl.when(ids.is_not_null())
+        .then(pl.lit("server_ids"))
+        .when(told.is_not_null())
+        .then(column("count_source", pl.String).fill_null("usage"))
+        .otherwise(pl.lit("retokenized")),
+    )
+    missing = counts["completion_tokens"].is_null().arg_true()
+    if len(missing) and (tokenizer is None or "completion" not in records.columns):
         need = "pass tokenizer=" if tokenizer is None else "give them a 'completion' column"
         raise ValueError(
             f"{len(missing)} records have no server token count (first: row {missing[0]}); "
             f"{need} to re-tokenize their text"
         )
-    if missing:
-        texts = records["completion"].to_list()
-        lengths = encode_lengths(tokenizer, [texts[i] or "" for i in missing])
-        for i, length in zip(missing, lengths, strict=True):
-            counts[i] = length
-    return records.with_columns(
-        pl.Series("completion_tokens", counts, dtype=pl.Int64),
-        pl.Series("count_source", sources, dtype=pl.String),
-    )
-
-
-def _column_or_nulls(frame: pl.DataFrame, name: str, n: int) -> list:
-    """A column as a (new) list, or n Nones when absent."""
-    return frame[name].to_list() if name in frame.columns else [None] * n
+    if len(missing):
+        texts = records["completion"].gather(missing).fill_null("").to_list()
+        lengths = pl.Series(encode_lengths(tokenizer, texts), dtype=pl.Int64)
+        counts = counts.with_columns(counts["completion_tokens"].scatter(missing, lengths))
+    return records.with_columns(counts)
 
 
 def chat_template_hash(tokenizer: Any) -> str:

@@ -1,17 +1,12 @@
-"""Token-id rows of a batch of records in polars: the server's ids made into rows without a
-Python int per id, the other rows handed to kit.report.tokenrows.token_rows.
+"""Token-id rows of a batch of records in polars: the exact rows (tokenrows._server_row's,
+built without a Python int per id) of records with both id lists, counted by the server's
+ids and turns "last_turn"; every other row is tokenrows.token_rows'.
 
-An exact row is tokenrows' (see its docstring): input_ids = prompt_ids + output_ids, plus the
-template's end-of-turn id after a "stop" whose ids do not end with a special id; loss_mask 1
-on what was generated. Eligible: both id lists, counted by the server's ids (count_source
-"server_ids" or none), turns "last_turn" (all_turns rows need their earlier turns found).
-
-Checked on a stated sample: the first CHECK_SAMPLE eligible rows of each dataset in commit
-order (prompts are drawn in a seeded random order: a random sample) have their output_ids
-decoded, which must spell the text (else the row is re-tokenized and counted
-ids_text_differ), and their prompt rendered by kit and compared with prompt_ids
-(prompt_render_differs). A dataset where one sampled row's ids do not spell its text has
-every later row decoded. The manifest's `token_checks` says how many rows each check saw.
+Checked on a stated sample (the manifest's `token_checks`): the first CHECK_SAMPLE eligible
+rows of each dataset in commit order (a seeded random draw of prompts) have their ids
+checked against the text (kit.tokens.ids_spell; else re-tokenized, "ids_text_differ"; a
+dataset with one such row is then checked in full) and their prompt rendered by kit and
+compared with prompt_ids ("prompt_render_differs").
 """
 
 from __future__ import annotations

@@ -395,21 +395,14 @@ _RENDER_OWN = {"conversation", "tools", "add_generation_prompt", "tokenize", "re
 class SGLangGenerate(_HTTPBackend):
     """SGLang's native /generate with client-side chat templating and exact token ids.
 
-    POSTs {"input_ids": [...], "sampling_params": {"max_new_tokens", "temperature",
-    "top_p", "sampling_seed"?}} to {base_url}/generate (sglang io_struct GenerateReqInput);
-    reads "text", "output_ids" and meta_info {"prompt_tokens", "completion_tokens",
-    "finish_reason": {"type": "length", "length": N} | {"type": "stop", "matched": ...}
-    | {"type": "abort", ...}} (sglang schedule_batch.py FINISH_*.to_json).
-
-    Thinking is NOT split off: /generate has no reasoning parser, its "text" is the raw
-    decode with the thinking inline (SGLang docs, advanced_features/separate_reasoning.md,
-    "SGLang Native API": /generate answers "...</think>..." and a separate POST
-    /separate_reasoning returns {"reasoning_text", "text"}; the split fields
-    `reasoning_content` / `content` exist only on /v1/chat/completions with
-    --reasoning-parser, docs/references/reasoning_parser.md). So Completion.reasoning is
-    None and Completion.text is the whole raw text; output_ids are the exact generated ids
-    (thinking and answer), which is what the token-id export trains on. Use
-    api="openai" against SGLang's /v1 to get the split.
+    Renders the prompt with kit.tokens.render and POSTs {"input_ids", "sampling_params":
+    {"max_new_tokens", "temperature", "top_p", "sampling_seed"?}} to {base_url}/generate
+    (sglang io_struct GenerateReqInput); reads "text", "output_ids" and meta_info
+    {"prompt_tokens", "completion_tokens", "finish_reason": {"type": "length" | "stop" |
+    "abort", ...}} (sglang schedule_batch.py FINISH_*.to_json). /generate has no reasoning
+    parser (SGLang docs, advanced_features/separate_reasoning.md): Completion.text is the
+    raw text, thinking inline, and reasoning None; output_ids hold thinking and answer. Use
+    api="openai" against SGLang's /v1 (--reasoning-parser) to get the split.
 
     Args:
         base_url: server root, e.g. "http://127.0.0.1:30000" (no /v1).
