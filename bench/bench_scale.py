@@ -394,16 +394,15 @@ class _Ids:
 
     def check(self, prompts: list[tuple]) -> int:
         """How many of these (messages, tools) prompts' ids differ from kit's rendering
-        (kit.report.convo.render_all, tokenized)."""
-        from kit.report.convo import render_all
-        from kit.tokens import encode_many, load_tokenizer
+        (kit.tokens.render, tokenized)."""
+        from kit.tokens import encode_many, load_tokenizer, render
 
         tok = load_tokenizer(str(fleet.TOKENIZER))
         convs = [
             [{"role": m["role"], "content": m["content"]} for m in msgs] for msgs, _ in prompts
         ]
         tools = [json.loads(t) if t else None for _, t in prompts]
-        real = encode_many(tok, render_all(tok, convs, True, tools, [{}] * len(prompts)))
+        real = encode_many(tok, render(tok, convs, True, on_error="skip", tools=tools))
         return sum(self.prompt(m) != r for (m, _), r in zip(prompts, real, strict=True))
 
 

@@ -1,11 +1,10 @@
-"""Tokenizer loading, chat-template rendering, token counts and the chat-template hash.
+"""The target's tokenizer: loading, kit's one chat-template rendering (`render`), its one
+token count (`encode_lengths`, behind count_prompt_tokens / count_completion_tokens), its one
+check that output ids spell a text (`ids_spell`) and the chat-template hash.
 
-Counting goes through the target's tokenizer only: the public
-`tokenizer.apply_chat_template(..., tokenize=False)` renders chunks of conversations
-(row by row in a chunk the template refuses a row of) and the tokenizer's Rust batch
-encoder counts the texts, so each count equals
-`len(tokenizer.apply_chat_template(m, tokenize=True, add_generation_prompt=True))`.
-`python bench/bench_tokens.py` times it against those two calls written by hand.
+Prompt counts equal `len(tokenizer.apply_chat_template(m, tokenize=True,
+add_generation_prompt=True))`, made by the batched template and the Rust batch encoder
+(`python bench/bench_tokens.py` times them against those calls written by hand).
 
     >>> tok = load_tokenizer("data/models/SmolLM2-135M-Instruct")
     >>> count_prompt_tokens(tok, kit.load("data/samples").frame)["prompt_tokens"][:3].to_list()
@@ -29,8 +28,12 @@ __all__ = [
     "count_completion_tokens",
     "count_prompt_tokens",
     "encode_lengths",
+    "encode_many",
+    "ids_spell",
+    "ids_spell_batch",
     "load_tokenizer",
     "render",
+    "strip_end_ids",
 ]
 
 _CHUNK = 2048  # conversations rendered / texts encoded per call (big batches encode slower)
@@ -82,29 +85,33 @@ def _load_cached(key: str) -> Any:
 
 def render(
     tokenizer: Any,
-    messages_list: list[list[dict]],
+    conversations: list[list[dict]],
     add_generation_prompt: bool = True,
     *,
     on_error: str = "raise",
     tools: list | None = None,
-    template_kwargs: dict | None = None,
-) -> list[str | None]:
-    """Render conversations with the tokenizer's chat template, one string each.
+    template_kwargs: dict | list | None = None,
+    tokenize: bool = False,
+) -> list:
+    """Render conversations with the tokenizer's chat template: kit's one rendering.
 
-    Equal to `tokenizer.apply_chat_template(m, tokenize=False, ...)` row by row; rendered
-    by its batched form over chunks of conversations, row by row in a chunk that fails.
+    Equal to `tokenizer.apply_chat_template(m, tools=..., add_generation_prompt=...,
+    tokenize=tokenize, **kwargs)` row by row; rows sharing tools and template kwargs are
+    rendered by its batched form, a chunk at a time (row by row in a chunk that fails).
 
     Args:
         tokenizer: a tokenizer or a path for load_tokenizer.
-        messages_list: conversations, each a non-empty list of {"role", "content"} dicts.
+        conversations: each a non-empty list of {"role", "content"} dicts.
         add_generation_prompt: append the assistant header (what a server does).
         on_error: "raise" (ValueError naming the row) or "skip" (None for that row).
         tools: per conversation, its tool definitions (a list, JSON text, or None); the
             template puts them into the prompt as a server would.
-        template_kwargs: chat_template_kwargs for every conversation (e.g. enable_thinking).
+        template_kwargs: chat_template_kwargs (e.g. enable_thinking): one dict for every
+            conversation, or a list with one dict (or None) per conversation.
+        tokenize: token ids (the template's own tokenization) instead of text.
 
     Returns:
-        One rendered string per conversation (None for skipped rows).
+        One rendered string (or id list) per conversation; None for skipped rows.
 
     Example:
         >>> render(tok, [[{"role": "user", "content": "hi"}]])[0][-52:]
@@ -113,46 +120,62 @@ def render(
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     tokenizer = load_tokenizer(tokenizer)
-    tokenizer.get_chat_template()  # no template at all: ValueError now, not a null per row
-    gen = {**(template_kwargs or {}), "add_generation_prompt": add_generation_prompt}
-    if tools is not None and any(tools):  # one tools list per call: those rows one by one
-        return _render_with_tools(tokenizer, messages_list, tools, gen, on_error)
-    out: list[str | None] = []
-    for start in range(0, len(messages_list), _CHUNK):
-        chunk = list(messages_list[start : start + _CHUNK])
-        if all(isinstance(m, (list, tuple)) and m for m in chunk):
-            try:  # any exception (jinja TemplateError, TypeError, ...): find the row below
-                out.extend(tokenizer.apply_chat_template(chunk, tokenize=False, **gen))
-                continue
-            except Exception:
-                pass
-        for i, messages in enumerate(chunk, start):
-            out.append(_render_one(tokenizer, messages, gen, i, on_error))
+    if hasattr(tokenizer, "get_chat_template"):
+        tokenizer.get_chat_template()  # no template at all: ValueError now, not a null per row
+    n = len(conversations)
+    tools = [None] * n if tools is None else [parsed(t) or None for t in tools]
+    per_row = template_kwargs if isinstance(template_kwargs, list) else [template_kwargs] * n
+    groups: dict[tuple, list[int]] = {}  # (tools, kwargs) as JSON -> the rows that share them
+    for i, (row_tools, kw) in enumerate(zip(tools, per_row, strict=True)):
+        groups.setdefault((_key(row_tools), _key(kw or None)), []).append(i)
+    out: list = [None] * n
+    for rows in groups.values():
+        gen = {**(per_row[rows[0]] or {}), "add_generation_prompt": add_generation_prompt}
+        gen.update(tools=tools[rows[0]], tokenize=tokenize, return_dict=False)
+        for start in range(0, len(rows), _CHUNK):
+            chunk = rows[start : start + _CHUNK]
+            done = _render_chunk(tokenizer, [conversations[i] for i in chunk], gen) or [
+                _render_one(tokenizer, conversations[i], gen, i, on_error) for i in chunk
+            ]
+            for i, text in zip(chunk, done, strict=True):
+                out[i] = text
     return out
 
 
-def _render_with_tools(tokenizer, messages_list, tools, gen, on_error) -> list[str | None]:
-    """render() for conversations of which some carry tool definitions."""
-    import json
-
-    out: list[str | None] = []
-    for i, (messages, row_tools) in enumerate(zip(messages_list, tools, strict=True)):
-        if isinstance(row_tools, str):
-            row_tools = json.loads(row_tools) if row_tools else None
-        extra = {**gen, "tools": row_tools} if row_tools else gen
-        out.append(_render_one(tokenizer, messages, extra, i, on_error))
-    return out
+def _key(value: Any) -> str | None:
+    """A tools list or kwargs dict as a grouping key (JSON), None for none."""
+    return None if value is None else json.dumps(value, sort_keys=True, default=str)
 
 
-def _render_one(tokenizer: Any, messages: Any, gen: dict, row: int, on_error: str) -> str | None:
-    """One conversation's text; None (on_error="skip") or ValueError naming the row if refused."""
+def parsed(value: Any) -> Any:
+    """A tools / tool-calls cell as Python: JSON text parsed, a list kept, null or "" -> None."""
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else None
+    return value
+
+
+def _render_chunk(tokenizer: Any, chunk: list, gen: dict) -> list | None:
+    """A chunk of conversations by the template's batched form; None when it fails (or a
+    chunk of one: rendered alone)."""
+    if len(chunk) < 2 or not all(isinstance(m, (list, tuple)) and m for m in chunk):
+        return None
+    try:  # any exception (jinja TemplateError, TypeError, ...): rows one by one find it
+        return list(tokenizer.apply_chat_template([list(m) for m in chunk], **gen))
+    except Exception:
+        return None
+
+
+def _render_one(tokenizer: Any, messages: Any, gen: dict, row: int, on_error: str) -> Any:
+    """One conversation's text (or ids); None (on_error="skip") or ValueError naming the row."""
     try:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError("not a non-empty list of messages")
-        text = tokenizer.apply_chat_template(list(messages), tokenize=False, **gen)
-        if not isinstance(text, str):  # a list of lists is read as a batch
-            raise TypeError("messages must be dicts, not lists")
-        return text
+        out = tokenizer.apply_chat_template(list(messages), **gen)
+        if gen["tokenize"] and all(type(i) is int for i in out):
+            return list(out)
+        if not gen["tokenize"] and isinstance(out, str):
+            return out
+        raise TypeError("messages must be dicts, not lists")  # a list of lists is a batch
     except Exception as exc:
         if on_error == "raise":
             raise ValueError(f"row {row}: the chat template could not render it: {exc}") from exc
@@ -160,7 +183,7 @@ def _render_one(tokenizer: Any, messages: Any, gen: dict, row: int, on_error: st
 
 
 def encode_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
-    """Token counts of texts (no special tokens added), by the tokenizer's own batch encoder.
+    """Token counts of texts (no special tokens added): kit's one count of a text's tokens.
 
     Args:
         tokenizer: a tokenizer or a path for load_tokenizer.
@@ -173,35 +196,33 @@ def encode_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
         >>> encode_lengths(tok, ["hello world", "<|im_start|>user\\nhi<|im_end|>"])
         [2, 5]
     """
-    tokenizer = load_tokenizer(tokenizer)
-    backend = _plain_backend(tokenizer)
-    lengths: list[int] = []
-    for start in range(0, len(texts), _CHUNK):
-        chunk = list(texts[start : start + _CHUNK])
-        if backend is not None:
-            lengths.extend(map(len, backend.encode_batch_fast(chunk, add_special_tokens=False)))
-        else:
-            lengths.extend(map(len, tokenizer(chunk, add_special_tokens=False)["input_ids"]))
-    return lengths
+    return _encoded(tokenizer, texts, ids=False)
 
 
 def encode_many(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """Token ids of texts (no special tokens added), by the tokenizer's batch encoder (the
-    Rust one, on every core, when it encodes as the tokenizer's call does).
+    """Token ids of texts (no special tokens added), as encode_lengths counts them.
 
     Example:
         >>> encode_many(tok, ["hello world"])
         [[28120, 905]]
     """
+    return _encoded(tokenizer, texts, ids=True)
+
+
+def _encoded(tokenizer: Any, texts: list[str], *, ids: bool) -> list:
+    """Each text's ids (or count), a chunk at a time by the tokenizer's batch encoder (the
+    Rust one, on every core, when it encodes as the tokenizer's call does)."""
     tokenizer = load_tokenizer(tokenizer)
     backend = _plain_backend(tokenizer)
-    out: list[list[int]] = []
+    out: list = []
     for start in range(0, len(texts), _CHUNK):
         chunk = list(texts[start : start + _CHUNK])
         if backend is not None:
-            out.extend(e.ids for e in backend.encode_batch_fast(chunk, add_special_tokens=False))
+            done = backend.encode_batch_fast(chunk, add_special_tokens=False)
+            out.extend(e.ids for e in done) if ids else out.extend(map(len, done))
         else:
-            out.extend(tokenizer(chunk, add_special_tokens=False)["input_ids"])
+            done = [tokenizer.encode(t, add_special_tokens=False) for t in chunk]
+            out.extend(done if ids else map(len, done))
     return out
 
 
@@ -212,6 +233,76 @@ def _plain_backend(tokenizer: Any) -> Any:
         return None
     split = bool(getattr(tokenizer, "split_special_tokens", False))
     return backend if getattr(backend, "encode_special_tokens", split) == split else None
+
+
+REPLACEMENT = "\ufffd"  # what a decode writes for the bytes of a character cut short
+
+
+def strip_end_ids(tokenizer: Any, ids: Any) -> Any:
+    """ids without their trailing special ids (the EOS / end-of-turn a server may include)."""
+    special = set(tokenizer.all_special_ids)
+    end = len(ids)
+    while end and ids[end - 1] in special:
+        end -= 1
+    return ids[:end]
+
+
+def ids_spell(
+    tokenizer: Any,
+    ids: Any,
+    text: str,
+    reasoning: str | None = None,
+    tool_calls: Any = None,
+    finish_reason: str | None = None,
+) -> bool:
+    """Whether a server's output ids spell its text: kit's one check of that fact, for the
+    runner (a lying server), kit.audit (ids_text_mismatch) and kit.export (exact rows).
+
+    Decoded with their special ids (a trailing EOS / end-of-turn dropped) or without any,
+    the ids must be the text. With reasoning, the decode must contain it and end with the
+    answer (a reasoning parser's markers and spacing aside); with tool calls (a list or its
+    JSON text), contain the answer and every call's name. A "length" stop may end inside a
+    character: its decode then ends in U+FFFD, which the text leaves out or keeps. Nothing
+    else is let through.
+
+    Example:
+        >>> ids = tok.encode("春天", add_special_tokens=False)[:3]  # 春 and a byte of 天
+        >>> ids_spell(tok, ids, "春", finish_reason="length"), ids_spell(tok, ids, "春")
+        (True, False)
+    """
+    decoded = [
+        tokenizer.decode(strip_end_ids(tokenizer, ids), skip_special_tokens=False),
+        tokenizer.decode(ids, skip_special_tokens=True),
+    ]
+    return _spelled(decoded, text, reasoning, tool_calls, finish_reason)
+
+
+def ids_spell_batch(
+    tokenizer: Any, ids: list, texts: list, reasoning=None, tool_calls=None, finish_reasons=None
+) -> list[bool]:
+    """ids_spell per row (columns as lists or Series; None: none), the ids decoded by the
+    tokenizer's batch decoder."""
+    n = len(texts)
+    kept = tokenizer.batch_decode(
+        [strip_end_ids(tokenizer, i) for i in ids], skip_special_tokens=False
+    )
+    plain = tokenizer.batch_decode(list(ids), skip_special_tokens=True)
+    extra = [[None] * n if c is None else c for c in (reasoning, tool_calls, finish_reasons)]
+    rows = zip(kept, plain, texts, *extra, strict=True)
+    return [_spelled([k, p], t, r, c, f) for k, p, t, r, c, f in rows]
+
+
+def _spelled(decoded: list[str], text: str, reasoning, tool_calls, finish_reason) -> bool:
+    """ids_spell's rule on the ids' two decodes."""
+    if finish_reason == "length":  # the last character cut after some of its bytes
+        decoded += [d.removesuffix(REPLACEMENT) for d in decoded if d.endswith(REPLACEMENT)]
+    names = [str((c.get("function") or {}).get("name")) for c in parsed(tool_calls) or []]
+    if names:
+        return any(text.strip() in d and all(n in d for n in names) for d in decoded)
+    want = (reasoning or "").strip()
+    if not want:
+        return text in decoded
+    return any(want in d and d.rstrip().endswith(text.strip()) for d in decoded)
 
 
 def count_prompt_tokens(
@@ -279,37 +370,31 @@ def count_completion_tokens(records: pl.DataFrame, tokenizer: Any = None) -> pl.
     """
     import polars as pl
 
-    n = records.height
-    counts = _column_or_nulls(records, "completion_tokens", n)
-    sources = _column_or_nulls(records, "count_source", n)
-    for i, row_ids in enumerate(_column_or_nulls(records, "output_ids", n)):
-        if row_ids is not None:
-            counts[i], sources[i] = len(row_ids), "server_ids"
-        elif counts[i] is not None:
-            counts[i], sources[i] = int(counts[i]), sources[i] or "usage"
-        else:
-            sources[i] = "retokenized"
-    missing = [i for i, c in enumerate(counts) if c is None]
-    if missing and (tokenizer is None or "completion" not in records.columns):
+    def column(name: str, dtype):
+        return (pl.col(name) if name in records.columns else pl.lit(None)).cast(dtype)
+
+    ids = column("output_ids", pl.List(pl.Int64)).list.len().cast(pl.Int64)
+    told = column("completion_tokens", pl.Int64)
+    counts = records.select(
+        completion_tokens=pl.coalesce(ids, told),
+        count_source=pl.when(ids.is_not_null())
+        .then(pl.lit("server_ids"))
+        .when(told.is_not_null())
+        .then(column("count_source", pl.String).fill_null("usage"))
+        .otherwise(pl.lit("retokenized")),
+    )
+    missing = counts["completion_tokens"].is_null().arg_true()
+    if len(missing) and (tokenizer is None or "completion" not in records.columns):
         need = "pass tokenizer=" if tokenizer is None else "give them a 'completion' column"
         raise ValueError(
             f"{len(missing)} records have no server token count (first: row {missing[0]}); "
             f"{need} to re-tokenize their text"
         )
-    if missing:
-        texts = records["completion"].to_list()
-        lengths = encode_lengths(tokenizer, [texts[i] or "" for i in missing])
-        for i, length in zip(missing, lengths, strict=True):
-            counts[i] = length
-    return records.with_columns(
-        pl.Series("completion_tokens", counts, dtype=pl.Int64),
-        pl.Series("count_source", sources, dtype=pl.String),
-    )
-
-
-def _column_or_nulls(frame: pl.DataFrame, name: str, n: int) -> list:
-    """A column as a (new) list, or n Nones when absent."""
-    return frame[name].to_list() if name in frame.columns else [None] * n
+    if len(missing):
+        texts = records["completion"].gather(missing).fill_null("").to_list()
+        lengths = pl.Series(encode_lengths(tokenizer, texts), dtype=pl.Int64)
+        counts = counts.with_columns(counts["completion_tokens"].scatter(missing, lengths))
+    return records.with_columns(counts)
 
 
 def chat_template_hash(tokenizer: Any) -> str:

@@ -458,8 +458,8 @@ def test_all_turns_counts_are_checked_per_turn(tmp_path):
     assert flags["ids_len_mismatch"].to_list() == [False, True]
 
 
-def test_ids_match_text_with_reasoning():
-    from kit.report.flags import ids_match_text
+def test_ids_spell_with_reasoning():
+    from kit.tokens import ids_spell
 
     class Tok:  # ids index a tiny vocabulary; 0 is the only special token
         all_special_ids = [0]
@@ -469,11 +469,11 @@ def test_ids_match_text_with_reasoning():
             return "".join(self.vocab[i] for i in ids if not (skip_special_tokens and i == 0))
 
     ids = [1, 2, 3, 4, 5, 0]
-    assert ids_match_text(Tok(), ids, "Paris", "plan")
-    assert not ids_match_text(Tok(), ids, "Paris")  # without the reasoning it is no match
-    assert not ids_match_text(Tok(), ids, "Rome", "plan")
-    assert not ids_match_text(Tok(), ids, "Paris", "other thoughts")
-    assert ids_match_text(Tok(), [5, 0], "Paris")
+    assert ids_spell(Tok(), ids, "Paris", "plan")
+    assert not ids_spell(Tok(), ids, "Paris")  # without the reasoning it is no match
+    assert not ids_spell(Tok(), ids, "Rome", "plan")
+    assert not ids_spell(Tok(), ids, "Paris", "other thoughts")
+    assert ids_spell(Tok(), [5, 0], "Paris")
 
 
 def spoil_page(run_dir: Path, table: str) -> None:

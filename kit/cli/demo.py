@@ -20,11 +20,8 @@ from kit.cli.commands import REPO, SAMPLES, audit_run
 NOTEBOOKS = ("01_plan", "02_generate", "03_audit", "04_export")
 
 # `kit demo`'s own parameters (injected into the notebooks): budgets of 10-20 answers a
-# dataset; max_tokens above the embedded model's answers (SmolLM2-135M writes the samples'
-# programs and essays in 200-600 tokens); temperature 0.5 with a frequency penalty of 0.3,
-# which break its loops (an answer repeating one line until max_tokens: at 0.7 and 0.3, 4
-# of 72 math answers were cut, at 0.7 and 0.5 11 of 72; README "The two commands"); the
-# default pilot (30 a dataset)
+# dataset; max_tokens above SmolLM2-135M's answers to the samples (200-600 tokens); a
+# temperature and frequency penalty that break its loops (README "The two commands")
 DEMO_BUDGETS = {  # dataset -> completion tokens
     "alpaca_tasks": 1_000,
     "chat_general": 1_000,
@@ -114,13 +111,9 @@ def parameterized(name: str, parameters: dict):
 
 
 def poll_in_slices(channel, step: float = 1.0) -> None:
-    """Make a kernel client channel's get_msg poll in `step`-second slices up to its timeout.
-
-    zmq.asyncio can miss a socket's wake-up (pyzmq #1558): the kernel's reply sits unread
-    until the poll times out, and nbclient polls the shell for a cell's whole timeout. The
-    demo stalled that way for the hour after 01_plan's planner cell had finished (4 runs of
-    23 of 01_plan alone, over IPC and TCP; tests/test_cli.py). A poll that starts after the
-    message arrived sees it.
+    """Make a kernel client channel's get_msg poll in `step`-second slices up to its timeout:
+    zmq.asyncio can miss a socket's wake-up (pyzmq #1558) and leave the kernel's reply unread
+    for a cell's whole timeout (tests/test_cli.py); a poll that starts after it arrived sees it.
     """
     from queue import Empty
 
@@ -137,6 +130,27 @@ def poll_in_slices(channel, step: float = 1.0) -> None:
                     raise
 
     channel.get_msg = get_msg
+
+
+def failure(notebook: str, nb, exc, copy: Path) -> str:
+    """Why a notebook failed, its last line naming the notebook and the cell (its number
+    among the notebook's cells and its first line) whose output is the error.
+
+    Example: failure("notebooks/01_plan.ipynb", nb, exc, copy) ->
+        "notebooks/01_plan.ipynb failed: ValueError: no pilot (cell 4 `pilot = ...`; ...)"
+    """
+    cells = [
+        (i, c.source.strip().splitlines()[0] if c.source.strip() else "")
+        for i, c in enumerate(nb.cells, 1)
+        if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+    ]
+    where = f"cell {cells[0][0]} `{cells[0][1][:60]}`; " if cells else ""
+    why = f"{exc.ename}: {exc.evalue}".strip().splitlines() or [exc.ename]
+    lines = [f"{notebook} failed: {why[0]}", *why[1:]]
+    tail = f"({where}its executed copy, traceback included: {copy})"
+    if len(lines) == 1:
+        return f"{lines[0]} {tail}"
+    return "\n".join([*lines, f"{notebook} raised {exc.ename} {tail}"])  # a last line that says it
 
 
 def run_notebooks(run_dir: Path, parameters: dict) -> Path:
@@ -173,10 +187,8 @@ def run_notebooks(run_dir: Path, parameters: dict) -> Path:
             try:
                 client.execute()
             except CellExecutionError as exc:
-                raise NotebookFailed(
-                    f"notebooks/{name}.ipynb failed: {exc.ename}: {exc.evalue}\n"
-                    f"(its executed copy, traceback included: {out / f'{name}.ipynb'})"
-                ) from None
+                copy = out / f"{name}.ipynb"
+                raise NotebookFailed(failure(f"notebooks/{name}.ipynb", nb, exc, copy)) from None
             finally:
                 nbformat.write(nb, out / f"{name}.ipynb")  # a failed run is kept for reading
     return out
@@ -231,5 +243,23 @@ def cmd_demo(args) -> int:
     print(f"  run directory       {run_dir}")
     print(f"  executed notebooks  {executed}/ ({', '.join(n + '.ipynb' for n in NOTEBOOKS)})")
     print(f"  charts              {run_dir / 'charts'}/ ({', '.join(p.name for p in pngs)})")
-    print(f"  export              {run_dir / 'export'}/ (manifest.json inside)")
-    return 0 if report.ok else 1
+    print(f"  export              {run_dir / 'export'}/ (manifest.json inside)", flush=True)
+    if report.ok:
+        return 0
+    print(audit_failure(report), file=sys.stderr)
+    return 1
+
+
+def audit_failure(report) -> str:
+    """The demo's last line when the audit found errors: how many, and the first.
+
+    Example: "kit demo: the audit found 1 error: [error] d ids_text_mismatch: 1 record ..."
+    """
+    errors = report.findings.filter(report.findings["severity"] == "error")
+    first, n = errors.row(0, named=True), errors.height
+    message = " ".join(str(first["message"]).split())  # one line, whatever the finding says
+    more = f" (and {n - 1} more, in the audit summary above)" if n > 1 else ""
+    return (
+        f"kit demo: the audit found {n} error{'s' if n > 1 else ''}: "
+        f"[error] {first['dataset']} {first['check']}: {message}{more}"
+    )

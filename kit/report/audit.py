@@ -20,13 +20,12 @@ from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.re
     TextSample,
     dup_flags,
     finish_class,
-    ids_match_text,
     ids_text_flags,
     normalize_text,
     record_flags,
     under_reported_flags,
 )
-from kit.report.tokenrows import load_tokenizer_for, strip_end_ids  # noqa: F401 - re-exported
+from kit.report.tokenrows import load_tokenizer_for
 from kit.run.reader import PROMPT_COLUMNS, ids_by_key, owned, record_batches, record_schema
 from kit.types import KEY, record_columns
 

@@ -1,36 +1,20 @@
-"""What one record is in an export: its conversation, its tools, its earlier turns, and the
-chat template's rendering of them (with the record's tools and the dataset's template kwargs).
+"""What one record is in an export: its conversation, tools and earlier turns, and the
+SpecForge JSONL lines and checks rendered from them by polars.
 
-A row here is one record as a dict (a row of kit.run.reader.record_batches with prompts):
-`tools`, `turns` and `tool_calls` are JSON text there (or lists, or null); `reasoning` is the thinking the
-server's reasoning parser split off the answer.
-
-SpecForge reads a conversation so (sgl-project/SpecForge 0.2.0; tests/test_trainers.py runs it
-on real exports, kit/report/trainers.py names the routes):
-- specforge/data/parse.py: GeneralParser (parser_type "general", every built-in ChatML
-  template) keeps only role, content and tool_calls of a message (Parser._sanitize_message),
-  so an assistant message's `reasoning_content` never reaches the chat template: a reasoning
-  row trains its answer alone, or only the end-of-turn when the answer is empty.
-  ThinkingParser (a template registered with parser_type "thinking") keeps it, and the chat
-  template then renders it or not (Qwen3: "<think>\n...\n</think>\n\n"; SmolLM2: not).
-  The manifest counts such rows per dataset ("trainers" -> "reasoning").
-- scripts/regenerate_train_data.py `--reasoning save` writes regenerated turns exactly so:
-  {"role": "assistant", "content": answer, "reasoning_content": thinking}.
-- specforge/data/preprocessing.py (build_eagle3_dataset) reads a row's `tools` (a list, or
-  a JSON string of one) and passes it to the parser as the template's `tools`.
-- the target's tool calls are the last assistant message's `tool_calls` (OpenAI's shape,
-  [{"id", "type": "function", "function": {"name", "arguments"}}]), the field chat templates
-  that render tool calls read (Qwen, Llama 3.1, Hermes: `message.tool_calls`); a template
-  without one leaves them out, as it leaves out `tools`.
-- docs/basic_usage/data_preparation.md ("Multi-turn structured reasoning"): with
-  `train_only_last_turn` (`data.train_only_last_turn: true`) only the last assistant turn of
-  each row is trained. That switch is the trainer's, one for the whole dataset: SpecForge
-  has no per-row or per-turn flag.
+A row is one record as a dict (a row of kit.run.reader.record_batches with prompts): `tools`,
+`turns` and `tool_calls` are JSON text (or lists, or null); `reasoning` is the thinking the
+server's reasoning parser split off. The last assistant message carries it as
+`reasoning_content` and the calls as `tool_calls` (OpenAI's shape), the fields SpecForge
+0.2.0 reads (scripts/regenerate_train_data.py `--reasoning save` writes them so;
+specforge/data/preprocessing.py passes a row's `tools` to the template); what its parsers
+keep of them is in kit/report/trainers.py.
 """
 
 from __future__ import annotations
 
 import json
+
+from kit.tokens import parsed
 
 
 def row_id(r: dict) -> str:
@@ -67,13 +51,6 @@ def with_tool_calls(conv: list[dict], r: dict) -> list[dict]:
     return conv[:-1] + [{**conv[-1], "tool_calls": calls}]
 
 
-def parsed(value):
-    """A tools/turns cell as Python: JSON text parsed, a list kept, null or "" -> None."""
-    if isinstance(value, str):
-        return json.loads(value) if value.strip() else None
-    return value
-
-
 def tools_of(r: dict) -> list[dict] | None:
     """The record's tool definitions (None without)."""
     return parsed(r.get("tools")) or None
@@ -95,38 +72,6 @@ def earlier_turns(r: dict) -> list[dict]:
         }
         for c, t in zip(contents, turns, strict=True)
     ]
-
-
-def render_all(tok, convs: list, gen: bool, tools: list, kwargs: list) -> list[str | None]:
-    """The template's text of each conversation (None where it refuses one).
-
-    Rows without tools or template kwargs go through kit.tokens.render (batched, the path
-    of every earlier export); the others are rendered one by one with
-    apply_chat_template(conv, tools=..., **kwargs).
-    """
-    from kit.tokens import render
-
-    plain = [i for i in range(len(convs)) if not tools[i] and not kwargs[i]]
-    out: list[str | None] = [None] * len(convs)
-    if plain:
-        for i, text in zip(
-            plain, render(tok, [convs[i] for i in plain], gen, on_error="skip"), strict=True
-        ):
-            out[i] = text
-    for i in sorted(set(range(len(convs))) - set(plain)):
-        out[i] = render_one(tok, convs[i], gen, tools[i], kwargs[i])
-    return out
-
-
-def render_one(tok, conv: list[dict], gen: bool, tools=None, kwargs=None) -> str | None:
-    """One conversation rendered with tools and template kwargs; None if the template refuses."""
-    try:
-        text = tok.apply_chat_template(
-            conv, tokenize=False, add_generation_prompt=gen, tools=tools, **(kwargs or {})
-        )
-    except Exception:  # any template error (jinja, TypeError, ...): the caller counts it
-        return None
-    return text if isinstance(text, str) else None
 
 
 def find_ids(haystack: list[int], needle: list[int], start: int, stop: int) -> int | None:

@@ -1,23 +1,19 @@
-"""Token-id rows of a batch of records in polars: the server's ids made into rows without a
-Python int per id, the other rows handed to kit.report.tokenrows.token_rows.
+"""Token-id rows of a batch of records in polars: the exact rows (tokenrows._server_row's,
+built without a Python int per id) of records with both id lists, counted by the server's
+ids and turns "last_turn"; every other row is tokenrows.token_rows'.
 
-An exact row is tokenrows' (see its docstring): input_ids = prompt_ids + output_ids, plus the
-template's end-of-turn id after a "stop" whose ids do not end with a special id; loss_mask 1
-on what was generated. Eligible: both id lists, counted by the server's ids (count_source
-"server_ids" or none), turns "last_turn" (all_turns rows need their earlier turns found).
-
-Checked on a stated sample: the first CHECK_SAMPLE eligible rows of each dataset in commit
-order (prompts are drawn in a seeded random order: a random sample) have their output_ids
-decoded, which must spell the text (else the row is re-tokenized and counted
-ids_text_differ), and their prompt rendered by kit and compared with prompt_ids
-(prompt_render_differs). A dataset where one sampled row's ids do not spell its text has
-every later row decoded. The manifest's `token_checks` says how many rows each check saw.
+Checked on a stated sample (the manifest's `token_checks`): the first CHECK_SAMPLE eligible
+rows of each dataset in commit order (a seeded random draw of prompts) have their ids
+checked against the text (kit.tokens.ids_spell; else re-tokenized, "ids_text_differ"; a
+dataset with one such row is then checked in full) and their prompt rendered by kit and
+compared with prompt_ids ("prompt_render_differs").
 """
 
 from __future__ import annotations
 
-from kit.report.convo import conversation, first_breaks, json_text, render_all, row_ids, tools_of
+from kit.report.convo import conversation, first_breaks, json_text, row_ids, tools_of
 from kit.report.tokenrows import end_of_turn, token_rows
+from kit.tokens import encode_many, ids_spell_batch, render
 
 CHECK_SAMPLE = 500  # eligible rows per dataset whose ids are decoded and prompt rendered (as the audit samples)
 
@@ -135,20 +131,18 @@ def token_columns(
 
 
 def _ids_do_not_spell(tok, cand, checks: Checks):
-    """Per eligible row: True when it was decoded and its ids do not spell its text."""
+    """Per eligible row: True when it was decoded and its ids do not spell its text
+    (kit.tokens.ids_spell)."""
     import polars as pl
-
-    from kit.run.answers import ids_spell
 
     for ds, n in cand["dataset"].value_counts().iter_rows():
         checks.candidates[ds] = checks.candidates.get(ds, 0) + n
 
     def wrong(rows):
-        decoded = tok.batch_decode(id_arrays(rows["output_ids"]), skip_special_tokens=True)
-        return [
-            not ids_spell(t, r, a)
-            for t, r, a in zip(decoded, rows["reasoning"], rows["completion"], strict=True)
-        ]
+        cols = [rows[c] if c in rows.columns else None for c in ("reasoning", "tool_calls")]
+        ids = id_arrays(rows["output_ids"])
+        spelled = ids_spell_batch(tok, ids, rows["completion"], *cols, rows["finish_reason"])
+        return [not ok for ok in spelled]
 
     return pl.Series(widening_sample(cand, checks.decoded, checks.full, CHECK_SAMPLE, wrong))
 
@@ -157,8 +151,6 @@ def _check_prompts(tok, exact, checks: Checks, by_dataset: dict, kwargs_for, fet
     """Sampled rows: the server's prompt_ids against kit's rendering of the prompt, tokenized
     (prompt_render_differs counts the rows that differ; the server's ids stay the row)."""
     import polars as pl
-
-    from kit.tokens import encode_many
 
     if not exact.height:
         return
@@ -170,7 +162,8 @@ def _check_prompts(tok, exact, checks: Checks, by_dataset: dict, kwargs_for, fet
     )
     kw = [(kwargs_for(r["dataset"]) if kwargs_for else None) or {} for r in rows]
     convs = [conversation(r["messages"], "")[:-1] for r in rows]
-    texts = render_all(tok, convs, True, [tools_of(r) for r in rows], kw)
+    tools = [tools_of(r) for r in rows]
+    texts = render(tok, convs, True, on_error="skip", tools=tools, template_kwargs=kw)
     ids = encode_many(tok, [t or "" for t in texts])
     for r, text, got in zip(rows, texts, ids, strict=True):
         checks.rendered[r["dataset"]] = checks.rendered.get(r["dataset"], 0) + 1

@@ -21,7 +21,6 @@ from kit.report.textchecks import (  # noqa: F401 - re-exported: kit.report.flag
     HASH_SEED,
     THINK_MARKERS,
     TextSample,
-    ids_match_text,
     ids_text_flags,
     opens_think_block,
     under_reported_flags,

@@ -7,12 +7,12 @@ them.
 
 from __future__ import annotations
 
-from kit.report.convo import parsed
-from kit.report.tokenrows import strip_end_ids
 from kit.types import KEY, record_columns
 
 THINK_MARKERS = ("<think>", "</think>")
 HASH_SEED = 0x6B6974  # polars .hash() seed of text_hash / norm_hash and of TextSample's pick
+# a record's columns kit.tokens.ids_spell reads, in its argument order
+_SPELL_COLUMNS = ("output_ids", "completion", "reasoning", "tool_calls", "finish_reason")
 
 
 def opens_think_block(tokenizer, kwargs: dict | None) -> bool:
@@ -45,48 +45,19 @@ def with_optional(records):
     return records
 
 
-def ids_match_text(
-    tokenizer, ids: list[int], text: str, reasoning: str | None = None, tool_calls=None
-) -> bool:
-    """True when the ids decode to the text (a trailing EOS / end-of-turn is allowed). With
-    reasoning, the ids hold the thinking and then the answer: the decoded text must contain
-    the reasoning and end with the answer (the parser's markers and spacing between them
-    are not checked). With tool calls (a list, or its JSON text), the ids hold the calls as
-    the model wrote them: the decoded text must contain the answer and every call's name.
-    """
-    decoded = [
-        tokenizer.decode(strip_end_ids(tokenizer, ids), skip_special_tokens=False),
-        tokenizer.decode(ids, skip_special_tokens=True),
-    ]
-    calls = parsed(tool_calls)
-    if calls:
-        names = [str((c.get("function") or {}).get("name")) for c in calls]
-        return any(text.strip() in d and all(n in d for n in names) for d in decoded)
-    if not (reasoning or "").strip():
-        return text in decoded
-    want = reasoning.strip()
-    return any(want in d and d.rstrip().endswith(text.strip()) for d in decoded)
-
-
 def ids_text_flags(recs, tokenizer):
-    """ids_text_mismatch as a Series: null where there are no ids or no tokenizer."""
+    """ids_text_mismatch as a Series (kit.tokens.ids_spell): null where there are no ids or
+    no tokenizer."""
     import polars as pl
+
+    from kit.tokens import ids_spell
 
     values = [None] * recs.height
     if tokenizer is not None:
-        none = [None] * recs.height
-        reasoning = recs["reasoning"] if "reasoning" in recs.columns else none
-        calls = recs["tool_calls"] if "tool_calls" in recs.columns else none
-        rows = zip(
-            recs["output_ids"].to_list(),
-            recs["completion"].to_list(),
-            reasoning,
-            calls,
-            strict=True,
-        )
-        for i, (ids, text, why, tc) in enumerate(rows):
+        cols = [recs[c] if c in recs.columns else [None] * recs.height for c in _SPELL_COLUMNS]
+        for i, (ids, *row) in enumerate(zip(*cols, strict=True)):
             if ids is not None:
-                values[i] = not ids_match_text(tokenizer, ids, text, why, tc)
+                values[i] = not ids_spell(tokenizer, ids, *row)
     return pl.Series("ids_text_mismatch", values, dtype=pl.Boolean)
 
 
@@ -162,7 +133,7 @@ class TextSample:
         batch = with_optional(batch)
         ids = "output_ids" if "output_ids" in batch.columns else "n_output_ids"
         rows = batch.select(
-            *self.COLUMNS,
+            *dict.fromkeys([*self.COLUMNS, *_SPELL_COLUMNS[1:]]),
             *(["output_ids"] if ids == "output_ids" else []),
             _prio=pl.struct(self.KEYS).hash(self.seed),
             _ids=c(ids).is_not_null(),

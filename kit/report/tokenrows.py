@@ -1,46 +1,12 @@
-"""Token-id rows of records, with loss masks, for training.
+"""Token-id rows of records with loss masks, for training (kit.export's token_ids format).
 
-Exact rows (a record with the server's prompt_ids and output_ids): input_ids are exactly
-prompt_ids + output_ids, nothing re-tokenized, so a thinking model's reasoning is trained
-token for token as it was generated. loss_mask is 1 on output_ids. A "stop" finish whose
-output_ids do not already end with a special id (the EOS / end-of-turn the model emitted)
-gets the template's end-of-turn id appended, trained (it was generated, the server left it
-out); output_ids that end with one are kept as they are. An exact row's prompt is also
-rendered by kit (the chat template with the record's tools and the dataset's template
-kwargs) and compared with the server's prompt_ids: rows that differ are counted
-("prompt_render_differs"), never hidden; the server's ids are the row.
-
-Server ids are believed only when they were counted as the record's tokens (count_source
-"server_ids": kit.run.answers found they spell the text, or had no tokenizer to check) and
-they spell the completion and its thinking here too; ids that do not are re-tokenized and
-counted ("ids_text_differ"), never exported as exact. An export builds its last_turn exact
-rows in polars and runs these two checks on a stated sample (kit/report/exactrows.py);
+An exact row is the server's prompt_ids + output_ids, nothing re-tokenized (_server_row);
+the ids are believed only when counted as the record's tokens and they spell its text
+(kit.tokens.ids_spell), else the row is re-tokenized and counted ("ids_text_differ"). A
+re-tokenized row is the chat template applied to prompt + completion (_text_row). With
+RunConfig.turns "all_turns" the prompt's earlier target turns are found in the row and
+trained too (_mask_earlier). exactrows.py builds an export's last_turn exact rows in polars;
 this module makes every other row.
-
-Re-tokenized rows (no server ids, only one side of them, or ids that do not spell the text): the chat template applied to
-prompt + completion. input_ids = the prompt (the server's prompt_ids when they decode to the
-rendered prompt, else the rendered prompt tokenized) + the assistant text (the target's own
-output_ids, without a trailing end-of-turn / EOS, when they decode to it, else the text
-tokenized) + the template's tail after it (SmolLM2: "<|im_end|>\\n"). The assistant text is
-what the template writes for the answer: with reasoning it is rendered from an assistant
-message carrying `reasoning_content` (SpecForge's field, see kit/report/convo.py), so a
-Qwen3-style template gives "<think>\\n{reasoning}\\n</think>\\n\\n{answer}"; a template with no
-place for reasoning drops it, and such rows are counted ("reasoning_not_rendered"). The
-target's tool calls (Record.tool_calls) are rendered by the template from the assistant
-message's `tool_calls`, after the answer, and trained up to the end-of-turn; a template that
-does not render them (SmolLM2's) leaves them out of the row, and such rows are counted
-("tool_calls_not_rendered"); exact rows hold them as the server generated them.
-loss_mask is 1 on the assistant text, plus the end-of-turn token when the model emitted it
-(finish_reason "stop"), as SpecForge's GeneralParser (sgl-project/SpecForge
-specforge/data/parse.py) counts end_of_turn_token inside the assistant span; after a
-"length" finish the template's end-of-turn stays 0; the text after it is template: 0.
-
-Earlier assistant turns: with RunConfig.turns "last_turn" they are the dataset's and stay 0.
-With "all_turns" they are the target's own and are trained: each is located inside the
-prompt part of the row (by its server output_ids verbatim, else by its rendered text's
-tokens, plus the end-of-turn after a "stop") and masked 1. An exact row whose earlier turn is
-not found falls back to re-tokenizing ("earlier_turns_fallback"); a row where even that
-fails is skipped ("earlier_turns_missing").
 """
 
 from __future__ import annotations
@@ -50,20 +16,17 @@ from kit.report.convo import (
     earlier_turns,
     find_ids,
     parsed,
-    render_all,
-    render_one,
     row_id,
     tools_of,
     with_tool_calls,
 )
+from kit.tokens import ids_spell, ids_spell_batch, render, strip_end_ids
 
 _MARK = "\ue000kit-answer\ue000"  # stands in for the answer to find where the template puts it
 
 
 def end_of_turn(tok) -> tuple[int | None, str]:
     """(id of the special token that closes an assistant turn, its text) from the template."""
-    from kit.tokens import render
-
     mark = "\ue000kit\ue000"
     full = render(
         tok, [[{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}]], False
@@ -113,7 +76,7 @@ def token_rows(
     kwargs_for=None,
 ) -> list[dict | None]:
     """{"id", "input_ids", "loss_mask", "ids_source"} per record (None when the template
-    cannot split it). See the module docstring for how ids and the mask are built.
+    cannot split it); see _server_row and _text_row for how ids and the mask are built.
 
     Args:
         tok: the target's tokenizer.
@@ -146,8 +109,10 @@ def token_rows(
         with_tool_calls(conversation(r["messages"], r["completion"], r.get("reasoning")), r)
         for r in rows
     ]
-    prompts = render_all(tok, [c[:-1] for c in convs], True, tools, kw)
-    fulls = render_all(tok, convs, False, tools, kw)
+    prompts = render(
+        tok, [c[:-1] for c in convs], True, on_error="skip", tools=tools, template_kwargs=kw
+    )
+    fulls = render(tok, convs, False, on_error="skip", tools=tools, template_kwargs=kw)
     tok = _Encoding(tok)  # the texts most rows encode, encoded in one batch
     texts = [r["completion"] for r in rows if not (r.get("prompt_ids") and r.get("output_ids"))]
     tok.prefill([p for p in prompts if p is not None] + texts)
@@ -174,23 +139,23 @@ def token_rows(
 def _believed(tok, rows: list[dict]) -> list[bool]:
     """Per row: whether its output_ids may be the exact row (True without ids): counted by
     the server's ids at generation (count_source "server_ids", or no count_source) and
-    spelling the completion and its thinking when decoded (kit.run.answers.ids_spell)."""
-    from kit.run.answers import ids_spell
-
-    todo = [i for i, r in enumerate(rows) if r.get("output_ids")]
-    decoded = tok.batch_decode(
-        [list(rows[i]["output_ids"]) for i in todo], skip_special_tokens=True
-    )
-    out = [True] * len(rows)
-    for i, text in zip(todo, decoded, strict=True):
-        r = rows[i]
-        counted = r.get("count_source") in (None, "server_ids")
-        out[i] = counted and ids_spell(text, r.get("reasoning"), r["completion"])
-    return out
+    spelling its text (kit.tokens.ids_spell)."""
+    todo = [r for r in rows if r.get("output_ids")]
+    cols = [[r.get(k) for r in todo] for k in ("completion", "reasoning", "tool_calls")]
+    ends = [r["finish_reason"] for r in todo]
+    spelled = iter(ids_spell_batch(tok, [list(r["output_ids"]) for r in todo], *cols, ends))
+    return [
+        not r.get("output_ids") or (next(spelled) and r.get("count_source") in (None, "server_ids"))
+        for r in rows
+    ]
 
 
 def _server_row(tok, r, p_text, earlier, eot, special, stats, ds) -> dict | None:
-    """The exact row from the server's ids; None when an earlier turn is not found in them."""
+    """The exact row: loss_mask 1 on output_ids, plus the template's end-of-turn id (trained:
+    the model emitted it, the server left it out) after a "stop" whose ids do not end with a
+    special id. The prompt rendered by kit that differs from prompt_ids is counted
+    ("prompt_render_differs"); the server's ids stay the row. None when an earlier turn is
+    not found in them."""
     p, o = list(r["prompt_ids"]), list(r["output_ids"])
     ids, mask = p + o, [0] * len(p) + [1] * len(o)
     appended = r["finish_reason"] == "stop" and eot is not None and o[-1] not in special
@@ -211,8 +176,10 @@ def _server_row(tok, r, p_text, earlier, eot, special, stats, ds) -> dict | None
 
 
 def _mask_earlier(tok, ids, mask, start, earlier, eot, ds, failure: str) -> bool:
-    """Mask the earlier generated turns' spans in ids; False (counted as `failure`) when one
-    is not found."""
+    """Mask 1 each earlier generated turn in ids, found by its server output_ids verbatim, else
+    by its text's tokens (plus the end-of-turn after a "stop"); False (counted as `failure`:
+    an exact row falls back to re-tokenizing, a re-tokenized one is skipped) when one is not
+    found."""
     spans, rendered = _earlier_spans(tok, ids, start, earlier, eot)
     if spans is None:
         _count(ds, failure)
@@ -222,7 +189,13 @@ def _mask_earlier(tok, ids, mask, start, earlier, eot, ds, failure: str) -> bool
 
 
 def _text_row(tok, r, ctx, earlier, eot, stats, ds) -> dict | None:
-    """The re-tokenized row from the template's rendering (None when it cannot be split)."""
+    """The re-tokenized row: the prompt (the server's prompt_ids when they decode to kit's
+    rendering, else it tokenized) + the assistant text as the template writes it (reasoning
+    as `reasoning_content`: "reasoning_not_rendered" when the template drops it; the
+    server's output_ids when they spell it) + the template's tail. loss_mask 1 on the
+    assistant text, the tool calls the template renders ("tool_calls_not_rendered" when it
+    does not) and, after a "stop", the end-of-turn (SpecForge's GeneralParser trains it:
+    specforge/data/parse.py); the rest is 0. None when the template cannot be split."""
     conv, p_text, f_text, tools, kw = ctx
     if p_text is None or f_text is None:
         return None
@@ -232,7 +205,7 @@ def _text_row(tok, r, ctx, earlier, eot, stats, ds) -> dict | None:
         return None
     p_ids = _pick(r.get("prompt_ids"), p_text, tok, stats, "prompt_ids")
     gen = strip_end_ids(tok, r["output_ids"]) if r.get("output_ids") else None
-    c_ids = _pick(gen, lead + r["completion"], tok, stats, "output_ids")
+    c_ids = _pick(gen, lead + r["completion"], tok, stats, "output_ids", r["finish_reason"])
     tail = tok.encode(f_text[len(head) :], add_special_tokens=False)
     calls = _rendered_calls(r, f_text[len(head) :], tail, eot, ds)  # tail tokens that are calls
     closed = r["finish_reason"] == "stop" and eot is not None and tail[calls : calls + 1] == [eot]
@@ -270,7 +243,8 @@ def _lead(tok, r, conv, p_text, f_text, tools, kw) -> str | None:
     or "" for a plain answer); None when the template's rendering cannot be split there."""
     if not r.get("reasoning") and f_text.startswith(p_text + r["completion"]):
         return ""
-    marked = render_one(tok, conv[:-1] + [{**conv[-1], "content": _MARK}], False, tools, kw)
+    conv = conv[:-1] + [{**conv[-1], "content": _MARK}]
+    marked = render(tok, [conv], False, on_error="skip", tools=[tools], template_kwargs=kw)[0]
     if marked is None or _MARK not in marked or not marked.startswith(p_text):
         return None
     return marked[len(p_text) : marked.index(_MARK)]
@@ -311,9 +285,14 @@ def _mark(mask: list[int], spans: list, rendered: bool, ds: dict) -> None:
         _count(ds, "earlier_turns_rendered")
 
 
-def _pick(ids, text: str, tok, stats: dict, name: str) -> list[int]:
-    """The server's ids when they decode to text, else text tokenized; counted in stats."""
-    if ids and tok.decode(ids, skip_special_tokens=False) == text:
+def _pick(ids, text: str, tok, stats: dict, name: str, finish: str | None = None) -> list[int]:
+    """The server's ids when they spell text (output ids: kit.tokens.ids_spell; prompt ids:
+    decoded exactly), else text tokenized; counted in stats."""
+    if name == "output_ids":
+        ok = bool(ids) and ids_spell(tok, ids, text, finish_reason=finish)
+    else:
+        ok = bool(ids) and tok.decode(ids, skip_special_tokens=False) == text
+    if ok:
         _count(stats, name)
         return list(ids)
     _count(stats, "completion_retokenized" if name == "output_ids" else "prompt_tokenized")
@@ -327,12 +306,3 @@ def load_tokenizer_for(tokenizer, config=None):
     return load_tokenizer(
         tokenizer if tokenizer is not None else getattr(config, "tokenizer", None)
     )
-
-
-def strip_end_ids(tokenizer, ids: list[int]) -> list[int]:
-    """Drop trailing special ids (the EOS / end-of-turn a server may include in output ids)."""
-    special = set(tokenizer.all_special_ids)
-    end = len(ids)
-    while end and ids[end - 1] in special:
-        end -= 1
-    return list(ids[:end])

@@ -24,12 +24,14 @@ def chatml_parts(tok) -> dict | None:
     Example: SmolLM2 -> {"assistant_header": "<|im_start|>assistant\\n",
                          "user_header": "<|im_start|>user\\n", "end_of_turn_token": "<|im_end|>"}
     """
-    from kit.report.convo import render_one
     from kit.report.tokenrows import end_of_turn
+    from kit.tokens import render
 
     user = [{"role": "user", "content": _MARK}]
-    asked = render_one(tok, user, False)
-    answered = render_one(tok, [*user, {"role": "assistant", "content": _MARK + "a"}], False)
+    asked = render(tok, [user], False, on_error="skip")[0]
+    answered = render(
+        tok, [[*user, {"role": "assistant", "content": _MARK + "a"}]], False, on_error="skip"
+    )[0]
     _, eot = end_of_turn(tok)
     if not (asked and answered and eot and answered.startswith(asked)):
         return None
@@ -71,10 +73,10 @@ def renders_tool_calls(tok) -> bool:
 
 def _answered(tok, answer: dict) -> str:
     """The template's render of a question and this assistant message ("" when it fails)."""
-    from kit.report.convo import render_one
+    from kit.tokens import render
 
     conv = [{"role": "user", "content": "q"}, {"role": "assistant", **answer}]
-    return render_one(tok, conv, False) or ""
+    return render(tok, [conv], False, on_error="skip")[0] or ""
 
 
 def _specforge_template(tok, name: str, thinking: bool) -> dict | None:

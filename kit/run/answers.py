@@ -4,7 +4,7 @@ Every check raises kit.types.BackendError; `redact` is the one helper every erro
 kit.run goes through. Counts are checked, never trusted: a count must be a plain int in
 0..max_tokens + 1 (a server may count the end token), not 0 for a non-empty answer, equal
 to the number of ids when the server gives both; with a tokenizer the ids must spell the
-text (else the count is re-tokenized, count_source "retokenized") and a usage count far
+text (kit.tokens.ids_spell; else the count is re-tokenized, count_source "retokenized") and a usage count far
 below the re-tokenized text is `malformed` (an under-reporting server, or the wrong
 tokenizer). `message_parts` reads the answer, the thinking (`reasoning` or
 `reasoning_content`) and `tool_calls_of` the tool calls; counts cover all three.
@@ -230,19 +230,6 @@ def check_ids(ids: Any, count: Any, what: str, url: str, sampling: Sampling, tex
     if n == 0 and text.strip():
         raise BackendError("malformed", f"{what} from {url} is empty for a non-empty answer")
     return n
-
-
-def ids_spell(decoded: str, *parts: str | None) -> bool:
-    """True when every text part (thinking, answer) is in the decoded ids, whitespace aside
-    (a reasoning parser takes out its markers and may trim; a stop string is cut from the
-    text, not from the ids).
-
-    Example:
-        >>> ids_spell("<think>\\nHm.\\n</think>\\n\\nYes.", "Hm.", "Yes."), ids_spell("No.", None, "Yes.")
-        (True, False)
-    """
-    squeeze = "".join(decoded.split())
-    return all("".join(p.split()) in squeeze for p in parts if p)
 
 
 def check_usage(

@@ -28,7 +28,6 @@ from kit.run.answers import (
     check_ids,
     check_usage,
     ids_ok,
-    ids_spell,
     message_parts,
     normalize_finish,
     optional_count,
@@ -38,6 +37,7 @@ from kit.run.answers import (
     tool_calls_of,
     url_secrets,
 )
+from kit.tokens import encode_lengths, ids_spell, load_tokenizer, render
 from kit.types import (
     Backend,
     BackendError,
@@ -50,13 +50,6 @@ from kit.types import (
 )
 
 MESSAGE_CHARS = 400  # an error message is cut to this, after redaction
-
-
-def _load_tokenizer(tokenizer: Any) -> Any:
-    """A tokenizer object from an object or a local path (loaded offline)."""
-    from kit.tokens import load_tokenizer
-
-    return load_tokenizer(tokenizer)
 
 
 def penalties(sampling: Sampling) -> dict:
@@ -106,7 +99,7 @@ class _HTTPBackend:
     @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None and self._tokenizer_src is not None:
-            self._tokenizer = _load_tokenizer(self._tokenizer_src)
+            self._tokenizer = load_tokenizer(self._tokenizer_src)
         return self._tokenizer
 
     def _headers(self) -> dict:
@@ -249,7 +242,7 @@ class _HTTPBackend:
                 "pass tokenizer= (the target's local path)"
             )
             raise BackendError("config", msg, retryable=False)
-        return sum(len(self.tokenizer.encode(p, add_special_tokens=False)) for p in parts if p)
+        return sum(encode_lengths(self.tokenizer, [p for p in parts if p]))
 
     def _usage(self, value: Any, what: str, parts: tuple, sampling: Sampling) -> int:
         """The server's count, checked (and against the text parts when there is a tokenizer)."""
@@ -258,21 +251,19 @@ class _HTTPBackend:
         text = "".join(p for p in parts if p)
         return check_usage(value, what, self.url, sampling, retokenized, text)
 
-    def _with_ids(self, comp: Completion, parts: tuple, calls: str | None = None) -> Completion:
-        """comp (count_source "server_ids") as it is when its ids spell the text parts or no
-        tokenizer is at hand; else the ids kept but not believed: the count is the text's and
-        the tool calls' (`calls`, calls_text), re-tokenized, count_source "retokenized" (the
-        export re-tokenizes such a row). Calls are not spelled: a model writes them in its
-        own format, which its server's parser reads."""
-        decode = (
-            getattr(self.tokenizer, "decode", None) if self._tokenizer_src is not None else None
-        )
-        if decode is None or not comp.output_ids:  # no tokenizer (or one that cannot decode)
+    def _with_ids(self, comp: Completion, calls: list[dict] | None = None) -> Completion:
+        """comp (count_source "server_ids") as it is when its ids spell its text, thinking
+        and tool calls (kit.tokens.ids_spell) or no tokenizer is at hand; else the ids kept
+        but not believed: the count is the text's, the thinking's and the calls' (calls_text),
+        re-tokenized, count_source "retokenized" (the export re-tokenizes such a row)."""
+        if self._tokenizer_src is None or not hasattr(self.tokenizer, "decode"):
             return comp
-        decoded = decode(comp.output_ids, skip_special_tokens=True)
-        if ids_spell(decoded, *parts):
+        if not comp.output_ids or ids_spell(
+            self.tokenizer, comp.output_ids, comp.text, comp.reasoning, calls, comp.finish_reason
+        ):
             return comp
-        comp.completion_tokens, comp.count_source = self._retokenize(*parts, calls), "retokenized"
+        parts = (comp.reasoning, comp.text, calls_text(calls))
+        comp.completion_tokens, comp.count_source = self._retokenize(*parts), "retokenized"
         return comp
 
 
@@ -395,13 +386,7 @@ class VLLMChat(OpenAIChat):
         finish = normalize_finish(choice.get("finish_reason"))
         n_prompt = len(prompt_ids) if prompt_ids is not None else None
         comp = Completion(text, finish, n, "server_ids", n_prompt, ids, prompt_ids, reasoning)
-        return self._with_ids(comp, (reasoning, text), calls_text(tool_calls_of(choice, self.url)))
-
-
-def _think_parts(text: str) -> tuple[str, ...]:
-    """A raw /generate text cut at its <think> markers (they may be special tokens, which a
-    decode with skip_special_tokens=True leaves out)."""
-    return tuple(text.replace("</think>", "<think>").split("<think>"))
+        return self._with_ids(comp, tool_calls_of(choice, self.url))
 
 
 _RENDER_OWN = {"conversation", "tools", "add_generation_prompt", "tokenize", "return_dict"}
@@ -410,21 +395,14 @@ _RENDER_OWN = {"conversation", "tools", "add_generation_prompt", "tokenize", "re
 class SGLangGenerate(_HTTPBackend):
     """SGLang's native /generate with client-side chat templating and exact token ids.
 
-    POSTs {"input_ids": [...], "sampling_params": {"max_new_tokens", "temperature",
-    "top_p", "sampling_seed"?}} to {base_url}/generate (sglang io_struct GenerateReqInput);
-    reads "text", "output_ids" and meta_info {"prompt_tokens", "completion_tokens",
-    "finish_reason": {"type": "length", "length": N} | {"type": "stop", "matched": ...}
-    | {"type": "abort", ...}} (sglang schedule_batch.py FINISH_*.to_json).
-
-    Thinking is NOT split off: /generate has no reasoning parser, its "text" is the raw
-    decode with the thinking inline (SGLang docs, advanced_features/separate_reasoning.md,
-    "SGLang Native API": /generate answers "...</think>..." and a separate POST
-    /separate_reasoning returns {"reasoning_text", "text"}; the split fields
-    `reasoning_content` / `content` exist only on /v1/chat/completions with
-    --reasoning-parser, docs/references/reasoning_parser.md). So Completion.reasoning is
-    None and Completion.text is the whole raw text; output_ids are the exact generated ids
-    (thinking and answer), which is what the token-id export trains on. Use
-    api="openai" against SGLang's /v1 to get the split.
+    Renders the prompt with kit.tokens.render and POSTs {"input_ids", "sampling_params":
+    {"max_new_tokens", "temperature", "top_p", "sampling_seed"?}} to {base_url}/generate
+    (sglang io_struct GenerateReqInput); reads "text", "output_ids" and meta_info
+    {"prompt_tokens", "completion_tokens", "finish_reason": {"type": "length" | "stop" |
+    "abort", ...}} (sglang schedule_batch.py FINISH_*.to_json). /generate has no reasoning
+    parser (SGLang docs, advanced_features/separate_reasoning.md): Completion.text is the
+    raw text, thinking inline, and reasoning None; output_ids hold thinking and answer. Use
+    api="openai" against SGLang's /v1 (--reasoning-parser) to get the split.
 
     Args:
         base_url: server root, e.g. "http://127.0.0.1:30000" (no /v1).
@@ -453,7 +431,7 @@ class SGLangGenerate(_HTTPBackend):
         tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
     ) -> list[int]:
-        """Prompt token ids: the chat template with the generation prompt.
+        """Prompt token ids: the chat template with the generation prompt (kit.tokens.render).
 
         Args:
             messages: the chat to render.
@@ -471,18 +449,13 @@ class SGLangGenerate(_HTTPBackend):
             raise BackendError("config", msg, retryable=False)
         tokenizer = self.tokenizer  # loaded here: a load error is not a template error
         try:
-            out = tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-                **kwargs,
+            ids = render(
+                tokenizer, [messages], tools=[tools], template_kwargs=kwargs, tokenize=True
             )
         except Exception as e:  # a template that rejects these messages/tools/kwargs
             msg = f"the chat template failed for {self.url}: {type(e).__name__}: {e}"
             raise BackendError("config", msg, retryable=False) from e
-        return list(out)
+        return ids[0]
 
     async def _complete(
         self,
@@ -510,7 +483,7 @@ class SGLangGenerate(_HTTPBackend):
         if out_ids is not None:
             n = check_ids(out_ids, count, "output_ids", self.url, sampling, text)
             comp = Completion(text, finish, n, "server_ids", len(ids), out_ids, ids)
-            return self._with_ids(comp, _think_parts(text))
+            return self._with_ids(comp)
         if count is not None:
             n = self._usage(count, "meta_info.completion_tokens", (text,), sampling)
             return Completion(text, finish, n, "usage", len(ids), None, ids)
