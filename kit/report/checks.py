@@ -22,7 +22,8 @@ ROLES = ("system", "user", "assistant")
 FOLDERS = ("specforge", "token_ids", "parquet", "hf", "linehashes", "draft_vocab")
 
 
-def _check_specforge(row) -> str | None:
+def check_specforge(row, rules=None, line: str = "") -> str | None:
+    """Why a parsed SpecForge line breaks the format, or None."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
         return "'id' must be a non-empty string"
     conv = row.get("conversations")
@@ -67,8 +68,8 @@ class Rules:
     sources: dict = field(default_factory=dict)  # ids_source -> rows seen
 
 
-def _check_token_ids(row, rules: Rules, line: str = "") -> str | None:
-    """line: the row's JSON text; where its arrays are plain (_plain_arrays) the checks run
+def check_token_ids(row, rules: Rules, line: str = "") -> str | None:
+    """Why a parsed token-id line breaks the format, or None. line: the row's JSON text; where its arrays are plain (_plain_arrays) the checks run
     on that text and C-level list methods, never a Python loop over the ids."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
         return "'id' must be a non-empty string"
@@ -139,12 +140,6 @@ def _source(row, rules: Rules) -> str | None:
         return f"'ids_source' must be 'server' or 'retokenized', got {source!r:.40}"
     rules.sources[source] = rules.sources.get(source, 0) + 1
     return None
-
-
-CHECKS = {
-    "specforge": lambda row, rules, plain: _check_specforge(row),
-    "token_ids": _check_token_ids,
-}
 
 
 def read_manifest(root: Path, problems: list[str]) -> dict | None:

@@ -12,7 +12,11 @@ from pathlib import Path
 
 import orjson
 
-from kit.report.checks import CHECKS, FOLDERS, Rules, is_int, read_manifest
+from kit.report.checks import FOLDERS, Rules, is_int, read_manifest
+from kit.report.formats import ROW_CHECKS, WRITERS
+from kit.report.writers import digest, file_entry, sha256_file
+
+__all__ = ["ValidationResult", "file_entry", "owned_files", "sha256_file", "validate"]
 
 MAX_PER_FILE = 20  # problems listed per file before "... and N more"
 
@@ -46,41 +50,6 @@ class ValidationResult:
     __repr__ = __str__ = summary
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    return _digest(path)[0]
-
-
-def _digest(path: Path) -> tuple[str, int]:
-    """(hex sha256, newlines) of a file, in one read of 1 MiB chunks."""
-    h, lines = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            lines += chunk.count(b"\n")
-    return h.hexdigest(), lines
-
-
-def file_entry(
-    path: Path,
-    rows: int | None,
-    *,
-    line_hashes: str | None = None,
-    sha256: str | None = None,
-    size: int | None = None,
-) -> dict:
-    """The manifest entry of one written file; `sha256` and `size`: its hash and bytes as the
-    writer counted them while writing (else the file is read again for them)."""
-    entry = {
-        "sha256": sha256 or sha256_file(path),
-        "bytes": path.stat().st_size if size is None else size,
-        "rows": rows,
-    }
-    if line_hashes:
-        entry["line_hashes"] = line_hashes
-    return entry
-
-
 class _Ids:
     """The ids of one JSONL file's rows, kept as a count and a digest, not a list (an
     export of a million rows is checked in constant memory); `n` alone where the rows
@@ -107,7 +76,7 @@ def _row_id(line: str):
 
 def _check_jsonl(root: Path, rel: str, result: ValidationResult, rules: Rules) -> _Ids:
     """Parse and check every line of one JSONL export file, streaming; returns its ids."""
-    check, ids, problems = CHECKS[rel.split("/")[0]], _Ids(), []
+    check, ids, problems = ROW_CHECKS[rel.split("/")[0]], _Ids(), []
     with open(root / rel, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             try:
@@ -170,7 +139,7 @@ def _check_files(
             continue
         result.files_checked += 1
         if read_rows:
-            sha, lines = _digest(path)
+            sha, lines = digest(path)
             if sha != entry["sha256"]:
                 _add(result, _changed_lines(root, rel, entry))
         else:
@@ -186,10 +155,10 @@ def _check_files(
             result.problems.append(
                 f"{rel}: its line-hash file {hashes} is not listed with {entry.get('rows')} rows in manifest.json"
             )
-        if rel.split("/")[0] in CHECKS and read_rows:
+        if rel.split("/")[0] in ROW_CHECKS and read_rows:
             ids[rel] = _check_jsonl(root, rel, result, rules)
             rows = ids[rel].n
-        elif rel.split("/")[0] in CHECKS:
+        elif rel.split("/")[0] in ROW_CHECKS:
             ids[rel] = _Ids(lines, read=False)
             result.rows_checked += lines
             rows = lines
@@ -220,14 +189,6 @@ def _first_different_id(root: Path, a: str, b: str) -> int:
     return 0
 
 
-def left_out(manifest: dict, split: str) -> int:
-    """Rows of a split the SpecForge file leaves out (`length` answers, kit.report.trainers)."""
-    length = manifest.get("trainers", {}).get("length", {})
-    if length.get("conversations") != "left_out":
-        return 0
-    return sum(v.get(split, 0) for v in length.get("rows", {}).values())
-
-
 def _subsequence(root: Path, a: str, b: str) -> bool:
     """Whether file a's ids are file b's in order with some left out, streaming."""
     with open(root / a, encoding="utf-8") as fa, open(root / b, encoding="utf-8") as fb:
@@ -240,45 +201,37 @@ def _subsequence(root: Path, a: str, b: str) -> bool:
 
 def _check_counts(manifest: dict, ids: dict[str, _Ids], result: ValidationResult) -> None:
     """Rows per split agree with manifest counts, every format asked for has a file for every
-    split with rows, and formats hold the same ids in order."""
+    split with rows, and formats hold the same ids in order (a format that leaves rows out,
+    in order, less those)."""
     counts, files = manifest["counts"], manifest["files"]
-    formats = manifest["options"]["formats"]
+    writers = [WRITERS[f] for f in manifest["options"]["formats"] if f in WRITERS]
     for split in ("train", "validation"):
         want = sum(c.get(split, 0) for c in counts.values())
-        expected = {
-            "specforge": f"specforge/{split}.jsonl",
-            "token_ids": f"token_ids/{split}.jsonl",
-            "parquet": f"parquet/{split}.parquet",
-            "hf": f"hf/{split}/",
-        }
-        for fmt in formats if want else ():
-            rel = expected.get(fmt)
-            if rel and not any(
-                f == rel or (rel.endswith("/") and f.startswith(rel)) for f in files
-            ):
+        for w in writers if want else ():
+            rel = w.listed.format(split=split)
+            if not any(f == rel or (rel.endswith("/") and f.startswith(rel)) for f in files):
                 result.problems.append(
-                    f"manifest.json: counts say {want} {split} rows, but it lists no {rel} ({fmt} was asked for)"
+                    f"manifest.json: counts say {want} {split} rows, but it lists no {rel} ({w.name} was asked for)"
                 )
         found = {rel: v for rel, v in ids.items() if rel.endswith(f"/{split}.jsonl")}
-        left = left_out(manifest, split)  # `length` rows the SpecForge file leaves out
+        left = {rel: WRITERS[rel.split("/")[0]].left_out(manifest, split) for rel in found}
         for rel, v in found.items():
-            expect = want - left if rel.startswith("specforge/") else want
-            if v.n != expect:
+            if v.n != want - left[rel]:
                 result.problems.append(
-                    f"{rel}: {v.n} rows, manifest counts say {expect} {split} rows"
+                    f"{rel}: {v.n} rows, manifest counts say {want - left[rel]} {split} rows"
                 )
-        sf, tk = f"specforge/{split}.jsonl", f"token_ids/{split}.jsonl"
-        if sf in found and tk in found and found[sf].digest() is None:
-            continue  # counted, not read (validate's rows=False)
-        if sf in found and tk in found and left and not _subsequence(result.path, sf, tk):
-            result.problems.append(
-                f"{sf}: its ids are not token_ids/{split}.jsonl's in order, less the left-out `length` rows"
-            )
-        elif sf in found and tk in found and not left and found[sf].digest() != found[tk].digest():
-            first = _first_different_id(result.path, sf, tk)
-            result.problems.append(
-                f"token_ids/{split}.jsonl line {first + 1}: id differs from specforge/{split}.jsonl"
-            )
+        whole = [rel for rel in found if not left[rel]]
+        if not whole or any(v.digest() is None for v in found.values()):
+            continue  # nothing to compare with, or counted, not read (validate's rows=False)
+        ref = whole[0]
+        for rel in found:
+            if rel != ref and left[rel] and not _subsequence(result.path, rel, ref):
+                result.problems.append(
+                    f"{rel}: its ids are not {ref}'s in order, less the left-out `length` rows"
+                )
+            elif rel != ref and not left[rel] and found[rel].digest() != found[ref].digest():
+                first = _first_different_id(result.path, ref, rel)
+                result.problems.append(f"{rel} line {first + 1}: id differs from {ref}")
 
 
 def validate(path, *, rows: bool = True) -> ValidationResult:
@@ -318,8 +271,8 @@ def validate(path, *, rows: bool = True) -> ValidationResult:
     rules = _rules(manifest, result)
     ids = _check_files(root, manifest["files"], rules, result, rows)
     _check_counts(manifest, ids, result)
-    if rows:
-        _check_sources(manifest, rules, ids, result)
+    for w in WRITERS.values() if rows else ():
+        result.problems += w.check_manifest(manifest, rules, list(ids))
     return result
 
 
@@ -327,33 +280,15 @@ def _rules(manifest: dict, result: ValidationResult) -> Rules:
     """The token-row rules from the manifest (a token-id export must name its vocabulary)."""
     tok = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else {}
     vocab = tok.get("vocab_size")
-    if "token_ids" in manifest["options"]["formats"] and not (is_int(vocab) and vocab > 0):
+    formats = manifest["options"]["formats"]
+    needs = any(WRITERS[f].needs_vocab for f in formats if f in WRITERS)
+    if needs and not (is_int(vocab) and vocab > 0):
         result.problems.append(
             "manifest.json: tokenizer.vocab_size missing or not a positive int: token ids cannot be checked"
         )
         vocab = None
     turns = manifest.get("turns") if isinstance(manifest.get("turns"), dict) else {}
     return Rules(vocab_size=vocab, one_span=turns.get("mode", "last_turn") == "last_turn")
-
-
-def _check_sources(manifest: dict, rules: Rules, ids: dict, result: ValidationResult) -> None:
-    """The token rows' ids_source agree with manifest.json's token_rows (exact = server)."""
-    if not any(rel.startswith("token_ids/") for rel in ids):
-        return
-    made = manifest.get("token_rows")
-    if not isinstance(made, dict) or not all(isinstance(c, dict) for c in made.values()):
-        result.problems.append("manifest.json: token_rows missing or malformed")
-        return
-    want = {
-        "server": sum(c.get("exact", 0) for c in made.values()),
-        "retokenized": sum(c.get("retokenized", 0) for c in made.values()),
-    }
-    got = {k: rules.sources.get(k, 0) for k in want}
-    if got != want:
-        result.problems.append(
-            f"token_ids: ids_source of the rows {got} disagrees with manifest.json token_rows "
-            f"(exact: {want['server']}, retokenized: {want['retokenized']})"
-        )
 
 
 def _check_listing(root: Path, files: dict, result: ValidationResult) -> None:
