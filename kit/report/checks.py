@@ -69,24 +69,30 @@ class Rules:
 
 
 def check_token_ids(row, rules: Rules, line: str = "") -> str | None:
-    """Why a parsed token-id line breaks the format, or None. line: the row's JSON text; where its arrays are plain (_plain_arrays) the checks run
-    on that text and C-level list methods, never a Python loop over the ids."""
+    """Why a parsed token-id line breaks the format, or None. `line`: the row's JSON text;
+    where its arrays are plain (_plain_arrays) the element checks run on that text and on
+    C-level list methods, never a Python loop over the ids."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
         return "'id' must be a non-empty string"
     ids, mask = row.get("input_ids"), row.get("loss_mask")
     plain = _plain_arrays(line) if isinstance(ids, list) and isinstance(mask, list) else None
-    if plain is None:
-        return _check_token_lists(row, ids, mask, rules)
-    ids_text, mask_text = plain
-    if not ids:
+    ints = plain or (isinstance(ids, list) and all(is_int(i) and i >= 0 for i in ids))
+    if not isinstance(ids, list) or not ids or not ints:
         return "'input_ids' must be a non-empty list of ints >= 0"
     if rules.vocab_size is not None and max(ids) >= rules.vocab_size:
         return f"token id {max(ids)} is not below the vocabulary size {rules.vocab_size}"
-    if mask.count(0) + mask.count(1) != len(mask):
+    if not isinstance(mask, list) or (
+        mask.count(0) + mask.count(1) != len(mask)
+        if plain
+        else any(x not in (0, 1) or not is_int(x) for x in mask)
+    ):
         return "'loss_mask' must be a list of 0/1 ints"
     if len(mask) != len(ids):
         return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
-    spans = mask_text.replace(" ", "").count("0,1")  # each 0 followed by a 1
+    if plain:
+        spans = plain[1].replace(" ", "").count("0,1")  # each 0 followed by a 1
+    else:
+        spans = sum(1 for a, b in itertools.pairwise(mask) if (a, b) == (0, 1))
     return _mask_problem(1 in mask, mask[0] == 1, spans, rules) or _source(row, rules)
 
 
@@ -106,20 +112,6 @@ def _plain_arrays(line: str) -> tuple[str, str] | None:
             return None
         parts.append(line[a:b])
     return parts[0], parts[1]
-
-
-def _check_token_lists(row, ids, mask, rules: Rules) -> str | None:
-    """The same checks walking the lists (a row whose arrays are not plain)."""
-    if not isinstance(ids, list) or not ids or not all(is_int(i) and i >= 0 for i in ids):
-        return "'input_ids' must be a non-empty list of ints >= 0"
-    if rules.vocab_size is not None and max(ids) >= rules.vocab_size:
-        return f"token id {max(ids)} is not below the vocabulary size {rules.vocab_size}"
-    if not isinstance(mask, list) or any(x not in (0, 1) or not is_int(x) for x in mask):
-        return "'loss_mask' must be a list of 0/1 ints"
-    if len(mask) != len(ids):
-        return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
-    spans = sum(1 for a, b in itertools.pairwise(mask) if (a, b) == (0, 1))
-    return _mask_problem(1 in mask, mask[0] == 1, spans, rules) or _source(row, rules)
 
 
 def _mask_problem(trains: bool, first: bool, spans: int, rules: Rules) -> str | None:
