@@ -1,13 +1,9 @@
-"""What an export must be, row by row and in its manifest: the rules kit.validate checks.
+"""What an export must be, row by row and in its manifest: the rules kit.validate checks
+(each format's writer, kit.report.formats, names its row rule here).
 
-A SpecForge row: a non-empty id, conversations of {role, content} ending with the
-assistant, a system turn only first, reasoning_content a string, tool_calls a non-empty
-list of calls, tools a list of dicts. A token-id row: ids >= 0 below the vocabulary size,
-a 0/1 loss mask as long as the ids that trains something, never the first token (the
-prompt comes first) and, for a last_turn export, in one stretch; ids_source "server" or
-"retokenized". A manifest: an object whose `files` map paths inside the export's folders
-to entries with a sha256, whose `counts` give train / validation rows per dataset, and
-whose `options.formats` is a list.
+A manifest: an object whose `files` map paths inside the export's folders to entries with a
+sha256, whose `counts` give train / validation rows per dataset, and whose
+`options.formats` is a list.
 """
 
 from __future__ import annotations
@@ -23,7 +19,9 @@ FOLDERS = ("specforge", "token_ids", "parquet", "hf", "linehashes", "draft_vocab
 
 
 def check_specforge(row, rules=None, line: str = "") -> str | None:
-    """Why a parsed SpecForge line breaks the format, or None."""
+    """Why a parsed SpecForge line breaks the format, or None: a non-empty id, conversations
+    of {role, content} ending with the assistant, a system turn only first, reasoning_content
+    a string, tool_calls a non-empty list of calls, tools a list of dicts."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
         return "'id' must be a non-empty string"
     conv = row.get("conversations")
@@ -69,7 +67,9 @@ class Rules:
 
 
 def check_token_ids(row, rules: Rules, line: str = "") -> str | None:
-    """Why a parsed token-id line breaks the format, or None. `line`: the row's JSON text;
+    """Why a parsed token-id line breaks the format, or None: ids >= 0 below the vocabulary
+    size, a 0/1 loss mask as long as the ids (_mask_problem), ids_source "server" or
+    "retokenized". `line`: the row's JSON text;
     where its arrays are plain (_plain_arrays) the element checks run on that text and on
     C-level list methods, never a Python loop over the ids."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:

@@ -66,13 +66,10 @@ def specforge_section(mode: str) -> dict:
     dataset (sgl-project/SpecForge PR #419), so last_turn exports need it on, all_turns off."""
     on = mode == "last_turn"
     how = (
-        (
-            "--train-only-last-turn (data.train_only_last_turn: true): each row trains its "
-            "last assistant turn only; without it SpecForge also trains the dataset's earlier "
-            "turns"
-        )
+        "--train-only-last-turn (data.train_only_last_turn: true): each row trains its last "
+        "assistant turn only; without it SpecForge also trains the dataset's earlier turns"
         if on
-        else ("leave train_only_last_turn off: every assistant turn is the target's and is trained")
+        else "leave train_only_last_turn off: every assistant turn is the target's and is trained"
     )
     return {"train_only_last_turn": on, "how": how}
 

@@ -1,15 +1,12 @@
 """An export is written into a staging folder beside its target and swapped in whole.
 
-`Staged(out_dir)` owns `.<name>.kit-staging/` next to out_dir: it holds an exclusive flock
-on that folder for the export's life (a second exporter on the same target is refused in
-one line naming the holder), the export is written and validated in its `export/` folder
-(beside kit's mark, so what is validated is exactly what is swapped in), and only then are
-the previous export's own files moved aside (`.<name>.kit-previous/`), the new ones moved
-in (manifest.json last) and the previous ones deleted. A failure before the swap (a
-damaged run, a full disk, a validation problem) leaves the previous export as it was. A
-kill leaves a staging or previous folder behind, each marked as kit's: the next export
-names it, puts a previous export's files back where they were missing, and replaces it.
-Only files kit wrote are ever moved or deleted.
+`Staged(out_dir)` owns `.<name>.kit-staging/` next to out_dir, under an exclusive flock (a
+second exporter on the same target is refused, naming the holder); the export is written
+and validated in its `export/` folder, then the previous export's own files are moved aside
+(`.<name>.kit-previous/`), the new ones moved in (manifest.json last) and the previous
+ones deleted. A failure before the swap leaves the previous export as it was; a kill leaves
+a folder marked as kit's, which the next export names and replaces (a previous export's
+missing files put back first). Only files kit wrote are ever moved or deleted.
 """
 
 from __future__ import annotations

@@ -23,18 +23,9 @@ SPLITS = ("train", "validation")
 class WriteBehind:
     """A large output file sent to disk as it is written: every SYNC_EVERY bytes are synced
     (fdatasync) and their pages dropped from the page cache (posix_fadvise DONTNEED, where
-    the system has it). Filling the page cache with fresh pages is what a multi-GB write
-    waits on here (bench/bench_scale.py, the write floor); pages are dropped only once on
-    disk, so nothing is lost. sync() at close: the file is durable before the manifest.
-
-    Example:
-        with open(path, "wb") as f:
-            behind = WriteBehind(f)
-            for data in pieces:
-                f.write(data)
-                behind.wrote(len(data))
-            behind.sync()
-    """
+    the system has it), only once on disk, so nothing is lost. Filling the page cache is what
+    a multi-GB write waits on here (bench/bench_scale.py, the write floor). `wrote(n)` after
+    each write; sync() at close: the file is durable before the manifest names it."""
 
     def __init__(self, f, every: int | None = None) -> None:
         self.f, self.every = f, SYNC_EVERY if every is None else every
