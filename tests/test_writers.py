@@ -53,7 +53,7 @@ def test_a_writer_writes_each_split_and_opens_validation_only_with_rows(tmp_path
     ctx = Context(tmp_path, tmp_path, None, None, None, rows=3)
     writer, files = _Echo(ctx), {}
     frame = pl.DataFrame({"id": ["a", "b", "c"], "split": ["train", "train", "train"]})
-    writer.write(frame, lambda fn, *args: fn(*args))
+    writer.write(frame, {"train": frame}, lambda fn, *args: fn(*args))
     for split in SPLITS:
         writer.close(split, files)
     assert list(files) == ["echo/train.jsonl", "linehashes/echo/train.jsonl.txt"]

@@ -21,12 +21,8 @@ from kit.report import draftvocab
 from kit.report import manifest as _manifest
 from kit.report.formats import WRITERS, chosen
 from kit.report.selection import light_frame, select, split_by_prompt
-from kit.report.staging import Staged
-from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re-exported
-    ValidationResult,
-    owned_files,
-    validate,
-)
+from kit.report.staging import Staged, owned_files
+from kit.report.validate import ValidationResult, validate  # noqa: F401 - re-exported
 from kit.report.writers import SPLITS, Context
 
 FORMATS = tuple(WRITERS)
@@ -305,8 +301,9 @@ def _write(run_dir, kept, writers, files, dropped, ids=None) -> _Written:
                 raise ExportInvalid(
                     f"export: rows of {run_dir} break the export's format, nothing was swapped in: {'; '.join(problems[:3])}"
                 )
+            parts = {s: p for s in SPLITS if (p := frame.filter(frame["split"] == s)).height}
             for w in writers:
-                w.write(frame, later)
+                w.write(frame, parts, later)
             done.add(frame)
         while pending:
             pending.popleft().result()

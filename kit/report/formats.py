@@ -54,12 +54,12 @@ class SpecForgeWriter(JsonlWriter):
 
         return conversation_problems(frame)
 
-    def write(self, frame, later) -> None:
+    def write(self, frame, parts: dict, later) -> None:
         from kit.report.trainers import count_retokenized
 
         if frame.height and "ids_source" in frame.columns:  # token rows: what the route loses
             count_retokenized(self.ctx.tok, frame, self.retokenized, self.keep)
-        super().write(frame, later)
+        super().write(frame, parts, later)
 
     def write_split(self, out, part, split: str, later) -> None:
         self._count(part, split)

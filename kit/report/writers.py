@@ -188,15 +188,13 @@ class Writer:
     def problems(self, frame) -> list[str]:
         return []
 
-    def write(self, frame, later) -> None:
-        """One batch (a `split` column): each split's rows to its files. `later(fn, *args)`
-        runs writes in call order on kit.report.export's writer thread."""
-        for split in SPLITS:
-            part = frame.filter(frame["split"] == split)
-            if part.height:
-                if split not in self.splits:
-                    self.splits[split] = self.open(split)
-                self.write_split(self.splits[split], part, split, later)
+    def write(self, frame, parts: dict, later) -> None:
+        """One batch, and its rows by split (`parts`, those with rows): each split's to its
+        files. `later(fn, *args)` runs writes in call order on the export's writer thread."""
+        for split, part in parts.items():
+            if split not in self.splits:
+                self.splits[split] = self.open(split)
+            self.write_split(self.splits[split], part, split, later)
 
     def close(self, split: str, files: dict) -> None:
         if split in self.splits:
