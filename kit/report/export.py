@@ -164,10 +164,6 @@ def export(
         r = export("data/runs/demo", "data/exports/demo", val_fraction=0.1, trim_to_budget=True)
         r.counts["alpaca"]  # -> e.g. {"records": 41, "tokens": 3998, "train": 37, "validation": 4}
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from kit.run.reader import read_config
-
     opts = ExportOptions(
         formats,
         drop_truncated,
@@ -184,37 +180,23 @@ def export(
         targets = [t for split in SPLITS for kind in kinds for t in kind.targets(split)]
         targets += draftvocab.targets(draft_vocab) if draft_vocab is not None else []
         owned_files(out_dir, overwrite, targets)  # refuse before any work
-        config = read_config(run_dir)
-        with ThreadPoolExecutor(1, thread_name_prefix="kit-tokenizer") as loading:
-            # loading a tokenizer imports transformers (seconds): meanwhile, select
-            tok = loading.submit(_tokenizer, tokenizer, config, kinds)
-            light = light_frame(run_dir, opts)
-            kept, dropped = select(light, config.budgets, opts)
-            kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
-            tok = tok.result()
+        config, tok, light, kept, dropped = _select(run_dir, opts, tokenizer, kinds)
         ctx = Context(stage.path, run_dir, config, tok, opts, kept.height)
-        writers = [kind(ctx) for kind in kinds]
-        files: dict[str, dict] = {}
+        writers, files = [kind(ctx) for kind in kinds], {}
         ids = draftvocab.TokenCounts() if draft_vocab is not None else None  # counted as written
         written = _write(run_dir, kept, writers, files, dropped, ids)
-        vocab = _draft_vocab(stage.path, ids, draft_vocab, config, target_config, files)
-        notes = stage.notes + (
-            [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
-        )
         manifest = _manifest.build(
             run_dir, config, tok, written.counts(), written.earlier, dropped, opts, files
         )
         for w in writers:
             w.manifest(manifest)
-        manifest["notes"] = notes
-        if vocab is not None:
+        empty = [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
+        manifest["notes"] = stage.notes + empty
+        if ids is not None:
+            vocab = _draft_vocab(stage.path, ids, draft_vocab, config, target_config, files)
             manifest["draft_vocab"] = vocab
         (stage.path / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        check = validate(stage.path, rows=False)  # the rows were checked as written (_write)
-        if not check.ok:
-            raise ExportInvalid(
-                f"export: the new export failed validation, {out_dir} was left as it was: {'; '.join(check.problems[:3])}"
-            )
+        _check_staged(stage.path, out_dir)
         stage.swap_in(owned_files(out_dir, overwrite, targets))
     return ExportResult(
         out_dir=out_dir,
@@ -222,8 +204,35 @@ def export(
         counts=manifest["counts"],
         dropped=dropped,
         manifest=manifest,
-        notes=notes,
+        notes=manifest["notes"],
     )
+
+
+def _select(run_dir, opts, tokenizer, kinds):
+    """The run's config, the tokenizer (loaded on a thread meanwhile: it imports
+    transformers, seconds), the light frame and the records kept with their split, sorted
+    in commit order, and the dropped counts (kit.report.selection)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kit.run.reader import read_config
+
+    config = read_config(run_dir)
+    with ThreadPoolExecutor(1, thread_name_prefix="kit-tokenizer") as loading:
+        tok = loading.submit(_tokenizer, tokenizer, config, kinds)
+        light = light_frame(run_dir, opts)
+        kept, dropped = select(light, config.budgets, opts)
+        kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
+        return config, tok.result(), light, kept, dropped
+
+
+def _check_staged(path: Path, out_dir: Path) -> None:
+    """kit.validate of the staged folder without reading its files again (the rows were
+    checked as written, each file hashed and counted as it was written)."""
+    check = validate(path, rows=False)
+    if not check.ok:
+        raise ExportInvalid(
+            f"export: the new export failed validation, {out_dir} was left as it was: {'; '.join(check.problems[:3])}"
+        )
 
 
 class _Written:
@@ -374,10 +383,8 @@ def _prepared(frame):
     )
 
 
-def _draft_vocab(out_dir, counts, k, config, target_config, files) -> dict | None:
+def _draft_vocab(out_dir, counts, k, config, target_config, files) -> dict:
     """draft_vocab/ of the kept records' counts (kit.report.draftvocab); its manifest section."""
-    if counts is None:
-        return None
     from kit.plan.hidden import shape_for
 
     shape = shape_for(target_config, config.tokenizer)
