@@ -1,12 +1,12 @@
-"""One writer per export format, each turning a batch of records into its rows by its own
-rules (kit.report.writers is their base); WRITERS names them as ExportOptions.formats does.
+"""One writer per export format (kit.report.writers is their base), each turning a batch of
+records into its rows by its own rules and saying what kit.validate checks of it; WRITERS
+names them as ExportOptions.formats does. An export's layout, manifest.json written last:
 
     specforge/{split}.jsonl   {"id", "conversations": [{"role", "content"}, ...], "tools"?}
     token_ids/{split}.jsonl   {"id", "input_ids", "loss_mask", "ids_source"}
     parquet/{split}.parquet   id, conversations, counts (+ the token-id columns, tools)
     hf/{split}/               datasets.Dataset.save_to_disk of the split's Parquet table
-
-Each writer also says what kit.validate checks of it (its files, its row rule).
+    linehashes/<file>.txt     a short sha256 per JSONL line; draft_vocab/ with draft_vocab=K
 """
 
 from __future__ import annotations
@@ -108,9 +108,10 @@ class TokenIdsWriter(JsonlWriter):
     """Token-id rows: the server's prompt + output ids verbatim where the record has them
     ("ids_source": "server"), else the chat template re-tokenized ("retokenized";
     kit/report/tokenrows.py says how), the loss mask on the target's turns (last_turn: the
-    generated one; a prompt's earlier assistant turns are the dataset's, masked 0). Rows the
-    template cannot split are left out of every format (template_mismatch). The checks of
-    the server's ids run on a sample per dataset (kit/report/exactrows.py, "token_checks").
+    generated one, a prompt's earlier assistant turns being the dataset's; all_turns: every
+    assistant turn). Rows the template cannot split are left out of every format
+    (template_mismatch). The checks of the server's ids run on a sample per dataset
+    (kit/report/exactrows.py, the manifest's "token_checks").
     """
 
     name = "token_ids"
