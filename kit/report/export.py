@@ -303,17 +303,7 @@ def _write(run_dir, kept, writers, files, dropped, ids=None) -> _Written:
             if ids is not None:  # the draft vocabulary's counts (kit.report.draftvocab)
                 ids.add(frame)
             found += frame.height
-            frame = _prepared(frame)
-            for w in writers:
-                frame = w.prepare(frame)
-            if problems := [p for w in writers for p in w.problems(frame)]:
-                raise ExportInvalid(
-                    f"export: rows of {run_dir} break the export's format, nothing was swapped in: {'; '.join(problems[:3])}"
-                )
-            parts = {s: p for s in SPLITS if (p := frame.filter(frame["split"] == s)).height}
-            for w in writers:
-                w.write(frame, parts, later)
-            done.add(frame)
+            _write_batch(run_dir, _prepared(frame), writers, later, done)
         while pending:
             pending.popleft().result()
     if found != kept.height:
@@ -326,6 +316,25 @@ def _write(run_dir, kept, writers, files, dropped, ids=None) -> _Written:
     for w in writers:
         dropped.update(w.dropped())
     return done
+
+
+def _write_batch(run_dir, frame, writers, later, done: _Written) -> None:
+    """One batch through every writer: prepared (columns added, rows left out), checked
+    against kit.validate's rules, then written by split and counted."""
+    for w in writers:
+        frame = w.prepare(frame)
+    if problems := [p for w in writers for p in w.problems(frame)]:
+        raise ExportInvalid(
+            f"export: rows of {run_dir} break the export's format, nothing was swapped in: {'; '.join(problems[:3])}"
+        )
+    splits = frame["split"].unique(maintain_order=True).to_list()
+    if len(splits) == 1:  # the batch as it is, no copy
+        parts = {splits[0]: frame}
+    else:
+        parts = {s: p for s in SPLITS if (p := frame.filter(frame["split"] == s)).height}
+    for w in writers:
+        w.write(frame, parts, later)
+    done.add(frame)
 
 
 @contextmanager
