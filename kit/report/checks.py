@@ -1,13 +1,9 @@
-"""What an export must be, row by row and in its manifest: the rules kit.validate checks.
+"""What an export must be, row by row and in its manifest: the rules kit.validate checks
+(each format's writer, kit.report.formats, names its row rule here).
 
-A SpecForge row: a non-empty id, conversations of {role, content} ending with the
-assistant, a system turn only first, reasoning_content a string, tool_calls a non-empty
-list of calls, tools a list of dicts. A token-id row: ids >= 0 below the vocabulary size,
-a 0/1 loss mask as long as the ids that trains something, never the first token (the
-prompt comes first) and, for a last_turn export, in one stretch; ids_source "server" or
-"retokenized". A manifest: an object whose `files` map paths inside the export's folders
-to entries with a sha256, whose `counts` give train / validation rows per dataset, and
-whose `options.formats` is a list.
+A manifest: an object whose `files` map paths inside the export's folders to entries with a
+sha256, whose `counts` give train / validation rows per dataset, and whose
+`options.formats` is a list.
 """
 
 from __future__ import annotations
@@ -22,7 +18,10 @@ ROLES = ("system", "user", "assistant")
 FOLDERS = ("specforge", "token_ids", "parquet", "hf", "linehashes", "draft_vocab")
 
 
-def _check_specforge(row) -> str | None:
+def check_specforge(row, rules=None, line: str = "") -> str | None:
+    """Why a parsed SpecForge line breaks the format, or None: a non-empty id, conversations
+    of {role, content} ending with the assistant, a system turn only first, reasoning_content
+    a string, tool_calls a non-empty list of calls, tools a list of dicts."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
         return "'id' must be a non-empty string"
     conv = row.get("conversations")
@@ -67,25 +66,33 @@ class Rules:
     sources: dict = field(default_factory=dict)  # ids_source -> rows seen
 
 
-def _check_token_ids(row, rules: Rules, line: str = "") -> str | None:
-    """line: the row's JSON text; where its arrays are plain (_plain_arrays) the checks run
-    on that text and C-level list methods, never a Python loop over the ids."""
+def check_token_ids(row, rules: Rules, line: str = "") -> str | None:
+    """Why a parsed token-id line breaks the format, or None: ids >= 0 below the vocabulary
+    size, a 0/1 loss mask as long as the ids (_mask_problem), ids_source "server" or
+    "retokenized". `line`: the row's JSON text;
+    where its arrays are plain (_plain_arrays) the element checks run on that text and on
+    C-level list methods, never a Python loop over the ids."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
         return "'id' must be a non-empty string"
     ids, mask = row.get("input_ids"), row.get("loss_mask")
     plain = _plain_arrays(line) if isinstance(ids, list) and isinstance(mask, list) else None
-    if plain is None:
-        return _check_token_lists(row, ids, mask, rules)
-    ids_text, mask_text = plain
-    if not ids:
+    ints = plain or (isinstance(ids, list) and all(is_int(i) and i >= 0 for i in ids))
+    if not isinstance(ids, list) or not ids or not ints:
         return "'input_ids' must be a non-empty list of ints >= 0"
     if rules.vocab_size is not None and max(ids) >= rules.vocab_size:
         return f"token id {max(ids)} is not below the vocabulary size {rules.vocab_size}"
-    if mask.count(0) + mask.count(1) != len(mask):
+    if not isinstance(mask, list) or (
+        mask.count(0) + mask.count(1) != len(mask)
+        if plain
+        else any(x not in (0, 1) or not is_int(x) for x in mask)
+    ):
         return "'loss_mask' must be a list of 0/1 ints"
     if len(mask) != len(ids):
         return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
-    spans = mask_text.replace(" ", "").count("0,1")  # each 0 followed by a 1
+    if plain:
+        spans = plain[1].replace(" ", "").count("0,1")  # each 0 followed by a 1
+    else:
+        spans = sum(1 for a, b in itertools.pairwise(mask) if (a, b) == (0, 1))
     return _mask_problem(1 in mask, mask[0] == 1, spans, rules) or _source(row, rules)
 
 
@@ -107,20 +114,6 @@ def _plain_arrays(line: str) -> tuple[str, str] | None:
     return parts[0], parts[1]
 
 
-def _check_token_lists(row, ids, mask, rules: Rules) -> str | None:
-    """The same checks walking the lists (a row whose arrays are not plain)."""
-    if not isinstance(ids, list) or not ids or not all(is_int(i) and i >= 0 for i in ids):
-        return "'input_ids' must be a non-empty list of ints >= 0"
-    if rules.vocab_size is not None and max(ids) >= rules.vocab_size:
-        return f"token id {max(ids)} is not below the vocabulary size {rules.vocab_size}"
-    if not isinstance(mask, list) or any(x not in (0, 1) or not is_int(x) for x in mask):
-        return "'loss_mask' must be a list of 0/1 ints"
-    if len(mask) != len(ids):
-        return f"loss_mask length {len(mask)} != input_ids length {len(ids)}"
-    spans = sum(1 for a, b in itertools.pairwise(mask) if (a, b) == (0, 1))
-    return _mask_problem(1 in mask, mask[0] == 1, spans, rules) or _source(row, rules)
-
-
 def _mask_problem(trains: bool, first: bool, spans: int, rules: Rules) -> str | None:
     """Why a loss mask cannot be on completion tokens only, or None: it trains nothing, or
     the first token (a prompt always comes first), or (one_span) more than one stretch."""
@@ -139,12 +132,6 @@ def _source(row, rules: Rules) -> str | None:
         return f"'ids_source' must be 'server' or 'retokenized', got {source!r:.40}"
     rules.sources[source] = rules.sources.get(source, 0) + 1
     return None
-
-
-CHECKS = {
-    "specforge": lambda row, rules, plain: _check_specforge(row),
-    "token_ids": _check_token_ids,
-}
 
 
 def read_manifest(root: Path, problems: list[str]) -> dict | None:

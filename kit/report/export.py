@@ -1,59 +1,13 @@
-"""Trainer formats and a manifest: SpecForge conversations, token-id rows, Parquet, HF datasets.
+"""kit.export: a run's records in trainer formats, with manifest.json, read as
+select -> write -> validate -> swap.
 
     result = kit.export("data/runs/demo", "data/exports/demo", val_fraction=0.05)
     kit.validate("data/exports/demo").ok   # -> True (kit.report.validate)
 
-Layout of an export (every file listed in manifest.json with its sha256 and row count):
-
-    specforge/{train,validation}.jsonl   {"id", "conversations": [{"role", "content"}, ...],
-                                         "tools": [...] when the record has tools}
-    token_ids/{train,validation}.jsonl   {"id", "input_ids": [int], "loss_mask": [0|1],
-                                         "ids_source": "server" | "retokenized"}
-    parquet/{train,validation}.parquet   one row per sample: id, conversations, counts (+ input_ids,
-                                         loss_mask, ids_source when token_ids is among the
-                                         formats; tools as JSON text when any record has them)
-    hf/{train,validation}/               datasets.Dataset.save_to_disk (format "hf")
-    linehashes/<file>.txt                one short sha256 per JSONL line (validate names the line)
-    draft_vocab/                         with draft_vocab=K: vocab_mapping.pt (SpecForge), token_freq.pt,
-                                         d2t-K.npy, t2d-K.npy (speculators), draft_vocab.json
-    manifest.json                        how the export was made (written last)
-
-kit deletes only files it wrote: out_dir must be new, empty, or a kit export; overwrite=True
-replaces only the files the old manifest.json lists (each checked against its sha256), then
-removes the folders they leave empty. Files of anyone else are never touched.
-
-The selection reads the run's key index (kit.report.selection: drops, trim, mix, split);
-then the records are read once through kit.run.reader in commit order, with their prompts, a
-batch at a time (each prompt checked against its hash: an edited one stops the export with
-PromptMismatch, and the files begun are removed), and the kept ones written
-(kit.report.writers). A token_ids-only export reads the text of only the prompts its rows
-use (exact rows use none). Each batch's rows are checked against kit.validate's rules as
-they are rendered, and each file hashed and counted as it is written; the staged folder is
-then validated without reading its files again (validate(rows=False): the manifest, the
-listing, each file's size against what was written, the counts) and swapped in. Memory holds one batch of text.
-
-SpecForge format, field by field, as SpecForge reads it (sgl-project/SpecForge,
-docs/basic_usage/data_preparation.md "Option 1: Conversation Format" and
-specforge/data/parse.py GeneralParser.parse): `id` a non-empty string; `conversations` a
-list of {"role": "system"|"user"|"assistant", "content": str}; an optional leading system
-message replaces the template's default system prompt; then user/assistant turns, the
-conversation ending with the target's assistant completion, which carries the target's
-thinking as "reasoning_content" and its tool calls as "tool_calls" when it has any; "tools"
-(the record's tool definitions) when present. kit/report/convo.py cites where SpecForge
-reads each field.
-
-Which assistant turns are trained (RunConfig.turns): "last_turn" (default): only the
-generated one; a prompt's earlier assistant turns are the dataset's. Token-id rows mask them
-0; SpecForge has no per-row switch, only train_only_last_turn for the whole dataset, which
-these rows then need (manifest "specforge"). "all_turns": every assistant turn is the
-target's and is trained in both formats (leave train_only_last_turn off). The manifest says
-per dataset how many rows hold earlier turns.
-
-Token-id rows: the server's ids verbatim where the record has them ("ids_source": "server"),
-else the chat template re-tokenized ("retokenized"); kit/report/tokenrows.py says how, and
-the manifest's "token_rows" counts each kind per dataset. The checks of the server's ids
-against the text and kit's rendering run on a sample per dataset, which the manifest's
-"token_checks" states (kit/report/exactrows.py).
+Select: the run's key index (kit.report.selection). Write: the records read again a batch at
+a time, the next on a thread meanwhile, each format's writer (kit.report.formats) making its
+rows and checking them against kit.validate's rules. Validate the staged folder without
+reading its files again, then swap it in (kit.report.staging): kit deletes only files it wrote.
 """
 
 from __future__ import annotations
@@ -65,19 +19,14 @@ from pathlib import Path
 
 from kit.report import draftvocab
 from kit.report import manifest as _manifest
-from kit.report.exactrows import Checks, token_columns
+from kit.report.formats import WRITERS, chosen
 from kit.report.selection import light_frame, select, split_by_prompt
-from kit.report.staging import Staged
-from kit.report.validate import (  # noqa: F401 - ValidationResult, validate: re-exported
-    ValidationResult,
-    owned_files,
-    validate,
-)
-from kit.report.writers import Split
+from kit.report.staging import Staged, owned_files
+from kit.report.validate import ValidationResult, validate  # noqa: F401 - re-exported
+from kit.report.writers import SPLITS, Context
 from kit.types import record_columns
 
-FORMATS = ("specforge", "token_ids", "parquet", "hf")
-SPLITS = ("train", "validation")
+FORMATS = tuple(WRITERS)
 
 
 @dataclass
@@ -155,22 +104,6 @@ WRITES_IN_FLIGHT = 4  # batches rendered and queued for the writer thread
 _READ = list(record_columns(stored=True, exported=True))  # and the prompt (messages, tools)
 
 
-def _targets(formats) -> list[str]:
-    """The paths (relative to out_dir) an export in these formats writes, manifest aside."""
-    out = []
-    for split in SPLITS:
-        for fmt in ("specforge", "token_ids"):
-            if fmt in formats:
-                out += [f"{fmt}/{split}.jsonl", f"linehashes/{fmt}/{split}.jsonl.txt"]
-        out += (
-            [f"parquet/{split}.parquet", f"parquet/.parts-{split}"]
-            if {"parquet", "hf"} & set(formats)
-            else []
-        )
-        out += [f"hf/{split}"] if "hf" in formats else []
-    return out
-
-
 class ExportInvalid(RuntimeError):
     """A staged export failed kit.validate: it was not swapped in."""
 
@@ -221,10 +154,6 @@ def export(
         r = export("data/runs/demo", "data/exports/demo", val_fraction=0.1, trim_to_budget=True)
         r.counts["alpaca"]  # -> e.g. {"records": 41, "tokens": 3998, "train": 37, "validation": 4}
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from kit.run.reader import read_config
-
     opts = ExportOptions(
         formats,
         drop_truncated,
@@ -236,52 +165,28 @@ def export(
         val_fraction,
         seed,
     )
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    run_dir, out_dir, kinds = Path(run_dir), Path(out_dir), chosen(opts.formats)
     with Staged(out_dir) as stage:  # written beside out_dir, swapped in only when validated
-        targets = _targets(opts.formats) + (
-            draftvocab.targets(draft_vocab) if draft_vocab is not None else []
-        )
+        targets = [t for split in SPLITS for kind in kinds for t in kind.targets(split)]
+        targets += draftvocab.targets(draft_vocab) if draft_vocab is not None else []
         owned_files(out_dir, overwrite, targets)  # refuse before any work
-        config = read_config(run_dir)
-        with ThreadPoolExecutor(1, thread_name_prefix="kit-tokenizer") as loading:
-            # loading a tokenizer imports transformers (seconds): meanwhile, the selection
-            tok = loading.submit(_tokenizer, tokenizer, config, opts)
-            light = light_frame(run_dir, opts)
-            kept, dropped = select(light, config.budgets, opts)
-            kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
-            tok = tok.result()
-        files: dict[str, dict] = {}
+        config, tok, light, kept, dropped = _select(run_dir, opts, tokenizer, kinds)
+        ctx = Context(stage.path, run_dir, config, tok, opts, kept.height)
+        writers, files = [kind(ctx) for kind in kinds], {}
         ids = draftvocab.TokenCounts() if draft_vocab is not None else None  # counted as written
-        written = _write(run_dir, stage.path, kept, config, tok, opts, files, dropped, ids)
-        vocab = _draft_vocab(stage.path, ids, draft_vocab, config, target_config, files)
-        notes = stage.notes + (
-            [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
-        )
+        written = _write(run_dir, kept, writers, files, dropped, ids)
         manifest = _manifest.build(
-            run_dir,
-            config,
-            tok,
-            written.counts(),
-            written.earlier,
-            dropped,
-            written.stats,
-            written.by_dataset,
-            opts,
-            files,
-            written.trainer,
-            written.retokenized,
+            run_dir, config, tok, written.counts(), written.earlier, dropped, opts, files
         )
-        manifest["notes"] = notes
-        if "token_ids" in opts.formats:
-            manifest["token_checks"] = written.checks.section()
-        if vocab is not None:
+        for w in writers:
+            w.manifest(manifest)
+        empty = [] if written.rows else [_manifest.empty_note(run_dir, light.height)]
+        manifest["notes"] = stage.notes + empty
+        if ids is not None:
+            vocab = _draft_vocab(stage.path, ids, draft_vocab, config, target_config, files)
             manifest["draft_vocab"] = vocab
         (stage.path / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        check = validate(stage.path, rows=False)  # the rows were checked as written (_write)
-        if not check.ok:
-            raise ExportInvalid(
-                f"export: the new export failed validation, {out_dir} was left as it was: {'; '.join(check.problems[:3])}"
-            )
+        _check_staged(stage.path, out_dir)
         stage.swap_in(owned_files(out_dir, overwrite, targets))
     return ExportResult(
         out_dir=out_dir,
@@ -289,99 +194,89 @@ def export(
         counts=manifest["counts"],
         dropped=dropped,
         manifest=manifest,
-        notes=notes,
+        notes=manifest["notes"],
     )
 
 
+def _select(run_dir, opts, tokenizer, kinds):
+    """The run's config, the tokenizer (loaded on a thread meanwhile: it imports
+    transformers, seconds), the light frame and the records kept with their split, sorted
+    in commit order, and the dropped counts (kit.report.selection)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kit.run.reader import read_config
+
+    config = read_config(run_dir)
+    with ThreadPoolExecutor(1, thread_name_prefix="kit-tokenizer") as loading:
+        tok = loading.submit(_tokenizer, tokenizer, config, kinds)
+        light = light_frame(run_dir, opts)
+        kept, dropped = select(light, config.budgets, opts)
+        kept = split_by_prompt(kept, opts.val_fraction, opts.seed).sort("_pos")
+        return config, tok.result(), light, kept, dropped
+
+
+def _check_staged(path: Path, out_dir: Path) -> None:
+    """kit.validate of the staged folder without reading its files again (the rows were
+    checked as written, each file hashed and counted as it was written)."""
+    check = validate(path, rows=False)
+    if not check.ok:
+        raise ExportInvalid(
+            f"export: the new export failed validation, {out_dir} was left as it was: {'; '.join(check.problems[:3])}"
+        )
+
+
 class _Written:
-    """What the writing pass wrote: per dataset records, tokens, split rows, rows holding
-    earlier assistant turns, and how the token rows were made."""
+    """What the writing pass wrote, in any format: per dataset records, tokens and split
+    rows, and rows holding earlier assistant turns."""
 
-    def __init__(self, keep: bool = False, convs: bool = False) -> None:
-        self.rows, self.keep = 0, keep  # keep: cut rows are in the SpecForge JSONL
-        self.convs = convs  # a SpecForge JSONL is written: count what its route loses
-        self.per: dict[str, dict] = {}
-        self.earlier: dict[str, int] = {}
-        self.stats: dict[str, int] = {}
-        self.by_dataset: dict[str, dict] = {}
-        self.checks = Checks()  # the sampled checks of the exact token rows
-        # dataset -> {"length": {split: cut rows}, "reasoning": rows, "turns": earlier assistant
-        # turns in the SpecForge JSONL} (kit.report.trainers)
-        self.trainer: dict[str, dict] = {}
-        # dataset -> re-tokenized answers compared, differing (kit.report.trainers)
-        self.retokenized: dict[str, dict] = {}
+    def __init__(self) -> None:
+        self.rows, self.per, self.earlier = 0, {}, {}
 
-    def add(self, frame, split: str) -> None:
-        """Count a written batch of a split (dataset, completion_tokens, messages, _cut)."""
+    def add(self, frame) -> None:
+        """Count a written batch (dataset, split, completion_tokens, messages or earlier)."""
         import polars as pl
 
-        in_convs = pl.lit(self.keep) | ~pl.col("_cut")  # the rows of the SpecForge JSONL
-        thinks = (pl.col("reasoning").fill_null("") != "") & in_convs
         if "messages" in frame.columns:
-            assistant = pl.col("messages").list.eval(
-                pl.element().struct.field("role") == "assistant"
-            )
-            held, turns = assistant.list.any(), assistant.list.sum()
-        else:  # read without prompts (kit.run.reader's `earlier`): no SpecForge file to count
-            held, turns = pl.col("earlier"), pl.lit(0)
-        per = frame.group_by("dataset", maintain_order=True).agg(
-            n=pl.len(),
-            tokens=pl.col("completion_tokens").sum(),
-            held=held.sum(),
-            length=pl.col("_cut").sum(),
-            thinks=thinks.sum(),
-            calls=(pl.col("tool_calls_json").is_not_null() & in_convs).sum(),
-            turns=turns.filter(in_convs).sum(),
+            assistant = pl.element().struct.field("role") == "assistant"
+            held = pl.col("messages").list.eval(assistant).list.any()
+        else:  # read without prompts (kit.run.reader's `earlier`)
+            held = pl.col("earlier")
+        per = frame.group_by("dataset", "split", maintain_order=True).agg(
+            n=pl.len(), tokens=pl.col("completion_tokens").sum(), held=held.sum()
         )
-        for d, n, tokens, earlier, length, thinking, calls, turns in per.iter_rows():
+        for d, split, n, tokens, earlier in per.iter_rows():
             c = self.per.setdefault(d, {"records": 0, "tokens": 0, "train": 0, "validation": 0})
             c["records"] += n
             c["tokens"] += tokens
             c[split] += n
             self.rows += n
             self.earlier[d] = self.earlier.get(d, 0) + earlier
-            t = self.trainer.setdefault(
-                d, {"length": dict.fromkeys(SPLITS, 0), "reasoning": 0, "turns": 0, "tool_calls": 0}
-            )
-            t["turns"] += turns
-            t["tool_calls"] += calls
-            t["length"][split] += length
-            t["reasoning"] += thinking
 
     def counts(self) -> dict[str, dict]:
         return {d: self.per[d] for d in sorted(self.per)}
 
 
-def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) -> _Written:
-    """Pass 2: read the records again (kit.run.reader, prompts checked), a batch at a time,
-    and write the kept ones to their split's files: SpecForge lines rendered by polars, token
-    rows from the batch's dicts (those the template cannot split are dropped from every
-    format, counted as template_mismatch), tables by polars. One writer thread takes the
-    JSONL writes in order, a few batches queued, while the next batch is read and rendered."""
-    import functools
+def _write(run_dir, kept, writers, files, dropped, ids=None) -> _Written:
+    """Read the records again (kit.run.reader, prompts checked), a batch at a time, the next
+    on a thread meanwhile, and hand the kept ones to every writer: each may add columns
+    first (the token-id rows; rows its template cannot split leave every format), then
+    each checks the batch and writes its rows. One writer thread takes the JSONL writes in
+    order, a few batches queued, while the next batch is read and rendered."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     from kit.run.reader import record_batches
 
-    tokens = "token_ids" in opts.formats
-    if tokens:
-        dropped["template_mismatch"] = 0
-    done, pending = (
-        _Written(opts.keep_truncated_conversations, "specforge" in opts.formats),
-        deque(),
-    )
-    splits = {s: Split(out_dir, s, opts, tokens and kept.height > 0) for s in SPLITS[:1]}
-    columns = _READ + (
-        ["prompt_ids", "output_ids"] if tokens else ["output_ids"] if ids is not None else []
-    )
-    # token-id rows from the server's ids use no prompt text: with no other format, a batch
-    # comes without its prompts, and the rows that use one read it by key (_with_prompts)
-    text = bool({"specforge", "parquet", "hf"} & set(opts.formats)) or config.turns == "all_turns"
+    columns = [*_READ, *(c for w in writers for c in w.columns)]
+    columns += ["output_ids"] if ids is not None else []  # the draft vocabulary's
+    text = any(w.needs_text for w in writers)  # else batches come without their prompts
     batches = record_batches(
-        run_dir, columns=columns, prompts=True if text else "earlier", batch_size=BATCH
+        run_dir,
+        columns=list(dict.fromkeys(columns)),
+        prompts=True if text else "earlier",
+        batch_size=BATCH,
     )
-    fetch = None if text else functools.partial(_with_prompts, run_dir)
+    done, pending = _Written(), deque()
     with (
         ThreadPoolExecutor(1, thread_name_prefix="kit-export") as pool,
         _read_ahead(batches) as batches,
@@ -398,29 +293,38 @@ def _write(run_dir, out_dir, kept, config, tok, opts, files, dropped, ids=None) 
             if ids is not None:  # the draft vocabulary's counts (kit.report.draftvocab)
                 ids.add(frame)
             found += frame.height
-            frame = _prepared(frame, config, tok, tokens, done, dropped, fetch)
-            if problems := _problems(frame, opts, tok, config):
-                raise ExportInvalid(
-                    f"export: rows of {run_dir} break the export's format, nothing was swapped in: {'; '.join(problems[:3])}"
-                )
-            for split in SPLITS:
-                part = frame.filter(frame["split"] == split)
-                if not part.height:
-                    continue
-                if split not in splits:
-                    splits[split] = Split(out_dir, split, opts, tokens)
-                splits[split].write(part, later)
-                done.add(part, split)
+            _write_batch(run_dir, _prepared(frame), writers, later, done)
         while pending:
             pending.popleft().result()
     if found != kept.height:
         raise RuntimeError(
             f"export: {kept.height - found} records of {run_dir} were not found again when writing"
         )
-    for split in SPLITS:
-        if split in splits:
-            splits[split].close(files)
+    for split in SPLITS:  # the manifest lists a split's files together
+        for w in writers:
+            w.close(split, files)
+    for w in writers:
+        dropped.update(w.dropped())
     return done
+
+
+def _write_batch(run_dir, frame, writers, later, done: _Written) -> None:
+    """One batch through every writer: prepared (columns added, rows left out), checked
+    against kit.validate's rules, then written by split and counted."""
+    for w in writers:
+        frame = w.prepare(frame)
+    if problems := [p for w in writers for p in w.problems(frame)]:
+        raise ExportInvalid(
+            f"export: rows of {run_dir} break the export's format, nothing was swapped in: {'; '.join(problems[:3])}"
+        )
+    splits = frame["split"].unique(maintain_order=True).to_list()
+    if len(splits) == 1:  # the batch as it is, no copy
+        parts = {splits[0]: frame}
+    else:
+        parts = {s: p for s in SPLITS if (p := frame.filter(frame["split"] == s)).height}
+    for w in writers:
+        w.write(frame, parts, later)
+    done.add(frame)
 
 
 @contextmanager
@@ -443,18 +347,6 @@ def _read_ahead(batches):
             reader.submit(batches.close).result()
 
 
-def _problems(frame, opts, tok, config) -> list[str]:
-    """A batch's rows against kit.validate's rules for the JSONL formats, checked as the typed
-    columns they are rendered from (kit.validate of the staged folder then reads no row)."""
-    from kit.report.convo import conversation_problems
-    from kit.report.exactrows import token_problems
-
-    out = conversation_problems(frame) if "specforge" in opts.formats else []
-    if "token_ids" in opts.formats:
-        out += token_problems(frame, len(tok), config.turns == "last_turn")
-    return out
-
-
 def _kept(batch, kept, at: int):
     """The batch's records the first pass kept, with their split. The second read gives the
     records in the first read's order (commit order; later records come after), so the
@@ -472,64 +364,26 @@ def _kept(batch, kept, at: int):
     return batch.with_columns(window["split"])
 
 
-def _prepared(frame, config, tok, tokens: bool, done: _Written, dropped: dict, fetch=None):
-    """A batch ready to write (messages as the reader gives them: as the runner sent them),
-    `tools_json` (when it has its prompts) and `tool_calls_json`, and with token ids the
-    token-id columns (kit.report.exactrows; `fetch`: _with_prompts, for a batch read without
-    its prompts); rows the template cannot split are left out."""
+def _prepared(frame):
+    """A batch with the columns every format reads: `tools_json` (when it has its prompts)
+    and `tool_calls_json` (kit.report.convo.tools_json), and `_cut`, a generated turn
+    stopped at max_tokens (kit.report.convo.cut_rows)."""
     import polars as pl
 
     from kit.report.convo import cut_rows, tools_json
-    from kit.report.trainers import count_retokenized
 
     if "tools" in frame.columns:  # messages come as sent already (kit.run.reader)
         frame = frame.with_columns(
             tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String)
         )
-    frame = frame.with_columns(
+    return frame.with_columns(
         tool_calls_json=pl.Series(tools_json(frame["tool_calls"].to_list()), dtype=pl.String),
-        _cut=cut_rows(),  # a generated turn stopped at max_tokens (kit.report.convo)
+        _cut=cut_rows(),
     )
-    if not tokens:
-        return frame
-    kwargs_for = lambda d: config.sampling_for(d).chat_template_kwargs  # noqa: E731
-    frame, lost = token_columns(
-        tok,
-        frame,
-        done.stats,
-        done.by_dataset,
-        done.checks,
-        turns=config.turns,
-        kwargs_for=kwargs_for,
-        fetch=fetch,
-    )
-    dropped["template_mismatch"] += lost
-    if frame.height and done.convs:
-        count_retokenized(tok, frame, done.retokenized, done.keep)
-    return frame
 
 
-def _with_prompts(run_dir, rows):
-    """rows of records read without their prompts, with `messages` and `tools` read by key
-    (kit.run.reader.prompts_frame: each checked against its hash)."""
-    import polars as pl
-
-    from kit.run.reader import prompts_frame, record_schema
-
-    cols = ["dataset", "prompt_id", "messages", "tools"]
-    parts = [
-        prompts_frame(run_dir, datasets=[d], ids=g["prompt_id"].unique().to_list()).select(cols)
-        for (d,), g in rows.group_by("dataset")
-    ]
-    schema = record_schema()
-    found = pl.concat(parts) if parts else pl.DataFrame(schema={c: schema[c] for c in cols})
-    return rows.join(found, on=["dataset", "prompt_id"], how="left", maintain_order="left")
-
-
-def _draft_vocab(out_dir, counts, k, config, target_config, files) -> dict | None:
+def _draft_vocab(out_dir, counts, k, config, target_config, files) -> dict:
     """draft_vocab/ of the kept records' counts (kit.report.draftvocab); its manifest section."""
-    if counts is None:
-        return None
     from kit.plan.hidden import shape_for
 
     shape = shape_for(target_config, config.tokenizer)
@@ -540,22 +394,13 @@ def _draft_vocab(out_dir, counts, k, config, target_config, files) -> dict | Non
     return draftvocab.write(out_dir, counts, k, shape.vocab_size, files)
 
 
-def _tokenizer(tokenizer, config, opts: ExportOptions):
+def _tokenizer(tokenizer, config, kinds):
+    """The tokenizer, loaded only when given or a format needs one (loading one imports
+    transformers: seconds); each format then says whether it can be written."""
     from kit.report.tokenrows import load_tokenizer_for
 
-    # only token rows need it (loading one imports transformers: seconds, for nothing)
-    needed = "token_ids" in opts.formats or tokenizer is not None
+    needed = tokenizer is not None or any(k.needs_tokenizer for k in kinds)
     tok = load_tokenizer_for(tokenizer, config) if needed else None
-    if tok is None and "token_ids" in opts.formats:
-        raise ValueError(
-            "formats includes 'token_ids' but no tokenizer: pass tokenizer= (object or local "
-            "path) or set RunConfig.tokenizer, or leave 'token_ids' out of formats"
-        )
-    if "hf" in opts.formats:
-        try:
-            import datasets  # noqa: F401
-        except ImportError as e:
-            raise ValueError(
-                "format 'hf' needs the `datasets` package: pip install datasets"
-            ) from e
+    for kind in kinds:
+        kind.ready(tok)
     return tok

@@ -16,8 +16,6 @@ import dataclasses
 import time
 from urllib.parse import urlsplit, urlunsplit
 
-from kit.report import trainers
-
 TOKEN_SOURCES = {
     "exact": "the server's prompt_ids + output_ids, verbatim",
     "retokenized": "approximate: re-tokenized text (the chat template's rendering)",
@@ -68,13 +66,10 @@ def specforge_section(mode: str) -> dict:
     dataset (sgl-project/SpecForge PR #419), so last_turn exports need it on, all_turns off."""
     on = mode == "last_turn"
     how = (
-        (
-            "--train-only-last-turn (data.train_only_last_turn: true): each row trains its "
-            "last assistant turn only; without it SpecForge also trains the dataset's earlier "
-            "turns"
-        )
+        "--train-only-last-turn (data.train_only_last_turn: true): each row trains its last "
+        "assistant turn only; without it SpecForge also trains the dataset's earlier turns"
         if on
-        else ("leave train_only_last_turn off: every assistant turn is the target's and is trained")
+        else "leave train_only_last_turn off: every assistant turn is the target's and is trained"
     )
     return {"train_only_last_turn": on, "how": how}
 
@@ -109,30 +104,18 @@ def thinking_section(config, tok, names) -> dict:
     return out
 
 
-def build(
-    run_dir,
-    config,
-    tok,
-    counts,
-    earlier,
-    dropped,
-    stats,
-    by_dataset,
-    opts,
-    files,
-    trainer=None,
-    retokenized=None,
-) -> dict:
-    """The manifest of one export (written last, as manifest.json). `counts`: dataset ->
-    {"records", "tokens", "train", "validation"}; `earlier`: dataset -> rows holding earlier
-    assistant turns."""
+def build(run_dir, config, tok, counts, earlier, dropped, opts, files) -> dict:
+    """The manifest of one export (written last, as manifest.json), before each format's
+    writer adds its sections (kit.report.formats). `counts`: dataset -> {"records",
+    "tokens", "train", "validation"}; `earlier`: dataset -> rows holding earlier assistant
+    turns."""
     import kit
     from kit.report.tokenrows import end_of_turn
     from kit.tokens import chat_template_hash
 
     eot_id, eot_text = end_of_turn(tok) if tok is not None else (None, "")
     sampling = config.fingerprint_parts()["sampling"]  # unset kwargs/penalties left out, as there
-    out = {
+    return {
         "kit_version": kit.__version__,
         "created_unix": time.time(),
         "run_dir": str(run_dir),
@@ -155,18 +138,14 @@ def build(
         "budgets": dict(config.budgets),
         "counts": counts,
         "dropped": dropped,
-        "token_id_sources": stats,
-        "token_rows": by_dataset,
+        "token_id_sources": {},  # filled by the token-id writer
+        "token_rows": {},
         "token_rows_sources": TOKEN_SOURCES,
         "turns": turns_section(earlier, config.turns),
         "thinking": thinking_section(config, tok, list(counts)),
         "options": dict(dataclasses.asdict(opts)) | {"formats": list(opts.formats)},
         "files": files,
     }
-    if "specforge" in opts.formats:
-        out["specforge"] = specforge_section(config.turns)
-        out["trainers"] = trainers.section(config, tok, trainer or {}, retokenized or {}, opts)
-    return out
 
 
 def _rows(n: int, what: str = "row") -> str:

@@ -1,25 +1,27 @@
 """An export is written into a staging folder beside its target and swapped in whole.
 
-`Staged(out_dir)` owns `.<name>.kit-staging/` next to out_dir: it holds an exclusive flock
-on that folder for the export's life (a second exporter on the same target is refused in
-one line naming the holder), the export is written and validated in its `export/` folder
-(beside kit's mark, so what is validated is exactly what is swapped in), and only then are
-the previous export's own files moved aside (`.<name>.kit-previous/`), the new ones moved
-in (manifest.json last) and the previous ones deleted. A failure before the swap (a
-damaged run, a full disk, a validation problem) leaves the previous export as it was. A
-kill leaves a staging or previous folder behind, each marked as kit's: the next export
-names it, puts a previous export's files back where they were missing, and replaces it.
-Only files kit wrote are ever moved or deleted.
+`Staged(out_dir)` owns `.<name>.kit-staging/` next to out_dir, under an exclusive flock (a
+second exporter on the same target is refused, naming the holder); the export is written
+and validated in its `export/` folder, then the previous export's own files are moved aside
+(`.<name>.kit-previous/`), the new ones moved in (manifest.json last) and the previous
+ones deleted. A failure before the swap leaves the previous export as it was; a kill leaves
+a folder marked as kit's, which the next export names and replaces (a previous export's
+missing files put back first). Only files kit wrote are ever moved or deleted: owned_files
+names those of the export already there, and refuses any other in the way.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 import time
 from pathlib import Path
+
+from kit.report.checks import FOLDERS
+from kit.report.writers import sha256_file
 
 MARK = ".kit-export"  # inside a staging or previous folder: written by kit, for out_dir
 
@@ -46,7 +48,7 @@ class Staged:
     Example:
         with Staged(out_dir) as stage:
             write the export into stage.path ...
-            stage.swap_in(owned)        # owned: the previous export's files (validate.owned_files)
+            stage.swap_in(owned)        # owned: the previous export's files (owned_files)
     """
 
     def __init__(self, out_dir: Path) -> None:
@@ -106,7 +108,7 @@ class Staged:
 
     def swap_in(self, owned: list[Path]) -> None:
         """Move the previous export's own files aside, the staged ones in (manifest.json
-        last), then delete the previous ones. `owned`: validate.owned_files(out_dir, ...)."""
+        last), then delete the previous ones. `owned`: owned_files(out_dir, ...)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         prev = side(self.out_dir, "previous")
         if owned or (self.out_dir / "manifest.json").exists():
@@ -162,3 +164,79 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------- what kit may replace
+
+
+def _old_files(out_dir: Path) -> dict | None:
+    """The `files` of out_dir's kit manifest.json; None when out_dir holds no kit export."""
+    path = out_dir / "manifest.json"
+    try:
+        doc = None if path.is_symlink() else json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(doc, dict) and "kit_version" in doc and isinstance(doc.get("files"), dict)
+    return doc["files"] if ok else None
+
+
+def owned_files(out_dir: Path, overwrite: bool, targets: list[str]) -> list[Path]:
+    """The files of an old export that a new export may delete; FileExistsError for the rest.
+
+    `targets` are the paths the new export writes (relative to out_dir).
+
+    Refused (one line): a non-empty out_dir that is not a kit export; an export without
+    overwrite; a manifest naming a path outside the export's folders; a listed file changed
+    since kit wrote it; a file this export would write that the old manifest does not list.
+    """
+    if not os.path.lexists(out_dir) or (out_dir.is_dir() and not any(out_dir.iterdir())):
+        return []
+    files = _old_files(out_dir) if out_dir.is_dir() else None
+    if files is None:
+        raise FileExistsError(
+            f"export: {out_dir} is not empty and is not a kit export (no kit manifest.json); "
+            "kit deletes only files it wrote, so choose a new or empty directory"
+        )
+    if not overwrite:
+        raise FileExistsError(
+            f"export: {out_dir} already holds an export; pass overwrite=True to replace it "
+            "(only the files its manifest.json lists are replaced)"
+        )
+    owned = [p for rel, entry in files.items() if (p := _own_file(out_dir, rel, entry))]
+    mine = {str(p.relative_to(out_dir)) for p in owned}
+    for target in targets:
+        path = out_dir / target
+        found = [q for q in path.rglob("*") if not q.is_dir()] if path.is_dir() else [path]
+        for q in (q for q in found if os.path.lexists(q)):
+            if str(q.relative_to(out_dir)) not in mine:
+                raise FileExistsError(
+                    f"export: {q} is in the way and is not a file of the previous export "
+                    "(its manifest.json does not list it); move it away, then export again"
+                )
+    return owned
+
+
+def _own_file(out_dir: Path, rel: str, entry) -> Path | None:
+    """out_dir/rel when it is the file the old manifest lists (same size and sha256)."""
+    path = out_dir / rel
+    inside = path.resolve().is_relative_to(out_dir.resolve())
+    if (
+        Path(rel).is_absolute()
+        or ".." in Path(rel).parts
+        or rel.split("/")[0] not in FOLDERS
+        or not inside
+    ):
+        raise FileExistsError(
+            f"export: {out_dir / 'manifest.json'} lists {rel!r}, outside the export's own "
+            "folders; kit deletes nothing it cannot identify, so remove that manifest.json"
+        )
+    if not os.path.lexists(path):
+        return None
+    same = isinstance(entry, dict) and not path.is_symlink() and path.is_file()
+    same = same and path.stat().st_size == entry.get("bytes")
+    if not (same and sha256_file(path) == entry.get("sha256")):
+        raise FileExistsError(
+            f"export: {path} changed since kit wrote it (its sha256 differs from manifest.json); "
+            "move it away or delete it, then export again"
+        )
+    return path

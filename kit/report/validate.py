@@ -1,18 +1,21 @@
-"""Read an export back and check it against its manifest and its formats (kit.validate);
-which files of an existing export are kit's own to replace (owned_files)."""
+"""Read an export back and check it against its manifest and its formats (kit.validate),
+streaming: each format's writer (kit.report.formats) says what is checked of it."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
-from kit.report.checks import CHECKS, FOLDERS, Rules, is_int, read_manifest
+from kit.report.checks import Rules, is_int, read_manifest
+from kit.report.formats import ROW_CHECKS, WRITERS
+from kit.report.writers import digest, file_entry, sha256_file
+
+__all__ = ["ValidationResult", "file_entry", "sha256_file", "validate"]
 
 MAX_PER_FILE = 20  # problems listed per file before "... and N more"
 
@@ -46,41 +49,6 @@ class ValidationResult:
     __repr__ = __str__ = summary
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    return _digest(path)[0]
-
-
-def _digest(path: Path) -> tuple[str, int]:
-    """(hex sha256, newlines) of a file, in one read of 1 MiB chunks."""
-    h, lines = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            lines += chunk.count(b"\n")
-    return h.hexdigest(), lines
-
-
-def file_entry(
-    path: Path,
-    rows: int | None,
-    *,
-    line_hashes: str | None = None,
-    sha256: str | None = None,
-    size: int | None = None,
-) -> dict:
-    """The manifest entry of one written file; `sha256` and `size`: its hash and bytes as the
-    writer counted them while writing (else the file is read again for them)."""
-    entry = {
-        "sha256": sha256 or sha256_file(path),
-        "bytes": path.stat().st_size if size is None else size,
-        "rows": rows,
-    }
-    if line_hashes:
-        entry["line_hashes"] = line_hashes
-    return entry
-
-
 class _Ids:
     """The ids of one JSONL file's rows, kept as a count and a digest, not a list (an
     export of a million rows is checked in constant memory); `n` alone where the rows
@@ -107,7 +75,7 @@ def _row_id(line: str):
 
 def _check_jsonl(root: Path, rel: str, result: ValidationResult, rules: Rules) -> _Ids:
     """Parse and check every line of one JSONL export file, streaming; returns its ids."""
-    check, ids, problems = CHECKS[rel.split("/")[0]], _Ids(), []
+    check, ids, problems = ROW_CHECKS[rel.split("/")[0]], _Ids(), []
     with open(root / rel, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             try:
@@ -170,7 +138,7 @@ def _check_files(
             continue
         result.files_checked += 1
         if read_rows:
-            sha, lines = _digest(path)
+            sha, lines = digest(path)
             if sha != entry["sha256"]:
                 _add(result, _changed_lines(root, rel, entry))
         else:
@@ -186,10 +154,10 @@ def _check_files(
             result.problems.append(
                 f"{rel}: its line-hash file {hashes} is not listed with {entry.get('rows')} rows in manifest.json"
             )
-        if rel.split("/")[0] in CHECKS and read_rows:
+        if rel.split("/")[0] in ROW_CHECKS and read_rows:
             ids[rel] = _check_jsonl(root, rel, result, rules)
             rows = ids[rel].n
-        elif rel.split("/")[0] in CHECKS:
+        elif rel.split("/")[0] in ROW_CHECKS:
             ids[rel] = _Ids(lines, read=False)
             result.rows_checked += lines
             rows = lines
@@ -220,14 +188,6 @@ def _first_different_id(root: Path, a: str, b: str) -> int:
     return 0
 
 
-def left_out(manifest: dict, split: str) -> int:
-    """Rows of a split the SpecForge file leaves out (`length` answers, kit.report.trainers)."""
-    length = manifest.get("trainers", {}).get("length", {})
-    if length.get("conversations") != "left_out":
-        return 0
-    return sum(v.get(split, 0) for v in length.get("rows", {}).values())
-
-
 def _subsequence(root: Path, a: str, b: str) -> bool:
     """Whether file a's ids are file b's in order with some left out, streaming."""
     with open(root / a, encoding="utf-8") as fa, open(root / b, encoding="utf-8") as fb:
@@ -240,45 +200,37 @@ def _subsequence(root: Path, a: str, b: str) -> bool:
 
 def _check_counts(manifest: dict, ids: dict[str, _Ids], result: ValidationResult) -> None:
     """Rows per split agree with manifest counts, every format asked for has a file for every
-    split with rows, and formats hold the same ids in order."""
+    split with rows, and formats hold the same ids in order (a format that leaves rows out,
+    in order, less those)."""
     counts, files = manifest["counts"], manifest["files"]
-    formats = manifest["options"]["formats"]
+    writers = [WRITERS[f] for f in manifest["options"]["formats"] if f in WRITERS]
     for split in ("train", "validation"):
         want = sum(c.get(split, 0) for c in counts.values())
-        expected = {
-            "specforge": f"specforge/{split}.jsonl",
-            "token_ids": f"token_ids/{split}.jsonl",
-            "parquet": f"parquet/{split}.parquet",
-            "hf": f"hf/{split}/",
-        }
-        for fmt in formats if want else ():
-            rel = expected.get(fmt)
-            if rel and not any(
-                f == rel or (rel.endswith("/") and f.startswith(rel)) for f in files
-            ):
+        for w in writers if want else ():
+            rel = w.listed.format(split=split)
+            if not any(f == rel or (rel.endswith("/") and f.startswith(rel)) for f in files):
                 result.problems.append(
-                    f"manifest.json: counts say {want} {split} rows, but it lists no {rel} ({fmt} was asked for)"
+                    f"manifest.json: counts say {want} {split} rows, but it lists no {rel} ({w.name} was asked for)"
                 )
         found = {rel: v for rel, v in ids.items() if rel.endswith(f"/{split}.jsonl")}
-        left = left_out(manifest, split)  # `length` rows the SpecForge file leaves out
+        left = {rel: WRITERS[rel.split("/")[0]].left_out(manifest, split) for rel in found}
         for rel, v in found.items():
-            expect = want - left if rel.startswith("specforge/") else want
-            if v.n != expect:
+            if v.n != want - left[rel]:
                 result.problems.append(
-                    f"{rel}: {v.n} rows, manifest counts say {expect} {split} rows"
+                    f"{rel}: {v.n} rows, manifest counts say {want - left[rel]} {split} rows"
                 )
-        sf, tk = f"specforge/{split}.jsonl", f"token_ids/{split}.jsonl"
-        if sf in found and tk in found and found[sf].digest() is None:
-            continue  # counted, not read (validate's rows=False)
-        if sf in found and tk in found and left and not _subsequence(result.path, sf, tk):
-            result.problems.append(
-                f"{sf}: its ids are not token_ids/{split}.jsonl's in order, less the left-out `length` rows"
-            )
-        elif sf in found and tk in found and not left and found[sf].digest() != found[tk].digest():
-            first = _first_different_id(result.path, sf, tk)
-            result.problems.append(
-                f"token_ids/{split}.jsonl line {first + 1}: id differs from specforge/{split}.jsonl"
-            )
+        whole = [rel for rel in found if not left[rel]]
+        if not whole or any(v.digest() is None for v in found.values()):
+            continue  # nothing to compare with, or counted, not read (validate's rows=False)
+        ref = whole[0]
+        for rel in found:
+            if rel != ref and left[rel] and not _subsequence(result.path, rel, ref):
+                result.problems.append(
+                    f"{rel}: its ids are not {ref}'s in order, less the left-out `length` rows"
+                )
+            elif rel != ref and not left[rel] and found[rel].digest() != found[ref].digest():
+                first = _first_different_id(result.path, ref, rel)
+                result.problems.append(f"{rel} line {first + 1}: id differs from {ref}")
 
 
 def validate(path, *, rows: bool = True) -> ValidationResult:
@@ -318,8 +270,8 @@ def validate(path, *, rows: bool = True) -> ValidationResult:
     rules = _rules(manifest, result)
     ids = _check_files(root, manifest["files"], rules, result, rows)
     _check_counts(manifest, ids, result)
-    if rows:
-        _check_sources(manifest, rules, ids, result)
+    for w in WRITERS.values() if rows else ():
+        result.problems += w.check_manifest(manifest, rules, list(ids))
     return result
 
 
@@ -327,33 +279,15 @@ def _rules(manifest: dict, result: ValidationResult) -> Rules:
     """The token-row rules from the manifest (a token-id export must name its vocabulary)."""
     tok = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else {}
     vocab = tok.get("vocab_size")
-    if "token_ids" in manifest["options"]["formats"] and not (is_int(vocab) and vocab > 0):
+    formats = manifest["options"]["formats"]
+    needs = any(WRITERS[f].needs_vocab for f in formats if f in WRITERS)
+    if needs and not (is_int(vocab) and vocab > 0):
         result.problems.append(
             "manifest.json: tokenizer.vocab_size missing or not a positive int: token ids cannot be checked"
         )
         vocab = None
     turns = manifest.get("turns") if isinstance(manifest.get("turns"), dict) else {}
     return Rules(vocab_size=vocab, one_span=turns.get("mode", "last_turn") == "last_turn")
-
-
-def _check_sources(manifest: dict, rules: Rules, ids: dict, result: ValidationResult) -> None:
-    """The token rows' ids_source agree with manifest.json's token_rows (exact = server)."""
-    if not any(rel.startswith("token_ids/") for rel in ids):
-        return
-    made = manifest.get("token_rows")
-    if not isinstance(made, dict) or not all(isinstance(c, dict) for c in made.values()):
-        result.problems.append("manifest.json: token_rows missing or malformed")
-        return
-    want = {
-        "server": sum(c.get("exact", 0) for c in made.values()),
-        "retokenized": sum(c.get("retokenized", 0) for c in made.values()),
-    }
-    got = {k: rules.sources.get(k, 0) for k in want}
-    if got != want:
-        result.problems.append(
-            f"token_ids: ids_source of the rows {got} disagrees with manifest.json token_rows "
-            f"(exact: {want['server']}, retokenized: {want['retokenized']})"
-        )
 
 
 def _check_listing(root: Path, files: dict, result: ValidationResult) -> None:
@@ -367,79 +301,3 @@ def _check_listing(root: Path, files: dict, result: ValidationResult) -> None:
                     f"{rel}: not listed in manifest.json (a file the export did not write)"
                 )
     _add(result, found)
-
-
-# ---------------------------------------------------------------- what kit may replace
-
-
-def _old_files(out_dir: Path) -> dict | None:
-    """The `files` of out_dir's kit manifest.json; None when out_dir holds no kit export."""
-    path = out_dir / "manifest.json"
-    try:
-        doc = None if path.is_symlink() else json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(doc, dict) and "kit_version" in doc and isinstance(doc.get("files"), dict)
-    return doc["files"] if ok else None
-
-
-def owned_files(out_dir: Path, overwrite: bool, targets: list[str]) -> list[Path]:
-    """The files of an old export that a new export may delete; FileExistsError for the rest.
-
-    `targets` are the paths the new export writes (relative to out_dir).
-
-    Refused (one line): a non-empty out_dir that is not a kit export; an export without
-    overwrite; a manifest naming a path outside the export's folders; a listed file changed
-    since kit wrote it; a file this export would write that the old manifest does not list.
-    """
-    if not os.path.lexists(out_dir) or (out_dir.is_dir() and not any(out_dir.iterdir())):
-        return []
-    files = _old_files(out_dir) if out_dir.is_dir() else None
-    if files is None:
-        raise FileExistsError(
-            f"export: {out_dir} is not empty and is not a kit export (no kit manifest.json); "
-            "kit deletes only files it wrote, so choose a new or empty directory"
-        )
-    if not overwrite:
-        raise FileExistsError(
-            f"export: {out_dir} already holds an export; pass overwrite=True to replace it "
-            "(only the files its manifest.json lists are replaced)"
-        )
-    owned = [p for rel, entry in files.items() if (p := _own_file(out_dir, rel, entry))]
-    mine = {str(p.relative_to(out_dir)) for p in owned}
-    for target in targets:
-        path = out_dir / target
-        found = [q for q in path.rglob("*") if not q.is_dir()] if path.is_dir() else [path]
-        for q in (q for q in found if os.path.lexists(q)):
-            if str(q.relative_to(out_dir)) not in mine:
-                raise FileExistsError(
-                    f"export: {q} is in the way and is not a file of the previous export "
-                    "(its manifest.json does not list it); move it away, then export again"
-                )
-    return owned
-
-
-def _own_file(out_dir: Path, rel: str, entry) -> Path | None:
-    """out_dir/rel when it is the file the old manifest lists (same size and sha256)."""
-    path = out_dir / rel
-    inside = path.resolve().is_relative_to(out_dir.resolve())
-    if (
-        Path(rel).is_absolute()
-        or ".." in Path(rel).parts
-        or rel.split("/")[0] not in FOLDERS
-        or not inside
-    ):
-        raise FileExistsError(
-            f"export: {out_dir / 'manifest.json'} lists {rel!r}, outside the export's own "
-            "folders; kit deletes nothing it cannot identify, so remove that manifest.json"
-        )
-    if not os.path.lexists(path):
-        return None
-    same = isinstance(entry, dict) and not path.is_symlink() and path.is_file()
-    same = same and path.stat().st_size == entry.get("bytes")
-    if not (same and sha256_file(path) == entry.get("sha256")):
-        raise FileExistsError(
-            f"export: {path} changed since kit wrote it (its sha256 differs from manifest.json); "
-            "move it away or delete it, then export again"
-        )
-    return path

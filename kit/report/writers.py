@@ -1,52 +1,31 @@
-"""The files of an export, written a batch at a time (kit.report.export streams records).
+"""The base of an export's writers (datatrove's DiskWriter is the model): a Writer opens one
+format's files in the staging folder, one set per split, writes a batch of records at a
+time and closes them into manifest entries; kit.report.formats holds one class per format.
 
-    sink = JsonlSink(out_dir, "specforge/train.jsonl")
-    sink.write(rows)            # any number of times; each row one JSON line
-    sink.close(files)           # adds the file and its line-hash file to the manifest's files
-
-JSONL lines are json.dumps(row, ensure_ascii=False), as every kit export wrote them; the
-line-hash file beside each (linehashes/<file>.txt) holds the first 16 hex digits of each
-line's sha256, so kit.validate names an edited line. A JSONL file goes to disk as it is
-written (WriteBehind: every SYNC_EVERY bytes are synced and dropped from the page cache), so
-a million-record export does not wait on a page cache filling with gigabytes. Parquet is
-written in parts, one per batch, then joined into one file by polars' streaming sink; HF
-datasets are built from that Parquet file (the one format that holds a whole split in
-memory: `datasets` builds it so). Split writes one split's files from a records frame.
+An OutputFile hashes, counts and syncs its bytes as it writes them (WriteBehind: every
+SYNC_EVERY bytes are synced and dropped from the page cache), so a million-record export
+does not wait on a page cache filling with gigabytes, and the staged check reads no file
+again. A JSONL line's hash goes to linehashes/<file>.txt, so kit.validate names an edited line.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import os
-import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
-from kit.report.convo import rendered, row_ids, specforge_lines
-from kit.report.exactrows import token_lines
-from kit.report.validate import file_entry
-
-SYNC_EVERY = 64 << 20  # bytes of a JSONL file written before they are synced and dropped
+SYNC_EVERY = 64 << 20  # bytes of a file written before they are synced and dropped
+SPLITS = ("train", "validation")
 
 
 class WriteBehind:
     """A large output file sent to disk as it is written: every SYNC_EVERY bytes are synced
     (fdatasync) and their pages dropped from the page cache (posix_fadvise DONTNEED, where
-    the system has it). Filling the page cache with fresh pages is what a multi-GB write
-    waits on here (bench/bench_scale.py, the write floor: 4 GB written plainly took 16-27 s
-    on this machine, written so 2.4 s); written pages are dropped only once on disk, so
-    nothing is lost, and a reader later reads them from disk. close() syncs the rest: the
-    file is durable before the export's manifest.json is written.
-
-    Example:
-        with open(path, "wb") as f:
-            behind = WriteBehind(f)
-            for data in pieces:
-                f.write(data)
-                behind.wrote(len(data))
-            behind.sync()
-    """
+    the system has it), only once on disk, so nothing is lost. Filling the page cache is what
+    a multi-GB write waits on here (bench/bench_scale.py, the write floor). `wrote(n)` after
+    each write; sync() at close: the file is durable before the manifest names it."""
 
     def __init__(self, f, every: int | None = None) -> None:
         self.f, self.every = f, SYNC_EVERY if every is None else every
@@ -67,196 +46,198 @@ class WriteBehind:
         self.synced = self.written
 
 
-class JsonlSink:
-    """One JSONL file of an export and its line-hash file, appended a batch at a time."""
+def digest(path: Path) -> tuple[str, int]:
+    """(hex sha256, newlines) of a file, in one read of 1 MiB chunks."""
+    h, lines = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            lines += chunk.count(b"\n")
+    return h.hexdigest(), lines
 
-    def __init__(self, out_dir: Path, rel: str) -> None:
-        self.out_dir, self.rel, self.rows = out_dir, rel, 0
-        path = out_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        hashes = out_dir / "linehashes" / f"{rel}.txt"
-        hashes.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(path, "wb")  # noqa: SIM115 - closed in close()
-        self._h = open(hashes, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed in close()
-        self._behind = WriteBehind(self._f)
-        self._sha, self._h_sha = hashlib.sha256(), hashlib.sha256()  # the files', as written
-        self._h_bytes = 0
 
-    def write(self, rows: list[dict]) -> None:
-        """Rows as json.dumps(row, ensure_ascii=False) lines."""
-        encoded = [json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in rows]
-        self.write_rendered(b"".join(encoded), [0, *itertools.accumulate(map(len, encoded))])
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    return digest(path)[0]
 
-    def write_rendered(self, data: bytes | memoryview, offsets: list[int]) -> None:
-        """Lines already rendered and encoded, each ending in a newline (kit.report.convo.
-        rendered); line i is data[offsets[i]:offsets[i + 1]]. Written as they are."""
+
+def file_entry(
+    path: Path,
+    rows: int | None,
+    *,
+    line_hashes: str | None = None,
+    sha256: str | None = None,
+    size: int | None = None,
+) -> dict:
+    """The manifest entry of one written file; `sha256` and `size`: its hash and bytes as the
+    writer counted them while writing (else the file is read again for them)."""
+    entry = {
+        "sha256": sha256 or sha256_file(path),
+        "bytes": path.stat().st_size if size is None else size,
+        "rows": rows,
+    }
+    if line_hashes:
+        entry["line_hashes"] = line_hashes
+    return entry
+
+
+class OutputFile:
+    """One file of an export, written in order: its sha256, bytes and rows counted as they
+    are written, sent to disk as it goes (WriteBehind); close() syncs it and adds its entry."""
+
+    def __init__(self, root: Path, rel: str) -> None:
+        self.root, self.rel, self.rows = root, rel, 0
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(root / rel, "wb")  # noqa: SIM115 - closed in close()
+        self._behind, self._sha = WriteBehind(self._f), hashlib.sha256()
+
+    def write(self, data: bytes | memoryview, rows: int) -> None:
+        self._f.write(data)
+        self._sha.update(data)
+        self._behind.wrote(len(data))
+        self.rows += rows
+
+    def close(self, files: dict, line_hashes: str | None = None) -> None:
+        self._behind.sync()  # on disk before the manifest names it
+        self._f.close()
+        sha, size = self._sha.hexdigest(), self._behind.written
+        files[self.rel] = file_entry(
+            self.root / self.rel, self.rows, line_hashes=line_hashes, sha256=sha, size=size
+        )
+
+
+class JsonlFile:
+    """A JSONL file and its line-hash file (the first 16 hex digits of each line's sha256)."""
+
+    def __init__(self, root: Path, rel: str) -> None:
+        self.lines = OutputFile(root, rel)
+        self.hashes = OutputFile(root, f"linehashes/{rel}.txt")
+
+    def write(self, data: bytes | memoryview, offsets: list[int]) -> None:
+        """Lines rendered and encoded, each ending in a newline (kit.report.convo.rendered);
+        line i is data[offsets[i]:offsets[i + 1]]."""
         view = memoryview(data)
         hashes = "".join(
             hashlib.sha256(view[a : b - 1]).hexdigest()[:16] + "\n"
             for a, b in itertools.pairwise(offsets)
         )
-        self._f.write(data)
-        self._sha.update(data)
-        self._behind.wrote(len(data))
-        self._h.write(hashes)
-        self._h_sha.update(encoded := hashes.encode())
-        self._h_bytes += len(encoded)
-        self.rows += len(offsets) - 1
+        self.lines.write(data, len(offsets) - 1)
+        self.hashes.write(hashes.encode(), len(offsets) - 1)
 
     def close(self, files: dict) -> None:
-        self._behind.sync()  # the file is on disk before the manifest names it
-        self._f.close()
-        self._h.flush()
-        os.fsync(self._h.fileno())
-        self._h.close()
-        lh = f"linehashes/{self.rel}.txt"
-        files[self.rel] = file_entry(
-            self.out_dir / self.rel,
-            self.rows,
-            line_hashes=lh,
-            sha256=self._sha.hexdigest(),
-            size=self._behind.written,
-        )
-        files[lh] = file_entry(
-            self.out_dir / lh, self.rows, sha256=self._h_sha.hexdigest(), size=self._h_bytes
-        )
+        self.lines.close(files, line_hashes=self.hashes.rel)
+        self.hashes.close(files)
 
 
-class ParquetSink:
-    """One Parquet file of an export, written as parts (one per batch), joined at close.
+@dataclass
+class Context:
+    """What every writer of one export reads: where it writes, the run, its config and
+    tokenizer, the options (kit.report.export.ExportOptions) and how many records are kept."""
 
-    Every part holds the optional columns (reasoning_content in the conversations, tools);
-    close() keeps them only when some row has one, so a split's columns do not depend on
-    how its rows fell into batches.
+    root: Path  # the staging folder (kit.report.staging)
+    run_dir: Path
+    config: object
+    tok: object
+    opts: object
+    rows: int
+
+
+class Writer:
+    """One format's files, a set per split, written a batch of records at a time.
+
+    A subclass names its files (`targets`, `listed`), opens a split's (`open`) and writes a
+    split's rows into them (`write_split`), then closes them (`close_split`). It may first
+    add columns to the batch every format writes (`prepare`), check it against
+    kit.validate's rules (`problems`), and add its sections to the manifest (`manifest`).
+    The train split is opened at once (an export without rows has its empty train files).
     """
 
-    def __init__(self, out_dir: Path, split: str) -> None:
-        self.out_dir, self.split, self.rows = out_dir, split, 0
-        self.parts = out_dir / "parquet" / f".parts-{split}"  # kit's own; removed at close
-        self.parts.mkdir(parents=True, exist_ok=True)
-        self.reasoning = self.tools = False  # whether any row has them
+    name = ""  # the format, as ExportOptions.formats names it
+    listed = ""  # the manifest path proving a split was written ("{split}" filled in)
+    columns: tuple = ()  # record columns it reads besides kit.report.export's
+    needs_tokenizer = False
+    needs_vocab = False  # kit.validate needs the manifest's tokenizer.vocab_size
+    check = None  # (row, rules, line) -> problem or None: the rule of a JSONL format's lines
 
-    def write(self, table) -> None:
-        self.reasoning |= table["has_reasoning"].any()
-        self.tools |= table["tools"].is_not_null().any()
-        if table.height or not self.rows:  # an empty first part: the split's columns
-            table.drop("has_reasoning").write_parquet(self.parts / f"{self.rows:012d}.parquet")
-            self.rows += table.height
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.splits = {SPLITS[0]: self.open(SPLITS[0])}
 
-    def close(self, files: dict) -> Path:
-        import polars as pl
+    @classmethod
+    def ready(cls, tok) -> None:
+        """Raise ValueError when this format cannot be written (a missing tokenizer, package)."""
 
-        rel = f"parquet/{self.split}.parquet"
-        target = self.out_dir / rel
-        frame = pl.scan_parquet(sorted(self.parts.glob("*.parquet")))
-        if not self.reasoning:
-            e = pl.element().struct
-            plain = pl.struct(role=e.field("role"), content=e.field("content"))
-            frame = frame.with_columns(pl.col("conversations").list.eval(plain))
-        if not self.tools:
-            frame = frame.drop("tools")
-        frame.sink_parquet(target)
-        shutil.rmtree(self.parts)
-        files[rel] = file_entry(target, self.rows)
-        return target
+    @classmethod
+    def targets(cls, split: str) -> list[str]:
+        """The paths (relative to the export) this format writes for a split."""
+        raise NotImplementedError
 
+    @staticmethod
+    def left_out(manifest: dict, split: str) -> int:
+        """Rows of a split this format leaves out of its file (kit.validate's counts)."""
+        return 0
 
-def write_hf(out_dir: Path, split: str, parquet: Path, files: dict) -> None:
-    """hf/<split>/ (datasets.Dataset.save_to_disk) from the split's Parquet file."""
-    import datasets
-    import polars as pl
+    @property
+    def needs_text(self) -> bool:
+        """Whether its rows use the prompts' text (messages, tools)."""
+        return True
 
-    target = out_dir / "hf" / split
-    frame = pl.read_parquet(parquet)
-    datasets.Dataset.from_dict(frame.to_dict(as_series=False)).save_to_disk(str(target))
-    for p in sorted(target.rglob("*")):
-        if p.is_file():
-            files[str(p.relative_to(out_dir))] = file_entry(p, None)
+    def prepare(self, frame):
+        return frame
 
+    def problems(self, frame) -> list[str]:
+        return []
 
-# ---------------------------------------------------------------- one split's files
+    def write(self, frame, parts: dict, later) -> None:
+        """One batch, and its rows by split (`parts`, those with rows): each split's to its
+        files. `later(fn, *args)` runs writes in call order on the export's writer thread."""
+        for split, part in parts.items():
+            if split not in self.splits:
+                self.splits[split] = self.open(split)
+            self.write_split(self.splits[split], part, split, later)
 
+    def close(self, split: str, files: dict) -> None:
+        if split in self.splits:
+            self.close_split(self.splits.pop(split), split, files)
 
-class Split:
-    """The files of one split (opts: kit.report.export.ExportOptions), written a batch at a
-    time from records frames; `token_ids`: its tables have the token-id columns."""
+    def dropped(self) -> dict[str, int]:
+        """Records this format left out of every format (reason -> count)."""
+        return {}
 
-    def __init__(self, out_dir: Path, split: str, opts, token_ids: bool) -> None:
-        self.out_dir, self.split, self.opts, self.token_ids = out_dir, split, opts, token_ids
-        fmts = [f for f in ("specforge", "token_ids") if f in opts.formats]
-        self.jsonl = {f: JsonlSink(out_dir, f"{f}/{split}.jsonl") for f in fmts}
-        tabular = "parquet" in opts.formats or "hf" in opts.formats
-        self.parquet = ParquetSink(out_dir, split) if tabular else None
+    def manifest(self, manifest: dict) -> None:
+        """Add this format's sections to the manifest."""
 
-    def write(self, frame, later) -> None:
-        """One batch of the split: a records frame with prompts (kit.run.reader), its
-        `tools_json` and `tool_calls_json` (kit.report.convo.tools_json) and, with token ids,
-        its input_ids, loss_mask and ids_source columns (kit.report.exactrows).
-        `later(fn, *args)` runs the JSONL writes and line hashes in call order
-        (kit.report.export hands them to one writer thread), so the caller renders the next
-        batch meanwhile. `_cut`: rows the SpecForge file leaves out unless kept."""
-        import polars as pl
+    @staticmethod
+    def check_manifest(manifest: dict, rules, read: list[str]) -> list[str]:
+        """kit.validate's problems with this format's manifest sections, given the rows of
+        the files `read` (their facts counted in `rules`)."""
+        return []
 
-        if "specforge" in self.jsonl:
-            convs = (
-                frame if self.opts.keep_truncated_conversations else frame.filter(~pl.col("_cut"))
-            )
-            if convs.height:
-                later(self.jsonl["specforge"].write_rendered, *rendered(specforge_lines(convs)))
-        if "token_ids" in self.jsonl:
-            later(self.jsonl["token_ids"].write_rendered, *token_lines(frame))
-        if self.parquet is not None:
-            self.parquet.write(table(frame, self.token_ids))
+    def open(self, split: str):
+        raise NotImplementedError
 
-    def close(self, files: dict) -> None:
-        for sink in self.jsonl.values():
-            sink.close(files)
-        if self.parquet is None:
-            return
-        if not self.parquet.rows:  # a split without rows: its table's columns, no rows
-            self.parquet.write(table(None, self.token_ids))
-        path = self.parquet.close(files)
-        if "hf" in self.opts.formats:
-            write_hf(self.out_dir, self.split, path, files)
-        if "parquet" not in self.opts.formats:  # written for hf only: kit's own, removed
-            files.pop(f"parquet/{self.split}.parquet")
-            path.unlink()
-            if not any(path.parent.iterdir()):
-                path.parent.rmdir()
+    def write_split(self, out, part, split: str, later) -> None:
+        raise NotImplementedError
+
+    def close_split(self, out, split: str, files: dict) -> None:
+        out.close(files)
 
 
-_COUNTS = ("dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source")
+class JsonlWriter(Writer):
+    """A JSONL format: <name>/<split>.jsonl and its line-hash file; `lines` renders a split's
+    rows as (bytes, offsets), written on the writer thread."""
 
+    @classmethod
+    def targets(cls, split: str) -> list[str]:
+        return [f"{cls.name}/{split}.jsonl", f"linehashes/{cls.name}/{split}.jsonl.txt"]
 
-def table(frame, token_ids: bool):
-    """The Parquet / HF table of one batch of a split (None: no rows): id, conversations
-    (with reasoning_content), the counts, tools (JSON text), the token-id columns, and
-    has_reasoning (for ParquetSink, not written)."""
-    import polars as pl
+    def open(self, split: str) -> JsonlFile:
+        return JsonlFile(self.ctx.root, f"{self.name}/{split}.jsonl")
 
-    from kit.run.reader import record_schema
+    def write_split(self, out: JsonlFile, part, split: str, later) -> None:
+        rendered = self.lines(part)
+        if rendered is not None:
+            later(out.write, *rendered)
 
-    schema = record_schema()
-    if frame is None:
-        cols = [*_COUNTS, "messages", "completion", "reasoning", "tools_json"]
-        frame = pl.DataFrame(schema={c: schema.get(c, pl.String) for c in cols})
-        frame = frame.with_columns(
-            input_ids=pl.lit(None, pl.List(pl.Int64)),
-            loss_mask=pl.lit(None, pl.List(pl.Int8)),
-            ids_source=pl.lit(None, pl.String),
-        )
-    msg = pl.Struct({"role": pl.String, "content": pl.String, "reasoning_content": pl.String})
-    reasoning = pl.when(pl.col("reasoning").fill_null("") != "").then(pl.col("reasoning"))
-    last = pl.struct(
-        role=pl.lit("assistant"), content=pl.col("completion"), reasoning_content=reasoning
-    )
-    conversations = pl.concat_list(pl.col("messages").cast(pl.List(msg)), last)
-    cols = [row_ids().alias("id"), conversations.alias("conversations"), *_COUNTS]
-    cols += [pl.col("tools_json").alias("tools"), reasoning.is_not_null().alias("has_reasoning")]
-    if token_ids:
-        cols += [
-            pl.col("input_ids"),
-            pl.col("loss_mask").cast(pl.List(pl.Int8)),
-            pl.col("ids_source"),
-        ]
-    return frame.select(cols)
+    def lines(self, part) -> tuple | None:
+        raise NotImplementedError
