@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from kit.data.readers import Skip
 from kit.data.tools import tool_turn
+from kit.errors import Skip, Undetectable
 
 FORMATS = (
     "sharegpt",
@@ -56,17 +56,6 @@ def columns(rows: list | pl.DataFrame) -> list[str]:
     return list(keys)
 
 
-class Undetectable(ValueError):
-    """No format fits a source's columns; `columns` are the ones found."""
-
-    def __init__(self, label: str, cols: list[str]) -> None:
-        super().__init__(
-            f"cannot detect the prompt format of {label}: columns found {cols}; "
-            f"pass format= (one of {FORMATS}) or mapping={{'prompt': <column>}}"
-        )
-        self.label, self.columns = label, cols
-
-
 def detect(rows: list | pl.DataFrame, label: str) -> str | None:
     """Pick the format from the columns found; raise Undetectable naming the source and its
     columns. None when no row has a column with a value (every row is skipped by reason).
@@ -93,7 +82,7 @@ def detect(rows: list | pl.DataFrame, label: str) -> str | None:
     ):
         if needs <= cols:
             return fmt
-    raise Undetectable(label, sorted(cols))
+    raise Undetectable(label, sorted(cols), FORMATS)
 
 
 _PROMPT_FIELDS = ("instruction", "input", "instances", "problem")  # single-prompt formats

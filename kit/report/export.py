@@ -63,6 +63,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.errors import ExportInvalid
 from kit.report import draftvocab
 from kit.report import manifest as _manifest
 from kit.report.exactrows import Checks, token_columns
@@ -179,10 +180,6 @@ def _targets(formats) -> list[str]:
         )
         out += [f"hf/{split}"] if "hf" in formats else []
     return out
-
-
-class ExportInvalid(RuntimeError):
-    """A staged export failed kit.validate: it was not swapped in."""
 
 
 def export(

@@ -21,11 +21,9 @@ import shutil
 import time
 from pathlib import Path
 
+from kit.errors import ExportBusy
+
 MARK = ".kit-export"  # inside a staging or previous folder: written by kit, for out_dir
-
-
-class ExportBusy(RuntimeError):
-    """Another kit export is writing the same target."""
 
 
 def side(out_dir: Path, kind: str) -> Path:

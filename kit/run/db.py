@@ -20,6 +20,7 @@ import time
 from array import array
 from pathlib import Path
 
+from kit.errors import DatabaseDamaged
 from kit.types import Record
 
 DB_NAME = "run.sqlite"
@@ -40,10 +41,6 @@ def written_here(run_dir) -> bool:
     except FileNotFoundError:
         return False
     return (st.st_dev, st.st_ino) in HELD
-
-
-class DatabaseDamaged(RuntimeError):
-    """The run database is not a readable SQLite database (truncated, overwritten pages)."""
 
 
 def db_path(run_dir) -> Path:

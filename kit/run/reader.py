@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kit.errors import PromptMismatch
 from kit.run import db
 from kit.run.legacy import import_old_layout, is_old_layout
 from kit.types import Record, RunConfig
@@ -41,10 +42,6 @@ RECORD_COLUMNS = (
 )
 PROMPT_COLUMNS = ("messages", "tools")  # joined onto records with prompts=True
 COMPUTED = {"n_output_ids": "length(r.output_ids) / 4"}  # by SQL, no blob read: the ids' count
-
-
-class PromptMismatch(ValueError):
-    """A stored prompt's text no longer hashes to its prompt_id (edited after the run)."""
 
 
 @contextmanager

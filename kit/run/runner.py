@@ -53,17 +53,21 @@ import warnings
 from dataclasses import replace
 
 from kit.data.sources import source_hashes
+from kit.errors import BackendError, HTTPStatusError, MalformedAnswer, NoEndpoint
 from kit.run import guard as _guard
 from kit.run import turns as _turns
 from kit.run.answers import redact
+from kit.run.pool import EndpointPool, unanswered
 from kit.run.queues import DatasetQueue, Stall, dataset_paths, dataset_queues, prompt_frame
 from kit.run.store import RunStore
-from kit.types import BackendError, Completion, DatasetProgress, ErrorRecord, Record, RunConfig
+from kit.types import Completion, DatasetProgress, ErrorRecord, Record, RunConfig
 
-# a request that failed every attempt with one of these, max(8, concurrency) in a row: the
-# endpoints are dead (a gateway with no live worker answers 503 to everything, at once);
-# no_endpoint (none healthy for no_endpoint_timeout) stops the run at once
-_DEAD_KINDS = ("connect", "timeout", "http_5xx", "no_endpoint")
+
+def _dead(exc: BaseException) -> bool:
+    """A request that failed every attempt so, max(8, concurrency) in a row: the endpoints
+    are dead (a gateway with no live worker answers 503 to everything, at once); NoEndpoint
+    (none healthy for no_endpoint_timeout) stops the run at once."""
+    return isinstance(exc, BackendError) and (isinstance(exc, NoEndpoint) or unanswered(exc))
 
 
 class Runner:
@@ -112,7 +116,7 @@ class Runner:
         self.callback, self.stop_reason = None, None
         self._stop_requested = False
         self._last_progress = 0.0
-        self._dead = 0  # requests in a row that failed every attempt with a _DEAD_KINDS error
+        self._dead = 0  # requests in a row that failed every attempt as _dead() says
         self._stall = Stall()  # attempts failing, over every dataset
         self._attempts: dict = {}  # task -> (dataset, monotonic start) of attempts running
         self._warned_retry_after = False
@@ -138,7 +142,6 @@ class Runner:
     # -- main loop
     async def run(self) -> None:
         from kit.run.backends import make_backend
-        from kit.run.pool import EndpointPool
         from kit.run.served import check_models
 
         cfg = self.config
@@ -269,7 +272,7 @@ class Runner:
                 if (
                     not e.retryable
                     or attempt == self.config.max_attempts
-                    or e.kind == "no_endpoint"
+                    or isinstance(e, NoEndpoint)
                     or self._stop_requested
                 ):
                     raise
@@ -283,11 +286,11 @@ class Runner:
     def _judge(self, d: DatasetQueue, e: BackendError, backend) -> None:
         """Count failed attempts (the stall rules) and answers that cannot succeed (a dataset
         with only those fails). Note (and warn once about) a Retry-After over the cap."""
-        if e.kind != "http_429":  # a server asking to wait is alive
+        if not (isinstance(e, HTTPStatusError) and e.status == 429):  # asking to wait: alive
             now = time.monotonic()
             d.stall.fail(now, str(e))
             self._stall.fail(now, str(e))
-        if e.kind == "malformed" or (not e.retryable and e.kind != "no_endpoint"):
+        if isinstance(e, MalformedAnswer) or not (e.retryable or isinstance(e, NoEndpoint)):
             d.streak += 1
             if d.streak >= self.config.max_consecutive_failures:
                 self._fail_dataset(
@@ -393,9 +396,8 @@ class Runner:
         error = ErrorRecord(d.name, prompt_id, sample, message[:500], attempts, time.time())
         self.store.append_error(error)
         d.errors += 1
-        kind = getattr(exc, "kind", "")
-        self._dead = self._dead + 1 if kind in _DEAD_KINDS else 0  # another answer: alive
-        if self._dead >= max(8, self.config.concurrency) or kind == "no_endpoint":
+        self._dead = self._dead + 1 if _dead(exc) else 0  # another answer: alive
+        if self._dead >= max(8, self.config.concurrency) or isinstance(exc, NoEndpoint):
             self.request_stop(f"{self._dead} requests in a row failed, last: {message[:200]}")
         elif not d.queue and not d.tasks and d.samples_done == 0:
             self._fail_dataset(

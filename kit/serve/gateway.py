@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.errors import ServerError
 from kit.serve import watchdog
-from kit.serve.server import ServerError, free_port, kill_group, tail_lines
+from kit.serve.server import free_port, kill_group, tail_lines
 
 # a worker checked every 5 s, taken out after 2 failed checks; SIGTERM waits 2 s at most
 DEFAULT_ARGS: tuple[str, ...] = (
