@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import random
 import time
 import warnings
@@ -251,7 +252,7 @@ class Runner:
     async def _complete(self, d: DatasetQueue, messages: list, sampling, tools):
         """One request with retries -> (Completion, backend, attempt); raises the last error."""
         task = asyncio.current_task()
-        for attempt in range(1, self.config.max_attempts + 1):
+        for attempt in itertools.count(1):  # ends in a return or a raise
             backend = None
             self._attempts[task] = (d, time.monotonic())
             try:
@@ -281,7 +282,6 @@ class Runner:
             finally:
                 self._attempts.pop(task, None)
             await asyncio.sleep(wait)
-        raise AssertionError("unreachable")
 
     def _judge(self, d: DatasetQueue, e: BackendError, backend) -> None:
         """Count failed attempts (the stall rules) and answers that cannot succeed (a dataset
