@@ -282,18 +282,16 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--tokenizer", help="local tokenizer path for re-tokenized rows (default: the run's)"
     )
-    e.add_argument(
-        "--drop-truncated", action="store_true", help="leave out completions cut at max_tokens"
-    )
-    e.add_argument(
-        "--keep-truncated-conversations",
-        action="store_true",
-        help="keep `length` rows in the SpecForge JSONL (left out by default, counted)",
-    )
-    e.add_argument("--drop-duplicates", action="store_true", help="leave out duplicate completions")
-    e.add_argument(
-        "--trim-to-budget", action="store_true", help="per dataset, keep records up to its budget"
-    )
+    for flag, text in (
+        ("--drop-truncated", "leave out completions cut at max_tokens"),
+        (
+            "--keep-truncated-conversations",
+            "keep `length` rows in the SpecForge JSONL (left out by default, counted)",
+        ),
+        ("--drop-duplicates", "leave out duplicate completions"),
+        ("--trim-to-budget", "per dataset, keep records up to its budget"),
+    ):
+        e.add_argument(flag, action="store_true", help=text)
     e.add_argument(
         "--val-fraction",
         type=float,

@@ -1,16 +1,8 @@
 """EndpointPool: spread requests over several backends, take dead ones out, bring them back.
 
-As the runner uses it:
-    pool = EndpointPool([OpenAIChat(u, model) for u in urls], per_endpoint_concurrency=64)
-    await pool.start()                       # first health check + background prober
-    async with pool.acquire() as backend:    # least-loaded healthy endpoint with a free slot
-        try:
-            completion = await backend.complete(messages, sampling, timeout=600)
-            pool.report(backend, True)
-        except BackendError as err:
-            pool.report(backend, False, err)  # connect/timeout/5xx count toward take-out
-    pool.stats()    # {url: {"in_flight", "healthy", "requests", "failures", "consecutive"}}
-    await pool.aclose()                      # stops the prober, closes every backend
+The runner acquires the least-loaded healthy endpoint with a free slot, reports each
+outcome (failures `unanswered` says are an endpoint's count toward taking it out) and a
+background prober brings taken-out endpoints back when their health check answers.
 """
 
 from __future__ import annotations
