@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     # stages
     "types": "kit.types:",
+    "errors": "kit.errors:",
     "data": "kit.data:",
     "tokens": "kit.tokens:",
     "run": "kit.run:",
@@ -37,7 +38,8 @@ _EXPORTS = {
     "Record": "kit.types:Record",
     "Completion": "kit.types:Completion",
     "Budget": "kit.types:Budget",
-    "BackendError": "kit.types:BackendError",
+    "BackendError": "kit.errors:BackendError",
+    "KitError": "kit.errors:KitError",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -209,26 +209,6 @@ class ErrorRecord:
     t: float
 
 
-class BackendError(Exception):
-    """A failed request. `retryable` says whether another attempt may succeed."""
-
-    def __init__(
-        self,
-        kind: str,
-        message: str,
-        *,
-        status: int | None = None,
-        retryable: bool = True,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(f"{kind}: {message}")
-        # "http_429" | "http_5xx" | "http_4xx" | "connect" | "timeout" | "malformed" | ...
-        self.kind = kind
-        self.status = status
-        self.retryable = retryable
-        self.retry_after = retry_after
-
-
 class Backend(Protocol):
     """One server endpoint. Implementations live in kit.run.backends."""
 

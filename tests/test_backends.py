@@ -13,10 +13,18 @@ from pathlib import Path
 import pytest
 from faultserver import FaultConfig, FaultServer, free_port
 
+from kit.errors import (
+    BackendError,
+    ConnectError,
+    HTTPStatusError,
+    MalformedAnswer,
+    NoEndpoint,
+    RequestTimeout,
+)
 from kit.run.answers import normalize_finish, parse_retry_after
 from kit.run.backends import OpenAIChat, SGLangGenerate, VLLMChat, make_backend
-from kit.run.pool import EndpointPool
-from kit.types import BackendError, Sampling
+from kit.run.pool import EndpointPool, unanswered
+from kit.types import Sampling
 
 MSGS = [
     {"role": "system", "content": "Be brief."},
@@ -185,18 +193,19 @@ def test_normalize_finish(raw, expected):
 
 
 @pytest.mark.parametrize(
-    ("mode", "kind", "status", "retryable"),
+    ("mode", "cls", "kind", "status", "retryable"),
     [
-        ("429", "http_429", 429, True),
-        ("500", "http_5xx", 500, True),
-        ("400", "http_4xx", 400, False),
-        ("reset", "connect", None, True),
-        ("malformed", "malformed", None, True),
+        ("429", HTTPStatusError, "http_429", 429, True),
+        ("500", HTTPStatusError, "http_5xx", 500, True),
+        ("400", HTTPStatusError, "http_4xx", 400, False),
+        ("reset", ConnectError, "connect", None, True),
+        ("malformed", MalformedAnswer, "malformed", None, True),
     ],
 )
-def test_fault_becomes_the_right_error(srv, mode, kind, status, retryable):
+def test_fault_becomes_the_right_error(srv, mode, cls, kind, status, retryable):
     srv.configure(mode=mode, retry_after="3")
     err = run(error_of(OpenAIChat(srv.base_url, "m")))
+    assert type(err) is cls and str(err).startswith(f"{kind}: ")  # the errors table's label
     assert (err.kind, err.status, err.retryable) == (kind, status, retryable)
     assert err.retry_after == (3.0 if mode == "429" else None)
 
@@ -232,7 +241,7 @@ def test_parse_retry_after():
 def test_timeout_is_enforced(srv):
     srv.configure(mode="hang")  # never answers: only the backend's own timeout ends the request
     err = run(asyncio.wait_for(error_of(OpenAIChat(srv.base_url, "m"), timeout=0.3), 60))
-    assert err.kind == "timeout" and err.retryable
+    assert isinstance(err, RequestTimeout) and err.kind == "timeout" and err.retryable
 
 
 def test_connection_refused_is_connect():
@@ -384,6 +393,15 @@ def test_pool_takes_dead_endpoint_out_and_brings_it_back():
         run(go(a, b))
 
 
+def test_the_class_says_whether_an_endpoint_is_down():
+    """No answer (connect, timeout, any exception kit did not classify) or a 5xx counts
+    toward taking an endpoint out; a 429, another 4xx, a malformed answer do not."""
+    down = [ConnectError("x"), RequestTimeout("x"), HTTPStatusError("x", status=502), OSError()]
+    alive = [HTTPStatusError("x", status=s) for s in (429, 404)] + [MalformedAnswer("x")]
+    assert [unanswered(e) for e in down + alive] == [True] * 4 + [False] * 3
+    assert unanswered(None) and not unanswered(NoEndpoint("x"))
+
+
 def test_pool_no_endpoint_after_timeout_and_429_keeps_endpoint():
     async def go(s):
         url = s.base_url
@@ -393,10 +411,10 @@ def test_pool_no_endpoint_after_timeout_and_429_keeps_endpoint():
         await pool.start()
         try:
             b = pool.backends[0]
-            pool.report(b, False, BackendError("http_429", "busy"))
+            pool.report(b, False, HTTPStatusError("busy", status=429))
             assert pool.stats()[url]["healthy"]  # a busy server is alive
             s.configure(mode="down")
-            pool.report(b, False, BackendError("http_5xx", "boom"))
+            pool.report(b, False, HTTPStatusError("boom", status=503))
             assert not pool.stats()[url]["healthy"]
 
             async def acquire_once():
@@ -406,7 +424,7 @@ def test_pool_no_endpoint_after_timeout_and_429_keeps_endpoint():
             t0 = time.monotonic()
             with pytest.raises(BackendError) as info:
                 await asyncio.wait_for(acquire_once(), 60)
-            assert info.value.kind == "no_endpoint"
+            assert isinstance(info.value, NoEndpoint) and info.value.kind == "no_endpoint"
             assert time.monotonic() - t0 >= 0.29  # it waited no_endpoint_timeout (0.3 s) first
         finally:
             await pool.aclose()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import queue
 import shutil
@@ -22,6 +23,15 @@ import pytest
 import kit
 from kit import cli
 from kit.cli import commands, demo
+from kit.errors import (
+    ConfigError,
+    ExportBusy,
+    KitError,
+    NotebookFailed,
+    RunLocked,
+    ServerError,
+    StoreWriteError,
+)
 from kit.run.reader import prompts_frame
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,7 +156,7 @@ def test_audit_of_a_missing_run_dir(tmp_path, capsys):
 
 
 def test_fingerprint_mismatch_keeps_its_lines_first_one_prefixed():
-    from kit.run.store import FingerprintMismatch
+    from kit.errors import FingerprintMismatch
 
     exc = FingerprintMismatch(
         "run dir r was made with a different configuration:\n  model: a -> b\n"
@@ -156,6 +166,27 @@ def test_fingerprint_mismatch_keeps_its_lines_first_one_prefixed():
     assert lines[0] == "kit: error: run dir r was made with a different configuration:"
     assert lines[1] == "  model: a -> b"
     assert "--force" in lines[2] and "force=True" not in lines[2]
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "needle"),
+    [
+        (ConfigError("RunConfig.concurrency must be >= 1, got 0"), 2, "concurrency"),
+        (RunLocked("run dir r is held by pid 7"), 2, "pid 7"),  # a RuntimeError too
+        (ExportBusy("another export writes out"), 2, "another export"),
+        (ServerError("vllm exited with code 1"), 2, "exited"),
+        (NotebookFailed("02_generate.ipynb raised"), 1, "02_generate"),
+        (StoreWriteError(errno.ENOSPC, "could not write run.sqlite"), 1, "free some space"),
+    ],
+)
+def test_every_kit_error_is_one_line(monkeypatch, capsys, exc, code, needle):
+    def fails(args):
+        raise exc
+
+    monkeypatch.setattr(cli, "cmd_audit", fails)
+    got, _, err = run_main(["audit", "somewhere"], capsys)
+    assert got == code and isinstance(exc, KitError)
+    assert_one_line_error(err, needle)
 
 
 def test_unexpected_exceptions_keep_their_traceback(monkeypatch):

@@ -22,13 +22,14 @@ import pytest
 from faultserver import FaultConfig, FaultServer, free_port
 
 import kit
+from kit.errors import BackendError
 from kit.report.monitor import ConsoleMonitor
 from kit.run.backends import OpenAIChat, VLLMChat
 from kit.run.progress import progress
 from kit.run.reader import errors_frame as read_errors
 from kit.run.reader import read_config, records_frame, state
 from kit.run.runner import Runner
-from kit.types import BackendError, RunConfig, Sampling
+from kit.types import RunConfig, Sampling
 
 KEY_ENV = "KIT_HOSTILE_KEY"
 KEY = "sk-Hostile-KEY-0123456789abcdefXYZ"  # mixed case: its lower/upper forms differ

@@ -16,7 +16,17 @@ import pytest
 
 KIT = Path(__file__).resolve().parent.parent / "kit"
 # stage -> rank: a module may import modules of its own rank or lower
-RANKS = {"types": 0, "data": 1, "tokens": 1, "run": 2, "plan": 3, "report": 4, "serve": 5, "cli": 6}
+RANKS = {
+    "errors": 0,
+    "types": 0,
+    "data": 1,
+    "tokens": 1,
+    "run": 2,
+    "plan": 3,
+    "report": 4,
+    "serve": 5,
+    "cli": 6,
+}
 
 
 def module_name(path: Path) -> str:

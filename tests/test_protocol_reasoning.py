@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from faultserver import FaultConfig, FaultServer, free_port
 
+from kit.errors import BackendError
 from kit.run.answers import message_parts
 from kit.run.backends import OpenAIChat, SGLangGenerate, VLLMChat
-from kit.types import BackendError, Sampling
+from kit.types import Sampling
 
 MSGS = [{"role": "user", "content": "What is 2 + 2?"}]
 TOOLS = [

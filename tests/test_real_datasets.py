@@ -20,10 +20,11 @@ from test_cli import run_main as run_kit
 from test_export import set_config
 
 import kit
+from kit.errors import BackendError
 from kit.report.flags import AuditThresholds
 from kit.run.backends import VLLMChat
 from kit.run.reader import read_config
-from kit.types import BackendError, Record, RunConfig, Sampling
+from kit.types import Record, RunConfig, Sampling
 
 # ---------------------------------------------------------------- rows in real formats
 

@@ -13,8 +13,8 @@ import pytest
 
 import kit
 from kit.data import sources
-from kit.data.readers import Skip
 from kit.data.tools import drop_nulls, row_tools
+from kit.errors import Skip
 
 SAMPLES = Path(__file__).resolve().parent.parent / "data" / "samples"
 WEATHER = {

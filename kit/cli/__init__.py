@@ -7,11 +7,10 @@ plan in the run database; `kit generate` reads it back, applies only the flags g
 runs or resumes on the plan's server; `kit demo` executes the four notebooks against the
 embedded server.
 
-A user error is one line on stderr (`kit: error: <what and the fix>`, exit 2), and so is
-a damaged run database (kit.run.db.DatabaseDamaged: what to do) and a run directory held
-by another writer; a failure of the machine (a full disk, a read-only or unreadable path)
-is one line too, exit 1; a run that stops early, or with a failed dataset, says why and
-exits 1; anything unexpected keeps its traceback.
+Any kit.errors.KitError is one line on stderr (`kit: error: <what and the fix>`, exit 2;
+its exit_code: 1 for a failed write or notebook); a failure of the machine (a full disk, a
+read-only or unreadable path) is one line too, exit 1; a run that stops early, or with a
+failed dataset, says why and exits 1; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -36,8 +35,9 @@ from kit.cli.commands import (
     cmd_validate,
     cmd_watch,
 )
-from kit.cli.demo import NotebookFailed, cmd_demo
+from kit.cli.demo import cmd_demo
 from kit.data.formats import FORMATS
+from kit.errors import KitError
 from kit.plan.pilots import PILOT_PER_DATASET
 
 __all__ = ["main", "parser"]
@@ -283,18 +283,16 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--tokenizer", help="local tokenizer path for re-tokenized rows (default: the run's)"
     )
-    e.add_argument(
-        "--drop-truncated", action="store_true", help="leave out completions cut at max_tokens"
-    )
-    e.add_argument(
-        "--keep-truncated-conversations",
-        action="store_true",
-        help="keep `length` rows in the SpecForge JSONL (left out by default, counted)",
-    )
-    e.add_argument("--drop-duplicates", action="store_true", help="leave out duplicate completions")
-    e.add_argument(
-        "--trim-to-budget", action="store_true", help="per dataset, keep records up to its budget"
-    )
+    for flag, text in (
+        ("--drop-truncated", "leave out completions cut at max_tokens"),
+        (
+            "--keep-truncated-conversations",
+            "keep `length` rows in the SpecForge JSONL (left out by default, counted)",
+        ),
+        ("--drop-duplicates", "leave out duplicate completions"),
+        ("--trim-to-budget", "per dataset, keep records up to its budget"),
+    ):
+        e.add_argument(flag, action="store_true", help=text)
     e.add_argument(
         "--val-fraction",
         type=float,
@@ -337,24 +335,8 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions that mean "fix your input", shown as one line without a traceback."""
-    from kit.report.export import ExportInvalid
-    from kit.report.staging import ExportBusy
-    from kit.run.db import DatabaseDamaged
-    from kit.run.store import RunLocked
-    from kit.serve import ServerError
-
-    return (
-        ValueError,
-        FileNotFoundError,
-        FileExistsError,
-        ServerError,
-        DatabaseDamaged,
-        RunLocked,
-        ExportBusy,
-        ExportInvalid,
-    )
+# raised on purpose for a user's mistake until each is a KitError (errors_codemod.py)
+_NOT_YET_KIT_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
 ADVICE = {"pass force=True": "pass --force", "pass overwrite=True": "pass --overwrite"}
@@ -405,12 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except _user_errors() as exc:
+    except KitError as exc:  # a StoreWriteError is an OSError: what the system said, advice
+        line = system_error_line(exc) if isinstance(exc, OSError) else None
+        print(line or error_line(exc), file=sys.stderr)
+        return exc.exit_code
+    except _NOT_YET_KIT_ERRORS as exc:
         print(error_line(exc), file=sys.stderr)
         return 2
-    except NotebookFailed as exc:  # the demo's notebooks: the cell's error, not nbclient's
-        print(error_line(exc), file=sys.stderr)
-        return 1
     except Exception as exc:
         line = system_error_line(exc)
         if line is None:

@@ -474,7 +474,7 @@ def audit_run(run_dir, tokenizer=None):
     """Audit a run directory and print its summary; a database that fails SQLite's integrity
     check is raised as DatabaseDamaged after the summary (one line, exit 2)."""
     import kit
-    from kit.run.db import DatabaseDamaged
+    from kit.errors import DatabaseDamaged
 
     report = kit.audit(run_dir, tokenizer=tokenizer)
     print(report.summary())

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from kit.cli.commands import REPO, SAMPLES, audit_run
+from kit.errors import NotebookFailed
 
 NOTEBOOKS = ("01_plan", "02_generate", "03_audit", "04_export")
 
@@ -40,10 +41,6 @@ DEMO_PARAMETERS = {
     "concurrency": 32,
 }
 DEMO_MARK = ".kit-demo"  # in a run directory `kit demo` made, and may therefore clear
-
-
-class NotebookFailed(RuntimeError):
-    """A notebook raised: which one, the error, and where its executed copy is."""
 
 
 def save_charts(run_dir: Path) -> list[Path]:

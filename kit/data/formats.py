@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from kit.data.readers import Skip
 from kit.data.tools import tool_turn
+from kit.errors import Skip, Undetectable
 
 FORMATS = ("sharegpt", "openai", "ultrachat", "alpaca", "magicoder", "opencodeinstruct", "turns")
 FORMATS += ("mapping",)
@@ -37,17 +37,6 @@ def columns(rows: list | pl.DataFrame) -> list[str]:
     for row in [r for r in rows if isinstance(r, dict)][:DETECT_ROWS]:
         keys.update((k, None) for k, v in row.items() if v is not None)
     return list(keys)
-
-
-class Undetectable(ValueError):
-    """No format fits a source's columns; `columns` are the ones found."""
-
-    def __init__(self, label: str, cols: list[str]) -> None:
-        super().__init__(
-            f"cannot detect the prompt format of {label}: columns found {cols}; "
-            f"pass format= (one of {FORMATS}) or mapping={{'prompt': <column>}}"
-        )
-        self.label, self.columns = label, cols
 
 
 def detect(rows: list | pl.DataFrame, label: str) -> str | None:
@@ -76,7 +65,7 @@ def detect(rows: list | pl.DataFrame, label: str) -> str | None:
     ):
         if needs <= cols:
             return fmt
-    raise Undetectable(label, sorted(cols))
+    raise Undetectable(label, sorted(cols), FORMATS)
 
 
 _PROMPT_FIELDS = ("instruction", "input", "instances", "problem")  # single-prompt formats

@@ -21,21 +21,14 @@ from pathlib import Path
 
 import polars as pl
 
+from kit.errors import Skip
+
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
 BLANK = object()  # a blank JSONL line: keeps row == line index, not counted as a row
 _TOO_DEEP = "nested too deep for the JSON parser"
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)  # strings and brackets
 _WS = re.compile(r"[ \t\n\r]*")
 BLOCK = 10_000  # rows (JSONL lines, Parquet rows) read per block
-
-
-class Skip(Exception):
-    """A row that cannot give a prompt; `reason` is one of kit.data.sources.REASONS."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(reason, detail)
-        self.reason = reason
-        self.detail = detail
 
 
 def read(source) -> Iterator[list | pl.DataFrame]:

@@ -29,7 +29,6 @@ from kit.data import parts
 from kit.data.formats import (
     DETECT_ROWS,
     FORMATS,
-    Undetectable,
     columns,
     detect,
     frame_rows,
@@ -38,8 +37,9 @@ from kit.data.formats import (
     user_runs,
 )
 from kit.data.inputs import check_format, check_mapping_columns, check_name, for_each, sources
-from kit.data.readers import BLANK, Skip, read
+from kit.data.readers import BLANK, read
 from kit.data.tools import row_tools
+from kit.errors import Skip, Undetectable
 
 REASONS = (
     "bad_json",  # a JSONL line is not valid JSON (or not UTF-8)

@@ -15,7 +15,7 @@ import json
 
 import orjson
 
-from kit.data.readers import Skip
+from kit.errors import Skip
 
 _TOOL_ROLES = frozenset(  # tool results and calls as turns (OpenAI, Hermes, LLaMA-Factory, Llama 3)
     ("tool", "function", "function_call", "observation", "ipython", "tool_call", "tool_response")

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.errors import ExportInvalid
 from kit.report import draftvocab
 from kit.report import manifest as _manifest
 from kit.report.formats import WRITERS, chosen
@@ -102,10 +103,6 @@ class ExportResult:
 BATCH = 5_000  # records per batch of the writing pass: bounds its memory
 WRITES_IN_FLIGHT = 4  # batches rendered and queued for the writer thread
 _READ = list(record_columns(stored=True, exported=True))  # and the prompt (messages, tools)
-
-
-class ExportInvalid(RuntimeError):
-    """A staged export failed kit.validate: it was not swapped in."""
 
 
 def export(

@@ -20,14 +20,11 @@ import shutil
 import time
 from pathlib import Path
 
+from kit.errors import ExportBusy
 from kit.report.checks import FOLDERS
 from kit.report.writers import sha256_file
 
 MARK = ".kit-export"  # inside a staging or previous folder: written by kit, for out_dir
-
-
-class ExportBusy(RuntimeError):
-    """Another kit export is writing the same target."""
 
 
 def side(out_dir: Path, kind: str) -> Path:

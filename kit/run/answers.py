@@ -1,6 +1,6 @@
 """What kit believes of a server's answer: its status, its body, its token counts.
 
-Every check raises kit.types.BackendError; `redact` is the one helper every error text of
+Every check raises a kit.errors.BackendError; `redact` is the one helper every error text of
 kit.run goes through. Counts are checked, never trusted: a count must be a plain int in
 0..max_tokens + 1 (a server may count the end token), not 0 for a non-empty answer, equal
 to the number of ids when the server gives both; with a tokenizer the ids must spell the
@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from kit.types import BackendError, Sampling, url_credentials, url_query
+from kit.errors import HTTPStatusError, MalformedAnswer
+from kit.types import Sampling, url_credentials, url_query
 
-_RETRYABLE_4XX = {408, 409}
 BODY_CHARS = 2000  # of a server's body kept in a message before redaction (then cut shorter)
 MIN_QUERY_SECRET = 4  # a base URL's query values this long or longer are redacted as secrets
 
@@ -47,14 +47,11 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when - (time.time() if now is None else now))
 
 
-def status_error(status: int, text: str, retry_after: str | None, url: str) -> BackendError:
-    """The BackendError for an HTTP error status."""
+def status_error(status: int, text: str, retry_after: str | None, url: str) -> HTTPStatusError:
+    """The error for an HTTP error status (a 429's Retry-After in seconds)."""
     msg = f"HTTP {status} from {url}: {text[:BODY_CHARS]}"
-    if status == 429:
-        return BackendError("http_429", msg, status=429, retry_after=parse_retry_after(retry_after))
-    if status >= 500:
-        return BackendError("http_5xx", msg, status=status)
-    return BackendError("http_4xx", msg, status=status, retryable=status in _RETRYABLE_4XX)
+    after = parse_retry_after(retry_after) if status == 429 else None
+    return HTTPStatusError(msg, status=status, retry_after=after)
 
 
 _STOPS = {"tool_calls": "stop", "function_call": "stop"}  # the turn ended in tool calls
@@ -80,17 +77,17 @@ def parse_body(raw: bytes, url: str, stream: bool) -> dict:
     or an error body without an answer."""
     if stream or raw.lstrip().startswith(b"data:"):
         msg = f"an event stream (SSE) from {url}, not one JSON answer: kit needs a "
-        raise BackendError("malformed", msg + "non-streaming endpoint (stream=false)")
+        raise MalformedAnswer(msg + "non-streaming endpoint (stream=false)")
     text = raw[:BODY_CHARS].decode("utf-8", "replace")
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise BackendError("malformed", f"bad JSON from {url}: {text}") from None
+        raise MalformedAnswer(f"bad JSON from {url}: {text}") from None
     if not isinstance(data, dict):
-        raise BackendError("malformed", f"expected a JSON object from {url}, got {text}")
+        raise MalformedAnswer(f"expected a JSON object from {url}, got {text}")
     if "error" in data and not any(k in data for k in ("choices", "text", "meta_info")):
         error = orjson.dumps(data["error"])[:BODY_CHARS].decode("utf-8", "replace")
-        raise BackendError("malformed", f"HTTP 200 with an error from {url}: {error}")
+        raise MalformedAnswer(f"HTTP 200 with an error from {url}: {error}")
     return data
 
 
@@ -126,24 +123,22 @@ def message_parts(data: Any, url: str) -> tuple[dict, str, str | None]:
         choice = data["choices"][0]
         message = choice["message"]
     except (KeyError, IndexError, TypeError):
-        raise BackendError("malformed", f"no choices[0].message from {url}") from None
+        raise MalformedAnswer(f"no choices[0].message from {url}") from None
     if not isinstance(choice, dict) or not isinstance(message, dict):
-        raise BackendError("malformed", f"choices[0].message from {url} is not an object")
+        raise MalformedAnswer(f"choices[0].message from {url} is not an object")
     for name in ("reasoning", "reasoning_content"):
         value = message.get(name)
         if value is not None and not isinstance(value, str):
             shown = repr(value)[:40]
-            raise BackendError(
-                "malformed", f"choices[0].message.{name}={shown} from {url} is no text"
-            )
+            raise MalformedAnswer(f"choices[0].message.{name}={shown} from {url} is no text")
     reasoning = message.get("reasoning")
     reasoning = message.get("reasoning_content") if reasoning is None else reasoning
     calls = message.get("tool_calls") or message.get("function_call")
     if "content" not in message and reasoning is None and not calls:
-        raise BackendError("malformed", f"no choices[0].message.content from {url}")
+        raise MalformedAnswer(f"no choices[0].message.content from {url}")
     text = message.get("content")
     if text is not None and not isinstance(text, str):
-        raise BackendError("malformed", f"choices[0].message.content from {url} is no text")
+        raise MalformedAnswer(f"choices[0].message.content from {url} is no text")
     return choice, text or "", reasoning
 
 
@@ -167,14 +162,14 @@ def tool_calls_of(choice: dict, url: str) -> list[dict] | None:
     if not calls:
         return None
     if not isinstance(calls, list):
-        raise BackendError("malformed", f"choices[0].message.tool_calls from {url} is not a list")
+        raise MalformedAnswer(f"choices[0].message.tool_calls from {url} is not a list")
     for i, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         ok = isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]
         if not ok or not isinstance(fn.get("arguments", ""), str):
             shown = repr(call)[:80]
             msg = f"choices[0].message.tool_calls[{i}]={shown} from {url} is no function call"
-            raise BackendError("malformed", msg)
+            raise MalformedAnswer(msg)
     return calls
 
 
@@ -207,28 +202,28 @@ def check_count(value: Any, what: str, url: str, sampling: Sampling) -> int:
         >>> check_count(True, "usage.completion_tokens", "http://h/v1", Sampling(max_tokens=40))
         Traceback (most recent call last):
         ...
-        kit.types.BackendError: malformed: usage.completion_tokens=True from http://h/v1 is not an int in 0..41 (max_tokens + 1)
+        kit.errors.MalformedAnswer: malformed: usage.completion_tokens=True from http://h/v1 is not an int in 0..41 (max_tokens + 1)
     """
     limit = sampling.max_tokens + 1
     if plain_int(value) and 0 <= value <= limit:
         return value
     msg = f"{what}={repr(value)[:40]} from {url} is not an int in 0..{limit} (max_tokens + 1)"
-    raise BackendError("malformed", msg)
+    raise MalformedAnswer(msg)
 
 
 def check_ids(ids: Any, count: Any, what: str, url: str, sampling: Sampling, text: str = "") -> int:
     """len(ids) when ids is a list of token ids of a valid length agreeing with the server's
     count (None: no count given), and not empty for a non-empty `text`; else `malformed`."""
     if not ids_ok(ids):
-        raise BackendError("malformed", f"{what} from {url} is not a list of token ids")
+        raise MalformedAnswer(f"{what} from {url} is not a list of token ids")
     n = check_count(len(ids), f"len({what})", url, sampling)
     if count is not None:
         check_count(count, "completion_tokens", url, sampling)
         if count != n:
             msg = f"completion_tokens={count} from {url} disagrees with len({what})={n}"
-            raise BackendError("malformed", msg)
+            raise MalformedAnswer(msg)
     if n == 0 and text.strip():
-        raise BackendError("malformed", f"{what} from {url} is empty for a non-empty answer")
+        raise MalformedAnswer(f"{what} from {url} is empty for a non-empty answer")
     return n
 
 
@@ -240,14 +235,14 @@ def check_usage(
     than max(4, 25%)."""
     n = check_count(value, what, url, sampling)
     if n == 0 and text.strip():
-        raise BackendError("malformed", f"{what}=0 from {url} for a non-empty answer")
+        raise MalformedAnswer(f"{what}=0 from {url} for a non-empty answer")
     actual = retokenized()
     if actual is not None and n + max(4, actual // 4) < actual:
         msg = (
             f"{what}={n} from {url} under-reports: the text is {actual} tokens with the "
             "tokenizer (or tokenizer= is not the target's)"
         )
-        raise BackendError("malformed", msg)
+        raise MalformedAnswer(msg)
     return n
 
 

@@ -7,7 +7,7 @@
 
 `await b.complete(messages, sampling, *, timeout, tools=None) -> Completion`: the answer, the
 thinking the server's reasoning parser split off and its tool calls, counted as the server
-counts them. A failure is a kit.types.BackendError whose `kind` says if a retry can help
+counts them. A failure is a kit.errors.BackendError whose class says if a retry can help
 (429, 5xx, connect, timeout, malformed: yes; other 4xx, config: no). The API key is read
 from the variable api_key_env names at each request and never stored; credentials in a base
 URL are used but kept out of `backend.url`; every error text is redacted (kit.run.answers).
@@ -23,6 +23,13 @@ from typing import Any
 import aiohttp
 import orjson
 
+from kit.errors import (
+    BackendConfigError,
+    BackendError,
+    ConnectError,
+    MalformedAnswer,
+    RequestTimeout,
+)
 from kit.run.answers import (
     calls_text,
     check_ids,
@@ -40,7 +47,6 @@ from kit.run.answers import (
 from kit.tokens import encode_lengths, ids_spell, load_tokenizer, render
 from kit.types import (
     Backend,
-    BackendError,
     Completion,
     Message,
     Sampling,
@@ -110,7 +116,7 @@ class _HTTPBackend:
             key = os.environ.get(self.api_key_env)
             if not key:
                 msg = f"environment variable {self.api_key_env!r} (api_key_env) is not set"
-                raise BackendError("config", msg, retryable=False)
+                raise BackendConfigError(msg)
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
@@ -124,16 +130,7 @@ class _HTTPBackend:
         text = redact(str(err), self.secrets())
         if len(text) > MESSAGE_CHARS:
             text = text[: MESSAGE_CHARS - 3] + "..."
-        kind = err.kind
-        clean = BackendError(
-            kind,
-            text.removeprefix(f"{kind}: "),
-            status=err.status,
-            retryable=err.retryable,
-            retry_after=err.retry_after,
-        )
-        clean.__dict__.update({k: v for k, v in vars(err).items() if k not in vars(clean)})
-        return clean
+        return err.with_text(text)
 
     async def complete(
         self,
@@ -156,7 +153,7 @@ class _HTTPBackend:
                 isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
             ):
                 msg = f"tools must be a list of tool dicts, got {repr(tools)[:80]}"
-                raise BackendError("config", msg, retryable=False)
+                raise BackendConfigError(msg)
             return await self._complete(messages, sampling, timeout, tools)
         except BackendError as err:
             raise self.redacted(err) from None
@@ -187,9 +184,9 @@ class _HTTPBackend:
                     text = raw.decode("utf-8", "replace")
                     raise status_error(resp.status, text, resp.headers.get("Retry-After"), url)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
-            raise BackendError("timeout", f"no answer from {url} within {timeout}s") from e
+            raise RequestTimeout(f"no answer from {url} within {timeout}s") from e
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
-            raise BackendError("connect", f"{type(e).__name__} talking to {url}: {e}") from e
+            raise ConnectError(f"{type(e).__name__} talking to {url}: {e}") from e
         return parse_body(raw, url, stream)
 
     async def _get(self, url: str, timeout: float) -> tuple[int, bytes] | None:
@@ -241,7 +238,7 @@ class _HTTPBackend:
                 f"{self.url} gave no token counts and no tokenizer was given to re-tokenize: "
                 "pass tokenizer= (the target's local path)"
             )
-            raise BackendError("config", msg, retryable=False)
+            raise BackendConfigError(msg)
         return sum(encode_lengths(self.tokenizer, [p for p in parts if p]))
 
     def _usage(self, value: Any, what: str, parts: tuple, sampling: Sampling) -> int:
@@ -446,7 +443,7 @@ class SGLangGenerate(_HTTPBackend):
         clash = sorted(kwargs.keys() & _RENDER_OWN)
         if clash:
             msg = f"chat_template_kwargs may not set {clash}: SGLangGenerate.render sets them"
-            raise BackendError("config", msg, retryable=False)
+            raise BackendConfigError(msg)
         tokenizer = self.tokenizer  # loaded here: a load error is not a template error
         try:
             ids = render(
@@ -454,7 +451,7 @@ class SGLangGenerate(_HTTPBackend):
             )
         except Exception as e:  # a template that rejects these messages/tools/kwargs
             msg = f"the chat template failed for {self.url}: {type(e).__name__}: {e}"
-            raise BackendError("config", msg, retryable=False) from e
+            raise BackendConfigError(msg) from e
         return ids[0]
 
     async def _complete(
@@ -477,7 +474,7 @@ class SGLangGenerate(_HTTPBackend):
         meta, out_ids, text = data.get("meta_info"), data.get("output_ids"), data.get("text")
         if not isinstance(meta, dict) or not isinstance(text, str):
             msg = f"no text/meta_info in /generate answer from {self.url}"
-            raise BackendError("malformed", msg)
+            raise MalformedAnswer(msg)
         finish = normalize_finish(meta.get("finish_reason"))
         count = meta.get("completion_tokens")
         if out_ids is not None:

@@ -21,6 +21,7 @@ import time
 from array import array
 from pathlib import Path
 
+from kit.errors import DatabaseDamaged
 from kit.types import COLUMNS, Record, record_columns
 
 DB_NAME = "run.sqlite"
@@ -41,10 +42,6 @@ def written_here(run_dir) -> bool:
     except FileNotFoundError:
         return False
     return (st.st_dev, st.st_ino) in HELD
-
-
-class DatabaseDamaged(RuntimeError):
-    """The run database is not a readable SQLite database (truncated, overwritten pages)."""
 
 
 def db_path(run_dir) -> Path:

@@ -1,16 +1,8 @@
 """EndpointPool: spread requests over several backends, take dead ones out, bring them back.
 
-As the runner uses it:
-    pool = EndpointPool([OpenAIChat(u, model) for u in urls], per_endpoint_concurrency=64)
-    await pool.start()                       # first health check + background prober
-    async with pool.acquire() as backend:    # least-loaded healthy endpoint with a free slot
-        try:
-            completion = await backend.complete(messages, sampling, timeout=600)
-            pool.report(backend, True)
-        except BackendError as err:
-            pool.report(backend, False, err)  # connect/timeout/5xx count toward take-out
-    pool.stats()    # {url: {"in_flight", "healthy", "requests", "failures", "consecutive"}}
-    await pool.aclose()                      # stops the prober, closes every backend
+The runner acquires the least-loaded healthy endpoint with a free slot, reports each
+outcome (failures `unanswered` says are an endpoint's count toward taking it out) and a
+background prober brings taken-out endpoints back when their health check answers.
 """
 
 from __future__ import annotations
@@ -23,9 +15,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from kit.types import Backend, BackendError
+from kit.errors import BackendError, ConnectError, HTTPStatusError, NoEndpoint, RequestTimeout
+from kit.types import Backend
 
-_TAKE_OUT_KINDS = {"connect", "timeout", "http_5xx"}
+
+def unanswered(error: BaseException | None) -> bool:
+    """Whether a failure says its endpoint is down: no answer (connect, timeout, or not a
+    BackendError at all) or a 5xx."""
+    if isinstance(error, HTTPStatusError):
+        return error.status >= 500
+    return isinstance(error, (ConnectError, RequestTimeout)) or not isinstance(error, BackendError)
 
 
 @dataclass(slots=True)
@@ -48,7 +47,7 @@ class EndpointPool:
         health_interval: seconds between probes of taken-out (and idle) endpoints.
         fail_threshold: consecutive connect/timeout/5xx failures that take an endpoint out.
         no_endpoint_timeout: seconds acquire() waits while no endpoint is healthy before it
-            raises BackendError("no_endpoint").
+            raises NoEndpoint.
 
     Example (inside a coroutine; tests/test_backends.py runs the same against the fault server):
         pool = EndpointPool([OpenAIChat(u, "m") for u in urls], per_endpoint_concurrency=8)
@@ -169,7 +168,7 @@ class EndpointPool:
             self._wake(1)  # pass on a wake-up this waiter may have swallowed
             urls = [ep.backend.url for ep in self._eps]
             msg = f"no healthy endpoint within {self.no_endpoint_timeout:g}s among {urls}"
-            raise BackendError("no_endpoint", msg) from None
+            raise NoEndpoint(msg) from None
         finally:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(fut)
@@ -203,7 +202,7 @@ class EndpointPool:
             ep.last_ok = time.monotonic()
             return
         ep.failures += 1
-        if getattr(error, "kind", "connect") in _TAKE_OUT_KINDS:
+        if unanswered(error):
             ep.consecutive += 1
             if ep.consecutive >= self.fail_threshold:
                 ep.healthy = False

@@ -15,6 +15,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from kit.errors import PromptMismatch
 from kit.run import db
 from kit.types import COLUMNS, KEY, KINDS, Record, RunConfig, record_columns
 
@@ -56,10 +57,6 @@ def _where(column: str, values) -> tuple[str, list]:
         return "", []
     values = list(values)
     return f" WHERE {column} IN ({', '.join('?' * len(values))})", values
-
-
-class PromptMismatch(ValueError):
-    """A stored prompt's text no longer hashes to its prompt_id (edited after the run)."""
 
 
 @contextmanager

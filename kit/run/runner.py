@@ -3,43 +3,10 @@
 Budget rule (see kit.generate): a dataset is fed while tokens_done + in_flight * expected
 < budget; with policy "drain" also while tokens_done + (in_flight + 1) * max_tokens <=
 budget + max(1% of budget, max_tokens), which bounds the final overshoot whatever the
-completions turn out to be.
-
-When requests fail, three kinds of failure are told apart, each with its own rule:
-- answers that cannot succeed (malformed or not retryable: a 4xx such as tools refused, no
-  usage and no tokenizer, a 200 with an error body, an event stream, a count kit cannot
-  believe) say something about a dataset's requests: they fail that dataset;
-- requests that failed every attempt unanswered (connect, timeout) or with a 5xx say the
-  endpoints are dead: they stop the run (a gateway with no live worker answers 503 at once);
-- any failures at all, for long enough (stall_timeout), say nothing can succeed: they stop
-  the run, or fail one dataset while the others succeed.
-429s never count: a server asking to wait is alive.
-
-Before the first request, an endpoint whose /models lists other models than the run's (or
-a gateway's worker that does) is refused: ValueError naming them (kit.run.served).
-
-A dataset fails (state "failed", its note "failed: <why>", run.failed; it is fed no more
-while the others go on) when none of its requests can succeed:
-- RunConfig.max_consecutive_failures of its answers in a row could not succeed, none
-  succeeded in between;
-- its prompts ran out with every request failed and no record ever written;
-- for stall_timeout s every attempt of it failed (at least 8) while no attempt of it that
-  started earlier is still running.
-
-The run stops (run.stop_reason, one line; each unfinished dataset's DatasetProgress.note,
-hence its status, says "run stopped: <reason>"; kit generate exits 1) when:
-- every dataset failed;
-- the endpoints are dead: max(8, concurrency) requests in a row failed every attempt with
-  connect, timeout or 5xx ("N requests in a row failed, last: ..."; a success or an answer
-  of another kind ends the streak), or no endpoint was healthy for no_endpoint_timeout;
-- nothing can succeed: for stall_timeout s (60) every attempt failed, at least max(8,
-  concurrency) of them, and no attempt that started earlier is still running (a server
-  answering 5xx while its /health says 200, with retries left): the stop comes within
-  stall_timeout + 1 s of the first failure once that many failed, or one request timeout
-  if they hang; whichever of this and the dead-endpoint streak comes first stops the run;
-- run.stop(), a cancelled task, Ctrl-C.
-A Retry-After over `retry_after_cap` (300 s) is waited for only that long, noted on the
-dataset (the monitor shows it) and warned about once per run.
+completions turn out to be. Failures are told apart by class (kit.errors), each with its
+rule: answers that cannot succeed fail their dataset (_judge); requests no endpoint
+answered stop the run (_fail); attempts all failing for stall_timeout stop the run or fail
+a dataset (_check_stalls); a 429 never counts (a server asking to wait is alive).
 """
 
 from __future__ import annotations
@@ -47,23 +14,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import random
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from kit.data.sources import source_hashes
+from kit.errors import BackendError, HTTPStatusError, MalformedAnswer, NoEndpoint
 from kit.run import guard as _guard
 from kit.run import turns as _turns
 from kit.run.answers import redact
+from kit.run.pool import EndpointPool, unanswered
 from kit.run.queues import DatasetQueue, Stall, dataset_paths, dataset_queues, prompt_frame
 from kit.run.store import RunStore
-from kit.types import BackendError, Completion, DatasetProgress, ErrorRecord, Record, RunConfig
+from kit.types import Completion, DatasetProgress, ErrorRecord, Record, RunConfig
 
-# a request that failed every attempt with one of these, max(8, concurrency) in a row: the
-# endpoints are dead (a gateway with no live worker answers 503 to everything, at once);
-# no_endpoint (none healthy for no_endpoint_timeout) stops the run at once
-_DEAD_KINDS = ("connect", "timeout", "http_5xx", "no_endpoint")
+
+def _dead(exc: BaseException) -> bool:
+    """A request that failed every attempt so, max(8, concurrency) in a row: the endpoints
+    are dead (a gateway with no live worker answers 503 to everything, at once); NoEndpoint
+    (none healthy for no_endpoint_timeout) stops the run at once."""
+    return isinstance(exc, BackendError) and (isinstance(exc, NoEndpoint) or unanswered(exc))
 
 
 class Runner:
@@ -112,7 +84,7 @@ class Runner:
         self.callback, self.stop_reason = None, None
         self._stop_requested = False
         self._last_progress = 0.0
-        self._dead = 0  # requests in a row that failed every attempt with a _DEAD_KINDS error
+        self._dead = 0  # requests in a row that failed every attempt as _dead() says
         self._stall = Stall()  # attempts failing, over every dataset
         self._attempts: dict = {}  # task -> (dataset, monotonic start) of attempts running
         self._warned_retry_after = False
@@ -124,6 +96,8 @@ class Runner:
         return [d.progress(now) for d in self.datasets.values()]
 
     def request_stop(self, reason: str) -> None:
+        """Stop the run: stop_reason is one line, each unfinished dataset's note says "run
+        stopped: <reason>" (kit generate exits 1); run.stop(), Ctrl-C and the rules call it."""
         if not self._stop_requested:
             self._stop_requested = True
             self.stop_reason = " ".join(reason.split())  # one line
@@ -137,8 +111,8 @@ class Runner:
 
     # -- main loop
     async def run(self) -> None:
+        """Refuse endpoints serving other models (kit.run.served), then schedule until done."""
         from kit.run.backends import make_backend
-        from kit.run.pool import EndpointPool
         from kit.run.served import check_models
 
         cfg = self.config
@@ -248,7 +222,7 @@ class Runner:
     async def _complete(self, d: DatasetQueue, messages: list, sampling, tools):
         """One request with retries -> (Completion, backend, attempt); raises the last error."""
         task = asyncio.current_task()
-        for attempt in range(1, self.config.max_attempts + 1):
+        for attempt in itertools.count(1):  # ends in a return or a raise
             backend = None
             self._attempts[task] = (d, time.monotonic())
             try:
@@ -269,7 +243,7 @@ class Runner:
                 if (
                     not e.retryable
                     or attempt == self.config.max_attempts
-                    or e.kind == "no_endpoint"
+                    or isinstance(e, NoEndpoint)
                     or self._stop_requested
                 ):
                     raise
@@ -278,16 +252,18 @@ class Runner:
             finally:
                 self._attempts.pop(task, None)
             await asyncio.sleep(wait)
-        raise AssertionError("unreachable")
 
     def _judge(self, d: DatasetQueue, e: BackendError, backend) -> None:
-        """Count failed attempts (the stall rules) and answers that cannot succeed (a dataset
-        with only those fails). Note (and warn once about) a Retry-After over the cap."""
-        if e.kind != "http_429":  # a server asking to wait is alive
+        """Count failed attempts (the stall rules; a 429 never counts) and answers that cannot
+        succeed (MalformedAnswer, or not retryable: a 4xx such as tools refused, no usage and
+        no tokenizer): max_consecutive_failures of them in a row, none succeeding in between,
+        fail the dataset. A Retry-After over retry_after_cap is waited for only that long,
+        noted on the dataset and warned about once per run."""
+        if not (isinstance(e, HTTPStatusError) and e.status == 429):  # asking to wait: alive
             now = time.monotonic()
             d.stall.fail(now, str(e))
             self._stall.fail(now, str(e))
-        if e.kind == "malformed" or (not e.retryable and e.kind != "no_endpoint"):
+        if isinstance(e, MalformedAnswer) or not (e.retryable or isinstance(e, NoEndpoint)):
             d.streak += 1
             if d.streak >= self.config.max_consecutive_failures:
                 self._fail_dataset(
@@ -321,8 +297,11 @@ class Runner:
             self.request_stop(f"every dataset failed: {why}")
 
     def _check_stalls(self) -> None:
-        """The stall rules (module docstring): stop the run, or fail a dataset, when every
-        attempt failed for stall_timeout s and none that started earlier is still running."""
+        """Nothing can succeed (a server answering 5xx while its /health says 200): when every
+        attempt failed for stall_timeout s, at least max(8, concurrency) of them (8 of one
+        dataset), and none that started earlier is still running, stop the run (or fail
+        that dataset). The stop comes within stall_timeout + 1 s of the first failure, or
+        one request timeout if they hang."""
         failing = [d for d in self.datasets.values() if d.stall.since is not None]
         if not failing:  # the run's stall implies a dataset's (the hot path: no failures)
             return
@@ -383,7 +362,10 @@ class Runner:
                 d.queue.appendleft(t.meta[1:])
 
     def _fail(self, d: DatasetQueue, prompt_id: str, sample: int, exc: BaseException) -> None:
-        """Log a request that failed every attempt; stop the run when no endpoint answers."""
+        """Log a request that failed every attempt. The endpoints are dead, so the run stops,
+        after max(8, concurrency) in a row failed unanswered or with a 5xx (a success or
+        another answer ends the streak), or at once on NoEndpoint; a dataset whose prompts
+        ran out with every request failed and no record written fails."""
         if isinstance(exc, BackendError):
             message = str(exc)
         else:
@@ -393,9 +375,8 @@ class Runner:
         error = ErrorRecord(d.name, prompt_id, sample, message[:500], attempts, time.time())
         self.store.append_error(error)
         d.errors += 1
-        kind = getattr(exc, "kind", "")
-        self._dead = self._dead + 1 if kind in _DEAD_KINDS else 0  # another answer: alive
-        if self._dead >= max(8, self.config.concurrency) or kind == "no_endpoint":
+        self._dead = self._dead + 1 if _dead(exc) else 0  # another answer: alive
+        if self._dead >= max(8, self.config.concurrency) or isinstance(exc, NoEndpoint):
             self.request_stop(f"{self._dead} requests in a row failed, last: {message[:200]}")
         elif not d.queue and not d.tasks and d.samples_done == 0:
             self._fail_dataset(
@@ -447,12 +428,9 @@ class Runner:
 
 @contextlib.contextmanager
 def _frozen_heap():
-    """While a run schedules, the objects that existed before it are frozen (gc.freeze): the
-    full collections its requests' allocations trigger (one every ~1,000 requests) then scan
-    what the run made, not the whole heap again (every imported module, a notebook's state,
-    the queued prompts), which took ~15% of the client's time at zero latency. Only when
-    nothing is frozen yet (a concurrent run or the host process may have frozen); unfrozen
-    at the end. Cyclic garbage among the frozen objects is collected after the run."""
+    """Freeze (gc.freeze) what existed before the run, so the full collections its requests
+    trigger scan what the run made, not the whole heap (modules, a notebook's state, the
+    queued prompts) again; only when nothing is frozen yet (a concurrent run may have)."""
     if gc.get_freeze_count():
         yield
         return
@@ -483,23 +461,20 @@ def _refuse_user_runs(prompts) -> None:
 
 
 def _record(dataset, prompt_id, sample, messages, comp, backend, t0, attempt) -> Record:
-    """Completion -> Record."""
+    """Completion -> Record: the fields they share, its text as the completion."""
+    shared = {f: getattr(comp, f) for f in _SHARED}
     return Record(
         dataset=dataset,
         prompt_id=prompt_id,
         sample=sample,
         messages=messages,
         completion=comp.text,
-        finish_reason=comp.finish_reason,
-        completion_tokens=comp.completion_tokens,
-        count_source=comp.count_source,
-        prompt_tokens=comp.prompt_tokens,
-        output_ids=comp.output_ids,
-        prompt_ids=comp.prompt_ids,
         endpoint=getattr(backend, "url", ""),
         latency_s=round(time.monotonic() - t0, 4),
         attempts=attempt,
         t_done=time.time(),
-        reasoning=comp.reasoning,
-        tool_calls=comp.tool_calls,
+        **shared,
     )
+
+
+_SHARED = [f.name for f in fields(Completion) if f.name in {g.name for g in fields(Record)}]

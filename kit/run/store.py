@@ -23,22 +23,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, astuple
 from pathlib import Path
 
+from kit.errors import FingerprintMismatch, RunLocked, StoreWriteError
 from kit.run import db
 from kit.run.db import RECORD_SQL, TOTALS_SQL, prompt_rows, record_row
 from kit.run.reader import config_doc, done_frame, prompt_state, totals
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
-
-
-class FingerprintMismatch(ValueError):
-    """A run directory was made with a different output-changing configuration."""
-
-
-class StoreWriteError(OSError):
-    """A write to the run directory failed (e.g. full disk); nothing half-written remains."""
-
-
-class RunLocked(RuntimeError):
-    """Another writer (named by pid and host) holds the run directory's lock."""
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

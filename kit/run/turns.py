@@ -6,11 +6,6 @@ assistant turn (or between user turns given as a list, MT-bench's `turns`) the t
 answers the conversation so far, its own earlier answers in place of the dataset's. A
 record is written when the whole conversation is done (a resume starts it again), and
 completion_tokens, so the budget, counts every generated turn.
-
-Example:
-    >>> slots([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
-    ...        {"role": "user", "content": "Bye"}])
-    2
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ SGLang Model Gateway in front of workers (`gateway`).
     server = kit.serve.start()          # or kit.serve.connect("http://gpu:30000/v1", model=...)
 """
 
+from kit.errors import ServerError
 from kit.serve.prepare import is_prepared, models_root, prepare_model
 from kit.serve.server import (
     DEFAULT_ENGINE,
     EmbeddedServer,
     RemoteServer,
-    ServerError,
     connect,
     start,
 )

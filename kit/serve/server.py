@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.errors import ServerError
 from kit.serve import watchdog
 from kit.serve.prepare import models_root, offline, prepare_model
 from kit.serve.vllm import command as vllm_command
@@ -39,14 +40,6 @@ ENGINES = ("transformers", "vllm")
 # returns the server's token ids; `transformers serve` stays one flag away
 DEFAULT_ENGINE = "vllm"
 START_TIMEOUT = {"transformers": 300.0, "vllm": 1200.0}  # vLLM compiles the model first
-
-
-class ServerError(RuntimeError):
-    """The embedded server failed to start or died; `log` holds its last log lines."""
-
-    def __init__(self, message: str, log: str = "") -> None:
-        super().__init__(f"{message}\n--- server log (last lines) ---\n{log}" if log else message)
-        self.log = log
 
 
 def free_port(host: str = "127.0.0.1") -> int:
