@@ -25,6 +25,7 @@ KIT = ROOT / "kit"
 BUILTIN_ERRORS = {
     n for n in dir(builtins) if isinstance(getattr(builtins, n), type) and n.endswith("Error")
 } | {"Exception"}
+PROTOCOL = {"NotImplementedError"}  # an abstract method's raise: Python's protocol, not kit's
 OPT_OUT = re.compile(r"#\s*fmt:\s*(skip|off)")
 
 
@@ -58,11 +59,11 @@ def exceptions(tree: ast.AST) -> tuple[list[str], list[str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
-            if bases and bases <= BUILTIN_ERRORS:
+            if bases and bases <= BUILTIN_ERRORS and node.name != "KitError":
                 classes.append(node.name)
         elif isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
             func = node.exc.func
-            if isinstance(func, ast.Name) and func.id in BUILTIN_ERRORS:
+            if isinstance(func, ast.Name) and func.id in BUILTIN_ERRORS - PROTOCOL:
                 raised.append(func.id)
     return classes, raised
 

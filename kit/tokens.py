@@ -20,6 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kit.errors import ConfigError, ConfigTypeError, DataError, MissingPath
+
 if TYPE_CHECKING:
     import polars as pl
 
@@ -71,13 +73,13 @@ def _load_cached(key: str) -> Any:
     try:
         if path.suffix == ".gguf":
             if not path.is_file():
-                raise FileNotFoundError(f"no such GGUF file: {path}")
+                raise MissingPath(f"no such GGUF file: {path}")
             return AutoTokenizer.from_pretrained(
                 str(path.parent), gguf_file=path.name, local_files_only=True
             )
         return AutoTokenizer.from_pretrained(key, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise FileNotFoundError(
+        raise MissingPath(
             f"could not load a tokenizer from {key!r} with local files only "
             f"(give a folder with tokenizer files, a .gguf file, or a cached HF id): {exc}"
         ) from exc
@@ -118,7 +120,7 @@ def render(
         '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n'
     """
     if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     tokenizer = load_tokenizer(tokenizer)
     if hasattr(tokenizer, "get_chat_template"):
         tokenizer.get_chat_template()  # no template at all: ValueError now, not a null per row
@@ -169,16 +171,16 @@ def _render_one(tokenizer: Any, messages: Any, gen: dict, row: int, on_error: st
     """One conversation's text (or ids); None (on_error="skip") or ValueError naming the row."""
     try:
         if not isinstance(messages, (list, tuple)) or not messages:
-            raise ValueError("not a non-empty list of messages")
+            raise DataError("not a non-empty list of messages")
         out = tokenizer.apply_chat_template(list(messages), **gen)
         if gen["tokenize"] and all(type(i) is int for i in out):
             return list(out)
         if not gen["tokenize"] and isinstance(out, str):
             return out
-        raise TypeError("messages must be dicts, not lists")  # a list of lists is a batch
+        raise ConfigTypeError("messages must be dicts, not lists")  # a list of lists is a batch
     except Exception as exc:
         if on_error == "raise":
-            raise ValueError(f"row {row}: the chat template could not render it: {exc}") from exc
+            raise DataError(f"row {row}: the chat template could not render it: {exc}") from exc
         return None
 
 
@@ -328,7 +330,7 @@ def count_prompt_tokens(
     import polars as pl
 
     if column not in frame.columns:
-        raise ValueError(f"frame has no {column!r} column (columns: {frame.columns})")
+        raise ConfigError(f"frame has no {column!r} column (columns: {frame.columns})")
     tokenizer = load_tokenizer(tokenizer)
     counts: list[int | None] = []
     for start in range(0, frame.height, _CHUNK):  # a chunk at a time: memory stays flat
@@ -386,7 +388,7 @@ def count_completion_tokens(records: pl.DataFrame, tokenizer: Any = None) -> pl.
     missing = counts["completion_tokens"].is_null().arg_true()
     if len(missing) and (tokenizer is None or "completion" not in records.columns):
         need = "pass tokenizer=" if tokenizer is None else "give them a 'completion' column"
-        raise ValueError(
+        raise ConfigError(
             f"{len(missing)} records have no server token count (first: row {missing[0]}); "
             f"{need} to re-tokenize their text"
         )

@@ -18,6 +18,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Literal, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
+from kit.errors import ConfigError
+
 CountSource = Literal["server_ids", "usage", "retokenized"]
 FinishReason = str  # "stop" | "length" | "cancelled" | server-specific
 Message = dict  # {"role": "system"|"user"|"assistant", "content": str}
@@ -33,7 +35,7 @@ class Sampling:
         >>> Sampling(top_p=0)
         Traceback (most recent call last):
         ...
-        ValueError: Sampling.top_p must be in (0, 1], got 0
+        kit.errors.ConfigError: Sampling.top_p must be in (0, 1], got 0
     """
 
     max_tokens: int = 512
@@ -52,20 +54,22 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
-            raise ValueError(f"Sampling.max_tokens must be a positive int, got {self.max_tokens!r}")
+            raise ConfigError(
+                f"Sampling.max_tokens must be a positive int, got {self.max_tokens!r}"
+            )
         if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 10):
-            raise ValueError(f"Sampling.temperature must be in [0, 10], got {self.temperature!r}")
+            raise ConfigError(f"Sampling.temperature must be in [0, 10], got {self.temperature!r}")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p!r}")
+            raise ConfigError(f"Sampling.top_p must be in (0, 1], got {self.top_p!r}")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and -2 <= value <= 2):
-                raise ValueError(f"Sampling.{name} must be in [-2, 2], got {value!r}")
+                raise ConfigError(f"Sampling.{name} must be in [-2, 2], got {value!r}")
         if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"Sampling.n must be an int >= 1, got {self.n!r}")
+            raise ConfigError(f"Sampling.n must be an int >= 1, got {self.n!r}")
         kw = self.chat_template_kwargs
         if kw is not None and not (isinstance(kw, dict) and all(isinstance(k, str) for k in kw)):
-            raise ValueError(f"Sampling.chat_template_kwargs must be None or a dict, got {kw!r}")
+            raise ConfigError(f"Sampling.chat_template_kwargs must be None or a dict, got {kw!r}")
 
 
 @dataclass(slots=True)
@@ -185,10 +189,10 @@ def record_columns(*names: str, stored: bool = False, exported: bool = False) ->
         >>> record_columns("dataset", "text")
         Traceback (most recent call last):
         ...
-        ValueError: not record columns: ['text']
+        kit.errors.ConfigError: not record columns: ['text']
     """
     if bad := [n for n in names if n not in COLUMNS]:
-        raise ValueError(f"not record columns: {bad}")
+        raise ConfigError(f"not record columns: {bad}")
     cols = [COLUMNS[n] for n in names] or COLUMNS.values()
     return tuple(
         c.name
@@ -242,7 +246,7 @@ class Budget:
         for name, value in self.tokens.items():
             bad = not isinstance(value, (int, float)) or isinstance(value, bool)
             if bad or (isinstance(value, float) and math.isnan(value)) or value <= 0:
-                raise ValueError(
+                raise ConfigError(
                     f"budget for dataset {name!r} must be a positive number, got {value!r}"
                 )
 
@@ -273,7 +277,7 @@ class RunConfig:
         >>> RunConfig(model="smol", endpoints=["http://h/v1"], budgets={"a": 0})
         Traceback (most recent call last):
         ...
-        ValueError: RunConfig.budgets: budget for dataset 'a' must be a positive number, got 0
+        kit.errors.ConfigError: RunConfig.budgets: budget for dataset 'a' must be a positive number, got 0
     """
 
     model: str
@@ -318,12 +322,12 @@ class RunConfig:
         _warn_url_credentials(self.endpoints)
         for name, (ok, must) in _config_checks(self).items():
             if not ok:
-                raise ValueError(f"RunConfig.{name} must be {must}, got {getattr(self, name)!r}")
+                raise ConfigError(f"RunConfig.{name} must be {must}, got {getattr(self, name)!r}")
         if isinstance(self.budgets, dict):
             try:
                 Budget(self.budgets)
             except ValueError as exc:
-                raise ValueError(f"RunConfig.budgets: {exc}") from None
+                raise ConfigError(f"RunConfig.budgets: {exc}") from None
             self.budgets = {name: int(math.ceil(v)) for name, v in self.budgets.items()}
 
     def budgets_for(self, datasets: list[str]) -> dict[str, int]:
@@ -336,12 +340,12 @@ class RunConfig:
         if not isinstance(self.budgets, dict):
             return dict.fromkeys(datasets, int(self.budgets))
         if missing := [n for n in datasets if n not in self.budgets]:
-            raise ValueError(
+            raise ConfigError(
                 f"RunConfig.budgets has no entry for datasets {missing}; "
                 "give each a budget (or one number for all) or drop their prompts"
             )
         if extra := [n for n in self.budgets if n not in datasets]:
-            raise ValueError(
+            raise ConfigError(
                 f"RunConfig.budgets names datasets {extra} that have no prompts (found {datasets})"
             )
         return dict(self.budgets)

@@ -751,3 +751,14 @@ def test_demo_kernels_talk_over_ipc_without_the_tcp_warning(tmp_path, monkeypatc
     executed = nbformat.read(tmp_path / "run" / "notebooks" / "01_plan.ipynb", as_version=4)
     assert executed.cells[0].outputs[0]["text"] == "hi\n"
     assert not list(tmp_path.glob("kernel-ipc*"))  # no socket files left where it ran
+
+
+def test_a_builtin_value_error_is_a_bug_with_its_traceback(monkeypatch):
+    """kit's own mistakes are KitErrors (one line); a ValueError that is not one is a bug."""
+
+    def bug(args):
+        raise ValueError("a bug, not the user's input")
+
+    monkeypatch.setattr(cli, "cmd_audit", bug)
+    with pytest.raises(ValueError, match="a bug"):
+        cli.main(["audit", "somewhere"])

@@ -253,3 +253,37 @@ def test_the_record_columns_are_written_out_once():
     assert record_column_lists(planted, columns) == ["completion dataset prompt_id sample"]
     sql = ast.parse(f'"INSERT INTO records ({", ".join(sorted(columns)[:6])}) VALUES"')
     assert len(record_column_lists(sql, columns)) == 1
+
+
+# builtins kit may raise: protocols, not errors of kit
+PROTOCOL_RAISES = {"SystemExit", "KeyboardInterrupt", "NotImplementedError"}
+
+
+def test_every_exception_kit_raises_is_under_the_base():
+    """kit raises only kit.errors classes on purpose (a bare `raise`, a re-raise and a
+    module __getattr__'s AttributeError aside), and defines exception classes only there."""
+    import builtins
+
+    names = {n for n in dir(builtins) if isinstance(getattr(builtins, n), type)}
+    errors = {n for n in names if issubclass(getattr(builtins, n), BaseException)}
+    raised, strays = [], []
+    for path in sorted(KIT.rglob("*.py")):
+        where = path.relative_to(KIT.parent)
+        tree = ast.parse(path.read_text())
+        getattrs = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
+            for n in ast.walk(f)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and where.name != "errors.py":
+                if any(isinstance(b, ast.Name) and b.id in errors for b in node.bases):
+                    strays.append(f"{where}:{node.lineno} class {node.name}")
+            if not isinstance(node, ast.Raise) or node.exc is None or id(node) in getattrs:
+                continue
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(exc, ast.Name) and exc.id in errors - PROTOCOL_RAISES:
+                raised.append(f"{where}:{node.lineno} raise {exc.id}")
+    assert raised == [], "raise a kit.errors class instead (errors_codemod.py maps them)"
+    assert strays == [], "define exception classes in kit/errors.py, under KitError"

@@ -335,10 +335,6 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-# raised on purpose for a user's mistake until each is a KitError (errors_codemod.py)
-_NOT_YET_KIT_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
-
-
 ADVICE = {"pass force=True": "pass --force", "pass overwrite=True": "pass --overwrite"}
 
 
@@ -391,9 +387,6 @@ def main(argv: list[str] | None = None) -> int:
         line = system_error_line(exc) if isinstance(exc, OSError) else None
         print(line or error_line(exc), file=sys.stderr)
         return exc.exit_code
-    except _NOT_YET_KIT_ERRORS as exc:
-        print(error_line(exc), file=sys.stderr)
-        return 2
     except Exception as exc:
         line = system_error_line(exc)
         if line is None:

@@ -16,6 +16,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from kit.errors import MissingPath, UsageError
+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "data" / "samples"
 
@@ -27,7 +29,7 @@ def parse_budgets(values: list[str]) -> int | dict[str, int]:
     """["1e7"] -> 10000000 (every dataset); ["a=5000", "b=2000"] -> {"a": 5000, "b": 2000}."""
     tokens, hidden = parse_plan_budgets(values)
     if hidden:
-        raise ValueError(
+        raise UsageError(
             f"--budget: {values} holds bytes of hidden states; only kit plan converts them to "
             "tokens (from its pilot's prompt and completion lengths): give tokens here"
         )
@@ -48,7 +50,7 @@ def parse_plan_budgets(values: list[str]) -> tuple[int | dict[str, int], int | d
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise ValueError(
+            raise UsageError(
                 f"--budget takes TOKENS (one number for every dataset) or NAME=TOKENS ..., got {item!r}"
             )
         if size := parse_bytes(value):
@@ -65,11 +67,11 @@ def parse_mapping(text: str | None) -> dict | None:
     try:
         mapping = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"--mapping must be a JSON object, got {text!r} ({e.msg})") from None
+        raise UsageError(f"--mapping must be a JSON object, got {text!r} ({e.msg})") from None
     if not isinstance(mapping, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()
     ):
-        raise ValueError(
+        raise UsageError(
             f'--mapping must map field names to column names, e.g. {{"prompt": "question"}}; got {text!r}'
         )
     return mapping
@@ -100,7 +102,7 @@ def parse_formats(values: list[str] | None) -> str | dict | None:
 
     def check(fmt: str) -> str:
         if fmt not in FORMATS:
-            raise ValueError(f"--format takes one of {FORMATS} (or NAME=FORMAT), got {fmt!r}")
+            raise UsageError(f"--format takes one of {FORMATS} (or NAME=FORMAT), got {fmt!r}")
         return fmt
 
     return _one_or_each("--format", "FORMAT", values, check)
@@ -115,7 +117,7 @@ def _one_or_each(flag: str, what: str, values: list[str] | None, parse):
     if len(pairs) == 1 and pairs[0][0] is None:
         return parse(pairs[0][1])
     if any(name is None for name, _ in pairs):
-        raise ValueError(
+        raise UsageError(
             f"{flag} takes one {what} for every source, or NAME={what} for each dataset, "
             f"not both; got {values}"
         )
@@ -129,7 +131,7 @@ def _tokens(flag: str, value: str) -> int:
     except ValueError:
         tokens = math.nan
     if not (math.isfinite(tokens) and tokens >= 1):
-        raise ValueError(
+        raise UsageError(
             f"{flag}: expected a positive number of tokens (or, for kit plan, bytes of hidden "
             f"states such as 2TB), got {value!r}"
         )
@@ -141,7 +143,7 @@ def _merged_budgets(planned, given):
     if isinstance(given, int) or not isinstance(planned, dict):
         return given
     if unknown := sorted(set(given) - set(planned)):
-        raise ValueError(
+        raise UsageError(
             f"--budget names datasets {unknown} that the plan does not have (it has {sorted(planned)})"
         )
     return {**planned, **given}
@@ -254,7 +256,7 @@ def plan_run(
     if result.errors:
         print(f"pilot: {len(result.errors)} requests failed, first: {result.errors[0]}")
     if missing := sorted(set(names) - set(result.frame["dataset"].unique().to_list())):
-        raise ValueError(
+        raise UsageError(
             f"the pilot got no completion for datasets {missing} ({len(result.errors)} requests "
             "failed, see above): check the server (--base-url, --model), or raise --timeout"
         )
@@ -298,11 +300,11 @@ def cmd_plan(args) -> int:
         print(plan.show_plan(args.show))
         return 0
     if missing := [f for f, v in (("--run-dir", args.run_dir), ("--budget", args.budget)) if not v]:
-        raise ValueError(
+        raise UsageError(
             f"kit plan needs {' and '.join(missing)} (or --show RUN_DIR); see `kit plan --help`"
         )
     if bool(args.base_url) != bool(args.model):
-        raise ValueError(
+        raise UsageError(
             "--base-url and --model go together (the server and the model name it expects); "
             "give neither to start the embedded server"
         )
@@ -377,7 +379,7 @@ def planned_run(run_dir, *, engine: str | None = None, **changes):
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(
+        raise MissingPath(
             f"--run-dir {run_dir} does not exist: make a plan there first (kit plan --run-dir {run_dir} ...)"
         )
     try:
@@ -524,7 +526,7 @@ def cmd_records(args) -> int:
     if args.dataset:
         known = [p.dataset for p in progress(args.run_dir)]
         if unknown := [d for d in args.dataset if d not in known]:
-            raise ValueError(f"--dataset {unknown[0]!r} is not in {args.run_dir} (it has {known})")
+            raise UsageError(f"--dataset {unknown[0]!r} is not in {args.run_dir} (it has {known})")
     try:
         for rec in records(args.run_dir, args.dataset):
             sys.stdout.write(json.dumps(dataclasses.asdict(rec), ensure_ascii=False) + "\n")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from kit.cli.commands import REPO, SAMPLES, audit_run
-from kit.errors import NotebookFailed
+from kit.errors import NotebookFailed, UsageError
 
 NOTEBOOKS = ("01_plan", "02_generate", "03_audit", "04_export")
 
@@ -194,10 +194,10 @@ def run_notebooks(run_dir: Path, parameters: dict) -> Path:
 def _claim_demo_dir(run_dir: Path, keep: bool) -> None:
     """Clear run_dir for the demo (unless `keep`); refuse one that `kit demo` did not make."""
     if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"--run-dir {run_dir} is a file: give the demo a directory")
+        raise UsageError(f"--run-dir {run_dir} is a file: give the demo a directory")
     made_by_demo = (run_dir / DEMO_MARK).is_file()
     if run_dir.exists() and any(run_dir.iterdir()) and not made_by_demo:
-        raise ValueError(
+        raise UsageError(
             f"--run-dir {run_dir} is not empty and was not made by `kit demo` (no {DEMO_MARK} "
             "in it); the demo clears its run directory, so give it a new or empty one"
         )
@@ -213,7 +213,7 @@ def cmd_demo(args) -> int:
 
     run_dir = Path(args.run_dir).resolve()
     if args.base_url and not args.model:
-        raise ValueError("--model is required with --base-url (the model name the server expects)")
+        raise UsageError("--model is required with --base-url (the model name the server expects)")
     _claim_demo_dir(run_dir, keep=args.resume)
     parameters = {
         **DEMO_PARAMETERS,

@@ -11,6 +11,7 @@ import polars as pl
 
 from kit.data.formats import FORMATS, columns
 from kit.data.readers import list_dir
+from kit.errors import ConfigError
 
 _NAME_OK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -18,23 +19,23 @@ _NAME_OK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 def check_format(format, mapping) -> str | None:
     """Validate format/mapping arguments; return the forced format or None."""
     if format is not None and format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+        raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
     if mapping is None:
         if format == "mapping":
-            raise ValueError("format='mapping' needs mapping={'prompt': column}")
+            raise ConfigError("format='mapping' needs mapping={'prompt': column}")
         return format
     if not isinstance(mapping, dict) or not mapping:
-        raise ValueError(f"mapping must be a non-empty dict, got {mapping!r}")
+        raise ConfigError(f"mapping must be a non-empty dict, got {mapping!r}")
     unknown = set(mapping) - {"prompt", "system", "messages", "turns", "tools"}
     if unknown or sum(k in mapping for k in ("prompt", "messages", "turns")) != 1:
-        raise ValueError(
+        raise ConfigError(
             "mapping needs exactly one of 'prompt', 'messages' or 'turns' (a list of user "
             f"turns) plus optional 'system' and 'tools', got {mapping!r}"
         )
     if not all(isinstance(v, str) and v for v in mapping.values()):
-        raise ValueError(f"mapping values must be column names, got {mapping!r}")
+        raise ConfigError(f"mapping values must be column names, got {mapping!r}")
     if format not in (None, "mapping"):
-        raise ValueError(f"format={format!r} conflicts with mapping={mapping!r}")
+        raise ConfigError(f"format={format!r} conflicts with mapping={mapping!r}")
     return "mapping"
 
 
@@ -63,7 +64,7 @@ def for_each(names: list[str], format, mapping) -> dict[str, tuple[str | None, d
     mappings = mapping if _per_source(mapping) else dict.fromkeys(names, mapping)
     for what, given in (("format", formats), ("mapping", mappings)):
         if unknown := sorted(set(given) - set(names)):
-            raise ValueError(
+            raise ConfigError(
                 f"{what}= names datasets {unknown} that are not among the sources {names}"
             )
     return {n: (check_format(formats.get(n), mappings.get(n)), mappings.get(n)) for n in names}
@@ -75,24 +76,24 @@ def sources(spec, name) -> tuple[list[tuple[str, object]], list[dict]]:
     ignored: list[dict] = []
     if isinstance(spec, dict):
         if name is not None:
-            raise ValueError("name= is for a single source; a dict already names its datasets")
+            raise ConfigError("name= is for a single source; a dict already names its datasets")
         pairs = [(check_name(k), _as_source(v)) for k, v in spec.items()]
     elif isinstance(spec, (str, Path)) and not Path(spec).is_dir():
         pairs = [(check_name(name) if name else _stem_name(Path(spec)), Path(spec))]
     elif isinstance(spec, (str, Path, list, tuple)) and _all_paths(spec):
         if name is not None:
-            raise ValueError("name= is for a single file; pass {name: path} for several")
+            raise ConfigError("name= is for a single file; pass {name: path} for several")
         paths, ignored = _expand(spec)
         pairs = [(_stem_name(p), p) for p in paths]
     elif name is not None:
         pairs = [(check_name(name), spec)]
     else:
-        raise ValueError(
+        raise ConfigError(
             f"load() takes a path, a list of paths or {{name: path_or_rows}}, got {type(spec).__name__}; "
             "in-memory data needs a name: load({'name': data})"
         )
     if not pairs:
-        raise ValueError("load() got no sources")
+        raise ConfigError("load() got no sources")
     _check_unique(pairs)
     return pairs, ignored
 
@@ -114,7 +115,7 @@ def _expand(spec) -> tuple[list[Path], list[dict]]:
         found, skipped = list_dir(path)
         if not found:
             why = "; ".join(f"{Path(f['path']).name}: {f['reason']}" for f in skipped)
-            raise ValueError(
+            raise ConfigError(
                 f"{path}: no .jsonl, .ndjson, .json or .parquet files in this directory"
                 + (f" (found {why})" if why else "")
             )
@@ -133,7 +134,7 @@ def _check_unique(pairs) -> None:
     seen: dict[str, object] = {}
     for ds, src in pairs:
         if ds in seen:
-            raise ValueError(
+            raise ConfigError(
                 f"dataset name {ds!r} used twice ({seen[ds]} and {src}); pass {{name: path}} to rename"
             )
         seen[ds] = src
@@ -142,7 +143,7 @@ def _check_unique(pairs) -> None:
 def check_name(name) -> str:
     """Dataset names become file names in the run directory: [A-Za-z0-9_.-], no leading dot."""
     if not isinstance(name, str) or not _NAME_OK.fullmatch(name):
-        raise ValueError(
+        raise ConfigError(
             f"dataset name {name!r} must match [A-Za-z0-9_.-]+ and not start with '.' or '-' "
             "(it names files in the run directory)"
         )
@@ -154,7 +155,7 @@ def _stem_name(path: Path) -> str:
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.name[: -len(path.suffix) or None])
     stem = stem.strip("_.-")
     if not stem:
-        raise ValueError(f"cannot make a dataset name from {str(path)!r}; pass name= or a dict")
+        raise ConfigError(f"cannot make a dataset name from {str(path)!r}; pass name= or a dict")
     return stem
 
 
@@ -166,7 +167,7 @@ def check_mapping_columns(mapping: dict, rows, label: str) -> None:
     if "tools" in mapping and not _has_key(rows, mapping["tools"]):
         missing.append(mapping["tools"])
     if missing and cols:
-        raise ValueError(f"mapping columns {missing} not found in {label}; columns found {cols}")
+        raise ConfigError(f"mapping columns {missing} not found in {label}; columns found {cols}")
 
 
 def _has_key(rows, key: str) -> bool:

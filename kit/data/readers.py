@@ -21,7 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
-from kit.errors import Skip
+from kit.errors import DataError, MissingPath, Skip
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
 BLANK = object()  # a blank JSONL line: keeps row == line index, not counted as a row
@@ -41,8 +41,8 @@ def read(source) -> Iterator[list | pl.DataFrame]:
         if problem == "no such file" and source.suffix.lower() not in SUFFIXES:
             problem = _unsupported(source)  # the first thing to fix
         elif problem == "no such file":
-            raise FileNotFoundError(f"no such file: {source}")
-        raise ValueError(f"{source}: {problem}")
+            raise MissingPath(f"no such file: {source}")
+        raise DataError(f"{source}: {problem}")
     kind = SUFFIXES[source.suffix.lower()]
     if kind == "json":
         return iter([_read_json(source)])
@@ -128,14 +128,12 @@ def _read_json(path: Path) -> list:
     except ValueError as exc:
         if "Extra data" in str(exc):
             return _jsonl_rows(path)
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(doc, dict) and isinstance(doc.get("data"), list):
         doc = doc["data"]
     if not isinstance(doc, list):
         found = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(
-            f'{path}: expected a JSON list of rows or {{"data": [...]}}, found {found}'
-        )
+        raise DataError(f'{path}: expected a JSON list of rows or {{"data": [...]}}, found {found}')
     return doc
 
 
@@ -148,7 +146,7 @@ def _read_json_deep(path: Path, text: str) -> list:
             return _jsonl_rows(path)  # JSONL named .json
         pos = _data_array(text, pos, path)
     if not text.startswith("[", pos):
-        raise ValueError(f'{path}: expected a JSON list of rows or {{"data": [...]}}')
+        raise DataError(f'{path}: expected a JSON list of rows or {{"data": [...]}}')
     rows: list = []
     decoder = json.JSONDecoder()
     pos = _ws(text, pos + 1)
@@ -158,13 +156,13 @@ def _read_json_deep(path: Path, text: str) -> list:
         except RecursionError:
             row, pos = Skip("too_deep", f"row {len(rows)}: {_TOO_DEEP}"), _value_end(text, pos)
         except ValueError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+            raise DataError(f"{path}: not valid JSON ({exc})") from None
         rows.append(row)
         pos = _ws(text, pos)
         if text.startswith(",", pos):
             pos = _ws(text, pos + 1)
         elif not text.startswith("]", pos):
-            raise ValueError(f"{path}: not valid JSON (expected ',' or ']' at char {pos})")
+            raise DataError(f"{path}: not valid JSON (expected ',' or ']' at char {pos})")
     return rows
 
 
@@ -177,14 +175,14 @@ def _data_array(text: str, pos: int, path: Path) -> int:
         key, pos = decoder.raw_decode(text, pos)
         pos = _ws(text, pos)
         if not text.startswith(":", pos):
-            raise ValueError(f"{path}: not valid JSON (expected ':' at char {pos})")
+            raise DataError(f"{path}: not valid JSON (expected ':' at char {pos})")
         pos = _ws(text, pos + 1)
         if key == "data" and text.startswith("[", pos):
             return pos
         keys.append(key)
         pos = _ws(text, _value_end(text, pos))
         pos = _ws(text, pos + 1) if text.startswith(",", pos) else pos
-    raise ValueError(
+    raise DataError(
         f'{path}: expected a JSON list of rows or {{"data": [...]}}, found {sorted(keys)}'
     )
 
@@ -202,7 +200,7 @@ def _value_end(text: str, pos: int) -> int:
             depth -= 1
             if depth == 0:
                 return match.end()
-    raise ValueError(f"not valid JSON: the value at char {pos} is never closed")
+    raise DataError(f"not valid JSON: the value at char {pos} is never closed")
 
 
 def _ws(text: str, pos: int) -> int:
@@ -249,4 +247,4 @@ def _read_memory(obj) -> list | pl.DataFrame:
     try:
         return list(obj)
     except TypeError:
-        raise ValueError(f"cannot read rows from a {type(obj).__name__}") from None
+        raise DataError(f"cannot read rows from a {type(obj).__name__}") from None

@@ -39,7 +39,7 @@ from kit.data.formats import (
 from kit.data.inputs import check_format, check_mapping_columns, check_name, for_each, sources
 from kit.data.readers import BLANK, read
 from kit.data.tools import row_tools
-from kit.errors import Skip, Undetectable
+from kit.errors import ConfigError, DataError, Skip, Undetectable
 
 REASONS = (
     "bad_json",  # a JSONL line is not valid JSON (or not UTF-8)
@@ -213,7 +213,7 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None, strip=False)
     pairs, ignored = sources(paths_or_mapping, name)
     how = for_each([ds for ds, _ in pairs], format, mapping)
     if not isinstance(strip, bool):
-        raise ValueError(f"strip must be True or False, got {strip!r}")
+        raise ConfigError(f"strip must be True or False, got {strip!r}")
     return _load([(ds, source, *how[ds], strip) for ds, source in pairs], ignored)
 
 
@@ -226,9 +226,9 @@ def reload(specs: dict[str, dict]) -> LoadResult:
         True
     """
     if not specs:
-        raise ValueError("reload() got no dataset specs")
+        raise ConfigError("reload() got no dataset specs")
     if in_memory := [ds for ds, spec in specs.items() if not spec.get("path")]:
-        raise ValueError(
+        raise ConfigError(
             f"datasets {in_memory} were loaded from memory: no file to load them from again; "
             "run from the prompts stored in the run directory (kit.generate(None, config, run_dir=...))"
         )
@@ -315,7 +315,7 @@ def _read_source(ds: str, source, fmt: str | None, mapping: dict | None) -> tupl
 
     def check():
         if not seen[0] and (found := columns(head)):
-            raise ValueError(
+            raise DataError(
                 f"mapping columns [{key!r}] not found in {label}; columns found {found}"
             )
 
@@ -333,7 +333,7 @@ def _raise_failures(failures: list[Exception]) -> None:
             else str(e)
             for e in failures
         ]
-        raise ValueError(
+        raise DataError(
             f"cannot load {len(failures)} files or datasets:\n  "
             + "\n  ".join(lines)
             + f"\nfix or move them, or load each on its own with format= (one of {FORMATS}) "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
+from kit.errors import ConfigError
 from kit.plan import inputs
 from kit.plan.estimate import TOTAL
 from kit.plan.lengths import profile
@@ -75,16 +76,16 @@ def allocate(
 def _weights(split: str, weights: dict | None, caps: dict[str, float]) -> dict[str, float]:
     """Validated weights per dataset for allocate()."""
     if split not in ("equal", "proportional"):
-        raise ValueError(f"split must be 'equal' or 'proportional', got {split!r}")
+        raise ConfigError(f"split must be 'equal' or 'proportional', got {split!r}")
     if split == "equal":
         if weights is not None:
-            raise ValueError("weights= needs split='proportional'")
+            raise ConfigError("weights= needs split='proportional'")
         return dict.fromkeys(caps, 1.0)
     if weights is None:
         return dict(caps)
     for name, value in weights.items():
         if name not in caps:
-            raise ValueError(
+            raise ConfigError(
                 f"weights[{name!r}]: dataset has no completion samples (samples has: {sorted(caps)})"
             )
         inputs.positive(value, f"weights[{name!r}]", allow_none=False)

@@ -16,6 +16,7 @@ import math
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
+from kit.errors import ConfigError
 from kit.plan import inputs, lengths
 from kit.plan.lengths import profile
 from kit.plan.pilots import PILOT_PER_DATASET, PilotResult, Throughput
@@ -165,7 +166,7 @@ def budget(
     inputs.check_known(wanted, stats, available)
     inputs.positive(sample_cap, "sample_cap")
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        raise ConfigError(f"confidence must be in (0, 1), got {confidence!r}")
     progress = inputs.progress(done)
     given = dict(throughput=rate, confidence=confidence, cap=sample_cap, max_tokens=max_tokens)
     rows = [
@@ -186,7 +187,7 @@ def _servers(throughput: Any, servers: int | None) -> tuple[Any, str | None]:
         return throughput, None
     inputs.positive(servers, "servers")
     if not isinstance(throughput, Throughput):
-        raise ValueError(
+        raise ConfigError(
             f"servers={servers} scales a measured Throughput (a pilot's), got throughput={throughput!r}"
         )
     note = (

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kit.errors import ConfigError, DataError, MissingPath
+
 if TYPE_CHECKING:
     import polars as pl
 
@@ -53,21 +55,21 @@ def target_shape(path) -> TargetShape:
     p = Path(path)
     file = p / "config.json" if p.is_dir() else p
     if not file.is_file():
-        raise FileNotFoundError(
+        raise MissingPath(
             f"target config: {file} does not exist (give the target model's folder or its config.json)"
         )
     try:
         doc = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"target config {file} is not JSON: {e}") from None
+        raise DataError(f"target config {file} is not JSON: {e}") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"target config {file} is not a JSON object")
+        raise DataError(f"target config {file} is not a JSON object")
     doc = doc.get("text_config") if isinstance(doc.get("text_config"), dict) else doc
     values = {k: doc.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}
     for key in ("hidden_size", "num_hidden_layers"):
         v = values[key]
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"target config {file}: {key} must be a positive int, got {v!r}")
+            raise DataError(f"target config {file}: {key} must be a positive int, got {v!r}")
     vocab = values["vocab_size"] if isinstance(values["vocab_size"], int) else None
     return TargetShape(values["hidden_size"], values["num_hidden_layers"], vocab, str(file))
 
@@ -81,7 +83,7 @@ def shape_for(target_config, tokenizer, *, needed: bool = False) -> TargetShape 
     if target_config is not None:
         return target_shape(target_config)
     if needed:
-        raise ValueError(
+        raise ConfigError(
             "a budget in bytes of hidden states needs the target's config.json: give "
             "--target-config PATH (the model's folder or its config.json)"
         )
@@ -142,7 +144,7 @@ def tokens_for_bytes(
         30517578
     """
     if prompt_mean is None:
-        raise ValueError(
+        raise ConfigError(
             "a budget in bytes of hidden states needs the pilot's prompt token counts "
             "(the server reported none): give the budget in tokens"
         )

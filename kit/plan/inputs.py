@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from kit.errors import ConfigError
 from kit.plan.pilots import PilotResult
 from kit.types import Budget
 
@@ -28,15 +29,15 @@ def samples_frame(samples: Any) -> pl.DataFrame:
             rows, schema={"dataset": pl.String, "completion_tokens": pl.Int64}, orient="row"
         )
     if not isinstance(samples, pl.DataFrame):
-        raise ValueError(
+        raise ConfigError(
             f"samples must be a frame, a dict or a PilotResult, got {type(samples).__name__}"
         )
     for name in ("dataset", "completion_tokens"):
         if name not in samples.columns:
-            raise ValueError(f"samples has no {name!r} column (columns: {samples.columns})")
+            raise ConfigError(f"samples has no {name!r} column (columns: {samples.columns})")
     samples = samples.filter(pl.col("completion_tokens").is_not_null())
     if samples.height == 0:
-        raise ValueError("samples is empty: the pilot produced no completions to plan from")
+        raise ConfigError("samples is empty: the pilot produced no completions to plan from")
     return samples
 
 
@@ -52,15 +53,15 @@ def counts(value: Any, field: str) -> dict[str, int]:
 
     if isinstance(value, pl.DataFrame):
         if "dataset" not in value.columns:
-            raise ValueError(f"{field} frame has no 'dataset' column (columns: {value.columns})")
+            raise ConfigError(f"{field} frame has no 'dataset' column (columns: {value.columns})")
         return dict(value.group_by("dataset").len().iter_rows())
     if not isinstance(value, dict):
-        raise ValueError(
+        raise ConfigError(
             f"{field} must be a dict dataset -> count or a prompt frame, got {type(value).__name__}"
         )
     for name, count in value.items():
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise ValueError(f"{field}[{name!r}] must be an int >= 0, got {count!r}")
+            raise ConfigError(f"{field}[{name!r}] must be an int >= 0, got {count!r}")
     return dict(value)
 
 
@@ -70,7 +71,7 @@ def budgets(budgets: Any, names: list[str]) -> dict[str, float]:
         budgets = {name: budgets for name in names}
     Budget(tokens=budgets)  # raises ValueError naming the dataset and the value
     if not budgets:
-        raise ValueError("budgets is empty: give at least one dataset's token budget")
+        raise ConfigError("budgets is empty: give at least one dataset's token budget")
     return budgets
 
 
@@ -89,13 +90,13 @@ def progress(done: Any) -> dict[str, tuple[int, int]]:
         if "completion_tokens" in done.columns:  # raw records
             agg = done.group_by("dataset").agg(pl.len(), pl.col("completion_tokens").sum())
             return {r[0]: (int(r[1]), int(r[2])) for r in agg.rows()}
-        raise ValueError(
+        raise ConfigError(
             f"done frame needs samples_done/tokens_done or completion_tokens (columns: {done.columns})"
         )
     out = {}
     for name, pair in done.items():
         if len(pair) != 2 or min(pair) < 0:
-            raise ValueError(f"done[{name!r}] must be (samples, tokens) >= 0, got {pair!r}")
+            raise ConfigError(f"done[{name!r}] must be (samples, tokens) >= 0, got {pair!r}")
         out[name] = (int(pair[0]), int(pair[1]))
     return out
 
@@ -106,17 +107,17 @@ def positive(value: Any, field: str, allow_none: bool = True) -> None:
         return
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not (number and math.isfinite(value) and value > 0):
-        raise ValueError(f"{field} must be a positive number, got {value!r}")
+        raise ConfigError(f"{field} must be a positive number, got {value!r}")
 
 
 def check_known(budgets: dict, stats: dict, available: dict) -> None:
     """Every budgeted dataset must have samples and a prompt count."""
     for name in budgets:
         if name not in stats:
-            raise ValueError(
+            raise ConfigError(
                 f"budgets[{name!r}]: dataset has no completion samples (samples has: {sorted(stats)})"
             )
         if name not in available:
-            raise ValueError(
+            raise ConfigError(
                 f"budgets[{name!r}]: dataset not in prompts_available (has: {sorted(available)})"
             )

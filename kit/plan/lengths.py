@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kit.errors import ConfigError
+
 if TYPE_CHECKING:
     import polars as pl
 
@@ -40,7 +42,7 @@ def profile(
 
     for name in (by, column):
         if name not in frame.columns:
-            raise ValueError(f"frame has no {name!r} column (columns: {frame.columns})")
+            raise ConfigError(f"frame has no {name!r} column (columns: {frame.columns})")
     x = pl.col(column)
     truncated = truncated_expr(frame, column, max_tokens)
     share = truncated.mean() if truncated is not None else pl.lit(None, pl.Float64)
@@ -83,7 +85,7 @@ def profile_prompts(frame: pl.DataFrame, tokenizer: Any = None) -> pl.DataFrame:
     loaded = isinstance(frame, LoadResult)
     if loaded or "prompt_tokens" not in frame.columns:
         if tokenizer is None:
-            raise ValueError("frame has no 'prompt_tokens' column: pass tokenizer= to count them")
+            raise ConfigError("frame has no 'prompt_tokens' column: pass tokenizer= to count them")
         import polars as pl
 
         from kit.tokens import count_prompt_tokens, load_tokenizer

@@ -20,6 +20,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kit.errors import ConfigError
 from kit.types import RunConfig, Sampling
 
 if TYPE_CHECKING:
@@ -235,13 +236,13 @@ def pilot_sample(
         prompts = loaded.scan().select("dataset", "prompt_id").collect()
     for name in ("dataset", "prompt_id", "messages"):
         if name not in prompts.columns and (loaded is None or name != "messages"):
-            raise ValueError(f"prompts has no {name!r} column (columns: {prompts.columns})")
+            raise ConfigError(f"prompts has no {name!r} column (columns: {prompts.columns})")
     if prompts.height == 0:
-        raise ValueError("prompts is empty: nothing to pilot")
+        raise ConfigError("prompts is empty: nothing to pilot")
     if isinstance(per_dataset, dict):
         unknown = sorted(set(per_dataset) - set(prompts["dataset"].unique()))
         if unknown:
-            raise ValueError(f"per_dataset names datasets not in prompts: {unknown}")
+            raise ConfigError(f"per_dataset names datasets not in prompts: {unknown}")
     parts = []
     for (name,), group in prompts.sort("dataset", "prompt_id").group_by(
         "dataset", maintain_order=True
@@ -263,12 +264,12 @@ def _how_many(per_dataset: Any, name: str, available: int) -> int:
         value = per_dataset.get(name, 0)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return min(value, available)
-        raise ValueError(f"per_dataset[{name!r}] must be an int >= 0, got {value!r}")
+        raise ConfigError(f"per_dataset[{name!r}] must be an int >= 0, got {value!r}")
     if isinstance(per_dataset, int) and not isinstance(per_dataset, bool) and per_dataset >= 1:
         return min(per_dataset, available)
     if isinstance(per_dataset, float) and 0 < per_dataset < 1:
         return math.ceil(per_dataset * available)
-    raise ValueError(
+    raise ConfigError(
         f"per_dataset must be an int >= 1, a fraction in (0, 1) or a dict dataset -> int, got {per_dataset!r}"
     )
 
@@ -311,7 +312,7 @@ async def pilot(
     """
     chosen = pilot_sample(prompts, per_dataset, seed=config.seed)
     if chosen.height == 0:
-        raise ValueError(f"per_dataset={per_dataset!r} picks no prompts: nothing to pilot")
+        raise ConfigError(f"per_dataset={per_dataset!r} picks no prompts: nothing to pilot")
     sizes = dict(chosen.group_by("dataset").len().iter_rows())
     n, max_tokens = config.sampling.n, config.sampling.max_tokens
     from kit.data.sources import LoadResult

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.data.sources import LoadResult, reload
+from kit.errors import ConfigError, MissingPath
 from kit.plan.estimate import TOTAL, plan_schema
 from kit.plan.pilots import PilotResult
 from kit.run import db
@@ -127,7 +128,7 @@ def _planned_config(conn, config: RunConfig, run_dir: Path) -> tuple[str, RunCon
     )
     old, new = run.fingerprint_parts(), config.fingerprint_parts()
     if changed := sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)):
-        raise ValueError(
+        raise ConfigError(
             f"{run_dir} holds a run made with another {', '.join(changed)}: write this plan "
             "into a new run directory"
         )
@@ -141,19 +142,19 @@ def _prompt_specs(prompts) -> tuple[pl.DataFrame, dict[str, dict]]:
 
     frame = prompts.scan() if isinstance(prompts, LoadResult) else prompts
     if not isinstance(frame, pl.DataFrame | pl.LazyFrame):
-        raise ValueError(
+        raise ConfigError(
             f"prompts must be a prompt frame or a LoadResult, got {type(prompts).__name__}"
         )
     found = frame.collect_schema().names()
     if missing := {"dataset", "prompt_id", "messages"} - set(found):
-        raise ValueError(
+        raise ConfigError(
             f"prompts lacks columns {sorted(missing)}; found {found}: pass kit.load(...)"
         )
     names = (
         frame.lazy().select("dataset").unique(maintain_order=True).collect()["dataset"].to_list()
     )
     if not names:
-        raise ValueError("prompts holds no prompt: nothing to plan a run for")
+        raise ConfigError("prompts holds no prompt: nothing to plan a run for")
     known = getattr(prompts, "specs", {})
     specs = {
         name: dict(known.get(name, {"path": "", "format": None, "mapping": None})) for name in names
@@ -167,7 +168,7 @@ def _plan_budgets(plan_frame: pl.DataFrame) -> dict[str, float]:
     """dataset -> budget from a budget() or allocate() table, without the TOTAL row."""
     column = "budget" if "budget" in plan_frame.columns else "tokens"
     if column not in plan_frame.columns or "dataset" not in plan_frame.columns:
-        raise ValueError(
+        raise ConfigError(
             f"plan_frame has no dataset/budget columns (columns: {plan_frame.columns}): pass budgets="
         )
     return {d: v for d, v in plan_frame.select("dataset", column).iter_rows() if d != TOTAL}
@@ -184,7 +185,7 @@ def _import_plan_json(run_dir: Path) -> None:
         config = RunConfig.from_dict(doc["config"])
         plan = [doc.get("created") or "", doc["budgets"], *map(doc.get, _PLAN_FIELDS[2:])]
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(
+        raise ConfigError(
             f"{path} is not a valid plan (make it again with kit plan): {exc}"
         ) from exc
     _store(run_dir, plan, doc.get("table") or [], None if run_started(run_dir) else config)
@@ -214,9 +215,7 @@ def read_plan(run_dir: str | Path) -> dict:
             ]
             doc = config_doc(conn)
     if row is None or doc is None:
-        raise FileNotFoundError(
-            f"no plan at {run_dir}: run the plan stage (kit plan, 01_plan) first"
-        )
+        raise MissingPath(f"no plan at {run_dir}: run the plan stage (kit plan, 01_plan) first")
     plan = {
         "created": row[0],
         **{k: json.loads(v) if v else None for k, v in zip(_PLAN_FIELDS[1:], row[1:], strict=True)},
@@ -269,7 +268,7 @@ def plan_prompts(run_dir: str | Path, plan: dict | None = None) -> LoadResult | 
         for name, path in plan["config"].datasets.items()
     }
     if not specs:
-        raise ValueError(
+        raise ConfigError(
             f"the plan in {run_dir} records no prompts and {run_dir} has no stored prompts: "
             "write the plan with prompts= (kit.plan.write_plan)"
         )

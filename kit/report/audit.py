@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kit.errors import ConfigError
 from kit.report.draftvocab import TokenCounts, coverage, coverage_text
 from kit.report.findings import findings, run_findings, thinking_off
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
@@ -353,7 +354,7 @@ def audit(
 
     th = thresholds or AuditThresholds()
     if not isinstance(th, AuditThresholds):
-        raise ValueError(f"thresholds must be an AuditThresholds, got {type(th).__name__}")
+        raise ConfigError(f"thresholds must be an AuditThresholds, got {type(th).__name__}")
     config = read_config(run_dir)
     tok = load_tokenizer_for(tokenizer, config)
     max_tokens = config.sampling.max_tokens

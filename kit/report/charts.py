@@ -7,6 +7,8 @@ cell's value; save with `chart.save("x.png")` (vl-convert) or `chart.to_dict()`.
 
 from __future__ import annotations
 
+from kit.errors import ConfigError
+
 
 def enable_offline() -> None:
     """Draw charts in Jupyter without a CDN: altair's widget renderer with Vega bundled.
@@ -311,7 +313,7 @@ def length_distribution(
     import altair as alt
 
     if frame.select(column).drop_nulls().height == 0:
-        raise ValueError(f"frame has no {column!r} values to chart")
+        raise ConfigError(f"frame has no {column!r} values to chart")
     return alt.vconcat(*_spread(frame, column, log, bins, "rows"))
 
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kit.errors import ConfigError
+
 if TYPE_CHECKING:
     import polars as pl
 
@@ -143,7 +145,7 @@ def _share(a: np.ndarray, top: np.ndarray) -> float | None:
 def targets(k: int) -> list[str]:
     """The files (relative to an export) a draft vocabulary of k writes (ValueError for a bad k)."""
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"draft_vocab must be a positive number of token ids, got {k!r}")
+        raise ConfigError(f"draft_vocab must be a positive number of token ids, got {k!r}")
     names = ["vocab_mapping.pt", "token_freq.pt", f"d2t-{k}.npy", f"t2d-{k}.npy"]
     return [f"{_FOLDER}/{n}" for n in (*names, "draft_vocab.json")]
 
@@ -157,7 +159,7 @@ def write(out_dir: Path, counts: TokenCounts, k: int, vocab: int, files: dict) -
     k = min(k, vocab)
     total = counts.total(vocab)
     if len(total) > vocab:
-        raise ValueError(
+        raise ConfigError(
             f"token ids up to {len(total) - 1} in the run, but the target's vocab_size is {vocab}"
         )
     d2t, t2d = mapping(total, k, vocab)
@@ -189,7 +191,7 @@ def _torch():
     try:
         import torch
     except ImportError:
-        raise ValueError(
+        raise ConfigError(
             "draft_vocab writes the trainers' .pt files with torch: pip install 'kit[vocab]'"
         ) from None
     return torch

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.errors import ExportInvalid
+from kit.errors import ConfigError, ExportError, ExportInvalid
 from kit.report import draftvocab
 from kit.report import manifest as _manifest
 from kit.report.formats import WRITERS, chosen
@@ -48,18 +48,18 @@ class ExportOptions:
         self.formats = (self.formats,) if isinstance(self.formats, str) else tuple(self.formats)
         bad = [f for f in self.formats if f not in FORMATS]
         if bad or not self.formats:
-            raise ValueError(
+            raise ConfigError(
                 f"formats must be a non-empty subset of {FORMATS}, got {self.formats!r}"
             )
         if not (isinstance(self.val_fraction, (int, float)) and 0 <= self.val_fraction < 1):
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction!r}")
+            raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
+            raise ConfigError(f"seed must be an int, got {self.seed!r}")
         for name, share in (self.mix or {}).items():
             if not isinstance(share, (int, float)) or isinstance(share, bool) or not share > 0:
-                raise ValueError(f"mix[{name!r}] must be a positive share, got {share!r}")
+                raise ConfigError(f"mix[{name!r}] must be a positive share, got {share!r}")
         if self.mix is not None and not self.mix:
-            raise ValueError("mix must name at least one dataset, got {}")
+            raise ConfigError("mix must name at least one dataset, got {}")
 
 
 @dataclass
@@ -294,7 +294,7 @@ def _write(run_dir, kept, writers, files, dropped, ids=None) -> _Written:
         while pending:
             pending.popleft().result()
     if found != kept.height:
-        raise RuntimeError(
+        raise ExportError(
             f"export: {kept.height - found} records of {run_dir} were not found again when writing"
         )
     for split in SPLITS:  # the manifest lists a split's files together
@@ -357,7 +357,7 @@ def _kept(batch, kept, at: int):
         batch = batch.select(pl.all().gather(window["_pos"] - at))
     keys = ("dataset", "prompt_id", "sample")
     if not all((batch[k] == window[k]).all() for k in keys):
-        raise RuntimeError("export: the run's records changed order while they were exported")
+        raise ExportError("export: the run's records changed order while they were exported")
     return batch.with_columns(window["split"])
 
 
@@ -385,7 +385,7 @@ def _draft_vocab(out_dir, counts, k, config, target_config, files) -> dict:
 
     shape = shape_for(target_config, config.tokenizer)
     if shape is None or shape.vocab_size is None:
-        raise ValueError(
+        raise ConfigError(
             "draft_vocab needs the target's vocab_size: pass target_config= (its config.json or folder)"
         )
     return draftvocab.write(out_dir, counts, k, shape.vocab_size, files)

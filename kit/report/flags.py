@@ -16,6 +16,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, fields
 
+from kit.errors import ConfigError
 from kit.report.convo import parsed
 from kit.report.textchecks import (  # noqa: F401 - re-exported: kit.report.flags names them
     HASH_SEED,
@@ -81,7 +82,7 @@ class AuditThresholds:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool)
                 ok = ok and not math.isnan(value) and 0 <= value <= 1
             if not ok:
-                raise ValueError(f"AuditThresholds.{f.name} has an invalid value {value!r}")
+                raise ConfigError(f"AuditThresholds.{f.name} has an invalid value {value!r}")
 
 
 def normalize_text(text: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import shutil
 
+from kit.errors import ConfigError
 from kit.report import checks
 from kit.report import manifest as _manifest
 from kit.report.writers import SPLITS, JsonlWriter, Writer, file_entry
@@ -131,7 +132,7 @@ class TokenIdsWriter(JsonlWriter):
     @classmethod
     def ready(cls, tok) -> None:
         if tok is None:
-            raise ValueError(
+            raise ConfigError(
                 "formats includes 'token_ids' but no tokenizer: pass tokenizer= (object or local "
                 "path) or set RunConfig.tokenizer, or leave 'token_ids' out of formats"
             )
@@ -274,7 +275,7 @@ class HFWriter(ParquetWriter):
         try:
             import datasets  # noqa: F401
         except ImportError as e:
-            raise ValueError(
+            raise ConfigError(
                 "format 'hf' needs the `datasets` package: pip install datasets"
             ) from e
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kit.errors import ConfigError, MissingPath
 from kit.types import DatasetProgress
 
 _DONE_STATES = ("budget_reached", "exhausted", "failed")
@@ -165,7 +166,7 @@ class Monitor:
 
     def __init__(self, min_interval: float = 1.0, clock: Callable[[], float] = time.monotonic):
         if not isinstance(min_interval, (int, float)) or min_interval < 0:
-            raise ValueError(f"Monitor.min_interval must be a number >= 0, got {min_interval!r}")
+            raise ConfigError(f"Monitor.min_interval must be a number >= 0, got {min_interval!r}")
         self.min_interval = float(min_interval)
         self.clock = clock
         self.last: list[DatasetProgress] = []  # the latest list received (a snapshot)
@@ -414,11 +415,11 @@ def watch(
     """
     run_dir = Path(run_dir)
     if not isinstance(interval, (int, float)) or interval <= 0:
-        raise ValueError(f"watch: interval must be a number > 0, got {interval!r}")
+        raise ConfigError(f"watch: interval must be a number > 0, got {interval!r}")
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"watch: run directory {str(run_dir)!r} does not exist")
+        raise MissingPath(f"watch: run directory {str(run_dir)!r} does not exist")
     if stall_timeout is not None and stall_timeout <= 0:
-        raise ValueError(f"watch: stall_timeout must be > 0 or None, got {stall_timeout!r}")
+        raise ConfigError(f"watch: stall_timeout must be > 0 or None, got {stall_timeout!r}")
     monitor = monitor if monitor is not None else auto()
     mark, t_mark = None, clock()
     try:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import itertools
 import random
 
+from kit.errors import ConfigError
+
 
 def select(light, budgets: dict, opts) -> tuple[object, dict[str, int]]:
     """Apply the drop / trim / mix options in that order to the light frame (one row per
@@ -119,7 +121,7 @@ def _mix(frame, mix: dict):
     avail = dict(frame.group_by("dataset").agg(pl.col("completion_tokens").sum()).iter_rows())
     missing = [d for d in mix if d not in avail]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"mix names datasets with no records to export: {missing}; have {sorted(avail)}"
         )
     total = sum(mix.values())

@@ -20,7 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
-from kit.errors import ExportBusy
+from kit.errors import ExportBusy, PathExists
 from kit.report.checks import FOLDERS
 from kit.report.writers import sha256_file
 
@@ -73,7 +73,7 @@ class Staged:
         if any(p.name != MARK for p in self.root.iterdir()):
             if not _is_ours(self.root, self.out_dir):
                 self._release()
-                raise FileExistsError(
+                raise PathExists(
                     f"export: {self.root} is in the way and was not written by kit; move it away, then export again"
                 )
             self.notes.append(f"replaced a half export left at {self.root} by an earlier kill")
@@ -190,12 +190,12 @@ def owned_files(out_dir: Path, overwrite: bool, targets: list[str]) -> list[Path
         return []
     files = _old_files(out_dir) if out_dir.is_dir() else None
     if files is None:
-        raise FileExistsError(
+        raise PathExists(
             f"export: {out_dir} is not empty and is not a kit export (no kit manifest.json); "
             "kit deletes only files it wrote, so choose a new or empty directory"
         )
     if not overwrite:
-        raise FileExistsError(
+        raise PathExists(
             f"export: {out_dir} already holds an export; pass overwrite=True to replace it "
             "(only the files its manifest.json lists are replaced)"
         )
@@ -206,7 +206,7 @@ def owned_files(out_dir: Path, overwrite: bool, targets: list[str]) -> list[Path
         found = [q for q in path.rglob("*") if not q.is_dir()] if path.is_dir() else [path]
         for q in (q for q in found if os.path.lexists(q)):
             if str(q.relative_to(out_dir)) not in mine:
-                raise FileExistsError(
+                raise PathExists(
                     f"export: {q} is in the way and is not a file of the previous export "
                     "(its manifest.json does not list it); move it away, then export again"
                 )
@@ -223,7 +223,7 @@ def _own_file(out_dir: Path, rel: str, entry) -> Path | None:
         or rel.split("/")[0] not in FOLDERS
         or not inside
     ):
-        raise FileExistsError(
+        raise PathExists(
             f"export: {out_dir / 'manifest.json'} lists {rel!r}, outside the export's own "
             "folders; kit deletes nothing it cannot identify, so remove that manifest.json"
         )
@@ -232,7 +232,7 @@ def _own_file(out_dir: Path, rel: str, entry) -> Path | None:
     same = isinstance(entry, dict) and not path.is_symlink() and path.is_file()
     same = same and path.stat().st_size == entry.get("bytes")
     if not (same and sha256_file(path) == entry.get("sha256")):
-        raise FileExistsError(
+        raise PathExists(
             f"export: {path} changed since kit wrote it (its sha256 differs from manifest.json); "
             "move it away or delete it, then export again"
         )

@@ -26,6 +26,7 @@ import orjson
 from kit.errors import (
     BackendConfigError,
     BackendError,
+    ConfigError,
     ConnectError,
     MalformedAnswer,
     RequestTimeout,
@@ -79,9 +80,9 @@ class _HTTPBackend:
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             shown = strip_userinfo(base_url) if isinstance(base_url, str) else base_url
-            raise ValueError(f"base_url must be an http(s) URL, got {shown!r}")
+            raise ConfigError(f"base_url must be an http(s) URL, got {shown!r}")
         if api_key_env is not None and not os.environ.get(api_key_env):
-            raise ValueError(f"api_key_env: environment variable {api_key_env!r} is not set")
+            raise ConfigError(f"api_key_env: environment variable {api_key_env!r} is not set")
         self.url = strip_userinfo(base_url).rstrip("/")  # never the credentials
         self.model = model
         self.api_key_env = api_key_env  # the variable's NAME only
@@ -418,7 +419,7 @@ class SGLangGenerate(_HTTPBackend):
         self, base_url: str, model: str, *, tokenizer: Any, api_key_env: str | None = None
     ) -> None:
         if tokenizer is None:
-            raise ValueError("SGLangGenerate needs tokenizer= (it renders the chat template)")
+            raise ConfigError("SGLangGenerate needs tokenizer= (it renders the chat template)")
         super().__init__(base_url, model, api_key_env=api_key_env, tokenizer=tokenizer)
 
     def render(
@@ -502,7 +503,7 @@ def make_backend(
         return VLLMChat(url, model, api_key_env=api_key_env, tokenizer=tokenizer)
     if api == "sglang":
         return SGLangGenerate(url, model, tokenizer=tokenizer, api_key_env=api_key_env)
-    raise ValueError(f"api must be one of 'openai', 'vllm', 'sglang', got {api!r}")
+    raise ConfigError(f"api must be one of 'openai', 'vllm', 'sglang', got {api!r}")
 
 
 __all__ = ["OpenAIChat", "SGLangGenerate", "VLLMChat", "make_backend"]

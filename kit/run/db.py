@@ -21,7 +21,7 @@ import time
 from array import array
 from pathlib import Path
 
-from kit.errors import DatabaseDamaged
+from kit.errors import DatabaseDamaged, MissingPath, StoreWriteError
 from kit.types import COLUMNS, Record, record_columns
 
 DB_NAME = "run.sqlite"
@@ -65,7 +65,7 @@ def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
     """
     path = db_path(run_dir)
     if not write and not path.exists():
-        raise FileNotFoundError(f"{path} not found: is {run_dir} a kit run directory?")
+        raise MissingPath(f"{path} not found: is {run_dir} a kit run directory?")
     try:
         where = path if write else f"{path.resolve().as_uri()}?mode=ro"
         conn = sqlite3.connect(where, uri=not write, isolation_level=None, check_same_thread=False)
@@ -83,7 +83,7 @@ def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
                     ("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")
                 ):
                     raise
-                raise PermissionError(
+                raise StoreWriteError(
                     f"run database {path} was written by an older kit and must be upgraded once, which needs write access ({e})"
                 ) from None
             return connect(run_dir)

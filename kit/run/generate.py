@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from kit.errors import ConfigError, ConfigTypeError
 from kit.run.runner import Runner
 from kit.types import DatasetProgress, RunConfig
 
@@ -154,7 +155,9 @@ async def generate(
         run.summary()  # alpaca_tasks: budget 4000, tokens_done 4031, state budget_reached
     """
     if not isinstance(config, RunConfig):
-        raise TypeError(f"generate: config must be a kit.RunConfig, got {type(config).__name__}")
+        raise ConfigTypeError(
+            f"generate: config must be a kit.RunConfig, got {type(config).__name__}"
+        )
     runner = Runner.create(
         prompts, config, run_dir=run_dir, force=force, expected_tokens=expected_tokens
     )
@@ -199,7 +202,7 @@ def generate_sync(*args, **kwargs) -> Run:
     Example: kit.generate_sync(frame, config, run_dir="data/runs/x").summary()
     """
     if kwargs.get("background"):
-        raise ValueError("generate_sync: background=True needs `await kit.generate(...)`")
+        raise ConfigError("generate_sync: background=True needs `await kit.generate(...)`")
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import orjson
 
+from kit.errors import ConfigError
 from kit.run import db
 from kit.run.reader import is_run_dir, open_db, prompt_state
 
@@ -35,14 +36,14 @@ def check(max_context, tokenizer, max_tokens: int) -> None:
     if max_context is None:
         return
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
-        raise ValueError(f"generate: bad max_context={max_context!r} (a positive int or None)")
+        raise ConfigError(f"generate: bad max_context={max_context!r} (a positive int or None)")
     if not tokenizer:
-        raise ValueError(
+        raise ConfigError(
             f"generate: max_context={max_context} needs tokenizer=... "
             "(prompts are counted with its chat template)"
         )
     if max_tokens >= max_context:
-        raise ValueError(
+        raise ConfigError(
             f"generate: max_context={max_context} leaves no room for the prompt with "
             f"sampling.max_tokens={max_tokens}"
         )

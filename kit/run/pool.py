@@ -15,7 +15,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from kit.errors import BackendError, ConnectError, HTTPStatusError, NoEndpoint, RequestTimeout
+from kit.errors import (
+    BackendError,
+    ConfigError,
+    ConnectError,
+    HTTPStatusError,
+    NoEndpoint,
+    RequestTimeout,
+)
 from kit.types import Backend
 
 
@@ -70,16 +77,16 @@ class EndpointPool:
         backends = list(backends)
         urls = [b.url for b in backends]
         if not backends or len(set(urls)) != len(urls):
-            raise ValueError(
+            raise ConfigError(
                 f"EndpointPool.backends must be non-empty with distinct urls, got {urls}"
             )
         limit = per_endpoint_concurrency
         if limit is not None and (not isinstance(limit, int) or limit < 1):
-            raise ValueError(
+            raise ConfigError(
                 f"EndpointPool.per_endpoint_concurrency must be None or >= 1, got {limit!r}"
             )
         if not isinstance(fail_threshold, int) or fail_threshold < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"EndpointPool.fail_threshold must be an int >= 1, got {fail_threshold!r}"
             )
         for name, v in (
@@ -87,7 +94,7 @@ class EndpointPool:
             ("no_endpoint_timeout", no_endpoint_timeout),
         ):
             if not isinstance(v, (int, float)) or v <= 0:
-                raise ValueError(f"EndpointPool.{name} must be > 0, got {v!r}")
+                raise ConfigError(f"EndpointPool.{name} must be > 0, got {v!r}")
         self._eps = [_Endpoint(b) for b in backends]
         self._by_backend = {id(ep.backend): ep for ep in self._eps}
         self.limit = limit

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 
+from kit.errors import MissingPath
 from kit.run.reader import config_doc, open_db, prompt_state, totals
 from kit.types import DatasetProgress, RunConfig
 
@@ -28,7 +29,7 @@ def progress(run_dir, *, stale_s: float = 15.0) -> list[DatasetProgress]:
     with open_db(run_dir) as conn:
         doc = config_doc(conn)
         if doc is None:
-            raise FileNotFoundError(f"{run_dir} holds no run configuration yet")
+            raise MissingPath(f"{run_dir} holds no run configuration yet")
         config = RunConfig.from_dict(doc)
         done = totals(conn)
         prompts = prompt_state(conn)["counts"]

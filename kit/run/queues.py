@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import orjson
 
+from kit.errors import ConfigError
 from kit.run.reader import is_run_dir, prompts_frame, read_config
 from kit.types import DatasetProgress, RunConfig
 
@@ -198,23 +199,23 @@ def prompt_frame(prompts, run_dir):
     if prompts is None:
         frame = prompts_frame(run_dir, text=False) if is_run_dir(run_dir) else None
         if frame is None or frame.height == 0:
-            raise ValueError(
+            raise ConfigError(
                 f"prompts=None but {run_dir} holds no stored prompts: pass the prompt frame"
             )
         return frame
     if isinstance(prompts, LoadResult):  # its keys; the prompts stream into the store
         if prompts.height == 0:
-            raise ValueError("the LoadResult holds no prompts")
+            raise ConfigError("the LoadResult holds no prompts")
         return prompts.scan().select("dataset", "prompt_id").collect()
     frame = prompts
     if not isinstance(frame, pl.DataFrame):
-        raise ValueError(
+        raise ConfigError(
             f"prompts must be a polars DataFrame or a LoadResult, got {type(prompts).__name__}"
         )
     if missing := {"dataset", "prompt_id", "messages"} - set(frame.columns):
-        raise ValueError(f"prompt frame lacks columns {sorted(missing)}; found {frame.columns}")
+        raise ConfigError(f"prompt frame lacks columns {sorted(missing)}; found {frame.columns}")
     if frame.height == 0:
-        raise ValueError("the prompt frame is empty")
+        raise ConfigError("the prompt frame is empty")
     return frame
 
 

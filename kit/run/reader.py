@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kit.errors import PromptMismatch
+from kit.errors import ConfigError, MissingPath, PromptMismatch
 from kit.run import db
 from kit.types import COLUMNS, KEY, KINDS, Record, RunConfig, record_columns
 
@@ -87,7 +87,7 @@ def read_config(run_dir) -> RunConfig:
     with open_db(run_dir) as conn:
         doc = config_doc(conn)
     if doc is None:
-        raise FileNotFoundError(f"{run_dir} holds no run configuration: is it a run directory?")
+        raise MissingPath(f"{run_dir} holds no run configuration: is it a run directory?")
     return RunConfig.from_dict(doc)
 
 
@@ -173,7 +173,7 @@ def record_batches(
     """
     cols = list(columns or RECORD_COLUMNS)
     if bad := [c for c in cols if c not in RECORD_COLUMNS and c not in COMPUTED]:
-        raise ValueError(
+        raise ConfigError(
             f"unknown record columns {bad}; choose from {RECORD_COLUMNS + tuple(COMPUTED)}"
         )
     names = {c: COMPUTED.get(c, f"r.{c}") for c in cols}  # alias -> SQL expression
@@ -449,7 +449,7 @@ def _prompt_rows(conn, cols: list[str], datasets, ids) -> Iterator[list]:
         yield from _chunks(conn.execute(sql + where, args), 100_000)
         return
     if datasets is None or len(list(datasets)) != 1:
-        raise ValueError("prompts_frame: ids are looked up within one dataset (datasets=[name])")
+        raise ConfigError("prompts_frame: ids are looked up within one dataset (datasets=[name])")
     ids, (name,) = list(ids), list(datasets)
     sql += " INDEXED BY prompts_key WHERE dataset = ? AND prompt_id IN (SELECT value FROM json_each(?))"
     for k in range(0, len(ids), _ID_CHUNK):

@@ -21,7 +21,7 @@ import warnings
 from dataclasses import fields, replace
 
 from kit.data.sources import source_hashes
-from kit.errors import BackendError, HTTPStatusError, MalformedAnswer, NoEndpoint
+from kit.errors import BackendError, ConfigError, HTTPStatusError, MalformedAnswer, NoEndpoint
 from kit.run import guard as _guard
 from kit.run import turns as _turns
 from kit.run.answers import redact
@@ -453,7 +453,7 @@ def _refuse_user_runs(prompts) -> None:
     found = prompts.filter(runs).select("dataset").unique(maintain_order=True).collect()
     names = found["dataset"].to_list()
     if names:
-        raise ValueError(
+        raise ConfigError(
             f"datasets {names} hold lists of user turns (the turns format, e.g. MT-bench): "
             "each turn must be answered by the target in turn, so run them with "
             "RunConfig(turns='all_turns') (kit plan --turns all_turns)"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 
+from kit.errors import ConfigError
+
 
 async def served_models(backend, base: str | None = None) -> list[str] | None:
     """The model ids GET {base}/models lists (base: the backend's /v1); None when none."""
@@ -51,7 +53,7 @@ async def check_models(backends: list) -> None:
     """
     wrong = [line for lines in await asyncio.gather(*map(_wrong, backends)) for line in lines]
     if wrong:
-        raise ValueError(
+        raise ConfigError(
             "; ".join(wrong) + ": give --model (RunConfig.model) the name the server lists, "
             "or drop that endpoint"
         )

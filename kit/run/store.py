@@ -23,7 +23,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, astuple
 from pathlib import Path
 
-from kit.errors import FingerprintMismatch, RunLocked, StoreWriteError
+from kit.errors import ConfigError, FingerprintMismatch, RunLocked, StoreWriteError
 from kit.run import db
 from kit.run.db import RECORD_SQL, TOTALS_SQL, prompt_rows, record_row
 from kit.run.reader import config_doc, done_frame, prompt_state, totals
@@ -334,7 +334,7 @@ def store_prompts(run_dir, frame) -> None:
             stored = config_doc(store.conn).get("source_hashes") or {}
             given = frame.source_hashes() if isinstance(frame, LoadResult) else source_hashes(frame)
             if stored and stored != given:
-                raise ValueError(
+                raise ConfigError(
                     f"{run_dir} holds a run over other prompts: write this plan into a new "
                     "run directory"
                 )

