@@ -56,7 +56,11 @@ def column_lists(tree: ast.AST, columns: set[str]) -> int:
 def exceptions(tree: ast.AST) -> tuple[list[str], list[str]]:
     """(classes deriving from a builtin exception, builtin exceptions raised by name)."""
     classes, raised = [], []
+    getattrs = [n for n in ast.walk(tree) if getattr(n, "name", "") == "__getattr__"]
+    protocol = {id(r) for f in getattrs for r in ast.walk(f) if isinstance(r, ast.Raise)}
     for node in ast.walk(tree):
+        if id(node) in protocol:  # a module's __getattr__ raises AttributeError by protocol
+            continue
         if isinstance(node, ast.ClassDef):
             bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
             if bases and bases <= BUILTIN_ERRORS and node.name != "KitError":
