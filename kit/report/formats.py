@@ -18,6 +18,7 @@ from kit.errors import ConfigError
 from kit.report import checks
 from kit.report import manifest as _manifest
 from kit.report.writers import SPLITS, JsonlWriter, Writer, file_entry
+from kit.types import record_columns
 
 
 class SpecForgeWriter(JsonlWriter):
@@ -317,7 +318,9 @@ def chosen(formats) -> list[type[Writer]]:
     return [WRITERS[f] for f in names]
 
 
-_COUNTS = ("dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source")
+_COUNTS = record_columns(
+    "dataset", "prompt_id", "sample", "finish_reason", "completion_tokens", "count_source"
+)
 
 
 def table(frame, token_ids: bool):
@@ -362,7 +365,7 @@ def _with_prompts(run_dir, rows):
 
     from kit.run.reader import prompts_frame, record_schema
 
-    cols = ["dataset", "prompt_id", "messages", "tools"]
+    cols = list(record_columns("dataset", "prompt_id", "messages", "tools"))
     parts = [
         prompts_frame(run_dir, datasets=[d], ids=g["prompt_id"].unique().to_list()).select(cols)
         for (d,), g in rows.group_by("dataset")

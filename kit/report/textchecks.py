@@ -12,7 +12,9 @@ from kit.types import KEY, record_columns
 THINK_MARKERS = ("<think>", "</think>")
 HASH_SEED = 0x6B6974  # polars .hash() seed of text_hash / norm_hash and of TextSample's pick
 # a record's columns kit.tokens.ids_spell reads, in its argument order
-_SPELL_COLUMNS = ("output_ids", "completion", "reasoning", "tool_calls", "finish_reason")
+_SPELL_COLUMNS = record_columns(
+    "output_ids", "completion", "reasoning", "tool_calls", "finish_reason"
+)
 
 
 def opens_think_block(tokenizer, kwargs: dict | None) -> bool:
