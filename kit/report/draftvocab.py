@@ -42,9 +42,8 @@ class TokenCounts:
         if "turns" in frame.columns and frame["turns"].is_not_null().any():
             earlier = [_turn_ids(t) for t in frame["turns"].to_list()]
             ok = ok & pl.Series([e is not None for e in earlier])
-        for (name,), part in (
-            frame.with_columns(_ok=ok).partition_by("dataset", as_dict=True).items()
-        ):
+        parts = frame.with_columns(_ok=ok).partition_by("dataset", as_dict=True)
+        for (name,), part in parts.items():
             good = part.filter(pl.col("_ok"))
             self.excluded[name] = self.excluded.get(name, 0) + part.height - good.height
             self.records[name] = self.records.get(name, 0) + good.height

@@ -49,11 +49,9 @@ def _ids_findings(r: dict) -> list[tuple]:
         out.append((r["dataset"], "ids_len_mismatch", float(n), 0.0, "error", msg))
     if n := r["ids_text_mismatch"]:
         checked, of = r["ids_text_checked"], r["with_ids"]
-        where = (
-            f"{checked} records with ids checked (a seeded sample of {of})"
-            if checked < of
-            else f"{of} records with ids"
-        )
+        where = f"{of} records with ids"
+        if checked < of:
+            where = f"{checked} records with ids checked (a seeded sample of {of})"
         msg = f"{n} of {where}: output_ids do not decode to the stored text"
         out.append((r["dataset"], "ids_text_mismatch", float(n), 0.0, "error", msg))
     return out
