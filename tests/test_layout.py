@@ -201,10 +201,6 @@ def test_module_imports_alone(module):
 # Record column lists written out at this commit in modules other helpers of issue 33 own:
 # (module, the record columns it names). Each goes once derived from kit.types.record_columns.
 WRITTEN_OUT_ELSEWHERE = {
-    ("kit/report/charts.py", "completion_tokens dataset finish_reason prompt_tokens t_done"),
-    ("kit/report/charts.py", "completion_tokens dataset finish_reason prompt_tokens"),
-    ("kit/report/selection.py", "completion_tokens dataset finish_reason prompt_id sample"),
-    ("kit/report/textchecks.py", "reasoning tool_calls tools turns"),
     (  # not a record: one earlier turn of Record.turns
         "kit/run/turns.py",
         "completion_tokens count_source finish_reason output_ids prompt_ids reasoning tool_calls",

@@ -8,6 +8,7 @@ cell's value; save with `chart.save("x.png")` (vl-convert) or `chart.to_dict()`.
 from __future__ import annotations
 
 from kit.errors import ConfigError
+from kit.types import record_columns
 
 
 def enable_offline() -> None:
@@ -25,7 +26,9 @@ def enable_offline() -> None:
 
 # ---------------------------------------------------------------- audit charts
 
-_AUDIT_COLUMNS = ["dataset", "completion_tokens", "prompt_tokens", "finish_reason", "t_done"]
+_AUDIT_COLUMNS = record_columns(
+    "dataset", "completion_tokens", "prompt_tokens", "finish_reason", "t_done"
+)
 
 
 def _records(records_or_report):
@@ -220,7 +223,7 @@ def completion_vs_prompt(records, *, max_points: int = 5000, seed: int = 0):
             y=alt.Y("completion_tokens:Q", title="completion tokens"),
             color=alt.Color("dataset:N"),
             shape=alt.Shape("finish_reason:N", title="finish reason"),
-            tooltip=["dataset", "prompt_tokens", "completion_tokens", "finish_reason"],
+            tooltip=data.columns,
         )
         .properties(title="completion vs prompt length", width=420)
     )

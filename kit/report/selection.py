@@ -15,6 +15,7 @@ import itertools
 import random
 
 from kit.errors import ConfigError
+from kit.types import record_columns
 
 
 def select(light, budgets: dict, opts) -> tuple[object, dict[str, int]]:
@@ -45,7 +46,9 @@ def select(light, budgets: dict, opts) -> tuple[object, dict[str, int]]:
     return frame, dropped
 
 
-_LIGHT = ["dataset", "prompt_id", "sample", "finish_reason", "completion_tokens"]
+_LIGHT = list(
+    record_columns("dataset", "prompt_id", "sample", "finish_reason", "completion_tokens")
+)
 _TEXT = ["completion", "tool_calls"]  # what drop_duplicates hashes
 
 

@@ -38,7 +38,7 @@ def with_optional(records):
     """Columns of newer kit versions, null in frames written before them."""
     import polars as pl
 
-    for name in ("reasoning", "tools", "turns", "tool_calls"):
+    for name in record_columns("reasoning", "tools", "turns", "tool_calls"):
         if name not in records.columns:
             records = records.with_columns(pl.lit(None, pl.String).alias(name))
     if "messages" not in records.columns:
