@@ -267,7 +267,7 @@ class RunConfig:
 
     Credentials inside an endpoint URL ("http://user:KEY@host/v1" is sent as HTTP Basic,
     "http://host/v1?api_key=KEY" as that query string) are sent but never written: to_dict()
-    (the run database, plan.json) keeps "http://host/v1", so a resume needs the endpoints
+    (the run database) keeps "http://host/v1", so a resume needs the endpoints
     given again. Better: keep the key in an environment variable
     and pass its name as api_key_env.
 
@@ -392,7 +392,7 @@ class RunConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_dict(self) -> dict:
-        """A plain dict for the run database and plan.json: the key's env var NAME only, endpoints
+        """A plain dict for the run database: the key's env var NAME only, endpoints
         without user:password@ (a resume must give such endpoints again)."""
         d = asdict(self)
         d["endpoints"] = [strip_userinfo(u) for u in self.endpoints]

@@ -138,7 +138,7 @@ class PilotResult:
         )
 
     def summary(self) -> dict:
-        """A JSON-able summary (stored in plan.json)."""
+        """A JSON-able summary (stored with the plan in run.sqlite)."""
         measured = self.throughput
         return {
             "requests": self.frame.height + len(self.errors),
