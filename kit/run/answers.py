@@ -270,7 +270,7 @@ def _char_forms(c: str) -> str:
     for a space).
 
     Example:
-        >>> bool(re.fullmatch(_char_forms("/"), "\\/")), bool(re.fullmatch(_char_forms("="), "%3d"))
+        >>> bool(re.fullmatch(_char_forms("/"), "\\\\/")), bool(re.fullmatch(_char_forms("="), "%3d"))
         (True, True)
     """
     code = ord(c)
@@ -313,7 +313,7 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     Example:
         >>> redact("denied for Bearer SK-ABC123xyz (c2stYWJjMTIzeHl6)", ["sk-abc123xyz"])
         'denied for Bearer *** (***)'
-        >>> redact('{"key": "sk-a\\/b\\u002bc%3D"}', ["sk-a/b+c="])
+        >>> redact('{"key": "sk-a\\\\/b\\u002bc%3D"}', ["sk-a/b+c="])
         '{"key": "***"}'
     """
     pattern = _secrets_pattern(tuple(sorted({s for s in secrets if s})))
