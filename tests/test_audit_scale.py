@@ -18,15 +18,12 @@ import kit
 from kit.report import audit as audit_mod
 from kit.report import charts
 from kit.report.findings import findings as findings_frame
-from kit.report.flags import (
+from kit.report.flags import AuditThresholds, _count_flags, finish_class, normalize_text
+from kit.report.textchecks import (
     HASH_SEED,
     THINK_MARKERS,
-    AuditThresholds,
     TextSample,
-    _count_flags,
-    finish_class,
     ids_text_flags,
-    normalize_text,
     under_reported_flags,
 )
 from kit.run.reader import errors_frame, read_config, records_frame

@@ -18,14 +18,12 @@ from kit.report.draftvocab import TokenCounts, coverage, coverage_text
 from kit.report.findings import findings, run_findings, thinking_off
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
     AuditThresholds,
-    TextSample,
     dup_flags,
     finish_class,
-    ids_text_flags,
     normalize_text,
     record_flags,
-    under_reported_flags,
 )
+from kit.report.textchecks import TextSample
 from kit.report.tokenrows import load_tokenizer_for
 from kit.run.reader import PROMPT_COLUMNS, ids_by_key, owned, record_batches, record_schema
 from kit.types import KEY, record_columns

@@ -9,7 +9,8 @@ SQLite's integrity check, and duplicate records the database refused.
 
 from __future__ import annotations
 
-from kit.report.flags import THINK_MARKERS, AuditThresholds, opens_think_block
+from kit.report.flags import AuditThresholds
+from kit.report.textchecks import THINK_MARKERS, opens_think_block
 
 _COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
 RUN = "(run)"  # the dataset column of findings about the run as a whole

@@ -18,15 +18,7 @@ from dataclasses import dataclass, fields
 
 from kit.errors import ConfigError
 from kit.report.convo import parsed
-from kit.report.textchecks import (  # noqa: F401 - re-exported: kit.report.flags names them
-    HASH_SEED,
-    THINK_MARKERS,
-    TextSample,
-    ids_text_flags,
-    opens_think_block,
-    under_reported_flags,
-    with_optional,
-)
+from kit.report.textchecks import HASH_SEED, THINK_MARKERS, with_optional
 
 _PUNCT_DIGITS = re.compile(r"[\d\W_]+", re.UNICODE)
 # The same class for polars (Rust regex): Python's [\d\W_] is every character that is not a

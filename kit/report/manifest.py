@@ -78,7 +78,7 @@ def thinking_section(config, tok, names) -> dict:
     """dataset -> {"enable_thinking": False, "template_opens_think", "note"} for the datasets
     whose chat_template_kwargs switch thinking off (template checked with the run's
     tokenizer; null when there is none)."""
-    from kit.report.flags import opens_think_block
+    from kit.report.textchecks import opens_think_block
     from kit.report.tokenrows import load_tokenizer_for
 
     off = {
