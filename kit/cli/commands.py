@@ -376,12 +376,14 @@ def planned_run(run_dir, *, engine: str | None = None, **changes):
     never stored). `changes` replace RunConfig fields; budgets NAME=TOKENS are merged over
     the plan's. A run started by kit.generate without a plan resumes from its config."""
     from kit import plan
+    from kit.run import db
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise MissingPath(
             f"--run-dir {run_dir} does not exist: make a plan there first (kit plan --run-dir {run_dir} ...)"
         )
+    db.check_writable(run_dir)
     try:
         spec = plan.read_plan(run_dir)
     except FileNotFoundError:

@@ -25,7 +25,14 @@ from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.re
 )
 from kit.report.textchecks import TextSample
 from kit.report.tokenrows import load_tokenizer_for
-from kit.run.reader import PROMPT_COLUMNS, ids_by_key, owned, record_batches, record_schema
+from kit.run.reader import (
+    PROMPT_COLUMNS,
+    change_lines,
+    ids_by_key,
+    owned,
+    record_batches,
+    record_schema,
+)
 from kit.types import KEY, record_columns
 
 KEYS = list(KEY)
@@ -373,6 +380,7 @@ def audit(
     if tok is not None:
         notes += _sample_notes(table)
     run_rows, run_notes = run_findings(run_dir, problems)
+    notes += [f"changed at a start or resume, in force since: {c}" for c in change_lines(run_dir)]
     off = thinking_off(config, table, tok)
     return AuditReport(
         run_dir=str(run_dir),

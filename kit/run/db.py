@@ -10,6 +10,7 @@ One writer (kit.run.store.RunStore); readers (kit.run.reader) open it read-only.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import operator
@@ -60,36 +61,116 @@ def damaged(path: Path, err: Exception) -> DatabaseDamaged:
 def connect(run_dir, *, write: bool = False) -> sqlite3.Connection:
     """A connection to run_dir's database: the writer's (created, migrated) or read-only.
 
-    Raises FileNotFoundError when a reader finds no database,
-    DatabaseDamaged when the file is not a database SQLite can read.
+    A reader opens it with mode=ro; where SQLite cannot make the -shm it needs (a read-only
+    directory or mount, a file copied alone by `.backup`) and no -wal holds commits, with
+    immutable=1 (nothing can write there). Raises MissingPath when a reader finds no
+    database, DatabaseDamaged when the file is not a database SQLite can read,
+    StoreWriteError when the writer cannot write there.
     """
     path = db_path(run_dir)
     if not write and not path.exists():
         raise MissingPath(f"{path} not found: is {run_dir} a kit run directory?")
     try:
-        where = path if write else f"{path.resolve().as_uri()}?mode=ro"
-        conn = sqlite3.connect(where, uri=not write, isolation_level=None, check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
         if write:
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")  # a commit is on disk when it returns
-            migrate(conn)
-        elif not migrated(conn):  # written by an older kit: upgraded once, then read
-            conn.close()
-            try:
-                connect(run_dir, write=True).close()
-            except sqlite3.OperationalError as e:
-                if not getattr(e, "sqlite_errorname", "").startswith(
-                    ("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")
-                ):
-                    raise
-                raise StoreWriteError(
-                    f"run database {path} was written by an older kit and must be upgraded once, which needs write access ({e})"
-                ) from None
-            return connect(run_dir)
+            conn = _writer(run_dir, path)
+        else:
+            conn = _reader(path)
+            if not migrated(conn):  # written by an older kit: upgraded once, then read
+                conn.close()
+                try:
+                    connect(run_dir, write=True).close()
+                except StoreWriteError as e:
+                    raise StoreWriteError(
+                        f"run database {path} was written by an older kit and must be upgraded once, which needs write access ({e})"
+                    ) from None
+                return connect(run_dir)
     except sqlite3.DatabaseError as e:
         if is_damage(e):
             raise damaged(path, e) from None
+        raise
+    return conn
+
+
+_CANNOT = ("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH")
+
+
+def _cannot(e: sqlite3.Error) -> bool:
+    """True for SQLite's errors of a file it may not write or open (not damage, not I/O)."""
+    return getattr(e, "sqlite_errorname", "").startswith(_CANNOT)
+
+
+def _writer(run_dir, path: Path) -> sqlite3.Connection:
+    """The writer's connection, WAL mode, migrated; StoreWriteError in one line when the run
+    directory or its database is read-only."""
+    check_writable(run_dir)
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")  # a commit is on disk when it returns
+        migrate(conn)
+    except sqlite3.OperationalError as e:
+        if _cannot(e):
+            raise _read_only(run_dir, e) from None
+        raise
+    return conn
+
+
+def check_writable(run_dir) -> None:
+    """StoreWriteError (one line) when run_dir or its database is read-only: before a run
+    starts anything (an embedded server included)."""
+    path = db_path(run_dir)
+    if path.parent.is_dir() and not (
+        os.access(path.parent, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+    ):
+        raise _read_only(run_dir)
+
+
+def _read_only(run_dir, err: Exception | None = None) -> StoreWriteError:
+    why = f" ({err})" if err else ""
+    return StoreWriteError(
+        errno.EROFS,
+        f"run dir {run_dir} is read-only{why}: generate writes its database there (audit, "
+        "export, records and watch read it as it is); to resume, copy it (`sqlite3 "
+        "run.sqlite '.backup COPY/run.sqlite'`) to a writable directory and run there",
+    )
+
+
+def _reader(path: Path) -> sqlite3.Connection:
+    """A read-only connection on reader_uri(path)."""
+    return _open_ro(reader_uri(path))
+
+
+def reader_uri(path: Path) -> str:
+    """The URI a reader opens path by: mode=ro, or mode=ro&immutable=1 where SQLite cannot
+    open the -shm that mode=ro needs and no -wal holds commits (see connect); StoreWriteError
+    when a -wal holds commits that cannot be read."""
+    uri = f"{Path(path).resolve().as_uri()}?mode=ro"
+    try:
+        _open_ro(uri).close()
+        return uri
+    except sqlite3.OperationalError as e:
+        if not _cannot(e):
+            raise
+        wal = path.with_name(path.name + "-wal")
+        if wal.exists() and wal.stat().st_size:  # commits only the WAL holds: not ignored
+            raise StoreWriteError(
+                errno.EACCES,
+                f"cannot read {path}: its {wal.name} holds commits and SQLite cannot open "
+                f"{path.name}-shm beside it ({e}); copy the run dir to a writable "
+                "directory (cp -a) and read the copy",
+            ) from None
+    return uri + "&immutable=1"
+
+
+def _open_ro(uri: str) -> sqlite3.Connection:
+    """A connection on a read-only URI, checked by a first read."""
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
+        conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+    except BaseException:
+        conn.close()
         raise
     return conn
 
@@ -228,12 +309,25 @@ CREATE TABLE guard_datasets (
 ) WITHOUT ROWID;
 """
 
+# what a start or resume changed in the run's settings (kit.run.store.RunStore.init): the
+# config row holds the values in force; this table, when each changed and from what
+_M006_RUN_CHANGES = """
+CREATE TABLE run_changes (
+    id INTEGER PRIMARY KEY,
+    t REAL NOT NULL,                   -- unix time of the start that changed it
+    field TEXT NOT NULL,               -- 'budgets.NAME', 'concurrency', 'endpoints', ...
+    old TEXT,                          -- JSON, NULL when the field was absent
+    new TEXT                           -- JSON, NULL when the field is gone
+);
+"""
+
 # (name, SQL script): append only; each runs once, in order, in one transaction, recorded
 MIGRATIONS = [
     ("m001_schema", _M001_SCHEMA),
     ("m002_prompt_keys", _M002_PROMPT_KEYS),
     ("m003_plan", _M003_PLAN),
     ("m004_guard_cache", _M004_GUARD_CACHE),
+    ("m006_run_changes", _M006_RUN_CHANGES),
 ]
 
 

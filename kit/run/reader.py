@@ -91,6 +91,27 @@ def read_config(run_dir) -> RunConfig:
     return RunConfig.from_dict(doc)
 
 
+def run_changes(run_dir) -> list[tuple[float, str, object, object]]:
+    """(t, field, old, new) of each setting a start or resume changed, in order (the config
+    row holds the values in force; kit.run.store records each change).
+
+    Example: run_changes("data/runs/demo") -> [(1796..., "budgets.a", 2000, 6000)]
+    """
+    with open_db(run_dir) as conn:
+        rows = conn.execute("SELECT t, field, old, new FROM run_changes ORDER BY id").fetchall()
+    return [(t, f, *(None if v is None else json.loads(v) for v in (a, b))) for t, f, a, b in rows]
+
+
+def change_lines(run_dir) -> list[str]:
+    """run_changes as lines 'budgets.a: 2000 -> 6000 (at 2026-12-07 16:40:03 UTC)'."""
+    import time
+
+    return [
+        f"{f}: {a!r} -> {b!r} (at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t))})"
+        for t, f, a, b in run_changes(run_dir)
+    ]
+
+
 def state(run_dir, key: str) -> str | None:
     """One row of the state table ("status", "writer", "rejected", "guard"), or None."""
     with open_db(run_dir) as conn:
@@ -253,7 +274,7 @@ def _adbc_frames(adbc, run_dir, sql: str, args: list, schema: dict, batch_size: 
     first = ", ".join(f"{_LITERALS[str(t)]} AS {n}" for n, t in schema.items())
     query = f"SELECT {first} UNION ALL SELECT * FROM ({sql})"
     path = db.db_path(run_dir).resolve()
-    conn = adbc.connect(f"file:{path}?mode=ro")
+    conn = adbc.connect(db.reader_uri(path))
     cur = conn.cursor()
     try:
         cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(batch_size)})

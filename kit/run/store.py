@@ -51,6 +51,24 @@ def _diff_parts(old: dict, new: dict) -> list[str]:
     ]
 
 
+DERIVED = ("source_hashes", "chat_template_hash", "datasets")  # found by the run, not set
+
+
+def _changes(old: dict, new: dict) -> list[tuple[str, str | None, str | None]]:
+    """(field, old JSON, new JSON) of each setting a start changes (a budget per dataset:
+    'budgets.NAME'); one budget for all is compared per dataset against named ones."""
+    old, new = dict(old), dict(new)
+    a, b = old.get("budgets"), new.get("budgets")
+    if isinstance(a, dict) != isinstance(b, dict):
+        names = a if isinstance(a, dict) else b
+        old["budgets"], new["budgets"] = (
+            v if isinstance(v, dict) else dict.fromkeys(names, v) for v in (a, b)
+        )
+    a, b = (_flatten({k: v for k, v in d.items() if k not in DERIVED}) for d in (old, new))
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, a) != b.get(k, a))
+    return [(k, *(json.dumps(d[k]) if k in d else None for d in (a, b))) for k in keys]
+
+
 def _locked_message(run_dir: Path, holder: str) -> str:
     if holder.startswith(f"pid {os.getpid()} on {socket.gethostname()} "):
         return (
@@ -95,8 +113,10 @@ class RunStore:
 
         Raises RunLocked when another writer holds the run dir (its pid named); the lock is
         held until close(). Raises FingerprintMismatch (naming each changed part, old -> new)
-        when the database holds a different fingerprint, unless force=True. Budgets and
-        endpoints may change. Prompts are added, never replaced (prompt_id is a content hash).
+        when the database holds a different fingerprint, unless force=True. Budgets,
+        concurrency, endpoints ... may change: the config row holds the new values, every
+        later resume, audit and export uses them, and table run_changes records each change
+        (when, field, old, new). Prompts are added, never replaced (prompt_id is a content hash).
         """
         try:
             self._open()
@@ -135,7 +155,12 @@ class RunStore:
             with self._transaction():  # a database from before the count was kept
                 self._put_state("prompts", json.dumps(prompt_state(self.conn)))
         doc = json.dumps(config.to_dict())
+        changed = _changes(old, config.to_dict()) if old is not None else []
         with self._transaction():
+            self.conn.executemany(
+                "INSERT INTO run_changes (t, field, old, new) VALUES (?, ?, ?, ?)",
+                [(time.time(), *c) for c in changed],
+            )
             self.conn.execute(
                 "INSERT INTO config VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE SET "
                 "fingerprint = excluded.fingerprint, doc = excluded.doc",

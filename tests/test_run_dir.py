@@ -1,0 +1,147 @@
+"""The run directory under a real `kit` process: settings changed at resume, re-planning,
+the write-ahead log, read-only copies and a dead writer. Each test breaks a real run
+against the fault server and counts every record it stored."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from faultserver import FaultConfig, FaultServer
+from test_crash import _as_answered, _count, _kit, _records, _tokens, wait_for
+
+from kit.run import reader
+
+MAX_TOKENS = 40
+
+
+def _samples(root: Path, sizes: dict[str, int]) -> Path:
+    """A folder of alpaca JSONL sources, one per dataset (named by the file's stem)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for ds, n in sizes.items():
+        rows = [{"instruction": f"{ds} task {i}", "input": ""} for i in range(n)]
+        (root / f"{ds}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def _run(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = _kit(*argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(argv, proc.returncode, out.decode(), err.decode())
+
+
+def _plan(samples: Path, run_dir: Path, url: str, budget: str = "2000", *extra: str):
+    return _run(
+        *("plan", "--samples", *map(str, sorted(samples.iterdir())), "--run-dir", str(run_dir)),
+        *("--budget", budget, "--base-url", url, "--model", "fake"),
+        *("--max-tokens", str(MAX_TOKENS), "--concurrency", "8", "--pilot-per-dataset", "4"),
+        *extra,
+    )
+
+
+def _interrupted(run_dir: Path, at: int, *flags: str) -> subprocess.CompletedProcess:
+    """`kit generate --run-dir run_dir *flags`, SIGINT once `at` records are committed."""
+    proc = _kit(
+        "generate",
+        "--run-dir",
+        str(run_dir),
+        *flags,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: proc.poll() is not None or _count(run_dir) >= at, 120, f"{at} records")
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+    return subprocess.CompletedProcess(flags, proc.returncode, out.decode(), err.decode())
+
+
+def _unchanged(before: dict, after: dict) -> None:
+    """Every committed record is still there, byte for byte; none twice (_records checks)."""
+    lost = [k for k, row in before.items() if after.get(k) != row]
+    assert not lost, f"{len(lost)} committed records lost or changed"
+
+
+# ------------------------------------------------------------------- item 5: resume changes
+
+
+def test_a_budget_raised_at_resume_is_kept_by_every_later_resume_and_the_export(tmp_path):
+    """The issue's case: generate --budget alpha=6000, interrupted, then the plain `kit
+    generate` kit suggests: alpha runs to 6000 (not the planned 2000), the change is
+    recorded once, and export --trim-to-budget keeps alpha's 6000."""
+    samples = _samples(tmp_path / "samples", {"alpha": 400, "beta": 400})
+    run_dir = tmp_path / "run"
+    fault = FaultConfig(latency=0.02, min_words=20, max_words=40)
+    with FaultServer(fault) as srv:
+        plan = _plan(samples, run_dir, srv.base_url)
+        assert plan.returncode == 0, plan.stderr[-2000:]
+        cut = _interrupted(run_dir, 40, "--budget", "alpha=6000")
+        assert cut.returncode == 130, cut.stderr[-2000:]
+        before = _records(run_dir)
+        assert reader.read_config(run_dir).budgets == {"alpha": 6000, "beta": 2000}
+        again = _run("generate", "--run-dir", str(run_dir))
+        assert again.returncode == 0, again.stderr[-2000:]
+        after = _records(run_dir)
+        third = _run("generate", "--run-dir", str(run_dir))  # nothing left to do
+        assert third.returncode == 0, third.stderr[-2000:]
+    _unchanged(before, after)
+    assert _records(run_dir) == after, "a resume past the budget generated more"
+    _as_answered(run_dir, fault)
+    tokens = _tokens(after)
+    assert 6000 <= tokens["alpha"] <= 6000 + MAX_TOKENS, tokens
+    assert 2000 <= tokens["beta"] <= 2000 + MAX_TOKENS, tokens
+    budgets = [c for c in reader.run_changes(run_dir) if c[1].startswith("budgets.")]
+    assert [c[1:] for c in budgets] == [("budgets.alpha", 2000, 6000)]
+    audit = _run("audit", str(run_dir))
+    assert "budgets.alpha: 2000 -> 6000" in audit.stdout, audit.stdout
+    assert f"of {6000:,}" in audit.stdout, audit.stdout
+    out = tmp_path / "export"
+    ex = _run("export", str(run_dir), str(out), "--format", "parquet", "--trim-to-budget")
+    assert ex.returncode == 0, ex.stderr[-2000:]
+    kept = pl.read_parquet(list(out.rglob("*.parquet")))
+    got = dict(kept.group_by("dataset").agg(pl.col("completion_tokens").sum()).iter_rows())
+    assert 6000 - MAX_TOKENS < got["alpha"] <= 6000, got
+    assert 2000 - MAX_TOKENS < got["beta"] <= 2000, got
+
+
+def test_concurrency_and_endpoint_changed_at_resume_are_recorded_and_kept(tmp_path):
+    """Neighbours of the budget: --concurrency and --base-url given at a resume stay in force
+    for the next plain resume, each recorded old -> new; one budget for all is compared per
+    dataset."""
+    samples = _samples(tmp_path / "samples", {"alpha": 300, "beta": 300})
+    run_dir = tmp_path / "run"
+    fault = FaultConfig(latency=0.02, min_words=20, max_words=40)
+    with FaultServer(fault) as one, FaultServer(fault) as two:
+        assert _plan(samples, run_dir, one.base_url).returncode == 0
+        cut = _interrupted(
+            run_dir, 20, "--concurrency", "3", "--base-url", two.base_url, "--budget", "2500"
+        )
+        assert cut.returncode == 130, cut.stderr[-2000:]
+        before = _records(run_dir)
+        served = one.stats()["requests"]
+        again = _run("generate", "--run-dir", str(run_dir))
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert one.stats()["requests"] == served, "the plain resume went back to the plan's server"
+    config = reader.read_config(run_dir)
+    assert (config.concurrency, config.endpoints) == (3, [two.base_url])
+    changes = {c[1]: c[2:] for c in reader.run_changes(run_dir)}
+    assert changes["concurrency"] == (8, 3)
+    assert changes["endpoints"] == ([one.base_url], [two.base_url])
+    assert changes["budgets.alpha"] == (2000, 2500) and changes["budgets.beta"] == (2000, 2500)
+    after = _records(run_dir)
+    _unchanged(before, after)
+    assert all(2500 <= t <= 2500 + MAX_TOKENS for t in _tokens(after).values()), _tokens(after)
