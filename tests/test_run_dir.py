@@ -145,3 +145,71 @@ def test_concurrency_and_endpoint_changed_at_resume_are_recorded_and_kept(tmp_pa
     after = _records(run_dir)
     _unchanged(before, after)
     assert all(2500 <= t <= 2500 + MAX_TOKENS for t in _tokens(after).values()), _tokens(after)
+
+
+# ---------------------------------------------------------------------- item 6: re-planning
+
+
+def _stored_prompts(run_dir: Path) -> set[tuple[str, str]]:
+    return set(reader.prompts_frame(run_dir, text=False).select("dataset", "prompt_id").rows())
+
+
+def _loaded(samples: Path) -> set[tuple[str, str]]:
+    import kit
+
+    loaded = kit.load(sorted(str(p) for p in samples.iterdir()))
+    return set(loaded.scan().select("dataset", "prompt_id").collect().rows())
+
+
+def test_replanning_before_any_record_replaces_the_prompts(tmp_path):
+    """Plan, edit the prompts file, plan again with one dataset fewer, generate --budget 500:
+    the database holds exactly the new prompts and every record comes from one of them; the
+    dataset left out is never generated."""
+    samples = _samples(tmp_path / "samples", {"alpha": 200, "beta": 200})
+    run_dir = tmp_path / "run"
+    fault = FaultConfig(latency=0.005, min_words=20, max_words=40)
+    with FaultServer(fault) as srv:
+        assert _plan(samples, run_dir, srv.base_url).returncode == 0
+        assert {d for d, _ in _stored_prompts(run_dir)} == {"alpha", "beta"}
+        (samples / "beta.jsonl").unlink()
+        rows = [{"instruction": f"alpha edited {i}", "input": ""} for i in range(150)]
+        (samples / "alpha.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        again = _plan(samples, run_dir, srv.base_url)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert _stored_prompts(run_dir) == _loaded(samples)
+        run = _run("generate", "--run-dir", str(run_dir), "--budget", "500")
+        assert run.returncode == 0, run.stderr[-2000:]
+    records = _records(run_dir)
+    assert records and {k[:2] for k in records} <= _loaded(samples)
+    assert {k[0] for k in records} == {"alpha"}
+    assert 500 <= _tokens(records)["alpha"] <= 500 + MAX_TOKENS
+    _as_answered(run_dir, fault)
+
+
+def test_replanning_over_records_is_refused_before_the_pilot_and_keeps_them(tmp_path):
+    """Records exist: a plan over other prompts is refused in one line naming a new
+    --run-dir, before any pilot request, the records untouched; a plan over the same
+    prompts (a new budget) still goes in."""
+    samples = _samples(tmp_path / "samples", {"alpha": 200, "beta": 200})
+    run_dir = tmp_path / "run"
+    fault = FaultConfig(latency=0.005, min_words=20, max_words=40)
+    with FaultServer(fault) as srv:
+        assert _plan(samples, run_dir, srv.base_url, "800").returncode == 0
+        assert _run("generate", "--run-dir", str(run_dir)).returncode == 0
+        before = _records(run_dir)
+        (samples / "beta.jsonl").unlink()
+        sent = srv.stats()["requests"]
+        refused = _plan(samples, run_dir, srv.base_url)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert "Traceback" not in refused.stderr
+        assert "--run-dir NEW" in refused.stderr and "left out: ['beta']" in refused.stderr
+        assert srv.stats()["requests"] == sent, "the pilot ran before the refusal"
+        assert _records(run_dir) == before
+        assert {d for d, _ in _stored_prompts(run_dir)} == {"alpha", "beta"}
+        _samples(samples, {"beta": 200})  # the same prompts again: a new budget is a plan
+        same = _plan(samples, run_dir, srv.base_url, "1600")
+        assert same.returncode == 0, same.stderr[-2000:]
+        assert _run("generate", "--run-dir", str(run_dir)).returncode == 0
+    after = _records(run_dir)
+    _unchanged(before, after)
+    assert all(1600 <= t <= 1600 + MAX_TOKENS for t in _tokens(after).values()), _tokens(after)

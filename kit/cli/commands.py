@@ -295,6 +295,7 @@ def plan_run(
 def cmd_plan(args) -> int:
     import kit
     from kit import plan
+    from kit.run.store import replan_refusal
 
     if args.show:
         print(plan.show_plan(args.show))
@@ -318,6 +319,8 @@ def cmd_plan(args) -> int:
         strip=args.strip,
     )
     print(loaded)
+    if why := replan_refusal(args.run_dir, loaded.source_hashes()):  # before the pilot
+        raise UsageError(why)
     # the server flags may be missing (embedded server): placeholders until it has started
     config = kit.RunConfig(
         model=args.model or "embedded",

@@ -347,25 +347,60 @@ class RunStore:
 
 
 def store_prompts(run_dir, frame) -> None:
-    """Store a prompt frame (or a LoadResult's prompts, a part at a time) in run_dir's
-    database before any run (kit.plan.write_plan), under the writer's lock; refused over a
-    started run whose prompts are other ones."""
+    """Store a plan's prompts (a prompt frame, or a LoadResult's a part at a time) in run_dir's
+    database under the writer's lock (kit.plan.write_plan). While no record was generated,
+    they replace whatever is stored (nothing merged: a dataset the plan leaves out is gone,
+    with the errors, skips and status of the run that made nothing); over records, the same
+    prompts are kept and other ones refused (ConfigError naming the way forward)."""
+    from kit.data.sources import LoadResult, source_hashes
+
+    given = frame.source_hashes() if isinstance(frame, LoadResult) else source_hashes(frame)
     store = RunStore(run_dir)
     try:
         store._open()
-        if config_doc(store.conn) is not None:
-            from kit.data.sources import LoadResult, source_hashes
-
-            stored = config_doc(store.conn).get("source_hashes") or {}
-            given = frame.source_hashes() if isinstance(frame, LoadResult) else source_hashes(frame)
-            if stored and stored != given:
-                raise ConfigError(
-                    f"{run_dir} holds a run over other prompts: write this plan into a new "
-                    "run directory"
-                )
+        if why := _replan_refusal(store.conn, run_dir, given):
+            raise ConfigError(why)
+        if sum(n for n, _, _ in totals(store.conn).values()):
+            return  # the run's own prompts, stored already
+        with store._transaction():
+            for table in ("prompts", "errors", "skips", "totals"):
+                store.conn.execute(f"DELETE FROM {table}")
+            store.conn.execute("DELETE FROM state WHERE key IN ('prompts', 'status', 'rejected')")
+            store.conn.execute("UPDATE config SET fingerprint = ''")  # a plan again, no run
         store.add_prompts(frame)
     finally:
         store.close()
+
+
+def replan_refusal(run_dir, given: dict[str, str]) -> str | None:
+    """Why a plan over prompts whose source hashes are `given` cannot go into run_dir (records
+    were generated from other prompts), with the way forward; None when it can."""
+    from kit.run.reader import open_db
+
+    if not db.db_path(run_dir).exists():
+        return None
+    with open_db(run_dir) as conn:
+        return _replan_refusal(conn, run_dir, given)
+
+
+def _replan_refusal(conn, run_dir, given: dict[str, str]) -> str | None:
+    n = sum(samples for samples, _, _ in totals(conn).values())
+    stored = (config_doc(conn) or {}).get("source_hashes") or {}
+    if not n or stored == given:
+        return None
+    gone, new = sorted(stored.keys() - given.keys()), sorted(given.keys() - stored.keys())
+    edited = sorted(k for k in stored.keys() & given.keys() if stored[k] != given[k])
+    what = "; ".join(
+        f"{label} {names}"
+        for label, names in (("left out:", gone), ("new:", new), ("other prompts in:", edited))
+        if names
+    )
+    return (
+        f"{run_dir} holds {n:,} records generated from its stored prompts, and this plan's "
+        f"prompts differ ({what}); a plan replaces the prompts only before the first record. "
+        f"Plan into a new run directory (kit plan --run-dir NEW ...), or keep this run and "
+        f"change its budgets at resume (kit generate --run-dir {run_dir} --budget NAME=TOKENS)"
+    )
 
 
 @contextmanager
