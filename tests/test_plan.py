@@ -395,8 +395,9 @@ def test_plan_prompts_and_write_plan_prompts_checks(tmp_path):
     assert plan.run_started(run_dir)
     plan.write_plan(run_dir, table, config(), prompts=loaded)  # the same prompts: fine
     other = kit.load({"q": [{"q": "another question"}]}, mapping={"prompt": "q"})
-    with pytest.raises(ValueError, match="holds a run over other prompts"):
-        plan.write_plan(run_dir, table, config(), prompts=other)
+    plan.write_plan(run_dir, table, config(), prompts=other)  # no record yet: replaced
+    assert prompts_frame(run_dir)["prompt_id"].to_list() == other.frame["prompt_id"].to_list()
+    assert not plan.run_started(run_dir)  # a plan again (refused over records: test_run_dir)
     assert plan.plan_prompts(run_dir) is None and not (tmp_path / "x").exists()
 
 
