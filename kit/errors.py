@@ -13,6 +13,7 @@
     │   ├── RunLocked (RuntimeError) · DatabaseDamaged (RuntimeError)
     │   ├── PromptMismatch (ValueError) · FingerprintMismatch (ValueError)
     │   └── StoreWriteError (OSError, exit_code 1)
+    │       └── WALDeleted          run.sqlite-wal deleted under the writer
     ├── ServerError (RuntimeError) the embedded server failed to start or died
     ├── BackendError               a request failed; `retryable`, `kind` (its label)
     │   ├── ConnectError · RequestTimeout · HTTPStatusError (`status`)
@@ -108,6 +109,10 @@ class StoreWriteError(StoreError, OSError):
     """A write to the run directory failed (e.g. full disk); nothing half-written remains."""
 
     exit_code = 1  # the machine failed, not the input
+
+
+class WALDeleted(StoreWriteError):
+    """run.sqlite-wal was deleted or replaced under the running writer (the run stops)."""
 
 
 class ServerError(KitError, RuntimeError):

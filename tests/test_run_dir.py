@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -20,6 +18,8 @@ from faultserver import FaultConfig, FaultServer
 from test_crash import _as_answered, _count, _kit, _records, _tokens, wait_for
 
 from kit.run import reader
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MAX_TOKENS = 40
 
@@ -213,3 +213,118 @@ def test_replanning_over_records_is_refused_before_the_pilot_and_keeps_them(tmp_
     after = _records(run_dir)
     _unchanged(before, after)
     assert all(1600 <= t <= 1600 + MAX_TOKENS for t in _tokens(after).values()), _tokens(after)
+
+
+# ------------------------------------------------------------------ item 8: the write-ahead log
+
+KIT_WITH = """
+import sys
+import kit.run.store
+kit.run.store.CHECKPOINT_EVERY = float(sys.argv[1])
+from kit.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _generate(run_dir: Path, checkpoint_every: float = 60.0) -> subprocess.Popen:
+    """`kit generate --run-dir run_dir` in a child, its WAL checkpointed every
+    `checkpoint_every` s."""
+    env = os.environ | {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-c", KIT_WITH, str(checkpoint_every), "generate", "--run-dir"]
+    return subprocess.Popen(
+        [*argv, str(run_dir)], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def _planned(tmp_path: Path, url: str, budget: str = "6000") -> Path:
+    samples = _samples(tmp_path / "samples", {"alpha": 400, "beta": 400})
+    run_dir = tmp_path / "run"
+    plan = _plan(samples, run_dir, url, budget)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    return run_dir
+
+
+@pytest.mark.parametrize("victim", ["-wal", "-shm"])
+def test_a_wal_or_shm_deleted_under_the_writer_stops_the_run_and_loses_nothing(tmp_path, victim):
+    """run.sqlite-wal (or -shm) deleted while kit writes: the run stops with one line, exit
+    1; every record committed before is in run.sqlite, and a resume reaches the budgets with
+    none twice and each one as the server answered it."""
+    fault = FaultConfig(latency=0.05, min_words=20, max_words=40)
+    with FaultServer(fault) as srv:
+        run_dir = _planned(tmp_path, srv.base_url)
+        proc = _generate(run_dir)
+        try:
+            wait_for(lambda: proc.poll() is not None or _count(run_dir) >= 40, 120, "40 records")
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            before = _records(run_dir)
+            os.unlink(run_dir / f"run.sqlite{victim}")
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(60)
+        err = err.decode()
+        assert proc.returncode == 1, err[-2000:]
+        assert "Traceback" not in err, err[-2000:]
+        line = [x for x in err.splitlines() if x.startswith("kit: error:")]
+        assert len(line) == 1 and f"run.sqlite{victim}" in line[0] and "resume" in line[0], err
+        stopped = _records(run_dir)
+        _unchanged(before, stopped)
+        assert len(stopped) >= len(before)
+        again = _run("generate", "--run-dir", str(run_dir))
+        assert again.returncode == 0, again.stderr[-2000:]
+    after = _records(run_dir)
+    _unchanged(stopped, after)
+    assert all(6000 <= t <= 6000 + MAX_TOKENS for t in _tokens(after).values())
+    _as_answered(run_dir, fault)
+
+
+def test_a_wal_deleted_after_kill_9_costs_at_most_the_last_checkpoint_interval(tmp_path):
+    """kill -9, then run.sqlite-wal and -shm deleted: every record committed more than one
+    checkpoint interval (2 s here, 60 s by default) before the kill is still there, and the
+    config with it; the resume completes the run."""
+    fault = FaultConfig(latency=0.3, min_words=20, max_words=40)
+    with FaultServer(fault) as srv:
+        run_dir = _planned(tmp_path, srv.base_url)
+        proc = _generate(run_dir, checkpoint_every=2.0)
+        try:
+            wait_for(lambda: proc.poll() is not None or _count(run_dir) >= 40, 120, "40 records")
+            before = _records(run_dir)
+            time.sleep(2.0 + 2.5)  # one interval, and a commit (1 s) to checkpoint at
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(60)
+        wal = run_dir / "run.sqlite-wal"
+        assert wal.exists()
+        killed = _records(run_dir)
+        wal.unlink()
+        (run_dir / "run.sqlite-shm").unlink(missing_ok=True)
+        kept = _records(run_dir)
+        _unchanged(before, kept)
+        assert set(kept) <= set(killed)
+        assert reader.read_config(run_dir).budgets == {"alpha": 6000, "beta": 6000}
+        again = _run("generate", "--run-dir", str(run_dir))
+        assert again.returncode == 0, again.stderr[-2000:]
+    after = _records(run_dir)
+    _unchanged(kept, after)
+    assert all(6000 <= t <= 6000 + MAX_TOKENS for t in _tokens(after).values())
+    _as_answered(run_dir, fault)
+
+
+def test_a_clean_stop_checkpoints_the_wal(tmp_path):
+    """Ctrl-C: the WAL is copied into run.sqlite before kit exits, so a -wal deleted after a
+    clean stop takes nothing."""
+    fault = FaultConfig(latency=0.05, min_words=20, max_words=40)
+    with FaultServer(fault) as srv:
+        run_dir = _planned(tmp_path, srv.base_url)
+        cut = _interrupted(run_dir, 40)
+        assert cut.returncode == 130, cut.stderr[-2000:]
+    before = _records(run_dir)
+    wal = run_dir / "run.sqlite-wal"
+    assert not wal.exists() or wal.stat().st_size == 0
+    wal.unlink(missing_ok=True)
+    assert _records(run_dir) == before

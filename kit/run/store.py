@@ -23,11 +23,14 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, astuple
 from pathlib import Path
 
-from kit.errors import ConfigError, FingerprintMismatch, RunLocked, StoreWriteError
+from kit.errors import ConfigError, FingerprintMismatch, RunLocked, StoreWriteError, WALDeleted
 from kit.run import db
 from kit.run.db import RECORD_SQL, TOTALS_SQL, prompt_rows, record_row
 from kit.run.reader import config_doc, done_frame, prompt_state, totals
 from kit.types import DatasetProgress, ErrorRecord, Record, RunConfig
+
+CHECKPOINT_EVERY = 60.0  # s: the most commits a deleted -wal can take with it
+WAL_FILES = ("-wal", "-shm")  # SQLite's files beside run.sqlite while it is open
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -129,6 +132,8 @@ class RunStore:
         """Create the run dir, open (and migrate) its database, take the writer's lock."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.conn = db.connect(self.run_dir, write=True)
+        self._wal = self._wal_ids()
+        self._last_checkpoint = time.monotonic()
         self._take_lock()
 
     def _init(self, config: RunConfig, prompts_frame, force: bool) -> None:
@@ -327,14 +332,58 @@ class RunStore:
         except sqlite3.Error:
             pass  # status is advisory; records and errors carry the truth
 
+    @contextmanager
     def _transaction(self):
-        return _transaction(self.conn)
+        """A write transaction, then the WAL's care: a -wal deleted or replaced under this
+        writer is caught at the commit after (WALDeleted); the WAL is checkpointed into
+        run.sqlite at least every CHECKPOINT_EVERY s (a lost -wal costs at most that)."""
+        with _transaction(self.conn):
+            yield self.conn
+        now = self._wal_ids()
+        if lost := [p for p, a, b in zip(WAL_FILES, self._wal, now, strict=True) if a and a != b]:
+            self._wal_lost(lost)
+        self._wal = now
+        if time.monotonic() - self._last_checkpoint >= CHECKPOINT_EVERY:
+            self.checkpoint("PASSIVE")
+
+    def _wal_ids(self) -> tuple:
+        """(st_dev, st_ino) of run.sqlite-wal and -shm (None for one not there)."""
+        return tuple(_file_id(self.run_dir / f"{db.DB_NAME}{p}") for p in WAL_FILES)
+
+    def checkpoint(self, mode: str = "TRUNCATE") -> bool:
+        """Copy the WAL's commits into run.sqlite (SQLite's wal_checkpoint); True when all were
+        (a reader mid-read can hold some back: PASSIVE does not wait for it)."""
+        self._last_checkpoint = time.monotonic()
+        try:
+            busy, log, moved = self.conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+        except sqlite3.Error:
+            return False
+        return not busy and log == moved
+
+    def _wal_lost(self, lost: list[str]) -> None:
+        """The -wal or -shm was deleted (or replaced) under this writer. The commits are still
+        in the files SQLite holds open: checkpointed into run.sqlite through them, then the
+        connection is opened again (new files) and WALDeleted stops the run."""
+        saved = self.checkpoint()
+        self.conn.close()
+        self.conn = db.connect(self.run_dir, write=True)
+        self._wal = self._wal_ids()
+        kept = "every commit was copied into run.sqlite" if saved else "a reader held some back"
+        names = " and ".join(f"{db.db_path(self.run_dir)}{p}" for p in lost)
+        raise WALDeleted(
+            errno.EIO,
+            f"{names} deleted or replaced while kit wrote the run ({kept}); the run stopped. "
+            f"Never delete run.sqlite-wal or -shm; resume with `kit generate --run-dir "
+            f"{self.run_dir}`",
+        )
 
     def close(self) -> None:
-        """Commit what is buffered, close the database, then drop the lock (safe twice)."""
+        """Commit what is buffered, checkpoint the WAL into run.sqlite, close the database,
+        then drop the lock (safe twice)."""
         try:
             if self.conn is not None and self._lock_fd is not None:
                 self.flush()
+                self.checkpoint()
         finally:
             if self.conn is not None:
                 self.conn.close()
@@ -401,6 +450,15 @@ def _replan_refusal(conn, run_dir, given: dict[str, str]) -> str | None:
         f"Plan into a new run directory (kit plan --run-dir NEW ...), or keep this run and "
         f"change its budgets at resume (kit generate --run-dir {run_dir} --budget NAME=TOKENS)"
     )
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of a file, None when it is not there."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 @contextmanager
