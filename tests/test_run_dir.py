@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -328,3 +330,126 @@ def test_a_clean_stop_checkpoints_the_wal(tmp_path):
     assert not wal.exists() or wal.stat().st_size == 0
     wal.unlink(missing_ok=True)
     assert _records(run_dir) == before
+
+
+# -------------------------------------------------------- item 9: read-only run directories
+
+RO = """
+import subprocess, sys
+ro, argv = sys.argv[1], sys.argv[2:]
+subprocess.run(["mount", "--bind", "-o", "ro", ro, ro], check=True)
+from kit.cli import main
+sys.exit(main(argv))
+"""
+
+
+def _ro_kit(ro: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`kit *argv` with `ro` bind-mounted read-only (a private mount namespace: writes there
+    fail with EROFS even for root, as on a read-only mount)."""
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    cmd = ["unshare", "-rm", sys.executable, "-c", RO, str(ro), *argv]
+    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return out
+
+
+def _cut_run(tmp_path: Path, url: str, signal_: int) -> Path:
+    run_dir = _planned(tmp_path, url)
+    proc = _generate(run_dir)
+    try:
+        wait_for(lambda: proc.poll() is not None or _count(run_dir) >= 40, 120, "40 records")
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        proc.send_signal(signal_)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+    return run_dir
+
+
+@pytest.mark.parametrize("copy", ["backup", "killed"])
+def test_every_reading_command_works_on_a_read_only_run_dir(tmp_path, copy):
+    """A `.backup` copy (run.sqlite alone) and a kill -9'd run (its -wal and -shm left) on a
+    read-only mount: audit, records, export, watch and plan --show read every record;
+    generate refuses it in one line."""
+    fault = FaultConfig(latency=0.05, min_words=20, max_words=40)
+    with FaultServer(fault) as srv:
+        run_dir = _cut_run(tmp_path, srv.base_url, signal.SIGKILL)
+    ro = tmp_path / "ro"
+    if copy == "backup":
+        ro.mkdir()
+        src = sqlite3.connect(run_dir / "run.sqlite")
+        dst = sqlite3.connect(ro / "run.sqlite")
+        src.backup(dst)
+        src.close(), dst.close()
+        assert sorted(p.name for p in ro.iterdir()) == ["run.sqlite"]
+    else:
+        shutil.copytree(run_dir, ro)
+        assert (ro / "run.sqlite-wal").stat().st_size > 0
+    expected = _records(run_dir)
+    before = {p.name: p.read_bytes() for p in ro.iterdir()}
+    records = _ro_kit(ro, "records", str(ro))
+    assert records.returncode == 0, records.stderr[-2000:]
+    keys = [
+        (r["dataset"], r["prompt_id"], r["sample"])
+        for r in map(json.loads, records.stdout.splitlines())
+    ]
+    assert sorted(keys) == sorted(expected) and len(keys) == len(expected)
+    audit = _ro_kit(ro, "audit", str(ro))
+    assert audit.returncode == 0, audit.stderr[-2000:]
+    n = {ds: sum(1 for k in expected if k[0] == ds) for ds in ("alpha", "beta")}
+    assert all(f"{ds}: {c} records" in audit.stdout for ds, c in n.items()), audit.stdout
+    out = tmp_path / "export"
+    ex = _ro_kit(ro, "export", str(ro), str(out), "--format", "parquet")
+    assert ex.returncode == 0, ex.stderr[-2000:]
+    assert pl.read_parquet(list(out.rglob("*.parquet"))).height == len(expected)
+    watch = _ro_kit(ro, "watch", str(ro), "--stall-timeout", "5")
+    assert watch.returncode == 0 and "alpha" in watch.stdout, watch.stderr[-2000:]
+    show = _ro_kit(ro, "plan", "--show", str(ro))
+    assert show.returncode == 0 and "alpha" in show.stdout, show.stderr[-2000:]
+    gen = _ro_kit(ro, "generate", "--run-dir", str(ro))
+    assert gen.returncode == 1 and "Traceback" not in gen.stderr, gen.stderr[-2000:]
+    assert gen.stderr.count("\n") == 1 and "read-only" in gen.stderr, gen.stderr
+    assert {p.name: p.read_bytes() for p in ro.iterdir()} == before, "a reader wrote"
+
+
+# ------------------------------------------------------------ item 10: watch, a dead writer
+
+
+def test_watch_says_at_once_that_a_killed_writer_is_gone(tmp_path):
+    """kill -9 of `kit generate`: `kit watch` (stall timeout 300 s) stops within seconds,
+    naming the pid that is gone and the resume; it counts every committed record."""
+    fault = FaultConfig(latency=0.05, min_words=20, max_words=40)
+    with FaultServer(fault) as srv:
+        run_dir = _cut_run(tmp_path, srv.base_url, signal.SIGKILL)
+    pid = json.loads(reader.state(run_dir, "writer_process"))["pid"]
+    t0 = time.monotonic()
+    watch = _run("watch", str(run_dir), "--stall-timeout", "300", timeout=120)
+    took = time.monotonic() - t0
+    assert watch.returncode == 0, watch.stderr[-2000:]
+    assert took < 30, f"watch took {took:.0f} s"
+    assert f"pid {pid}" in watch.stdout and "is gone" in watch.stdout, watch.stdout
+    assert f"kit generate --run-dir {run_dir}" in watch.stdout
+    tokens = _tokens(_records(run_dir))
+    assert all(
+        f"{t:,}" in watch.stdout or f"{t / 1000:.2f}k" in watch.stdout for t in tokens.values()
+    )
+
+
+def test_a_reused_pid_is_not_taken_for_the_writer(tmp_path):
+    """The writer is named by pid and start time: a live process that got the dead writer's
+    pid (here: this one, with another start time) is not it; the writer itself is live."""
+    from kit.run import db
+    from kit.run.progress import writer_gone
+    from kit.run.store import RunStore
+
+    store = RunStore(tmp_path / "run")
+    store._open()
+    try:
+        assert writer_gone(tmp_path / "run") is None  # this process writes it
+        me = json.loads(reader.state(tmp_path / "run", "writer_process"))
+        assert me["start"] == db.process_start(os.getpid()) is not None
+        store.set_state("writer_process", json.dumps(me | {"start": me["start"] - 1}))
+        assert "is gone" in writer_gone(tmp_path / "run")
+    finally:
+        store.close()

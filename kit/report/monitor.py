@@ -393,7 +393,8 @@ def watch(
 ) -> list[DatasetProgress]:
     """Follow a run written by another process: poll its directory and render progress.
 
-    Stops when every dataset is budget_reached, exhausted or failed (if `until_done`), or when
+    Stops when every dataset is budget_reached, exhausted or failed, or the run's writer has
+    ended or its process is gone (if `until_done`; the rows' note says which), or when
     for `stall_timeout` seconds no record or error was added and no live runner reported
     requests in flight (None: never; Ctrl-C ends it). In a notebook, run it in a thread:
     `await asyncio.to_thread(kit.watch, run_dir)`.
@@ -424,15 +425,17 @@ def watch(
     mark, t_mark = None, clock()
     try:
         while True:
-            progress = _read(run_dir)
+            progress, gone = _read(run_dir)
             now = clock()
             seen = tuple((p.dataset, p.tokens_done, p.samples_done, p.errors) for p in progress)
             if seen != mark or any(p.in_flight for p in progress):  # in flight: not stalled
                 mark, t_mark = seen, now
             monitor(progress)
             done = bool(progress) and all(p.state in _DONE_STATES for p in progress)
-            if (done and until_done) or (
-                stall_timeout is not None and now - t_mark >= stall_timeout
+            if (
+                until_done
+                and (done or gone)
+                or (stall_timeout is not None and now - t_mark >= stall_timeout)
             ):
                 return progress
             time.sleep(interval)
@@ -441,13 +444,14 @@ def watch(
             close()
 
 
-def _read(run_dir: Path) -> list[DatasetProgress]:
-    """The run's progress from its totals table; [] before the run made its database."""
-    from kit.run.progress import progress
+def _read(run_dir: Path) -> tuple[list[DatasetProgress], str | None]:
+    """The run's progress from its totals table, and why nothing writes it any more (None
+    while a writer may: kit.run.progress.writer_gone); [] before the run made its database."""
+    from kit.run.progress import progress_and_writer
 
     try:
-        return list(progress(run_dir))
+        return progress_and_writer(run_dir)
     except (FileNotFoundError, sqlite3.OperationalError) as e:
         if isinstance(e, sqlite3.OperationalError) and "no such table" not in str(e):
             raise
-        return []
+        return [], None

@@ -45,6 +45,27 @@ def written_here(run_dir) -> bool:
     return (st.st_dev, st.st_ino) in HELD
 
 
+def process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat's 22nd field),
+    None when no such process runs: a pid with its start time names one process, never a
+    later one given the same pid. Without /proc: 0 while the pid exists."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return 0
+
+
 def db_path(run_dir) -> Path:
     return Path(run_dir) / DB_NAME
 
@@ -145,9 +166,12 @@ def reader_uri(path: Path) -> str:
     """The URI a reader opens path by: mode=ro, or mode=ro&immutable=1 where SQLite cannot
     open the -shm that mode=ro needs and no -wal holds commits (see connect); StoreWriteError
     when a -wal holds commits that cannot be read."""
-    uri = f"{Path(path).resolve().as_uri()}?mode=ro"
+    path = Path(path)
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    if os.access(path.parent, os.W_OK) or path.with_name(path.name + "-shm").exists():
+        return uri  # SQLite can make or open the -shm: no probe
     try:
-        _open_ro(uri).close()
+        _open_ro(uri, probe=True).close()
         return uri
     except sqlite3.OperationalError as e:
         if not _cannot(e):
@@ -163,12 +187,13 @@ def reader_uri(path: Path) -> str:
     return uri + "&immutable=1"
 
 
-def _open_ro(uri: str) -> sqlite3.Connection:
-    """A connection on a read-only URI, checked by a first read."""
+def _open_ro(uri: str, *, probe: bool = False) -> sqlite3.Connection:
+    """A connection on a read-only URI (probe: checked by a first read)."""
     conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
-        conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+        if probe:
+            conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
     except BaseException:
         conn.close()
         raise

@@ -10,9 +10,11 @@ fresh (the runner's own rate over its last 30 s of answers); a run not writing h
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 from kit.errors import MissingPath
+from kit.run import db
 from kit.run.reader import config_doc, open_db, prompt_state, totals
 from kit.types import DatasetProgress, RunConfig
 
@@ -26,6 +28,13 @@ def progress(run_dir, *, stale_s: float = 15.0) -> list[DatasetProgress]:
 
     Example: [p.tokens_done for p in progress("data/runs/demo")] -> [4012, 2561]
     """
+    return progress_and_writer(run_dir, stale_s=stale_s)[0]
+
+
+def progress_and_writer(
+    run_dir, *, stale_s: float = 15.0
+) -> tuple[list[DatasetProgress], str | None]:
+    """(progress(run_dir), writer_gone(run_dir)) from one read: what kit.watch polls."""
     with open_db(run_dir) as conn:
         doc = config_doc(conn)
         if doc is None:
@@ -38,6 +47,7 @@ def progress(run_dir, *, stale_s: float = 15.0) -> list[DatasetProgress]:
         )
         errors = dict(conn.execute(_OPEN_ERRORS).fetchall())
         row = conn.execute("SELECT value FROM state WHERE key = 'status'").fetchone()
+        gone = _writer_gone(conn, run_dir)
     live = _live(row[0] if row else None, stale_s)
     n = config.sampling.n
     out = []
@@ -47,8 +57,38 @@ def progress(run_dir, *, stale_s: float = 15.0) -> list[DatasetProgress]:
         p.errors, p.prompts_total = errors.get(name, 0), prompts.get(name, 0) * n
         p.skipped = int(skipped.get(name) or 0)
         _apply_live(p, live.get(name))
+        if gone and p.state not in ("budget_reached", "exhausted", "failed"):
+            p.note = gone
         out.append(p)
-    return out
+    return out, gone
+
+
+def writer_gone(run_dir) -> str | None:
+    """Why no kit process writes run_dir any more (its writer ended: stopped, or its process
+    is gone, killed), with the way on; None while one may (or none has started)."""
+    with open_db(run_dir) as conn:
+        return _writer_gone(conn, run_dir)
+
+
+def _writer_gone(conn, run_dir) -> str | None:
+    rows = dict(
+        conn.execute("SELECT key, value FROM state WHERE key IN ('status', 'writer_process')")
+    )
+    try:
+        writer = json.loads(rows["writer_process"])
+        status = json.loads(rows.get("status") or "{}")
+    except (KeyError, ValueError):
+        return None
+    pid, host = writer.get("pid"), writer.get("host")
+    resume = f"resume with `kit generate --run-dir {run_dir}`"
+    if status.get("finished") and status.get("pid") == pid:
+        return f"the run stopped (its writer, pid {pid}, ended it); {resume}"
+    if host != socket.gethostname() or db.process_start(pid) == writer.get("start"):
+        return None  # alive (or on another host: its staleness tells)
+    return (
+        f"the writer of this run (pid {pid} on {host}) is gone without finishing (killed?); "
+        f"its committed records are kept: {resume}"
+    )
 
 
 _OPEN_ERRORS = (

@@ -218,7 +218,11 @@ class RunStore:
         self._lock_key = key
         self._lock_fd = fd
         since = time.strftime("%Y-%m-%d %H:%M:%S")
-        self.set_state("writer", f"pid {os.getpid()} on {socket.gethostname()} since {since}")
+        pid, host = os.getpid(), socket.gethostname()
+        with self._transaction():
+            self._put_state("writer", f"pid {pid} on {host} since {since}")
+            me = {"pid": pid, "host": host, "start": db.process_start(pid)}
+            self._put_state("writer_process", json.dumps(me))  # kit.run.progress.writer_gone
 
     def _holder(self) -> str:
         row = self.conn.execute("SELECT value FROM state WHERE key = 'writer'").fetchone()
