@@ -57,7 +57,7 @@ def progress_and_writer(
         p.errors, p.prompts_total = errors.get(name, 0), prompts.get(name, 0) * n
         p.skipped = int(skipped.get(name) or 0)
         _apply_live(p, live.get(name))
-        if gone and p.state not in ("budget_reached", "exhausted", "failed"):
+        if gone and not p.note and p.state not in ("budget_reached", "exhausted", "failed"):
             p.note = gone
         out.append(p)
     return out, gone
