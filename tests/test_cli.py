@@ -691,7 +691,10 @@ def test_records_streams_jsonl_one_record_a_line(tmp_path, capsys):
     assert code == 0 and [json.loads(line)["dataset"] for line in out.splitlines()] == ["b", "b"]
     code, _, err = run_main(["records", str(run), "--dataset", "nope"], capsys)
     assert code == 2
-    assert_one_line_error(err, "'nope'", "['a', 'b']")
+    assert_one_line_error(err, "--dataset: no dataset 'nope'", "the datasets are: a, b")
+    code, _, err = run_main(["records", str(run), "--dataset", "aa"], capsys)
+    assert code == 2
+    assert_one_line_error(err, "--dataset: no dataset 'aa' in ", "(did you mean 'a'?)")
     code, _, err = run_main(["records", str(tmp_path / "missing")], capsys)
     assert code == 2
     assert_one_line_error(err, "run.sqlite not found")
