@@ -314,3 +314,37 @@ def test_replan_against_the_embedded_server_reuses_its_measured_pilot(
     again = kit.plan.read_plan(run_dir)
     assert again["pilot"]["rows"] == first["rows"] and again["budgets"] == {"chat_general": 777}
     assert len(set(first["rows"]["t_done"])) == 4  # real, distinct timings
+
+
+@pytest.mark.slow
+def test_01_plan_reuses_the_stored_pilot_through_the_same_api(tmp_path, monkeypatch):
+    """01_plan, run twice cold into one run directory: the second run sends no request and
+    says it reused the pilot (kit.plan.stored_pilot, as `kit plan`)."""
+    import nbformat
+
+    from kit.cli import demo
+
+    monkeypatch.setattr(demo, "NOTEBOOKS", ("01_plan",))
+    run_dir = tmp_path / "run"
+    with FaultServer(FaultConfig(latency=0.01)) as srv:
+        parameters = {
+            "run_dir": run_dir,
+            "data": [str(SAMPLES / "chat_general.jsonl")],
+            "budgets": {"chat_general": 500},
+            "max_tokens": 32,
+            "pilot_per_dataset": 3,
+            "concurrency": 4,
+            "base_url": srv.base_url,
+            "model": "m",
+            "tokenizer": str(ROOT / "data" / "models" / "SmolLM2-135M-Instruct"),
+        }
+        texts = []
+        for budget in (500, 800):
+            parameters["budgets"] = {"chat_general": budget}
+            executed = demo.run_notebooks(run_dir, parameters)
+            nb = nbformat.read(executed / "01_plan.ipynb", as_version=4)
+            outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+            texts.append("".join(o.get("text", "") for o in outputs if o.output_type == "stream"))
+            assert srv.stats()["requests"] == 3  # the first run's pilot only
+    assert "no pilot stored in" in texts[0] and "reusing the pilot stored in" in texts[1]
+    assert kit.plan.read_plan(run_dir)["budgets"] == {"chat_general": 800}
