@@ -15,6 +15,7 @@
     │   └── StoreWriteError (OSError, exit_code 1)
     │       └── WALDeleted          run.sqlite-wal deleted under the writer
     ├── ServerError (RuntimeError) the embedded server failed to start or died
+    ├── Interrupted                a pilot stopped by a signal (exit_code 128 + its number)
     ├── BackendError               a request failed; `retryable`, `kind` (its label)
     │   ├── ConnectError · RequestTimeout · HTTPStatusError (`status`)
     │   └── MalformedAnswer · NoEndpoint · BackendConfigError
@@ -121,6 +122,17 @@ class ServerError(KitError, RuntimeError):
     def __init__(self, message: str, log: str = "") -> None:
         super().__init__(f"{message}\n--- server log (last lines) ---\n{log}" if log else message)
         self.log = log
+
+
+class Interrupted(KitError):
+    """A pilot stopped by a signal before its end: nothing was planned from it."""
+
+    exit_code = 130  # as Ctrl-C
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
 
 
 class BackendError(KitError):

@@ -123,6 +123,67 @@ def test_budget_for_an_unknown_dataset_names_the_missing_ones(tmp_path, capsys):
     assert_one_line_error(err, "chat_general")
 
 
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--budget", "mbp=1000", "chat=5"], "--budget: no dataset 'mbp' (did you mean 'mbpp'?)"),
+        (["--budget", "mbpp=1000"], "--budget gives no budget for datasets ['chat']"),
+        (
+            ["--budget", "9", "--format", "mbp=alpaca"],
+            "--format: no dataset 'mbp' (did you mean 'mbpp'?)",
+        ),
+        (
+            ["--budget", "9", "--mapping", 'mbbp={"prompt": "text"}'],
+            "--mapping: no dataset 'mbbp' (did you mean 'mbpp'?)",
+        ),
+        (
+            ["--budget", "9", "--format", "zzz=alpaca"],
+            "no dataset 'zzz' (the datasets are: chat, mbpp)",
+        ),
+    ],
+)
+def test_a_flag_naming_an_unknown_dataset_says_the_flag_and_the_closest_name(
+    flags, needle, tmp_path, capsys
+):
+    """Issue 34 item 9: `--budget mbp=1000` for dataset mbpp said "RunConfig.budgets has no
+    entry for datasets ['mbpp']": the API's field, not the flag nor the name given."""
+    row = '{"messages": [{"role": "user", "content": "%s"}]}\n'
+    (tmp_path / "mbpp.jsonl").write_text(row % "Write a function.")
+    (tmp_path / "chat.jsonl").write_text(row % "Hi")
+    argv = ["plan", "--samples", str(tmp_path / "mbpp.jsonl"), str(tmp_path / "chat.jsonl")]
+    argv += [
+        "--run-dir",
+        str(tmp_path / "r"),
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+    ]
+    code, _, err = run_main([*argv, *flags], capsys)
+    assert code == 2
+    assert_one_line_error(err, needle)
+    assert "RunConfig" not in err and not (tmp_path / "r").exists()
+
+
+def test_a_missing_samples_path_says_it_does_not_exist(tmp_path, capsys):
+    """Issue 34 item 9: `--samples /nonexistent` said "unsupported file type ''"."""
+    argv = ["plan", "--samples", str(tmp_path / "nonexistent"), "--run-dir", str(tmp_path / "r")]
+    code, _, err = run_main(
+        [*argv, "--budget", "9", "--base-url", "http://h/v1", "--model", "m"], capsys
+    )
+    assert code == 2
+    assert_one_line_error(err, f"--samples: {tmp_path / 'nonexistent'} does not exist")
+
+
+def test_generate_budget_names_the_closest_planned_dataset(planned, capsys):
+    argv = ["generate", "--run-dir", str(planned), "--budget", "chat_genral=100"]
+    code, _, err = run_main(argv, capsys)
+    assert code == 2
+    assert_one_line_error(
+        err, "--budget: no dataset 'chat_genral' in the plan (did you mean 'chat_general'?)"
+    )
+
+
 def test_base_url_needs_model(tmp_path, capsys):
     argv = ["plan", "--run-dir", str(tmp_path), "--budget", "100", "--base-url", "http://h/v1"]
     code, _, err = run_main(argv, capsys)
@@ -691,7 +752,10 @@ def test_records_streams_jsonl_one_record_a_line(tmp_path, capsys):
     assert code == 0 and [json.loads(line)["dataset"] for line in out.splitlines()] == ["b", "b"]
     code, _, err = run_main(["records", str(run), "--dataset", "nope"], capsys)
     assert code == 2
-    assert_one_line_error(err, "'nope'", "['a', 'b']")
+    assert_one_line_error(err, "--dataset: no dataset 'nope'", "the datasets are: a, b")
+    code, _, err = run_main(["records", str(run), "--dataset", "aa"], capsys)
+    assert code == 2
+    assert_one_line_error(err, "--dataset: no dataset 'aa' in ", "(did you mean 'a'?)")
     code, _, err = run_main(["records", str(tmp_path / "missing")], capsys)
     assert code == 2
     assert_one_line_error(err, "run.sqlite not found")

@@ -444,16 +444,25 @@ def test_pilot_default_is_at_least_30_per_dataset():
     assert dict(counts.iter_rows()) == {"a": 30, "b": 12}  # 30, or all when fewer
 
 
-def test_pilot_to_a_dead_server_counts_errors_and_the_plan_refuses_it(free_port):
-    url = f"http://127.0.0.1:{free_port()}/v1"
-    cfg = config(endpoints=url, sampling=Sampling(max_tokens=8), timeout=5, no_endpoint_timeout=1)
-    res = plan.pilot_sync(_prompts({"a": 4}), cfg, per_dataset=3)
+def test_pilot_to_a_down_server_counts_errors_and_the_plan_refuses_it():
+    """A server that accepts connections but fails its health check (a refused port fails
+    at once: tests/test_plan_reuse.py)."""
+    from faultserver import FaultConfig, FaultServer
+
+    with FaultServer(FaultConfig(mode="down")) as srv:
+        cfg = config(
+            endpoints=srv.base_url,
+            sampling=Sampling(max_tokens=8),
+            timeout=5,
+            no_endpoint_timeout=1,
+        )
+        res = plan.pilot_sync(_prompts({"a": 4}), cfg, per_dataset=3)
     assert res.frame.height == 0 and len(res.errors) == 3
     assert all(e.startswith("a/a-") and "no healthy endpoint" in e for e in res.errors)
     with pytest.raises(ValueError, match="samples is empty"):
         plan.budget(100, res, prompts_available={"a": 4})
     with pytest.raises(ValueError, match="RunConfig.model must be"):  # no pilot without a model
-        config(model="", endpoints=url)
+        config(model="", endpoints=srv.base_url)
 
 
 def test_pilot_retries_transient_faults_and_counts_hard_ones():

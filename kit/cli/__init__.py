@@ -215,7 +215,14 @@ def parser() -> argparse.ArgumentParser:
         "--pilot-per-dataset",
         type=int,
         default=PILOT_PER_DATASET,
-        help="pilot prompts per dataset (all of them when a dataset has fewer)",
+        help="pilot prompts per dataset (all of them when a dataset has fewer); a pilot stored "
+        "in --run-dir with the same model, sampling and server is reused unless this asks more",
+    )
+    pl_.add_argument(
+        "--new-pilot",
+        action="store_true",
+        help="run a new pilot even when --run-dir holds one made with the same model, sampling "
+        "and server (reused by default: no request sent)",
     )
     pl_.add_argument(
         "--throughput", type=float, help="tokens/s of the real run (default: the pilot's)"

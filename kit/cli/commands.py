@@ -10,6 +10,7 @@ error raises ValueError / FileNotFoundError with the fix in its message.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import math
 import sys
@@ -138,15 +139,53 @@ def _tokens(flag: str, value: str) -> int:
     return int(tokens)
 
 
+def known_names(flag: str, given, known, where: str = "") -> None:
+    """UsageError naming the flag, each name of `given` not in `known` and the closest known
+    one: `--budget: no dataset 'mbp' (did you mean 'mbpp'?)`."""
+    known = sorted(known)
+    lines = []
+    for name in [n for n in given if n not in known]:
+        close = difflib.get_close_matches(name, known, n=1)
+        listed = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+        hint = f"did you mean {close[0]!r}?" if close else f"the datasets are: {listed}"
+        lines.append(f"no dataset {name!r}{where} ({hint})")
+    if lines:
+        raise UsageError(f"{flag}: " + "; ".join(lines))
+
+
+def _budget_names(budgets, names: list[str]) -> None:
+    """--budget NAME=TOKENS must name exactly the datasets loaded (one number: all of them)."""
+    if not isinstance(budgets, dict):
+        return
+    known_names("--budget", budgets, names)
+    if missing := [n for n in names if n not in budgets]:
+        raise UsageError(
+            f"--budget gives no budget for datasets {missing}: give NAME=TOKENS for each "
+            "dataset, or one number for all"
+        )
+
+
 def _merged_budgets(planned, given):
     """The plan's budgets with --budget applied: one number replaces all, NAME=TOKENS one each."""
     if isinstance(given, int) or not isinstance(planned, dict):
         return given
-    if unknown := sorted(set(given) - set(planned)):
-        raise UsageError(
-            f"--budget names datasets {unknown} that the plan does not have (it has {sorted(planned)})"
-        )
+    known_names("--budget", given, planned, " in the plan")
     return {**planned, **given}
+
+
+def _sample_names(samples: list[str], formats, mappings, args) -> None:
+    """Before any loading: every --samples path exists, and the NAMEs of --format and
+    --mapping NAME=... are datasets of them (a dataset is named by its file's stem)."""
+    from kit.data.inputs import sources
+
+    for path in samples:
+        if not Path(path).exists() and not Path(path).is_symlink():  # the loader names a bad link
+            raise MissingPath(f"--samples: {path} does not exist")
+    names = [name for name, _ in sources(samples, None)[0]]
+    if isinstance(formats, dict):
+        known_names("--format", formats, names)
+    if args.mapping and _named(args.mapping[0])[0] is not None:
+        known_names("--mapping", mappings, names)
 
 
 def _run_changes(args) -> dict:
@@ -234,12 +273,14 @@ def plan_run(
     servers=None,
     hidden=None,
     target_config=None,
+    pilot=None,
 ):
-    """Profile prompts, pilot, plan the budgets (timed on `servers` endpoints) and store the
-    plan (with `config` and `server`: whether its endpoints are an embedded server this
-    command started). `hidden`: dataset -> bytes of hidden states (or one number for
-    all), converted to completion tokens from the pilot; `target_config`: the target's
-    config.json or folder (default: the tokenizer's folder when it holds one)."""
+    """Profile prompts, pilot (unless `pilot`, a stored one, is given), plan the budgets
+    (timed on `servers` endpoints) and store the plan (with `config` and `server`: whether
+    its endpoints are an embedded server this command started). `hidden`: dataset -> bytes
+    of hidden states (or one number for all), converted to completion tokens from the
+    pilot; `target_config`: the target's config.json or folder (default: the tokenizer's
+    folder when it holds one)."""
     from kit import plan
     from kit.plan import hidden as hs
     from kit.report.widgets import summary_text
@@ -250,16 +291,16 @@ def plan_run(
     budgets = config.budgets_for(names)
     if config.tokenizer:  # the prompts are read a part at a time, here and below
         print(_table(plan.profile_prompts(loaded, config.tokenizer)))
-    print(f"pilot: up to {per_dataset} prompts per dataset ...", file=sys.stderr, flush=True)
-    result = plan.pilot_sync(loaded, config, per_dataset=per_dataset, progress=_counter("pilot"))
-    print(file=sys.stderr)
+    result = pilot
+    if result is None:
+        print(f"pilot: up to {per_dataset} prompts per dataset ...", file=sys.stderr, flush=True)
+        result = plan.pilot_sync(
+            loaded, config, per_dataset=per_dataset, progress=_counter("pilot")
+        )
+        print(file=sys.stderr)
     if result.errors:
         print(f"pilot: {len(result.errors)} requests failed, first: {result.errors[0]}")
-    if missing := sorted(set(names) - set(result.frame["dataset"].unique().to_list())):
-        raise UsageError(
-            f"the pilot got no completion for datasets {missing} ({len(result.errors)} requests "
-            "failed, see above): check the server (--base-url, --model), or raise --timeout"
-        )
+    _pilot_answered(result, names)
     print(_table(result.profile()))
     for url, measured in result.per_endpoint.items():
         print(
@@ -292,6 +333,24 @@ def plan_run(
     return path
 
 
+def _pilot_answered(result, names: list[str]) -> None:
+    """UsageError when a dataset got no completion: how many of its requests failed, the
+    first error (stored redacted), why the pilot's run stopped."""
+    if not (missing := sorted(set(names) - set(result.frame["dataset"].unique().to_list()))):
+        return
+    failed = [e for e in result.errors if e.split("/", 1)[0] in missing]
+    sent = sum(result.chosen.get(d, 0) for d in missing) * result.sampling.n
+    of = f" of {sent}" if sent else ""
+    if failed:
+        why = f"; first: {failed[0]}"
+    else:  # nothing failed: the run stopped first, or every prompt was skipped
+        why = f"; the pilot stopped: {result.stop_reason}" if result.stop_reason else ""
+    raise UsageError(
+        f"the pilot got no completion for datasets {missing}: {len(failed)}{of} requests "
+        f"failed{why}; check the server (--base-url, --model), or raise --timeout"
+    )
+
+
 def cmd_plan(args) -> int:
     import kit
     from kit import plan
@@ -312,12 +371,10 @@ def cmd_plan(args) -> int:
     budgets, hidden = parse_plan_budgets(args.budget)
     if args.target_config or (hidden and args.base_url):  # a bad or missing one: before any work
         plan.hidden.shape_for(args.target_config, args.tokenizer, needed=bool(hidden))
-    loaded = kit.load(
-        [str(Path(p).resolve()) for p in args.samples],
-        format=parse_formats(args.format),
-        mapping=parse_mappings(args.mapping),
-        strip=args.strip,
-    )
+    formats, mappings = parse_formats(args.format), parse_mappings(args.mapping)
+    samples = [str(Path(p).resolve()) for p in args.samples]
+    _sample_names(samples, formats, mappings, args)
+    loaded = kit.load(samples, format=formats, mapping=mappings, strip=args.strip)
     print(loaded)
     if why := replan_refusal(args.run_dir, loaded.source_hashes()):  # before the pilot
         raise UsageError(why)
@@ -342,13 +399,21 @@ def cmd_plan(args) -> int:
         turns=args.turns,
         datasets=loaded.paths,
     )
-    config.budgets_for(sorted(name for name, n in loaded.prompts.items() if n))  # before the pilot
+    names = sorted(name for name, n in loaded.prompts.items() if n)
+    _budget_names(budgets, names)
+    config.budgets_for(names)  # before the pilot
     from kit.serve import DEFAULT_ENGINE
 
     engine = args.engine or DEFAULT_ENGINE
     embedded = not args.base_url
     server = {"embedded": embedded, "engine": engine if embedded else None}
-    with _embedded(config, start=embedded, engine=engine) as config:
+    stored, why = None, "a new one (--new-pilot)"
+    if not args.new_pilot:
+        stored, config, why = plan.stored_pilot(
+            args.run_dir, loaded, config, per_dataset=args.pilot_per_dataset, server=server
+        )
+    print(f"pilot: {why}", file=sys.stderr, flush=True)
+    with _embedded(config, start=embedded and stored is None, engine=engine) as config:
         plan_run(
             loaded,
             config,
@@ -360,6 +425,7 @@ def cmd_plan(args) -> int:
             servers=args.servers,
             hidden=hidden,
             target_config=args.target_config,
+            pilot=stored,
         )
     return 0
 
@@ -530,8 +596,7 @@ def cmd_records(args) -> int:
 
     if args.dataset:
         known = [p.dataset for p in progress(args.run_dir)]
-        if unknown := [d for d in args.dataset if d not in known]:
-            raise UsageError(f"--dataset {unknown[0]!r} is not in {args.run_dir} (it has {known})")
+        known_names("--dataset", args.dataset, known, f" in {args.run_dir}")
     try:
         for rec in records(args.run_dir, args.dataset):
             sys.stdout.write(json.dumps(dataclasses.asdict(rec), ensure_ascii=False) + "\n")

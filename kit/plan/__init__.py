@@ -4,7 +4,7 @@ Modules: `lengths` (profiles), `pilots` (a seeded sample run through kit.run.gen
 throughput at the run's concurrency), `estimate` (budget(): samples needed, bounds, hours,
 cap overshoot), `inputs` (budget()/allocate() input checks), `allocation` (allocate():
 tokens per dataset from hours), `planfile` (the plan in run.sqlite, the hand-over to the
-run stage), `hidden` (the disk an offline EAGLE-3 hidden-state dump of a plan takes; byte budgets).
+run stage; a stored pilot reused by the next plan), `hidden` (the disk an offline EAGLE-3 hidden-state dump of a plan takes; byte budgets).
 The pilot is a small run, so this package sits above kit.run.
 
     res = kit.plan.pilot_sync(prompts, config)   # 30 per dataset
@@ -31,6 +31,7 @@ from kit.plan.planfile import (
     read_plan,
     run_started,
     show_plan,
+    stored_pilot,
     write_plan,
 )
 
@@ -55,6 +56,7 @@ __all__ = [
     "read_plan",
     "run_started",
     "show_plan",
+    "stored_pilot",
     "target_shape",
     "tokens_for_bytes",
     "write_plan",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import signal
 import tempfile
 import time
 import warnings
@@ -19,8 +21,9 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from kit.errors import ConfigError
+from kit.errors import ConfigError, ConnectError, Interrupted
 from kit.types import RunConfig, Sampling
 
 if TYPE_CHECKING:
@@ -80,6 +83,8 @@ class PilotResult:
     sampling: Sampling
     errors: list[str] = field(default_factory=list)  # "dataset/prompt_id[#sample]: kind: message"
     concurrency: int | None = None  # the run's RunConfig.concurrency, which the pilot ran with
+    chosen: dict[str, int] = field(default_factory=dict)  # dataset -> prompts sent (n times each)
+    stop_reason: str | None = None  # why the pilot's run stopped early (kit.generate's Run)
 
     @property
     def tokens_per_s(self) -> float:
@@ -156,7 +161,19 @@ class PilotResult:
             },
             "per_endpoint": {url: round(m.tokens_per_s, 2) for url, m in self.per_endpoint.items()},
             "sampling": asdict(self.sampling),
+            "chosen": self.chosen,
+            "stop_reason": self.stop_reason,
         }
+
+
+def pilot_frame(rows: pl.DataFrame | dict | None = None) -> pl.DataFrame:
+    """A PilotResult.frame (its columns, their types) from records or column -> values."""
+    import polars as pl
+
+    schema = {n: getattr(pl, t) for n, t in (c.split(":") for c in _COLUMNS.split())}
+    if rows is None:
+        return pl.DataFrame(schema=schema)
+    return pl.DataFrame(rows).cast(schema) if isinstance(rows, dict) else rows.cast(schema)
 
 
 def measure_throughput(frame: pl.DataFrame, concurrency: int | None = None) -> Throughput | None:
@@ -247,7 +264,7 @@ def pilot_sample(
     for (name,), group in prompts.sort("dataset", "prompt_id").group_by(
         "dataset", maintain_order=True
     ):
-        k = _how_many(per_dataset, name, group.height)
+        k = pilot_size(per_dataset, name, group.height)
         if k:
             parts.append(group.sample(n=k, seed=seed, shuffle=True))
     chosen = pl.concat(parts) if parts else prompts.head(0)
@@ -258,8 +275,8 @@ def pilot_sample(
     return keys.join(found, on=["dataset", "prompt_id"], how="left", maintain_order="left")
 
 
-def _how_many(per_dataset: Any, name: str, available: int) -> int:
-    """Rows to pilot for one dataset (validates per_dataset)."""
+def pilot_size(per_dataset: Any, name: str, available: int) -> int:
+    """Prompts a pilot of `per_dataset` sends of a dataset of `available` (validates it)."""
     if isinstance(per_dataset, dict):
         value = per_dataset.get(name, 0)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -306,6 +323,11 @@ async def pilot(
         measured with config.concurrency requests in flight (fewer when the pilot has
         fewer requests than that: its Throughput.concurrency says how many).
 
+    Raises:
+        ConnectError: at once when every endpoint refuses the connection (a dead port would
+            otherwise hold the pilot no_endpoint_timeout s before a request fails).
+        Interrupted: the pilot was stopped by a signal (SIGTERM); its records stay in run_dir.
+
     Example (needs a server; `config` holds its url and model, e.g. kit.serve.start()'s):
         res = await kit.plan.pilot(prompts, config)
         res.frame.columns[:3], res.errors   # (['dataset', 'prompt_id', 'completion_tokens'], [])
@@ -327,10 +349,55 @@ async def pilot(
     budgets = {d: k * n * (max_tokens + 64) + 1 for d, k in sizes.items()}
     config = replace(config, budgets=budgets)
     report = _progress_adapter(progress, chosen.height * n)
+    await _refuse_dead(config.endpoints)
     if run_dir is not None:
-        return await _run(chosen, Path(run_dir), config, report)
-    with tempfile.TemporaryDirectory(prefix="kit-pilot-") as tmp:
-        return await _run(chosen, Path(tmp) / "pilot", config, report)
+        result = await _run(chosen, Path(run_dir), config, report)
+    else:
+        with tempfile.TemporaryDirectory(prefix="kit-pilot-") as tmp:
+            result = await _run(chosen, Path(tmp) / "pilot", config, report)
+    result.chosen = sizes
+    _raise_if_interrupted(result, chosen.height * n)
+    return result
+
+
+async def _refuse_dead(endpoints: list[str], timeout: float = 5.0) -> None:
+    """Raise ConnectError when no endpoint accepts a TCP connection (refused, no route, no
+    such host: said in the error); a slow handshake is left to the run's own rules."""
+
+    async def why_not(url: str) -> str | None:
+        try:
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            connecting = asyncio.open_connection(parts.hostname, port)
+            _, writer = await asyncio.wait_for(connecting, timeout)
+        except asyncio.TimeoutError:
+            return None
+        except (OSError, ValueError) as exc:  # ValueError: a port out of range
+            code = getattr(exc, "errno", None)
+            return f"{url}: {os.strerror(code) if code and code > 0 else exc}"
+        writer.close()
+        return None
+
+    refused = await asyncio.gather(*map(why_not, endpoints))
+    if all(refused):
+        raise ConnectError(
+            f"the pilot cannot reach its server: {'; '.join(refused)}: check --base-url "
+            "(RunConfig.endpoints) and that the server runs"
+        )
+
+
+def _raise_if_interrupted(result: PilotResult, total: int) -> None:
+    """Interrupted (exit 128 + the signal's number) when a signal stopped the pilot's run."""
+    reason = result.stop_reason or ""
+    name = reason.removeprefix("stopped by ")
+    if name == reason or name not in signal.Signals.__members__:
+        return
+    failed = f", {len(result.errors)} failed" if result.errors else ""
+    raise Interrupted(
+        f"the pilot was interrupted ({reason}) after {result.frame.height} of {total} requests "
+        f"answered{failed}: nothing was planned; run it again",
+        exit_code=128 + signal.Signals[name],
+    )
 
 
 async def _run(chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report) -> PilotResult:
@@ -341,12 +408,10 @@ async def _run(chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report) -
     from kit.run.reader import errors_frame, record_batches
 
     start = time.perf_counter()
-    await generate(chosen, config, run_dir=run_dir, progress=report)
+    run = await generate(chosen, config, run_dir=run_dir, progress=report)
     wall = time.perf_counter() - start
-    schema = {n: getattr(pl, t) for n, t in (c.split(":") for c in _COLUMNS.split())}
-    parts = list(record_batches(run_dir, columns=list(schema)))
-    frame = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
-    frame = frame.cast(schema).sort("dataset", "prompt_id")
+    parts = list(record_batches(run_dir, columns=list(pilot_frame().columns)))
+    frame = pilot_frame(pl.concat(parts) if parts else None).sort("dataset", "prompt_id")
     failed = errors_frame(run_dir).filter(~pl.col("resolved"))
     failed = failed.unique(subset=["dataset", "prompt_id", "sample"], keep="last")
     errors = [
@@ -359,6 +424,7 @@ async def _run(chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report) -
         sampling=config.sampling,
         errors=sorted(errors),
         concurrency=config.concurrency,
+        stop_reason=run.stop_reason,
     )
 
 

@@ -3,16 +3,18 @@
 write_plan stores the planned budgets, the pilot's summary, the plan table, each dataset's
 load spec and the server the plan was made on (run.sqlite's `plan` and `plan_rows`), its
 RunConfig as the run's config row (fingerprint '' until a run starts), and the prompts;
-generate then needs nothing else. A plan.json of an older kit is imported once, then renamed
+generate then needs nothing else. The pilot is stored whole (its rows, failures and what it
+was made with), so stored_pilot can hand it to the next plan of the same model, sampling and
+server without a request. A plan.json of an older kit is imported once, then renamed
 plan.json.imported. Re-exported as kit.plan.write_plan / read_plan / show_plan /
-plan_prompts / run_started / pilot_means.
+plan_prompts / run_started / pilot_means / stored_pilot.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING
 from kit.data.sources import LoadResult, reload
 from kit.errors import ConfigError, MissingPath
 from kit.plan.estimate import TOTAL, plan_schema
-from kit.plan.pilots import PilotResult
+from kit.plan.pilots import PILOT_PER_DATASET, PilotResult, pilot_frame, pilot_size
 from kit.run import db
 from kit.run.reader import config_doc, has_prompts, is_run_dir, open_db
 from kit.run.store import store_prompts
@@ -82,7 +84,7 @@ def write_plan(
         config = replace(config, datasets={name: s["path"] for name, s in specs.items()})
         store_prompts(run_dir, frame)  # under the writer's lock: refused while a run writes
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    plan = [created, config.budgets, specs, server, pilot.summary() if pilot else None]
+    plan = [created, config.budgets, specs, server, _pilot_doc(pilot, config, server)]
     _store(run_dir, plan, plan_frame.to_dicts(), config)
     return db.db_path(run_dir)
 
@@ -109,6 +111,132 @@ def _store(run_dir: Path, plan: list, rows: list[dict], config: RunConfig | None
         conn.execute("COMMIT")
     finally:
         conn.close()  # a transaction left open is rolled back
+
+
+def _made_with(sampling, config: RunConfig, server: dict | None) -> dict:
+    """What a pilot's lengths depend on: the model (kit's own for an embedded server), the
+    server (an embedded engine, or the endpoints and their api), sampling and turns."""
+    if server and server.get("embedded"):
+        where = {"model": "the embedded model", "server": f"embedded {server.get('engine')}"}
+    else:
+        urls = config.to_dict()["endpoints"]  # without credentials
+        where = {"model": config.model, "server": f"{', '.join(urls)} ({config.api} api)"}
+    return {**where, "sampling": asdict(sampling), "turns": config.turns}
+
+
+def _pilot_doc(pilot: PilotResult | None, config: RunConfig, server: dict | None) -> dict | None:
+    """The pilot as stored: its summary, what it was made with, its rows and failures."""
+    if pilot is None:
+        return None
+    return {
+        **pilot.summary(),
+        "made_with": _made_with(pilot.sampling, config, server),
+        "rows": pilot.frame.to_dict(as_series=False),
+        "failed": pilot.errors,
+    }
+
+
+def stored_pilot(
+    run_dir: str | Path,
+    prompts: pl.DataFrame | LoadResult,
+    config: RunConfig,
+    *,
+    per_dataset: int | float | dict[str, int] = PILOT_PER_DATASET,
+    server: dict | None = None,
+) -> tuple[PilotResult | None, RunConfig, str]:
+    """The pilot stored with the plan in run_dir, when it measured what a new pilot would:
+    the same model, sampling and turns on the same server (an embedded one of the same
+    engine, or the same endpoints and api), at least as many prompts per dataset as
+    `per_dataset` picks, and every dataset of `prompts` with completions of its prompts.
+
+    Args:
+        run_dir: the run directory of an earlier plan (kit plan, 01_plan).
+        prompts: the prompts to plan (a prompt frame or a LoadResult).
+        config: the run's settings (for an embedded server, before it starts: its model
+            and endpoints are not compared).
+        per_dataset: the pilot size asked for (see pilot_sample).
+        server: {"embedded": bool, "engine": str | None}, as for write_plan.
+
+    Returns:
+        (pilot, config, why): the stored PilotResult or None; config, with the stored plan's
+        model, endpoints, api and tokenizer (unless given) when an embedded plan's pilot is
+        reused; one line saying why it is reused, or why not.
+
+    Example (kit plan does this before it starts a server):
+        pilot, config, why = kit.plan.stored_pilot("data/runs/demo", loaded, config)
+        print(why)   # reusing the pilot stored in data/runs/demo (240 completions ...)
+    """
+
+    try:
+        plan = read_plan(run_dir)
+    except FileNotFoundError:
+        return None, config, f"no pilot stored in {run_dir}"
+    doc = plan["pilot"] or {}
+    if "rows" not in doc or "made_with" not in doc:
+        return None, config, f"{run_dir} holds no stored pilot (made by an older kit)"
+    frame = pilot_frame(doc["rows"])
+    why = _why_not(doc, frame, prompts, config, per_dataset, server)
+    if why:
+        return None, config, f"the pilot stored in {run_dir} is not reused: {why}"
+    pilot = PilotResult(
+        frame=frame,
+        wall_s=doc["wall_s"],
+        sampling=config.sampling,
+        errors=doc["failed"],
+        concurrency=doc["concurrency"],
+        chosen=doc["chosen"],
+    )
+    if server and server.get("embedded"):
+        old = plan["config"]
+        tokenizer = config.tokenizer or old.tokenizer
+        config = replace(
+            config, model=old.model, endpoints=old.endpoints, api=old.api, tokenizer=tokenizer
+        )
+    return (
+        pilot,
+        config,
+        (
+            f"reusing the pilot stored in {run_dir} ({frame.height} completions, "
+            f"{len(pilot.errors)} failed; made {plan['created']} with the same model, sampling and "
+            "server): no request sent"
+        ),
+    )
+
+
+def _why_not(doc, frame, prompts, config, per_dataset, server) -> str:
+    """Why the stored pilot does not answer for this plan ("" when it does)."""
+    then, now = doc["made_with"], _made_with(config.sampling, config, server)
+    changed = [
+        f"{key} {then.get(key)!r} -> {now[key]!r}"
+        for key in ("model", "server", "turns")
+        if then.get(key) != now[key]
+    ]
+    old_s, new_s = then.get("sampling") or {}, now["sampling"]
+    changed += [
+        f"sampling.{k} {old_s.get(k)!r} -> {new_s[k]!r}" for k in new_s if old_s.get(k) != new_s[k]
+    ]
+    if changed:
+        return "it was made with another " + ", ".join(changed)
+    frame_keys = _prompt_keys(prompts)
+    available = dict(frame_keys.group_by("dataset").len().iter_rows())
+    chosen, got = doc["chosen"], set(frame["dataset"].unique())
+    for name, count in sorted(available.items()):
+        want = pilot_size(per_dataset, name, count)
+        if name not in got:
+            return f"it has no completion of dataset {name!r}"
+        if want > chosen.get(name, 0):
+            return f"{want} prompts of {name!r} asked, it sent {chosen.get(name, 0)}"
+    piloted = frame.filter(frame["dataset"].is_in(list(available))).select("dataset", "prompt_id")
+    gone = piloted.unique().join(frame_keys, on=["dataset", "prompt_id"], how="anti").height
+    if gone:
+        return f"{gone} of the prompts it measured are no longer among the prompts"
+    return ""
+
+
+def _prompt_keys(prompts) -> pl.DataFrame:
+    """(dataset, prompt_id) of a prompt frame or a LoadResult (read without the texts)."""
+    frame = prompts.scan() if isinstance(prompts, LoadResult) else prompts.lazy()
+    return frame.select("dataset", "prompt_id").collect()
 
 
 def _json(value) -> str:
