@@ -4,7 +4,9 @@ An endpoint's GET {base}/models (OpenAI shape) names its models; a gateway that 
 workers (the SGLang Model Gateway's GET /workers) has each worker asked too, because with
 `--backend openai` it forwards any model name and lists none itself. An endpoint or worker
 that lists models without the run's is refused, named with what it serves; one that lists
-nothing, or that kit cannot reach, is not judged.
+nothing, or that kit cannot reach, is not judged. Workers are asked without credentials
+(they go only to the endpoints the user gave); what servers list is redacted before it is
+shown (kit.secrets).
 
     await check_models(pool.backends)   # ValueError: "... serves ['other'], not 'm'"
 """
@@ -14,10 +16,12 @@ from __future__ import annotations
 import asyncio
 
 from kit.errors import ConfigError
+from kit.secrets import redact
 
 
 async def served_models(backend, base: str | None = None) -> list[str] | None:
-    """The model ids GET {base}/models lists (base: the backend's /v1); None when none."""
+    """The model ids GET {base}/models lists (base: the backend's /v1); None when none.
+    A base on another host or port than the backend's is asked without its credentials."""
     base = base or (backend.url + "/v1" if backend.path == "/generate" else backend.url)
     data = await backend.get_json(base + "/models")
     rows = data.get("data") if isinstance(data, dict) else None
@@ -54,6 +58,7 @@ async def check_models(backends: list) -> None:
     wrong = [line for lines in await asyncio.gather(*map(_wrong, backends)) for line in lines]
     if wrong:
         raise ConfigError(
-            "; ".join(wrong) + ": give --model (RunConfig.model) the name the server lists, "
+            redact("; ".join(wrong))
+            + ": give --model (RunConfig.model) the name the server lists, "
             "or drop that endpoint"
         )
