@@ -23,7 +23,7 @@ import asyncio
 import base64
 import os
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import orjson
@@ -108,6 +108,14 @@ def penalties(sampling: Sampling) -> dict:
     return {n: getattr(sampling, n) for n in names if getattr(sampling, n)}
 
 
+def _location(url: str, location: str | None) -> str:
+    """Where a redirect from url points, absolute and without credentials."""
+    try:
+        return strip_userinfo(urljoin(url, location)) if location else "(no Location)"
+    except ValueError:
+        return "(an invalid URL)"
+
+
 class _HTTPBackend:
     """Shared transport: session, POST with error mapping, health, API key headers."""
 
@@ -185,7 +193,7 @@ class _HTTPBackend:
 
     def redacted(self, err: BackendError) -> BackendError:
         """err with its message redacted and cut (what every raised error goes through)."""
-        text = redact(str(err), self.secrets())
+        text = " ".join(redact(str(err), self.secrets()).split())  # one line
         if len(text) > MESSAGE_CHARS:
             text = text[: MESSAGE_CHARS - 3] + "..."
         return err.with_text(text)
@@ -239,7 +247,7 @@ class _HTTPBackend:
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:
                 if 300 <= resp.status < 400:
-                    to = strip_userinfo(resp.headers.get("Location", "(no Location)"))
+                    to = _location(url, resp.headers.get("Location"))
                     msg = (
                         f"HTTP {resp.status} from {url} redirects the POST to {to}: kit follows "
                         "no redirect; give that URL as the endpoint if it is the server"
@@ -259,9 +267,10 @@ class _HTTPBackend:
             raise MalformedAnswer(f"broken HTTP answer from {url}: {type(e).__name__}: {e}") from e
         return parse_body(raw, url, stream)
 
-    async def _get(self, url: str, timeout: float) -> tuple[int, bytes] | None:
-        """GET url -> (status, body); None when unreachable or broken. The credentials go
-        only to this endpoint's own host and port; a redirect is not followed."""
+    async def get(self, url: str, timeout: float = 5.0) -> tuple[int, bytes, str | None] | None:
+        """GET url -> (status, body, where a redirect points); None when unreachable or
+        broken. The credentials go only to this endpoint's own host and port; a redirect is
+        not followed."""
         own = self._own(url)
         try:
             async with self._get_session().get(
@@ -271,12 +280,14 @@ class _HTTPBackend:
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:
-                return resp.status, await read_bounded(resp, ERROR_BODY * 16, url, True)
+                body = await read_bounded(resp, ERROR_BODY * 16, url, True)
+                where = resp.headers.get("Location") if 300 <= resp.status < 400 else None
+                return resp.status, body, where and _location(url, where)
         except (asyncio.TimeoutError, OSError, BackendError, *_BROKEN):
             return None
 
     async def _get_ok(self, url: str, timeout: float) -> bool:
-        got = await self._get(url, timeout)
+        got = await self.get(url, timeout)
         return got is not None and 200 <= got[0] < 300
 
     async def health(self, timeout: float = 5.0) -> bool:
@@ -288,7 +299,7 @@ class _HTTPBackend:
 
     async def get_json(self, url: str, timeout: float = 5.0) -> Any:
         """GET url with this endpoint's credentials -> its JSON on a 200, else None (never raises)."""
-        got = await self._get(url, timeout)
+        got = await self.get(url, timeout)
         try:
             return orjson.loads(got[1]) if got is not None and got[0] == 200 else None
         except ValueError:
