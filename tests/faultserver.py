@@ -377,6 +377,7 @@ class _State:
         self.exit_on_die = False
         self.echoes = 0  # echo-mode answers so far (picks the next ECHO_KINDS entry)
         self.log: list[dict] = []  # every request: method, target, headers, what was sent
+        self.streaming = self.streaming_peak = 0  # endless bodies being sent now, at most
 
     def faulted(self, raw: bytes) -> bool:
         """Whether this request gets the configured fault (deterministic, see module doc)."""
@@ -395,6 +396,7 @@ class _State:
             "outcomes": dict(self.outcomes),
             "paths": dict(self.paths),
             "auth": dict(self.auth),
+            "streaming_peak": self.streaming_peak,
         }
 
 
@@ -406,13 +408,16 @@ class _Conn(asyncio.Protocol):
         self.buf = b""
         self.transport = None
         self.entry: dict = {}  # the log entry of the request being answered
+        self.lost = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.state.transports.add(transport)
 
     def connection_lost(self, exc) -> None:
+        self.lost = True
         self.state.transports.discard(self.transport)
+        self.state.streaming -= self.entry.get("sent") in ("endless", "endless_error")
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -514,6 +519,9 @@ class _Conn(asyncio.Protocol):
 
     def endless(self, status: int) -> None:
         """A chunked JSON body that never ends, written as fast as the client reads it."""
+        st = self.state
+        st.streaming += 1
+        st.streaming_peak = max(st.streaming_peak, st.streaming)
         head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
         self.send((head + "Transfer-Encoding: chunked\r\n\r\n").encode())
         start = b'{"choices": [{"message": {"content": "'
@@ -523,9 +531,9 @@ class _Conn(asyncio.Protocol):
         loop = asyncio.get_running_loop()
 
         def more() -> None:
-            if self.transport.is_closing():
+            if self.lost or self.transport.is_closing():
                 return
-            while self.transport.get_write_buffer_size() < 4 * len(frame):
+            if self.transport.get_write_buffer_size() < 4 * len(frame):
                 self.transport.write(frame)
             loop.call_later(0.005, more)
 
