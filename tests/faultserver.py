@@ -49,8 +49,8 @@ Hostile modes (a broken or malicious server; tests/test_hostile_server.py):
                    body echoing the Authorization header (as sent, lower/upper case, base64,
                    URL-encoded, the decoded Basic credentials) and the request target (its
                    query string as sent and decoded), also JSON-escaped as PHP ("\\/") and
-                   Java ("\\u003d") write it, and the token in hex (both cases), base32,
-                   reversed and spaced out
+                   Java ("\\u003d") write it, and (one in each message, in turn) the token
+                   in hex (both cases), base32, reversed and spaced out
 
 Transport modes (a broken HTTP layer; tests/test_transport.py):
     bad_status     a status line that is no HTTP ("HTTP/1.1 OK 200")
@@ -296,7 +296,10 @@ def _rotated(ids: list[int]) -> list[int]:
     return [i + 1 for i in out] if out == ids else out
 
 
-def echo_body(headers: dict) -> bytes:
+ECHO_FORMS = ("hex", "HEX", "b32", "reversed", "spaced")  # one in each message, in turn
+
+
+def echo_body(headers: dict, turn: int = 0) -> bytes:
     """An error body echoing the Authorization header and the request target (a key in the
     query string) in every form a leak could take, JSON-escaped as PHP ("\\/") and Java
     ("\\u003d") encoders write it too."""
@@ -326,7 +329,13 @@ def echo_body(headers: dict) -> bytes:
         "spaced": " ".join(token),
     }
     out = orjson.dumps(
-        {"error": {"message": f"denied for {auth} at {target}", "type": "auth", "echo": echo}}
+        {
+            "error": {
+                "message": f"denied for {auth} ({echo[ECHO_FORMS[turn % 5]]}) at {target}",
+                "type": "auth",
+                "echo": echo,
+            }
+        }
     )
     php = orjson.dumps(f"{token} {query}").replace(b"/", b"\\/")
     java = orjson.dumps(f"{token} {query}")
@@ -601,7 +610,7 @@ class _Conn(asyncio.Protocol):
             return self.answer(mode, _http(200, orjson.dumps(err)))
         kind = ECHO_KINDS[st.echoes % len(ECHO_KINDS)]
         st.echoes += 1
-        echo = echo_body(st.last_headers)
+        echo = echo_body(st.last_headers, st.echoes // len(ECHO_KINDS))
         if kind == "text_200":
             return self.answer("echo_" + kind, _http(200, b"denied: " + echo, ctype="text/plain"))
         status = 200 if kind == "error_200" else int(kind)
