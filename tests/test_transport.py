@@ -89,6 +89,14 @@ def failure(backend, max_tokens: int = 8) -> BaseException | None:
     return asyncio.run(go())
 
 
+async def checked(backend) -> None:
+    """check_models on one backend, its session closed after."""
+    try:
+        await check_models([backend])
+    finally:
+        await backend.aclose()
+
+
 def leak_forms(secret: str) -> set[bytes]:
     """Every form tests/faultserver.py's echo writes a secret in, and a few more."""
     raw = secret.encode()
@@ -238,7 +246,7 @@ def test_endless_error_and_model_list_bodies_are_bounded_too():
     assert isinstance(err, HTTPStatusError) and err.status == 500
     with FaultServer(FaultConfig(mode="endless")) as srv:
         start = time.monotonic()
-        asyncio.run(check_models([OpenAIChat(srv.base_url, "m")]))
+        asyncio.run(checked(OpenAIChat(srv.base_url, "m")))
         assert time.monotonic() - start < 5
 
 
@@ -315,7 +323,7 @@ def test_the_served_model_check_text_is_redacted(monkeypatch):
     echoed.append(" ".join(KEY))
     with FaultServer(FaultConfig(models=echoed)) as srv:
         with pytest.raises(ConfigError) as caught:
-            asyncio.run(check_models([OpenAIChat(srv.base_url, "fake", api_key_env=KEY_ENV)]))
+            asyncio.run(checked(OpenAIChat(srv.base_url, "fake", api_key_env=KEY_ENV)))
     text = str(caught.value).encode()
     assert b"serves [" in text and b"***" in text
     assert [f for f in leak_forms(KEY) if f in text] == []
