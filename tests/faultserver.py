@@ -322,6 +322,8 @@ def echo_body(headers: dict, turn: int = 0) -> bytes:
         "decoded": decoded,
         "target": target,
         "query": query,
+    }
+    encoded = {
         "hex": token.encode().hex(),
         "HEX": token.encode().hex().upper(),
         "b32": base64.b32encode(token.encode()).decode(),
@@ -331,7 +333,7 @@ def echo_body(headers: dict, turn: int = 0) -> bytes:
     out = orjson.dumps(
         {
             "error": {
-                "message": f"denied for {auth} ({echo[ECHO_FORMS[turn % 5]]}) at {target}",
+                "message": f"denied for {auth} ({encoded[ECHO_FORMS[turn % 5]]}) at {target}",
                 "type": "auth",
                 "echo": echo,
             }

@@ -347,8 +347,8 @@ def test_a_key_in_the_model_name_is_refused_and_never_printed(tmp_path, monkeypa
 
 
 def test_cli_output_goes_through_the_one_redaction_point(monkeypatch, capsys):
-    """Whatever a command prints (here an error of kit's own bug path, a traceback): no
-    secret the process met, in any form."""
+    """Whatever a command prints, and the text of a bug's traceback: no secret the process
+    met, in any form."""
     from kit.secrets import remember
 
     remember(KEY)
@@ -356,14 +356,17 @@ def test_cli_output_goes_through_the_one_redaction_point(monkeypatch, capsys):
 
     def boom(args):
         print(f"stdout {raw.hex().upper()} {KEY[::-1]}")
+        print(f"stderr {' '.join(KEY)}", file=sys.stderr)
         raise RuntimeError(f"internal with {base64.b32encode(raw).decode()}")
 
     command = SimpleNamespace(fn=boom)
     monkeypatch.setattr(cli, "parser", lambda: SimpleNamespace(parse_args=lambda argv: command))
-    code = cli.main(["audit", "x"])
+    with pytest.raises(RuntimeError) as caught:
+        cli.main(["audit", "x"])
     out, err = capsys.readouterr()
-    assert code == 1 and "RuntimeError" in err and "***" in out and "***" in err
-    assert [f for f in leak_forms(KEY) if f in (out + err).encode()] == []
+    assert out.count("***") == 2 and "***" in err and "***" in str(caught.value)
+    shown = (out + err + str(caught.value)).encode()
+    assert [f for f in leak_forms(KEY) if f in shown] == []
 
 
 # ---------------------------------------------------------------------------- item 10

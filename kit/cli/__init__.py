@@ -21,7 +21,6 @@ import os
 import re
 import signal
 import sys
-import traceback
 
 from kit.cli.commands import (
     REPO,
@@ -40,7 +39,7 @@ from kit.cli.demo import cmd_demo
 from kit.data.formats import FORMATS
 from kit.errors import KitError
 from kit.plan.pilots import PILOT_PER_DATASET
-from kit.secrets import redacted_output
+from kit.secrets import redact, redacted_output
 
 __all__ = ["main", "parser"]
 
@@ -386,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill PID` stops as cleanly as Ctrl-C
-    with redacted_output():  # every line kit prints, a traceback too, without a secret
+    with redacted_output():  # every line kit prints without a secret
         return _run(args)
 
 
@@ -402,8 +401,8 @@ def _run(args) -> int:
         return exc.exit_code
     except Exception as exc:
         line = system_error_line(exc)
-        if line is None:  # kit's own bug: its traceback
-            traceback.print_exc()
-            return 1
+        if line is None:  # kit's own bug: its traceback, with its text redacted
+            exc.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.args)
+            raise
         print(line, file=sys.stderr)
         return 1

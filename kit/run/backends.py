@@ -75,7 +75,7 @@ def body_limit(max_tokens: int, sent: int, override: int | None = None) -> int:
 
     Example:
         >>> body_limit(1024, 1000), body_limit(1024, 1000, override=10**6)
-        (335872, 1000000)
+        (335680, 1000000)
     """
     if override is not None:
         return override
