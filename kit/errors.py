@@ -19,6 +19,7 @@
     ├── BackendError               a request failed; `retryable`, `kind` (its label)
     │   ├── ConnectError · RequestTimeout · HTTPStatusError (`status`)
     │   └── MalformedAnswer · NoEndpoint · BackendConfigError
+    │                                  └── Redirected
     ├── ExportError (RuntimeError)
     │   └── ExportBusy · ExportInvalid
     └── NotebookFailed (RuntimeError, exit_code 1)
@@ -198,6 +199,12 @@ class BackendConfigError(BackendError):
 
     kind = "config"
     retryable = False
+
+
+class Redirected(BackendConfigError):
+    """The server redirected a POST: kit follows no redirect (the message names both URLs)."""
+
+    kind = "redirect"
 
 
 class ExportError(KitError, RuntimeError):

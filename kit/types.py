@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Literal, Protocol
@@ -296,6 +297,8 @@ class RunConfig:
     max_attempts: int = 5  # tries per request (429/5xx/timeouts/resets are retried)
     max_context: int | None = None  # skip prompt + max_tokens > this (None: from the tokenizer)
     timeout: float | None = None  # read timeout per request (None: 120 s + 0.5 s per max_token)
+    # bytes of an answer read at most (None: 64 KiB + 256 per max_token + 8 per byte sent)
+    max_body_bytes: int | None = None
     retry_base: float = 0.5  # first backoff delay (s), doubled per attempt with jitter
     no_endpoint_timeout: float = 120.0  # s with no healthy endpoint before the run stops
     # a dataset's answers failing in a row (non-retryable or malformed) before it fails
@@ -319,6 +322,13 @@ class RunConfig:
             self.endpoints = [self.endpoints]
         if isinstance(self.sampling, dict):
             self.sampling = Sampling(**self.sampling)
+        for url in self.endpoints if isinstance(self.endpoints, list) else ():
+            if isinstance(url, str) and url and not _url_ok(url):
+                shown = re.sub(r"//[^/]*@", "//", url).partition("?")[0]  # no credentials
+                raise ConfigError(
+                    f"RunConfig.endpoints: {shown!r} is not an http(s) URL with a host and a "
+                    "port in 1..65535"
+                )
         _warn_url_credentials(self.endpoints)
         for name, (ok, must) in _config_checks(self).items():
             if not ok:
@@ -419,6 +429,17 @@ def _is_pos(value) -> bool:
     return ok and not math.isnan(value) and value > 0
 
 
+def _url_ok(url) -> bool:
+    """An http(s) URL with a host and a port in 1..65535 (or none)."""
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        return bool(parts and parts.scheme in ("http", "https") and parts.hostname) and (
+            parts.port is None or parts.port > 0
+        )
+    except ValueError:  # a port out of range or not a number, a bad IPv6 host
+        return False
+
+
 def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
     """field -> (valid?, what it must be); budgets are checked in detail by Budget."""
     optional_int = lambda v, low: v is None or _is_int(v, low)  # noqa: E731
@@ -449,7 +470,11 @@ def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
         "seed": (_is_int(c.seed, -(2**63)), "an int"),
         "max_attempts": (_is_int(c.max_attempts, 1), "an int >= 1"),
         "max_context": (optional_int(c.max_context, 2), "None or an int >= 2"),
-        "timeout": (c.timeout is None or _is_pos(c.timeout), "None or seconds > 0"),
+        "timeout": (
+            c.timeout is None or (_is_pos(c.timeout) and math.isfinite(c.timeout)),
+            "None or a finite number of seconds > 0",
+        ),
+        "max_body_bytes": (optional_int(c.max_body_bytes, 1024), "None or an int >= 1024"),
         "retry_base": (_is_pos(c.retry_base), "seconds > 0"),
         "no_endpoint_timeout": (_is_pos(c.no_endpoint_timeout), "seconds > 0"),
         "max_consecutive_failures": (_is_int(c.max_consecutive_failures, 1), "an int >= 1"),

@@ -10,9 +10,13 @@ Routes:
     POST /generate              SGLang shape: text, output_ids, meta_info{finish_reason dict,
                                 prompt_tokens, completion_tokens}
     GET  /health, /v1/models    200 unless the server is "down"; /v1/models lists `models`
+    GET  /workers               {"workers": [{"url": u}, ...]} from `workers` (a gateway's list)
     GET  /stats                 {"requests": n, "outcomes": {outcome: n}, "paths": {path: n},
                                  "auth": {"Bearer" | "Basic" | "none": n}}
     GET  /last                  the last POST body and its headers (lower-cased names)
+    GET  /log                   every request but these admin ones, in order: method, target
+                                (query string included), headers received, and what was sent
+                                (`sent`: the outcome, or the status of a GET)
     POST /control               JSON fields of FaultConfig to change on the fly
 
 Completions are deterministic functions of (prompt, seed): the text is `words` words
@@ -45,7 +49,22 @@ Hostile modes (a broken or malicious server; tests/test_hostile_server.py):
                    body echoing the Authorization header (as sent, lower/upper case, base64,
                    URL-encoded, the decoded Basic credentials) and the request target (its
                    query string as sent and decoded), also JSON-escaped as PHP ("\\/") and
-                   Java ("\\u003d") write it
+                   Java ("\\u003d") write it, and (one in each message, in turn) the token
+                   in hex (both cases), base32, reversed and spaced out
+
+Transport modes (a broken HTTP layer; tests/test_transport.py):
+    bad_status     a status line that is no HTTP ("HTTP/1.1 OK 200")
+    bad_header     a header line without a colon
+    huge_header    a 1 MB header value
+    bad_length     a Content-Length that is not a number
+    short_body     a Content-Length of 10**6, 10 bytes sent, the connection closed
+    bad_chunked    a chunk size that is no hex number
+    bad_gzip       Content-Encoding: gzip on a body that is not gzip
+    endless        a 200 whose chunked JSON body never ends (sent as fast as the client reads)
+    endless_error  the same with status 500
+    redirect / redirect_307 / redirect_308  301 / 307 / 308 to `redirect_to` + the same path
+                   (GET /health, /v1/models and /workers too)
+    redirect_loop  302 to the same URL; redirect_invalid  302 to an unparseable URL
 
 In a test:
     with FaultServer(FaultConfig(mode="429", first_k=2)) as srv:
@@ -87,6 +106,11 @@ BAD_USAGE = {
     "usage_zero": lambda n: 0,
 }
 MODES += (*BAD_USAGE, "ids_mismatch", "ids_lie", "error_200", "sse", "echo", "reasoning_number")
+REDIRECTS = {"redirect": 301, "redirect_307": 307, "redirect_308": 308, "redirect_loop": 302}
+REDIRECTS |= {"redirect_invalid": 302}
+TRANSPORT = ("bad_status", "bad_header", "huge_header", "bad_length", "short_body")
+TRANSPORT += ("bad_chunked", "bad_gzip", "endless", "endless_error")
+MODES += (*REDIRECTS, *TRANSPORT)
 REASONING_FIELDS = (None, "reasoning", "reasoning_content")
 ECHO_KINDS = ("error_200", "text_200", "400", "401", "500")
 VOCAB = [
@@ -144,6 +168,8 @@ class FaultConfig:
     tokenizer: str | None = None
     refuse_tools: bool = False  # a request with "tools" gets 400 (a server without tool calling)
     models: list[str] | None = None  # what GET /v1/models lists (None: an empty list)
+    workers: list[str] | None = None  # root URLs GET /workers lists (None: 404, no gateway)
+    redirect_to: str | None = None  # the root URL the redirect modes send the client to
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -270,7 +296,10 @@ def _rotated(ids: list[int]) -> list[int]:
     return [i + 1 for i in out] if out == ids else out
 
 
-def echo_body(headers: dict) -> bytes:
+ECHO_FORMS = ("hex", "HEX", "b32", "reversed", "spaced")  # one in each message, in turn
+
+
+def echo_body(headers: dict, turn: int = 0) -> bytes:
     """An error body echoing the Authorization header and the request target (a key in the
     query string) in every form a leak could take, JSON-escaped as PHP ("\\/") and Java
     ("\\u003d") encoders write it too."""
@@ -294,8 +323,21 @@ def echo_body(headers: dict) -> bytes:
         "target": target,
         "query": query,
     }
+    encoded = {
+        "hex": token.encode().hex(),
+        "HEX": token.encode().hex().upper(),
+        "b32": base64.b32encode(token.encode()).decode(),
+        "reversed": token[::-1],
+        "spaced": " ".join(token),
+    }
     out = orjson.dumps(
-        {"error": {"message": f"denied for {auth} at {target}", "type": "auth", "echo": echo}}
+        {
+            "error": {
+                "message": f"denied for {auth} ({encoded[ECHO_FORMS[turn % 5]]}) at {target}",
+                "type": "auth",
+                "echo": echo,
+            }
+        }
     )
     php = orjson.dumps(f"{token} {query}").replace(b"/", b"\\/")
     java = orjson.dumps(f"{token} {query}")
@@ -319,7 +361,8 @@ def sse_body(body: dict, cfg: FaultConfig) -> bytes:
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 411: "Length Required"}
 _REASONS |= {429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
-_REASONS |= {401: "Unauthorized"}
+_REASONS |= {401: "Unauthorized", 301: "Moved Permanently", 302: "Found"}
+_REASONS |= {307: "Temporary Redirect", 308: "Permanent Redirect"}
 
 
 def _http(status: int, body: bytes, extra: str = "", ctype: str = "application/json") -> bytes:
@@ -344,6 +387,8 @@ class _State:
         self.server: asyncio.AbstractServer | None = None
         self.exit_on_die = False
         self.echoes = 0  # echo-mode answers so far (picks the next ECHO_KINDS entry)
+        self.log: list[dict] = []  # every request: method, target, headers, what was sent
+        self.streaming = self.streaming_peak = 0  # endless bodies being sent now, at most
 
     def faulted(self, raw: bytes) -> bool:
         """Whether this request gets the configured fault (deterministic, see module doc)."""
@@ -362,6 +407,7 @@ class _State:
             "outcomes": dict(self.outcomes),
             "paths": dict(self.paths),
             "auth": dict(self.auth),
+            "streaming_peak": self.streaming_peak,
         }
 
 
@@ -372,13 +418,17 @@ class _Conn(asyncio.Protocol):
         self.state = state
         self.buf = b""
         self.transport = None
+        self.entry: dict = {}  # the log entry of the request being answered
+        self.lost = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.state.transports.add(transport)
 
     def connection_lost(self, exc) -> None:
+        self.lost = True
         self.state.transports.discard(self.transport)
+        self.state.streaming -= self.entry.get("sent") in ("endless", "endless_error")
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -406,13 +456,14 @@ class _Conn(asyncio.Protocol):
 
     def handle(self, method: str, path: str, headers: dict, body: bytes) -> None:
         st = self.state
-        if path in ("/stats", "/last", "/control"):
+        if path in ("/stats", "/last", "/control", "/log"):
             return self.send(_http(200, orjson.dumps(self.admin(path, body))))
+        self.entry = {"method": method, "target": headers[":target"], "headers": headers}
+        st.log.append(self.entry)
+        if st.cfg.mode in REDIRECTS:
+            return self.redirect(st.cfg.mode, headers[":target"])
         if method == "GET":
-            ok = st.cfg.mode != "down" and path in ("/health", "/v1/models", "/v1/health")
-            listed = [{"id": m, "object": "model"} for m in st.cfg.models or ()]
-            body = orjson.dumps({"object": "list", "data": listed if path == "/v1/models" else []})
-            return self.send(_http(200 if ok else 503, body))
+            return self.get(path)
         st.requests += 1
         if st.cfg.die_after is not None and st.requests > st.cfg.die_after:
             return _die(st)
@@ -428,14 +479,83 @@ class _Conn(asyncio.Protocol):
             err = b'{"error": {"message": "tool choice requires --enable-auto-tool-choice"}}'
             return self.answer("tools_refused", _http(400, err))
         mode = st.cfg.mode if st.faulted(body) else "ok"
+        if mode in TRANSPORT:
+            return self.transport_fault(mode)
         if mode == "ok" and path not in ("/v1/chat/completions", "/generate"):
             return self.answer("not_found", _http(404, b'{"error": "not found"}'))
         self.respond(mode, path)
+
+    def get(self, path: str) -> None:
+        st = self.state
+        if path == "/workers" and st.cfg.workers is not None:
+            self.entry["sent"] = 200
+            rows = [{"url": u, "model_id": "unknown"} for u in st.cfg.workers]
+            return self.send(_http(200, orjson.dumps({"workers": rows})))
+        ok = st.cfg.mode != "down" and path in ("/health", "/v1/models", "/v1/health")
+        if ok and st.cfg.mode == "endless":
+            self.entry["sent"] = "endless"
+            return self.endless(200)
+        listed = [{"id": m, "object": "model"} for m in st.cfg.models or ()]
+        body = orjson.dumps({"object": "list", "data": listed if path == "/v1/models" else []})
+        self.entry["sent"] = 200 if ok else 503
+        self.send(_http(200 if ok else 503, body))
+
+    def redirect(self, mode: str, target: str) -> None:
+        """A redirect of any request (see "Transport modes" in the module docstring)."""
+        st = self.state
+        st.requests += 1
+        where = {"redirect_loop": target, "redirect_invalid": "http://exa mple:99999:1/x"}
+        location = where.get(mode, f"{st.cfg.redirect_to}{target}")
+        self.answer(mode, _http(REDIRECTS[mode], b"{}", f"Location: {location}\r\n"))
+
+    def transport_fault(self, mode: str) -> None:
+        """A broken HTTP layer (see "Transport modes" in the module docstring)."""
+        ok = b'{"choices": []}'
+        if mode in ("endless", "endless_error"):
+            self.state.outcomes[mode] += 1
+            self.entry["sent"] = mode
+            return self.endless(200 if mode == "endless" else 500)
+        payloads = {
+            "bad_status": b"HTTP/1.1 OK 200\r\nContent-Length: 2\r\n\r\n{}",
+            "bad_header": b"HTTP/1.1 200 OK\r\nno colon here\r\nContent-Length: 2\r\n\r\n{}",
+            "huge_header": b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * 2**20 + b"\r\n\r\n",
+            "bad_length": b"HTTP/1.1 200 OK\r\nContent-Length: lots\r\n\r\n{}",
+            "short_body": b'HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n{"choices"',
+            "bad_chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n",
+            "bad_gzip": _http(200, ok, "Content-Encoding: gzip\r\n"),
+        }
+        self.answer(mode, payloads[mode])
+        if mode in ("short_body", "bad_chunked", "huge_header"):
+            self.transport.close()
+
+    def endless(self, status: int) -> None:
+        """A chunked JSON body that never ends, written as fast as the client reads it."""
+        st = self.state
+        st.streaming += 1
+        st.streaming_peak = max(st.streaming_peak, st.streaming)
+        head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+        self.send((head + "Transfer-Encoding: chunked\r\n\r\n").encode())
+        start = b'{"choices": [{"message": {"content": "'
+        self.send(b"%x\r\n%s\r\n" % (len(start), start))
+        chunk = b"the " * 4096
+        frame = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+        loop = asyncio.get_running_loop()
+
+        def more() -> None:
+            if self.lost or self.transport.is_closing():
+                return
+            if self.transport.get_write_buffer_size() < 4 * len(frame):
+                self.transport.write(frame)
+            loop.call_later(0.005, more)
+
+        more()
 
     def admin(self, path: str, body: bytes) -> dict:
         st = self.state
         if path == "/stats":
             return st.stats()
+        if path == "/log":
+            return {"log": st.log}
         if path == "/last":
             return {"body": st.last_body, "headers": st.last_headers}
         st.cfg = FaultConfig(**(asdict(st.cfg) | orjson.loads(body)))
@@ -492,7 +612,7 @@ class _Conn(asyncio.Protocol):
             return self.answer(mode, _http(200, orjson.dumps(err)))
         kind = ECHO_KINDS[st.echoes % len(ECHO_KINDS)]
         st.echoes += 1
-        echo = echo_body(st.last_headers)
+        echo = echo_body(st.last_headers, st.echoes // len(ECHO_KINDS))
         if kind == "text_200":
             return self.answer("echo_" + kind, _http(200, b"denied: " + echo, ctype="text/plain"))
         status = 200 if kind == "error_200" else int(kind)
@@ -501,6 +621,7 @@ class _Conn(asyncio.Protocol):
     def answer(self, outcome: str, payload: bytes | None) -> None:
         st = self.state
         st.outcomes[outcome] += 1
+        self.entry["sent"] = outcome
         if payload is not None:
             if st.cfg.latency > 0:
                 asyncio.get_running_loop().call_later(st.cfg.latency, self.send, payload)
@@ -564,7 +685,7 @@ class FaultServer:
 
     async def _listen(self) -> None:
         self.state.server = await self._loop.create_server(
-            lambda: _Conn(self.state), "127.0.0.1", self.port, reuse_address=True
+            lambda: _Conn(self.state), "127.0.0.1", self.port, reuse_address=True, backlog=4096
         )
 
     def _call(self, fn) -> None:
@@ -585,6 +706,11 @@ class FaultServer:
 
     def stats(self) -> dict:
         return self.state.stats()
+
+    @property
+    def log(self) -> list[dict]:
+        """Every request seen (see GET /log)."""
+        return list(self.state.log)
 
     @property
     def last_body(self) -> dict | None:

@@ -266,7 +266,7 @@ def test_redact_finds_every_form_of_a_secret():
     import base64
     from urllib.parse import quote
 
-    from kit.run.answers import redact
+    from kit.secrets import redact
 
     key = "sk-Mixed/Case+Key=0123456789"
     forms = [

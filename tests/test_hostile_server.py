@@ -80,11 +80,15 @@ def b64_cores(secret: str) -> list[str]:
 
 
 def leak_forms(*secrets: str) -> set[bytes]:
-    """Each secret as is, lower/upper case, base64 (whole and at any alignment), URL-encoded."""
+    """Each secret as is, lower/upper case, base64 (whole and at any alignment), URL-encoded,
+    hex (both cases), base32, reversed and spaced out (issue 35, item 7)."""
     forms = set()
     for s in secrets:
         forms |= {s, s.lower(), s.upper(), base64.b64encode(s.encode()).decode(), quote(s, safe="")}
         forms |= set(b64_cores(s))
+        raw = s.encode()
+        forms |= {raw.hex(), raw.hex().upper(), base64.b32encode(raw).decode().rstrip("=")}
+        forms |= {s[::-1], " ".join(s)}
     return {f.encode() for f in forms}
 
 

@@ -19,6 +19,7 @@ KIT = Path(__file__).resolve().parent.parent / "kit"
 RANKS = {
     "errors": 0,
     "types": 0,
+    "secrets": 0,
     "data": 1,
     "tokens": 1,
     "run": 2,

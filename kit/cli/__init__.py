@@ -39,6 +39,7 @@ from kit.cli.demo import cmd_demo
 from kit.data.formats import FORMATS
 from kit.errors import KitError
 from kit.plan.pilots import PILOT_PER_DATASET
+from kit.secrets import redact, redacted_output
 
 __all__ = ["main", "parser"]
 
@@ -107,6 +108,12 @@ def _run_args(p: argparse.ArgumentParser, default) -> None:
     p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key")
     p.add_argument(
         "--timeout", type=float, help="read timeout per request in s (default: 120 + 0.5/token)"
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help="bytes of an answer read at most (default: 64 KiB + 256 per max token + 8 per "
+        "byte sent); a longer one is malformed",
     )
 
 
@@ -385,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill PID` stops as cleanly as Ctrl-C
+    with redacted_output():  # every line kit prints without a secret
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         return args.fn(args)
     except KeyboardInterrupt:
@@ -396,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except Exception as exc:
         line = system_error_line(exc)
-        if line is None:
+        if line is None:  # kit's own bug: its traceback, with its text redacted
+            exc.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.args)
             raise
         print(line, file=sys.stderr)
         return 1

@@ -191,6 +191,7 @@ def _sample_names(samples: list[str], formats, mappings, args) -> None:
 def _run_changes(args) -> dict:
     """RunConfig fields from the flags the user gave (None: not given, keep the plan's)."""
     names = ("model", "tokenizer", "api", "api_key_env", "concurrency", "policy", "timeout")
+    names += ("max_body_bytes",)
     changes = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.base_url:
         changes["endpoints"] = list(args.base_url)
@@ -381,7 +382,7 @@ def cmd_plan(args) -> int:
     # the server flags may be missing (embedded server): placeholders until it has started
     config = kit.RunConfig(
         model=args.model or "embedded",
-        endpoints=args.base_url or ["embedded"],
+        endpoints=args.base_url or ["http://embedded/v1"],  # the embedded server replaces it
         budgets=budgets,
         sampling=kit.Sampling(
             max_tokens=args.max_tokens,
@@ -395,6 +396,7 @@ def cmd_plan(args) -> int:
         concurrency=args.concurrency,
         policy=args.policy,
         timeout=args.timeout,
+        max_body_bytes=args.max_body_bytes,
         seed=args.seed,
         turns=args.turns,
         datasets=loaded.paths,

@@ -1,8 +1,7 @@
 """What kit believes of a server's answer: its status, its body, its token counts.
 
-Every check raises a kit.errors.BackendError; `redact` is the one helper every error text of
-kit.run goes through. Counts are checked, never trusted: a count must be a plain int in
-0..max_tokens + 1 (a server may count the end token), not 0 for a non-empty answer, equal
+Every check raises a kit.errors.BackendError (its text redacted by kit.secrets). Counts
+are checked, never trusted: a count must be a plain int in 0..max_tokens + 1 (a server may count the end token), not 0 for a non-empty answer, equal
 to the number of ids when the server gives both; with a tokenizer the ids must spell the
 text (kit.tokens.ids_spell; else the count is re-tokenized, count_source "retokenized") and a usage count far
 below the re-tokenized text is `malformed` (an under-reporting server, or the wrong
@@ -12,23 +11,17 @@ tokenizer). `message_parts` reads the answer, the thinking (`reasoning` or
 
 from __future__ import annotations
 
-import base64
 import email.utils
-import functools
 import json
-import re
 import time
-from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 
 from kit.errors import HTTPStatusError, MalformedAnswer
-from kit.types import Sampling, url_credentials, url_query
+from kit.types import Sampling
 
 BODY_CHARS = 2000  # of a server's body kept in a message before redaction (then cut shorter)
-MIN_QUERY_SECRET = 4  # a base URL's query values this long or longer are redacted as secrets
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -244,77 +237,3 @@ def check_usage(
         )
         raise MalformedAnswer(msg)
     return n
-
-
-# ------------------------------------------------------------------ secrets
-
-
-def url_secrets(url: str) -> list[str]:
-    """The secrets a URL carries: its password and user:password (decoded and as written),
-    and the values of its query string ("?api_key=...": decoded and as written)."""
-    out = []
-    creds = url_credentials(url)
-    if creds is not None:
-        user, password = creds
-        out += [password, f"{user}:{password}", urlsplit(url).netloc.rpartition("@")[0]]
-    query = urlsplit(url).query
-    values = [v for _, v in url_query(url) if len(v) >= MIN_QUERY_SECRET]
-    out += values + ([query] if values else [])
-    return [s for s in out if s]
-
-
-def _char_forms(c: str) -> str:
-    """A regex for one character of a secret in any way a server's text may write it: as is,
-    backslash-escaped (PHP's "\\/"; any number of backslashes: escaped again), a JSON
-    \\u escape (Java's "\\u003d"), an HTML entity, or percent-encoded (once or twice; "+"
-    for a space).
-
-    Example:
-        >>> bool(re.fullmatch(_char_forms("/"), "\\\\/")), bool(re.fullmatch(_char_forms("="), "%3d"))
-        (True, True)
-    """
-    code = ord(c)
-    forms = [re.escape(c), r"\\+" + re.escape(c), rf"&\#(?:x0*{code:x}|0*{code});"]
-    if code <= 0xFFFF:
-        forms.append(rf"\\+u{code:04x}")
-    forms.append("".join(f"%(?:25)?{b:02x}" for b in c.encode()))
-    if c == " ":
-        forms.append(r"\+")
-    return "(?:" + "|".join(forms) + ")"
-
-
-def secret_forms(secret: str) -> set[str]:
-    """Regexes for how a secret can show up in a server's text: its characters each written
-    as is (matched in any case) or escaped or encoded in any mix (see _char_forms: JSON,
-    PHP, Java, HTML, URL-encoded); base64 (standard and URL-safe; whole, and the characters
-    the secret alone fixes at each of the 3 alignments it can have inside a longer encoded
-    string, such as base64 of "Bearer KEY")."""
-    forms = {"".join(map(_char_forms, secret))}
-    data, encoded = secret.encode(), {base64.b64encode(secret.encode()).decode()}
-    for pad in range(3):
-        enc = base64.b64encode(b"\0" * pad + data).decode()
-        core = enc[-(-8 * pad // 6) : 8 * (pad + len(data)) // 6]
-        if len(core) >= 6:
-            encoded |= {core, core.replace("+", "-").replace("/", "_")}
-    return forms | {re.escape(f) for f in encoded if f}
-
-
-@functools.lru_cache(maxsize=64)
-def _secrets_pattern(secrets: tuple[str, ...]) -> re.Pattern | None:
-    forms = set().union(*(secret_forms(s) for s in secrets))
-    if not forms:
-        return None
-    return re.compile("|".join(sorted(forms, key=len, reverse=True)), re.IGNORECASE)
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """text with every form of every secret (see secret_forms) replaced by "***".
-
-    Example:
-        >>> redact("denied for Bearer SK-ABC123xyz (c2stYWJjMTIzeHl6)", ["sk-abc123xyz"])
-        'denied for Bearer *** (***)'
-        >>> redact('{"key": "sk-a\\\\/b\\u002bc%3D"}', ["sk-a/b+c="])
-        '{"key": "***"}'
-    """
-    pattern = _secrets_pattern(tuple(sorted({s for s in secrets if s})))
-    return text if pattern is None else pattern.sub("***", text)

@@ -7,10 +7,14 @@
 
 `await b.complete(messages, sampling, *, timeout, tools=None) -> Completion`: the answer, the
 thinking the server's reasoning parser split off and its tool calls, counted as the server
-counts them. A failure is a kit.errors.BackendError whose class says if a retry can help
-(429, 5xx, connect, timeout, malformed: yes; other 4xx, config: no). The API key is read
-from the variable api_key_env names at each request and never stored; credentials in a base
-URL are used but kept out of `backend.url`; every error text is redacted (kit.run.answers).
+counts them. Every failure is a kit.errors.BackendError whose class says if a retry can
+help (429, 5xx, connect, timeout, malformed: yes; other 4xx, config, a redirect: no): a
+broken status line or header, a cut or undecodable body and a body past the bound
+(`body_limit`, the connection then closed) included. A redirect is never followed: a
+POST's is a `Redirected` error naming both URLs, a GET's is no answer. The API key is read
+from the variable api_key_env names at each request and never stored; it and the
+credentials in a base URL go only to that URL's own host and port (never to a host a
+gateway's /workers lists); every error text is redacted (kit.secrets).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import asyncio
 import base64
 import os
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import orjson
@@ -29,6 +34,7 @@ from kit.errors import (
     ConfigError,
     ConnectError,
     MalformedAnswer,
+    Redirected,
     RequestTimeout,
 )
 from kit.run.answers import (
@@ -40,11 +46,10 @@ from kit.run.answers import (
     normalize_finish,
     optional_count,
     parse_body,
-    redact,
     status_error,
     tool_calls_of,
-    url_secrets,
 )
+from kit.secrets import redact, remember, url_secrets
 from kit.tokens import encode_lengths, ids_spell, load_tokenizer, render
 from kit.types import (
     Backend,
@@ -57,6 +62,39 @@ from kit.types import (
 )
 
 MESSAGE_CHARS = 400  # an error message is cut to this, after redaction
+BODY_FLOOR = 64 * 1024  # bytes of an answer body allowed whatever max_tokens is
+BODY_PER_TOKEN = 256  # and per max_token (text, escapes, ids, in answer and thinking)
+BODY_PER_REQUEST_BYTE = 8  # and per byte sent (prompt ids echoed: one id per byte at most)
+ERROR_BODY = 64 * 1024  # bytes of an error status's body read (the message keeps fewer)
+_BROKEN = (aiohttp.ClientError, ValueError, UnicodeError, LookupError, OverflowError)
+
+
+def body_limit(max_tokens: int, sent: int, override: int | None = None) -> int:
+    """Bytes of an answer body kit reads: `override` (RunConfig.max_body_bytes) or
+    BODY_FLOOR + BODY_PER_TOKEN per max_token + BODY_PER_REQUEST_BYTE per byte sent.
+
+    Example:
+        >>> body_limit(1024, 1000), body_limit(1024, 1000, override=10**6)
+        (335680, 1000000)
+    """
+    if override is not None:
+        return override
+    return BODY_FLOOR + BODY_PER_TOKEN * max_tokens + BODY_PER_REQUEST_BYTE * sent
+
+
+async def read_bounded(resp: aiohttp.ClientResponse, limit: int, url: str, cut: bool) -> bytes:
+    """The body, at most `limit` bytes: past it the connection is closed and the answer
+    is `malformed` (or, with `cut`, what was read is returned: an error status's text)."""
+    buf = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        buf += chunk
+        if len(buf) > limit:
+            resp.close()  # the rest is never read: the connection goes, not back to the pool
+            if cut:
+                return bytes(buf[:limit])
+            msg = f"the answer from {url} is over {limit} bytes (body_limit; max_body_bytes)"
+            raise MalformedAnswer(msg)
+    return bytes(buf)
 
 
 def penalties(sampling: Sampling) -> dict:
@@ -70,13 +108,27 @@ def penalties(sampling: Sampling) -> dict:
     return {n: getattr(sampling, n) for n in names if getattr(sampling, n)}
 
 
+def _location(url: str, location: str | None) -> str:
+    """Where a redirect from url points, absolute and without credentials."""
+    try:
+        return strip_userinfo(urljoin(url, location)) if location else "(no Location)"
+    except ValueError:
+        return "(an invalid URL)"
+
+
 class _HTTPBackend:
     """Shared transport: session, POST with error mapping, health, API key headers."""
 
     path = "/chat/completions"
 
     def __init__(
-        self, base_url: str, model: str, *, api_key_env: str | None = None, tokenizer: Any = None
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str | None = None,
+        tokenizer: Any = None,
+        max_body_bytes: int | None = None,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             shown = strip_userinfo(base_url) if isinstance(base_url, str) else base_url
@@ -86,10 +138,16 @@ class _HTTPBackend:
         self.url = strip_userinfo(base_url).rstrip("/")  # never the credentials
         self.model = model
         self.api_key_env = api_key_env  # the variable's NAME only
+        self.max_body_bytes = max_body_bytes
         creds = url_credentials(base_url)
         basic = creds and base64.b64encode(":".join(creds).encode()).decode()
         self._basic = f"Basic {basic}" if basic else None
         self._url_secrets = url_secrets(base_url)
+        secrets = self.secrets()
+        remember(*secrets)
+        if any(s in str(model) for s in secrets):
+            msg = "the model name holds the API key or a URL credential: give the model's name"
+            raise ConfigError(msg)
         self._params = url_query(base_url) or None  # "?api_key=...": sent with every request
         self._tokenizer_src = tokenizer
         self._tokenizer = None
@@ -118,8 +176,15 @@ class _HTTPBackend:
             if not key:
                 msg = f"environment variable {self.api_key_env!r} (api_key_env) is not set"
                 raise BackendConfigError(msg)
+            remember(key)
             headers["Authorization"] = f"Bearer {key}"
         return headers
+
+    def _own(self, url: str) -> bool:
+        """Whether url is on this endpoint's own scheme, host and port (what the user gave:
+        the only place its credentials go)."""
+        mine, other = urlsplit(self.url), urlsplit(url)
+        return (mine.scheme, mine.netloc) == (other.scheme, other.netloc)
 
     def secrets(self) -> list[str]:
         """What must never appear in a message: the API key, the URL credentials."""
@@ -128,7 +193,7 @@ class _HTTPBackend:
 
     def redacted(self, err: BackendError) -> BackendError:
         """err with its message redacted and cut (what every raised error goes through)."""
-        text = redact(str(err), self.secrets())
+        text = " ".join(redact(str(err), self.secrets()).split())  # one line
         if len(text) > MESSAGE_CHARS:
             text = text[: MESSAGE_CHARS - 3] + "..."
         return err.with_text(text)
@@ -167,45 +232,63 @@ class _HTTPBackend:
             )
         return self._session
 
-    async def _post(self, path: str, body: dict, timeout: float) -> dict:
-        """POST body as JSON; the parsed answer or a BackendError."""
-        url = self.url + path
+    async def _post(self, path: str, body: dict, timeout: float, max_tokens: int) -> dict:
+        """POST body as JSON; the parsed answer or a BackendError (whatever broke)."""
+        url, data = self.url + path, orjson.dumps(body)
+        limit = body_limit(max_tokens, len(data), self.max_body_bytes)
         headers = self._headers()
         try:
             async with self._get_session().post(
                 url,
-                data=orjson.dumps(body),
+                data=data,
                 headers=headers,
                 params=self._params,
+                allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:
-                raw = await resp.read()
+                if 300 <= resp.status < 400:
+                    to = _location(url, resp.headers.get("Location"))
+                    msg = (
+                        f"HTTP {resp.status} from {url} redirects the POST to {to}: kit follows "
+                        "no redirect; give that URL as the endpoint if it is the server"
+                    )
+                    raise Redirected(msg)
+                error = resp.status >= 400
+                raw = await read_bounded(resp, ERROR_BODY if error else limit, url, error)
                 stream = "event-stream" in resp.headers.get("Content-Type", "")
-                if resp.status >= 400:
+                if error:
                     text = raw.decode("utf-8", "replace")
                     raise status_error(resp.status, text, resp.headers.get("Retry-After"), url)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise RequestTimeout(f"no answer from {url} within {timeout}s") from e
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
             raise ConnectError(f"{type(e).__name__} talking to {url}: {e}") from e
+        except _BROKEN as e:  # a broken status line or header, an undecodable body
+            raise MalformedAnswer(f"broken HTTP answer from {url}: {type(e).__name__}: {e}") from e
         return parse_body(raw, url, stream)
 
-    async def _get(self, url: str, timeout: float) -> tuple[int, bytes] | None:
-        """GET url with this endpoint's credentials -> (status, body); None when unreachable."""
+    async def get(self, url: str, timeout: float = 5.0) -> tuple[int, bytes, str | None] | None:
+        """GET url -> (status, body, where a redirect points); None when unreachable or
+        broken. The credentials go only to this endpoint's own host and port; a redirect is
+        not followed."""
+        own = self._own(url)
         try:
             async with self._get_session().get(
                 url,
-                headers=self._headers(),
-                params=self._params,
+                headers=self._headers() if own else None,
+                params=self._params if own else None,
+                allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:
-                return resp.status, await resp.read()
-        except (asyncio.TimeoutError, aiohttp.ClientError, OSError, BackendError):
+                body = await read_bounded(resp, ERROR_BODY * 16, url, True)
+                where = resp.headers.get("Location") if 300 <= resp.status < 400 else None
+                return resp.status, body, where and _location(url, where)
+        except (asyncio.TimeoutError, OSError, BackendError, *_BROKEN):
             return None
 
     async def _get_ok(self, url: str, timeout: float) -> bool:
-        got = await self._get(url, timeout)
-        return got is not None and got[0] < 400
+        got = await self.get(url, timeout)
+        return got is not None and 200 <= got[0] < 300
 
     async def health(self, timeout: float = 5.0) -> bool:
         """True when GET /health at the server root (or {base}/models) answers 2xx."""
@@ -216,7 +299,7 @@ class _HTTPBackend:
 
     async def get_json(self, url: str, timeout: float = 5.0) -> Any:
         """GET url with this endpoint's credentials -> its JSON on a 200, else None (never raises)."""
-        got = await self._get(url, timeout)
+        got = await self.get(url, timeout)
         try:
             return orjson.loads(got[1]) if got is not None and got[0] == 200 else None
         except ValueError:
@@ -274,6 +357,7 @@ class OpenAIChat(_HTTPBackend):
         api_key_env: NAME of the environment variable holding the API key, if any.
         extra_body: extra JSON fields merged into each request.
         tokenizer: tokenizer or local path, to count tokens when the server gives no usage.
+        max_body_bytes: bytes of an answer read at most (None: body_limit's rule).
 
     Example (against the embedded server; tests/test_backends.py runs it):
         b = OpenAIChat("http://127.0.0.1:8000/v1", "SmolLM2-135M-Instruct")
@@ -289,8 +373,15 @@ class OpenAIChat(_HTTPBackend):
         api_key_env: str | None = None,
         extra_body: dict | None = None,
         tokenizer: Any = None,
+        max_body_bytes: int | None = None,
     ) -> None:
-        super().__init__(base_url, model, api_key_env=api_key_env, tokenizer=tokenizer)
+        super().__init__(
+            base_url,
+            model,
+            api_key_env=api_key_env,
+            tokenizer=tokenizer,
+            max_body_bytes=max_body_bytes,
+        )
         self.extra_body = dict(extra_body or {})
 
     def _body(
@@ -324,7 +415,8 @@ class OpenAIChat(_HTTPBackend):
         timeout: float,
         tools: list[dict] | None = None,
     ) -> Completion:
-        data = await self._post(self.path, self._body(messages, sampling, tools), timeout)
+        body = self._body(messages, sampling, tools)
+        data = await self._post(self.path, body, timeout, sampling.max_tokens)
         choice, text, reasoning = message_parts(data, self.url)
         comp = self._completion(data, choice, text, reasoning, sampling)
         comp.tool_calls = tool_calls_of(choice, self.url)
@@ -416,11 +508,23 @@ class SGLangGenerate(_HTTPBackend):
     path = "/generate"
 
     def __init__(
-        self, base_url: str, model: str, *, tokenizer: Any, api_key_env: str | None = None
+        self,
+        base_url: str,
+        model: str,
+        *,
+        tokenizer: Any,
+        api_key_env: str | None = None,
+        max_body_bytes: int | None = None,
     ) -> None:
         if tokenizer is None:
             raise ConfigError("SGLangGenerate needs tokenizer= (it renders the chat template)")
-        super().__init__(base_url, model, api_key_env=api_key_env, tokenizer=tokenizer)
+        super().__init__(
+            base_url,
+            model,
+            api_key_env=api_key_env,
+            tokenizer=tokenizer,
+            max_body_bytes=max_body_bytes,
+        )
 
     def render(
         self,
@@ -471,7 +575,8 @@ class SGLangGenerate(_HTTPBackend):
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
         params.update(penalties(sampling))  # SGLang's SamplingParams has both, same names
-        data = await self._post(self.path, {"input_ids": ids, "sampling_params": params}, timeout)
+        body = {"input_ids": ids, "sampling_params": params}
+        data = await self._post(self.path, body, timeout, sampling.max_tokens)
         meta, out_ids, text = data.get("meta_info"), data.get("output_ids"), data.get("text")
         if not isinstance(meta, dict) or not isinstance(text, str):
             msg = f"no text/meta_info in /generate answer from {self.url}"
@@ -489,20 +594,27 @@ class SGLangGenerate(_HTTPBackend):
 
 
 def make_backend(
-    api: str, url: str, model: str, *, api_key_env: str | None = None, tokenizer: Any = None
+    api: str,
+    url: str,
+    model: str,
+    *,
+    api_key_env: str | None = None,
+    tokenizer: Any = None,
+    max_body_bytes: int | None = None,
 ) -> Backend:
-    """The backend for RunConfig.api.
+    """The backend for RunConfig.api (max_body_bytes: RunConfig.max_body_bytes).
 
     Example:
         >>> make_backend("vllm", "http://127.0.0.1:8000/v1", "m")
         VLLMChat(url='http://127.0.0.1:8000/v1', model='m')
     """
+    kwargs = {"api_key_env": api_key_env, "tokenizer": tokenizer, "max_body_bytes": max_body_bytes}
     if api == "openai":
-        return OpenAIChat(url, model, api_key_env=api_key_env, tokenizer=tokenizer)
+        return OpenAIChat(url, model, **kwargs)
     if api == "vllm":
-        return VLLMChat(url, model, api_key_env=api_key_env, tokenizer=tokenizer)
+        return VLLMChat(url, model, **kwargs)
     if api == "sglang":
-        return SGLangGenerate(url, model, tokenizer=tokenizer, api_key_env=api_key_env)
+        return SGLangGenerate(url, model, **kwargs)
     raise ConfigError(f"api must be one of 'openai', 'vllm', 'sglang', got {api!r}")
 
 

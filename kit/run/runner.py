@@ -24,10 +24,10 @@ from kit.data.sources import source_hashes
 from kit.errors import BackendError, ConfigError, HTTPStatusError, MalformedAnswer, NoEndpoint
 from kit.run import guard as _guard
 from kit.run import turns as _turns
-from kit.run.answers import redact
 from kit.run.pool import EndpointPool, unanswered
 from kit.run.queues import DatasetQueue, Stall, dataset_paths, dataset_queues, prompt_frame
 from kit.run.store import RunStore
+from kit.secrets import redact
 from kit.types import Completion, DatasetProgress, ErrorRecord, Record, RunConfig
 
 
@@ -118,7 +118,12 @@ class Runner:
         cfg = self.config
         backends = [
             make_backend(
-                cfg.api, url, cfg.model, api_key_env=cfg.api_key_env, tokenizer=cfg.tokenizer
+                cfg.api,
+                url,
+                cfg.model,
+                api_key_env=cfg.api_key_env,
+                tokenizer=cfg.tokenizer,
+                max_body_bytes=cfg.max_body_bytes,
             )
             for url in cfg.endpoints
         ]
