@@ -15,6 +15,10 @@ Routes:
     GET  /last                  the last POST body and its headers (lower-cased names)
     POST /control               JSON fields of FaultConfig to change on the fly
 
+Every answer sent is logged (`sent()`, GET /sent): the outcome, the request body, the
+status and the answer's JSON (None when there is none), so a test can count every stored
+record against what the server really sent.
+
 Completions are deterministic functions of (prompt, seed): the text is `words` words
 drawn from a fixed vocabulary, completion_tokens == number of words, token ids are
 vocabulary indices + 100. A request gets a fault when it is among the first `first_k`
@@ -41,6 +45,13 @@ Hostile modes (a broken or malicious server; tests/test_hostile_server.py):
                    (/generate: meta_info.completion_tokens likewise)
     error_200      200 with an OpenAI error body and no choices
     sse            200 with a text/event-stream body (a streaming-only server)
+    bad_status     a broken status line ("HTTP/1.1 2OO OK"); bad_header: a header line
+                   without a colon
+    redirect_loop  every request to the answer's path, POST or GET, is a 302 to itself
+    bad_id / bad_prompt_id  the vLLM fields' first id (choices[0].token_ids, or the
+                   top-level prompt_token_ids) is `bad_id` (2**32 unless set)
+    finish         the answer's finish_reason is `finish` ("abort" unless set: SGLang's)
+    content_null   content null, no thinking nor calls, its tokens still counted
     echo           a rotation of 200 error bodies, 200 non-JSON text, 400, 401 and 500, each
                    body echoing the Authorization header (as sent, lower/upper case, base64,
                    URL-encoded, the decoded Basic credentials) and the request target (its
@@ -87,6 +98,8 @@ BAD_USAGE = {
     "usage_zero": lambda n: 0,
 }
 MODES += (*BAD_USAGE, "ids_mismatch", "ids_lie", "error_200", "sse", "echo", "reasoning_number")
+MODES += ("bad_status", "bad_header", "redirect_loop", "bad_id", "bad_prompt_id", "finish")
+MODES += ("content_null",)
 REASONING_FIELDS = (None, "reasoning", "reasoning_content")
 ECHO_KINDS = ("error_200", "text_200", "400", "401", "500")
 VOCAB = [
@@ -144,6 +157,8 @@ class FaultConfig:
     tokenizer: str | None = None
     refuse_tools: bool = False  # a request with "tools" gets 400 (a server without tool calling)
     models: list[str] | None = None  # what GET /v1/models lists (None: an empty list)
+    bad_id: int = 2**32  # the id bad_id / bad_prompt_id put first
+    finish: str = "abort"  # the finish_reason of mode "finish"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -344,6 +359,7 @@ class _State:
         self.server: asyncio.AbstractServer | None = None
         self.exit_on_die = False
         self.echoes = 0  # echo-mode answers so far (picks the next ECHO_KINDS entry)
+        self.sent: list[dict] = []  # every answer: outcome, request, status, answer JSON
 
     def faulted(self, raw: bytes) -> bool:
         """Whether this request gets the configured fault (deterministic, see module doc)."""
@@ -406,8 +422,11 @@ class _Conn(asyncio.Protocol):
 
     def handle(self, method: str, path: str, headers: dict, body: bytes) -> None:
         st = self.state
-        if path in ("/stats", "/last", "/control"):
+        if path in ("/stats", "/last", "/control", "/sent"):
             return self.send(_http(200, orjson.dumps(self.admin(path, body))))
+        if st.cfg.mode == "redirect_loop" and path in ("/v1/chat/completions", "/generate"):
+            st.requests += method == "POST"
+            return self.answer("redirect_loop", _redirect(path))
         if method == "GET":
             ok = st.cfg.mode != "down" and path in ("/health", "/v1/models", "/v1/health")
             listed = [{"id": m, "object": "model"} for m in st.cfg.models or ()]
@@ -438,6 +457,8 @@ class _Conn(asyncio.Protocol):
             return st.stats()
         if path == "/last":
             return {"body": st.last_body, "headers": st.last_headers}
+        if path == "/sent":
+            return {"sent": st.sent}
         st.cfg = FaultConfig(**(asdict(st.cfg) | orjson.loads(body)))
         return asdict(st.cfg)
 
@@ -456,6 +477,12 @@ class _Conn(asyncio.Protocol):
             return self.answer(mode, _http(status, b'{"error": {"message": "injected"}}', extra))
         if mode == "malformed":
             return self.answer("malformed", _http(200, b'{"choices": [{"mess'))
+        if mode in ("bad_status", "bad_header"):
+            payload = _http(200, orjson.dumps(chat_response(body, st.cfg)))
+            head, _, rest = payload.partition(b"\r\n")
+            if mode == "bad_status":
+                return self.answer(mode, b"HTTP/1.1 2OO OK\r\n" + rest)
+            return self.answer(mode, head + b"\r\nX-Broken header line\r\n" + rest)
         if path == "/generate":
             out = generate_response(body, st.cfg, mismatch=mode == "ids_mismatch")
             if mode == "ids_lie":
@@ -467,6 +494,14 @@ class _Conn(asyncio.Protocol):
             out["usage"]["completion_tokens"] = len(out["choices"][0]["token_ids"]) // 2
         if mode == "ids_lie" and "token_ids" in out["choices"][0]:
             out["choices"][0]["token_ids"] = _rotated(out["choices"][0]["token_ids"])
+        if mode == "bad_id" and "token_ids" in out["choices"][0]:
+            out["choices"][0]["token_ids"][0] = st.cfg.bad_id
+        if mode == "bad_prompt_id" and "prompt_token_ids" in out:
+            out["prompt_token_ids"][0] = st.cfg.bad_id
+        if mode == "finish":
+            out["choices"][0]["finish_reason"] = st.cfg.finish
+        if mode == "content_null":
+            out["choices"][0]["message"]["content"] = None
         self.answer(mode, _http(200, orjson.dumps(out)))
 
     def hostile(self, mode: str, path: str) -> None:
@@ -501,11 +536,29 @@ class _Conn(asyncio.Protocol):
     def answer(self, outcome: str, payload: bytes | None) -> None:
         st = self.state
         st.outcomes[outcome] += 1
+        st.sent.append(_logged(outcome, st.last_body, payload))
         if payload is not None:
             if st.cfg.latency > 0:
                 asyncio.get_running_loop().call_later(st.cfg.latency, self.send, payload)
             else:
                 self.send(payload)
+
+
+def _redirect(path: str) -> bytes:
+    """A 302 to the same path (a redirect loop)."""
+    return _http(302, b"", f"Location: {path}\r\n")
+
+
+def _logged(outcome: str, request, payload: bytes | None) -> dict:
+    """One entry of the sent log: the status and answer JSON of the payload (None: none)."""
+    status, answer = None, None
+    if payload is not None:
+        head, _, body = payload.partition(b"\r\n\r\n")
+        parts = head.split(b" ", 2)
+        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+        with contextlib.suppress(orjson.JSONDecodeError):
+            answer = orjson.loads(body)
+    return {"outcome": outcome, "request": request, "status": status, "answer": answer}
 
 
 def _die(st: _State) -> None:
@@ -585,6 +638,10 @@ class FaultServer:
 
     def stats(self) -> dict:
         return self.state.stats()
+
+    def sent(self) -> list[dict]:
+        """Every answer sent so far (see the module docstring)."""
+        return list(self.state.sent)
 
     @property
     def last_body(self) -> dict | None:
