@@ -326,3 +326,31 @@ def test_three_ctrl_c_within_100ms_write_no_false_internal_error(tmp_path):
     got = against_log(run_dir, sent)
     assert got["changed"] == got["dup"] == 0 and got["records"] >= 100, got
     assert got["lost"] <= max(8, 32)  # at most the batch not yet committed
+
+
+def test_ctrl_c_landing_inside_a_request_writes_no_error_row_and_burns_nothing(
+    tmp_path, monkeypatch
+):
+    """The KeyboardInterrupt of a second Ctrl-C raised inside a request (what three Ctrl-C
+    within 100 ms do when one lands mid-request): the run stops, no `internal:
+    KeyboardInterrupt` row is written, and a resume answers every prompt."""
+    real = backends.OpenAIChat.complete
+    calls = {"n": 0}
+
+    async def interrupted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 20:
+            raise KeyboardInterrupt
+        return await real(self, *args, **kwargs)
+
+    run_dir = tmp_path / "run"
+    with FaultServer() as srv:
+        cfg = config(srv.base_url, budgets={"a": 10**6})
+        monkeypatch.setattr(backends.OpenAIChat, "complete", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            kit.generate_sync(prompts(60, ("a",)), cfg, run_dir=run_dir)
+        assert errors_frame(run_dir).height == 0
+        monkeypatch.setattr(backends.OpenAIChat, "complete", real)
+        kit.generate_sync(prompts(60, ("a",)), cfg, run_dir=run_dir)
+        sent = srv.sent()
+    assert against_log(run_dir, sent) == {"records": 60, "changed": 0, "dup": 0, "lost": 0}
