@@ -262,8 +262,9 @@ def test_escaped_and_query_string_keys_land_nowhere(tmp_path, monkeypatch, capfd
             print(kit.validate(out_dir).summary())
         stats = [bearer_srv.stats(), query_srv.stats()]
         target = query_srv.last_headers[":target"]
-    # the test means something: the keys were sent, every echo kind answered
-    assert stats[0]["auth"] == {"Bearer": stats[0]["requests"]} and stats[0]["requests"] > 10
+    # the test means something: the keys were sent, every echo kind answered (the pool
+    # routes around an endpoint while its answers are broken: fewer requests reach one)
+    assert stats[0]["auth"] == {"Bearer": stats[0]["requests"]} and stats[0]["requests"] >= 5
     assert quote(QUERY_KEY, safe="")[:10] in target or QUERY_KEY[:10] in target, target
     kinds = {k for s in stats for k in s["outcomes"]}
     assert {"echo_error_200", "echo_text_200", "echo_400", "echo_401", "echo_500"} <= kinds
