@@ -5,6 +5,7 @@ batch a kill leaves uncommitted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import polars as pl
 import pytest
 from faultserver import FaultConfig, FaultServer
@@ -125,6 +127,52 @@ def test_a_lone_broken_endpoint_ends_short_non_zero_with_the_reason(tmp_path, br
     assert ("broken" in why or "malformed" in why or "HTTP 500" in why) and "internal" not in why
     assert records_frame(run_dir).height == 0
     assert errors_frame(run_dir)["prompt_id"].n_unique() <= 30
+
+
+def _request_info() -> aiohttp.RequestInfo:
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    url = URL("http://127.0.0.1:1/v1/chat/completions")
+    return aiohttp.RequestInfo(url, "POST", CIMultiDictProxy(CIMultiDict()), url)
+
+
+@pytest.mark.parametrize(
+    ("raised", "kind"),
+    [
+        (lambda: OverflowError("Python int too large to convert to C long"), "malformed"),
+        (lambda: UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "malformed"),
+        (lambda: ValueError("invalid literal for int() with base 16"), "malformed"),
+        (lambda: ConnectionResetError(104, "Connection reset by peer"), "connect"),
+        (lambda: aiohttp.TooManyRedirects(_request_info(), ()), "malformed"),
+        (lambda: aiohttp.InvalidURL("http://[::1"), "malformed"),
+        (lambda: asyncio.TimeoutError(), "timeout"),
+    ],
+)
+def test_whatever_a_transport_raises_is_a_retried_server_error(tmp_path, monkeypatch, raised, kind):
+    """Any exception out of a request that the backend did not turn into a BackendError
+    (aiohttp's, an OSError, bad data: what an escaped `except` lets through) is a server
+    error: retried, stored with its kind, never `internal`; every prompt gets its record."""
+    real = backends.OpenAIChat.complete
+    calls = {"n": 0}
+
+    async def flaky(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] % 3 == 0:
+            raise raised()
+        return await real(self, *args, **kwargs)
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(backends.OpenAIChat, "complete", flaky)
+    with FaultServer() as srv:
+        cfg = config(srv.base_url, budgets={"a": 10**6})
+        run = kit.generate_sync(prompts(40, ("a",)), cfg, run_dir=run_dir)
+        sent = srv.sent()
+    assert run.stop_reason is None and run.short == {}
+    assert against_log(run_dir, sent) == {"records": 40, "changed": 0, "dup": 0, "lost": 0}
+    assert run.summary()["retries"][0] >= 10
+    errors = errors_frame(run_dir)["error"]
+    assert errors.str.starts_with(kind + ":").all() and not errors.str.contains("internal").any()
 
 
 def test_kits_own_bug_stops_the_run_with_its_traceback_and_burns_nothing(tmp_path, monkeypatch):
