@@ -295,7 +295,6 @@ class Runner:
                         comp = await backend.complete(
                             messages, sampling, timeout=self.timeout, tools=tools
                         )
-                    self._check(comp, backend)
                 except BackendError:
                     raise
                 except Exception as exc:
@@ -303,6 +302,7 @@ class Runner:
                     if err is None:
                         raise  # kit's own bug: _finish stops the run with it
                     raise err.with_text(redact(str(err), self._secrets())[:500]) from exc
+                self._check(comp, backend)  # outside: loading the tokenizer is kit's side
                 self.pool.report(backend, True)
                 d.streak = 0
                 d.stall.ok()
