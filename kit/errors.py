@@ -17,7 +17,7 @@
     ├── ServerError (RuntimeError) the embedded server failed to start or died
     ├── Interrupted                a pilot stopped by a signal (exit_code 128 + its number)
     ├── BackendError               a request failed; `retryable`, `kind` (its label)
-    │   ├── ConnectError · RequestTimeout · HTTPStatusError (`status`)
+    │   ├── ConnectError · RequestTimeout · HTTPStatusError (`status`) · UnusableFinish
     │   └── MalformedAnswer · NoEndpoint · BackendConfigError
     │                                  └── Redirected
     ├── ExportError (RuntimeError)
@@ -186,6 +186,17 @@ class MalformedAnswer(BackendError):
     """An answer kit cannot believe: bad JSON, an event stream, a count out of range."""
 
     kind = "malformed"
+
+
+class UnusableFinish(BackendError):
+    """An answer that ended neither in a stop, a length cut nor tool calls (SGLang's
+    `abort`, `content_filter`, ...): no data, so retried, and counted by finish reason."""
+
+    kind = "finish"
+
+    def __init__(self, message: str, finish: str) -> None:
+        self.finish = finish
+        super().__init__(message)
 
 
 class NoEndpoint(BackendError):

@@ -19,6 +19,10 @@ Routes:
                                 (`sent`: the outcome, or the status of a GET)
     POST /control               JSON fields of FaultConfig to change on the fly
 
+Every answer sent is logged (`sent()`, GET /sent): the outcome, the request body, the
+status and the answer's JSON (None when there is none), so a test can count every stored
+record against what the server really sent.
+
 Completions are deterministic functions of (prompt, seed): the text is `words` words
 drawn from a fixed vocabulary, completion_tokens == number of words, token ids are
 vocabulary indices + 100. A request gets a fault when it is among the first `first_k`
@@ -45,6 +49,11 @@ Hostile modes (a broken or malicious server; tests/test_hostile_server.py):
                    (/generate: meta_info.completion_tokens likewise)
     error_200      200 with an OpenAI error body and no choices
     sse            200 with a text/event-stream body (a streaming-only server)
+    post_redirect_loop  every POST is a 302 to itself; GETs are answered (health, models)
+    bad_id / bad_prompt_id  the vLLM fields' first id (choices[0].token_ids, or the
+                   top-level prompt_token_ids) is `bad_id` (2**32 unless set)
+    finish         the answer's finish_reason is `finish` ("abort" unless set: SGLang's)
+    content_null   content null, no thinking nor calls, its tokens still counted
     echo           a rotation of 200 error bodies, 200 non-JSON text, 400, 401 and 500, each
                    body echoing the Authorization header (as sent, lower/upper case, base64,
                    URL-encoded, the decoded Basic credentials) and the request target (its
@@ -111,6 +120,7 @@ REDIRECTS |= {"redirect_invalid": 302}
 TRANSPORT = ("bad_status", "bad_header", "huge_header", "bad_length", "short_body")
 TRANSPORT += ("bad_chunked", "bad_gzip", "endless", "endless_error")
 MODES += (*REDIRECTS, *TRANSPORT)
+MODES += ("post_redirect_loop", "bad_id", "bad_prompt_id", "finish", "content_null")
 REASONING_FIELDS = (None, "reasoning", "reasoning_content")
 ECHO_KINDS = ("error_200", "text_200", "400", "401", "500")
 VOCAB = [
@@ -170,6 +180,8 @@ class FaultConfig:
     models: list[str] | None = None  # what GET /v1/models lists (None: an empty list)
     workers: list[str] | None = None  # root URLs GET /workers lists (None: 404, no gateway)
     redirect_to: str | None = None  # the root URL the redirect modes send the client to
+    bad_id: int = 2**32  # the id bad_id / bad_prompt_id put first
+    finish: str = "abort"  # the finish_reason of mode "finish"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -389,6 +401,7 @@ class _State:
         self.echoes = 0  # echo-mode answers so far (picks the next ECHO_KINDS entry)
         self.log: list[dict] = []  # every request: method, target, headers, what was sent
         self.streaming = self.streaming_peak = 0  # endless bodies being sent now, at most
+        self.sent: list[dict] = []  # every answer: outcome, request, status, answer JSON
 
     def faulted(self, raw: bytes) -> bool:
         """Whether this request gets the configured fault (deterministic, see module doc)."""
@@ -456,12 +469,15 @@ class _Conn(asyncio.Protocol):
 
     def handle(self, method: str, path: str, headers: dict, body: bytes) -> None:
         st = self.state
-        if path in ("/stats", "/last", "/control", "/log"):
+        if path in ("/stats", "/last", "/control", "/log", "/sent"):
             return self.send(_http(200, orjson.dumps(self.admin(path, body))))
         self.entry = {"method": method, "target": headers[":target"], "headers": headers}
         st.log.append(self.entry)
         if st.cfg.mode in REDIRECTS:
             return self.redirect(st.cfg.mode, headers[":target"])
+        if st.cfg.mode == "post_redirect_loop" and method == "POST":
+            st.requests += 1
+            return self.answer("post_redirect_loop", _redirect(path))
         if method == "GET":
             return self.get(path)
         st.requests += 1
@@ -558,6 +574,8 @@ class _Conn(asyncio.Protocol):
             return {"log": st.log}
         if path == "/last":
             return {"body": st.last_body, "headers": st.last_headers}
+        if path == "/sent":
+            return {"sent": st.sent}
         st.cfg = FaultConfig(**(asdict(st.cfg) | orjson.loads(body)))
         return asdict(st.cfg)
 
@@ -587,6 +605,14 @@ class _Conn(asyncio.Protocol):
             out["usage"]["completion_tokens"] = len(out["choices"][0]["token_ids"]) // 2
         if mode == "ids_lie" and "token_ids" in out["choices"][0]:
             out["choices"][0]["token_ids"] = _rotated(out["choices"][0]["token_ids"])
+        if mode == "bad_id" and "token_ids" in out["choices"][0]:
+            out["choices"][0]["token_ids"][0] = st.cfg.bad_id
+        if mode == "bad_prompt_id" and "prompt_token_ids" in out:
+            out["prompt_token_ids"][0] = st.cfg.bad_id
+        if mode == "finish":
+            out["choices"][0]["finish_reason"] = st.cfg.finish
+        if mode == "content_null":
+            out["choices"][0]["message"]["content"] = None
         self.answer(mode, _http(200, orjson.dumps(out)))
 
     def hostile(self, mode: str, path: str) -> None:
@@ -622,11 +648,29 @@ class _Conn(asyncio.Protocol):
         st = self.state
         st.outcomes[outcome] += 1
         self.entry["sent"] = outcome
+        st.sent.append(_logged(outcome, st.last_body, payload))
         if payload is not None:
             if st.cfg.latency > 0:
                 asyncio.get_running_loop().call_later(st.cfg.latency, self.send, payload)
             else:
                 self.send(payload)
+
+
+def _redirect(path: str) -> bytes:
+    """A 302 to the same path (a redirect loop)."""
+    return _http(302, b"", f"Location: {path}\r\n")
+
+
+def _logged(outcome: str, request, payload: bytes | None) -> dict:
+    """One entry of the sent log: the status and answer JSON of the payload (None: none)."""
+    status, answer = None, None
+    if payload is not None:
+        head, _, body = payload.partition(b"\r\n\r\n")
+        parts = head.split(b" ", 2)
+        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+        with contextlib.suppress(orjson.JSONDecodeError):
+            answer = orjson.loads(body)
+    return {"outcome": outcome, "request": request, "status": status, "answer": answer}
 
 
 def _die(st: _State) -> None:
@@ -706,6 +750,10 @@ class FaultServer:
 
     def stats(self) -> dict:
         return self.state.stats()
+
+    def sent(self) -> list[dict]:
+        """Every answer sent so far (see the module docstring)."""
+        return list(self.state.sent)
 
     @property
     def log(self) -> list[dict]:

@@ -305,6 +305,7 @@ def fake_pilot(prompts, config, *, per_dataset, progress=None):
 class FakeRun:
     stop_reason = None
     failed: dict = {}  # noqa: RUF012 - read only
+    short: dict = {}  # noqa: RUF012 - read only
 
     def summary(self):
         return pl.DataFrame([dict.fromkeys([*commands.SUMMARY, "skipped_context"], 0)])

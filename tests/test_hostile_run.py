@@ -262,15 +262,19 @@ def test_escaped_and_query_string_keys_land_nowhere(tmp_path, monkeypatch, capfd
             print(kit.validate(out_dir).summary())
         stats = [bearer_srv.stats(), query_srv.stats()]
         target = query_srv.last_headers[":target"]
-    # the test means something: the keys were sent, every echo kind answered
-    assert stats[0]["auth"] == {"Bearer": stats[0]["requests"]} and stats[0]["requests"] > 10
+    # the test means something: the keys were sent, every echo kind answered (the pool
+    # routes around an endpoint while its answers are broken: fewer requests reach one)
+    assert stats[0]["auth"] == {"Bearer": stats[0]["requests"]} and stats[0]["requests"] >= 5
     assert quote(QUERY_KEY, safe="")[:10] in target or QUERY_KEY[:10] in target, target
     kinds = {k for s in stats for k in s["outcomes"]}
     assert {"echo_error_200", "echo_text_200", "echo_400", "echo_401", "echo_500"} <= kinds
-    errors = read_errors(run_dir)["error"].to_list()
+    frame = read_errors(run_dir)
+    errors = frame["error"].to_list()
     assert any("***" in e for e in errors) and any("php" in e for e in errors)
     records = len(raw_records(run_dir))
-    assert records + len(errors) == 80 and records > 20
+    # a prompt is used up by a record or a refusal (a 4xx); a 5xx or malformed one is due again
+    refused = frame.filter(pl.col("error").str.contains("HTTP 40[01]"))["prompt_id"].n_unique()
+    assert records + refused == 80 and records > 20
     assert any("query string" in str(w.message) for w in caught)  # the warning was given
     out, err = capfd.readouterr()
     blobs = every_file(run_dir, out_dir) | {"stdout": out.encode(), "stderr": err.encode()}

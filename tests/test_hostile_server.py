@@ -126,12 +126,16 @@ def test_api_key_never_lands_in_run_files_exports_or_output(tmp_path, monkeypatc
     assert stats[1]["auth"] == {"Basic": stats[1]["requests"]} and stats[1]["requests"] > 10
     kinds = {k for s in stats for k in s["outcomes"]}
     assert {"echo_error_200", "echo_text_200", "echo_400", "echo_401", "echo_500"} <= kinds
-    errors = read_errors(run_dir)["error"].to_list()
+    frame = read_errors(run_dir)
+    errors = frame["error"].to_list()
     for shown in ("HTTP 400", "HTTP 401", "HTTP 500", "malformed"):
         assert any(shown in e for e in errors), (shown, errors[:5])
     assert any("***" in e for e in errors)  # the echo reached the error text, redacted
     records = raw_records(run_dir)
-    assert len(records) + len(errors) == 80 and run.stop_reason is None
+    # a prompt is used up by a record or a refusal (a 4xx); a 5xx or malformed one is due again
+    refused = frame.filter(pl.col("error").str.contains("HTTP 40[01]"))["prompt_id"].unique()
+    assert len(records) + len(refused) == 80 and run.stop_reason is None
+    assert set(refused).isdisjoint(r["prompt_id"] for r in records)
     assert {r["endpoint"] for r in records} == {bearer_srv.base_url, basic_srv.base_url}
     assert read_config(run_dir).endpoints == [bearer_srv.base_url, basic_srv.base_url]
     assert any("api_key_env" in str(w.message) for w in caught)  # advice: no keys in URLs

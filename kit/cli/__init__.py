@@ -10,7 +10,7 @@ embedded server.
 Any kit.errors.KitError is one line on stderr (`kit: error: <what and the fix>`, exit 2;
 its exit_code: 1 for a failed write or notebook); a failure of the machine (a full disk, a
 read-only or unreadable path) is one line too, exit 1; a run that stops early, or with a
-failed dataset, says why and exits 1; any other exception is a bug and keeps its traceback.
+dataset short of its budget (failed, stopped, prompts refused), says why and exits 1; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -345,7 +345,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _interrupt(signum, frame) -> None:
-    """SIGTERM outside a run (a run takes it as a clean stop itself) -> KeyboardInterrupt."""
+    """SIGTERM or SIGHUP outside a run (a run takes them as a clean stop itself) ->
+    KeyboardInterrupt."""
     raise KeyboardInterrupt
 
 
@@ -392,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill PID` stops as cleanly as Ctrl-C
+    signal.signal(signal.SIGHUP, _interrupt)  # and a closed terminal
     with redacted_output():  # every line kit prints without a secret
         return _run(args)
 

@@ -535,11 +535,9 @@ def cmd_generate(args) -> int:
             file=sys.stderr,
         )
         return 1
-    if run.failed:
-        for name, why in run.failed.items():
-            print(f"kit: dataset {name!r} failed: {why}", file=sys.stderr)
-        return 1
-    return 0
+    for name, why in run.short.items():  # "failed: ...", "ended short of its budget: ..."
+        print(f"kit: dataset {name!r} {why}", file=sys.stderr)
+    return 1 if run.short else 0
 
 
 # ----------------------------------------------------------------- audit, export, ...

@@ -346,6 +346,17 @@ CREATE TABLE run_changes (
 );
 """
 
+# answers whose finish is no data (kit.run.runner: `abort`, `content_filter`, ...): never
+# records, counted per attempt in the transaction that commits the records beside them
+_M007_FINISH_COUNTS = """
+CREATE TABLE finish_counts (
+    dataset TEXT NOT NULL,
+    finish_reason TEXT NOT NULL,       -- as the server sent it
+    count INTEGER NOT NULL,
+    PRIMARY KEY (dataset, finish_reason)
+) WITHOUT ROWID;
+"""
+
 # (name, SQL script): append only; each runs once, in order, in one transaction, recorded
 MIGRATIONS = [
     ("m001_schema", _M001_SCHEMA),
@@ -353,6 +364,7 @@ MIGRATIONS = [
     ("m003_plan", _M003_PLAN),
     ("m004_guard_cache", _M004_GUARD_CACHE),
     ("m006_run_changes", _M006_RUN_CHANGES),
+    ("m007_finish_counts", _M007_FINISH_COUNTS),
 ]
 
 

@@ -6,7 +6,7 @@ under its budget; policy "drain" also caps in flight so that the final count lan
 [budget, budget + max(1% of budget, max_tokens)] whenever the prompts suffice, and
 "cancel" aborts in-flight requests at the budget. Prompts too long for the context are
 skipped and counted (kit.run.guard); results are committed through kit.run.store, so a
-stop (run.stop(), Ctrl-C, SIGTERM) loses nothing and the same call again resumes. A
+stop (run.stop(), Ctrl-C, SIGTERM, SIGHUP) loses nothing and the same call again resumes. A
 dataset whose requests cannot succeed fails while the others go on; a run where nothing
 can succeed stops with `run.stop_reason` (the exact rules: kit.run.runner).
 """
@@ -94,6 +94,12 @@ class Run:
         did; the others went on. The CLI exits 1 naming them."""
         return {d.name: d.failed for d in self._runner.datasets.values() if d.failed}
 
+    @property
+    def short(self) -> dict[str, str]:
+        """dataset -> why it ended short of its budget, for each that did for any reason but
+        its prompts running out (failed, stopped, prompts refused). The CLI exits 1 naming them."""
+        return self._runner.short()
+
     def status(self) -> Status:
         """The live (or final) state per dataset."""
         progress = self._runner.progress()
@@ -171,7 +177,8 @@ async def generate(
 
 @contextlib.contextmanager
 def _stop_on_sigterm(runner: Runner):
-    """While a foreground run lasts, SIGTERM (`kill PID`) asks for the clean stop Ctrl-C gets.
+    """While a foreground run lasts, SIGTERM (`kill PID`) and SIGHUP (a closed terminal) ask
+    for the clean stop Ctrl-C gets.
 
     The handler runs on the event loop, between awaits: never inside a write or an fsync.
     Only on the main thread (signals go nowhere else); the previous handler comes back after.
@@ -180,17 +187,20 @@ def _stop_on_sigterm(runner: Runner):
         yield
         return
     loop = asyncio.get_running_loop()
-    previous = signal.getsignal(signal.SIGTERM)
+    signals = [signal.SIGTERM, signal.SIGHUP]
+    previous = {sig: signal.getsignal(sig) for sig in signals}
     try:
-        loop.add_signal_handler(signal.SIGTERM, runner.request_stop, "stopped by SIGTERM")
+        for sig in signals:
+            loop.add_signal_handler(sig, runner.request_stop, f"stopped by {sig.name}")
     except (NotImplementedError, RuntimeError, ValueError):  # no signals on this loop
         yield
         return
     try:
         yield
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, previous[sig] if previous[sig] is not None else signal.SIG_DFL)
 
 
 def generate_sync(*args, **kwargs) -> Run:

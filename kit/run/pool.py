@@ -1,8 +1,9 @@
 """EndpointPool: spread requests over several backends, take dead ones out, bring them back.
 
 The runner acquires the least-loaded healthy endpoint with a free slot, reports each
-outcome (failures `unanswered` says are an endpoint's count toward taking it out) and a
-background prober brings taken-out endpoints back when their health check answers.
+outcome (failures `unanswered` says are an endpoint's count toward taking it out, and
+those `broken` says while another endpoint is healthy: one whose answers are broken is
+taken out like a dead one) and a background prober brings taken-out endpoints back when their health check answers.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kit.errors import (
+    BackendConfigError,
     BackendError,
     ConfigError,
     ConnectError,
     HTTPStatusError,
+    MalformedAnswer,
     NoEndpoint,
     RequestTimeout,
 )
@@ -32,6 +35,13 @@ def unanswered(error: BaseException | None) -> bool:
     if isinstance(error, HTTPStatusError):
         return error.status >= 500
     return isinstance(error, (ConnectError, RequestTimeout)) or not isinstance(error, BackendError)
+
+
+def broken(error: BaseException | None) -> bool:
+    """Whether a failure says its endpoint's answers are broken: malformed (a bad status
+    line or header, bad JSON, impossible counts) or a request it cannot take as configured
+    (a redirect)."""
+    return isinstance(error, (MalformedAnswer, BackendConfigError))
 
 
 @dataclass(slots=True)
@@ -52,7 +62,8 @@ class EndpointPool:
         backends: one Backend per endpoint (distinct urls).
         per_endpoint_concurrency: max requests in flight per endpoint (None: no limit).
         health_interval: seconds between probes of taken-out (and idle) endpoints.
-        fail_threshold: consecutive connect/timeout/5xx failures that take an endpoint out.
+        fail_threshold: consecutive connect/timeout/5xx (or broken) failures that take an
+            endpoint out.
         no_endpoint_timeout: seconds acquire() waits while no endpoint is healthy before it
             raises NoEndpoint.
 
@@ -209,10 +220,14 @@ class EndpointPool:
             ep.last_ok = time.monotonic()
             return
         ep.failures += 1
-        if unanswered(error):
+        if unanswered(error) or (broken(error) and self.elsewhere(backend)):
             ep.consecutive += 1
             if ep.consecutive >= self.fail_threshold:
                 ep.healthy = False
+
+    def elsewhere(self, backend: Backend) -> bool:
+        """Whether an endpoint other than backend's is healthy (a request can go there)."""
+        return any(ep.healthy and ep.backend is not backend for ep in self._eps)
 
     def stats(self) -> dict[str, dict]:
         """Per endpoint url: in_flight, healthy, requests, failures, consecutive."""

@@ -110,6 +110,19 @@ def _live(text: str | None, stale_s: float) -> dict:
     return {d["dataset"]: d for d in rows}
 
 
+def finish_counts(run_dir) -> dict[tuple[str, str], int]:
+    """(dataset, finish_reason) -> answers not kept because their finish is no data
+    (`abort`, `content_filter`, ...: retried, never records); {} for none.
+
+    Example: finish_counts("data/runs/demo") -> {("alpaca_tasks", "abort"): 12}
+    """
+    with open_db(run_dir) as conn:
+        if not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'finish_counts'").fetchone():
+            return {}  # a run database older than the table
+        rows = conn.execute("SELECT dataset, finish_reason, count FROM finish_counts").fetchall()
+    return {(ds, finish): n for ds, finish, n in rows}
+
+
 def stop_reason(run_dir) -> str | None:
     """Why the last run stopped early (the runner's status), None when it ran to the end."""
     with open_db(run_dir) as conn:

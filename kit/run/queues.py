@@ -84,6 +84,12 @@ class PromptQueue:
         self.messages[pid] = messages
         self.todo.appendleft((pid, sample))
 
+    def append(self, item: tuple) -> None:
+        """Due again after every other (a request that failed, not refused)."""
+        pid, sample, messages = item
+        self.messages[pid] = messages
+        self.todo.append((pid, sample))
+
     def _read(self, i: int) -> None:
         pids: dict = {}
         for pid, _ in itertools.islice(self.todo, i, None):
@@ -113,6 +119,7 @@ class DatasetQueue:
     truncated: int = 0
     retries: int = 0
     errors: int = 0
+    refused: int = 0  # prompts the server refused (a 4xx): used up without a record
     tasks: set = field(default_factory=set)
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (t_done, tokens)
     stopped: bool = False

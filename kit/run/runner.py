@@ -6,7 +6,11 @@ budget + max(1% of budget, max_tokens), which bounds the final overshoot whateve
 completions turn out to be. Failures are told apart by class (kit.errors), each with its
 rule: answers that cannot succeed fail their dataset (_judge); requests no endpoint
 answered stop the run (_fail); attempts all failing for stall_timeout stop the run or fail
-a dataset (_check_stalls); a 429 never counts (a server asking to wait is alive).
+a dataset (_check_stalls); a 429 never counts (a server asking to wait is alive). Whatever
+a request raises is a server error (a BackendError, or _server_error's reading of it) or
+kit's own bug, which stops the run with its traceback. A prompt is used up only by a record
+kept or a server's refusal of it (a 4xx); a request that failed otherwise goes back to the
+end of its queue.
 """
 
 from __future__ import annotations
@@ -21,7 +25,17 @@ import warnings
 from dataclasses import fields, replace
 
 from kit.data.sources import source_hashes
-from kit.errors import BackendError, ConfigError, HTTPStatusError, MalformedAnswer, NoEndpoint
+from kit.errors import (
+    BackendConfigError,
+    BackendError,
+    ConfigError,
+    ConnectError,
+    HTTPStatusError,
+    MalformedAnswer,
+    NoEndpoint,
+    RequestTimeout,
+    UnusableFinish,
+)
 from kit.run import guard as _guard
 from kit.run import turns as _turns
 from kit.run.pool import EndpointPool, unanswered
@@ -29,6 +43,34 @@ from kit.run.queues import DatasetQueue, Stall, dataset_paths, dataset_queues, p
 from kit.run.store import RunStore
 from kit.secrets import redact
 from kit.types import Completion, DatasetProgress, ErrorRecord, Record, RunConfig
+
+ID_LIMIT = 2**32  # token ids are stored as uint32 (kit.run.db)
+DATA_FINISHES = frozenset({"stop", "length", "tool_calls", "function_call"})  # kept as data
+
+
+def _server_error(exc: Exception, url: str) -> BackendError | None:
+    """What a backend request raised that is no BackendError, as the server error it is: a
+    timeout, a transport's failure (aiohttp's, an OSError) or data kit could not read (a
+    ValueError, LookupError, UnicodeError or ArithmeticError: a bad status line or header,
+    too many redirects, an invalid URL, an overflow); None for anything else, kit's own bug."""
+    import aiohttp
+
+    what = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, asyncio.TimeoutError):
+        return RequestTimeout(f"no answer from {url}: {what}")
+    if isinstance(exc, (aiohttp.ClientConnectionError, OSError)):
+        return ConnectError(f"{what} talking to {url}")
+    if isinstance(
+        exc, (aiohttp.ClientError, ValueError, LookupError, UnicodeError, ArithmeticError)
+    ):
+        return MalformedAnswer(f"broken answer from {url}: {what}")
+    return None
+
+
+def _refused(exc: BaseException) -> bool:
+    """A server's refusal of the prompt itself (a 4xx no retry can change): it uses the
+    prompt up; every other failure leaves it due."""
+    return isinstance(exc, HTTPStatusError) and not exc.retryable
 
 
 def _dead(exc: BaseException) -> bool:
@@ -88,9 +130,29 @@ class Runner:
         self._stall = Stall()  # attempts failing, over every dataset
         self._attempts: dict = {}  # task -> (dataset, monotonic start) of attempts running
         self._warned_retry_after = False
+        self._vocab: dict = {}  # id(backend) -> its tokenizer's vocabulary size (None: unknown)
+        self.internal: BaseException | None = None  # kit's own bug, raised when the run ends
         return self
 
     # -- public-ish
+    def short(self) -> dict[str, str]:
+        """dataset -> why it ends short of its budget, for every dataset that does for any
+        reason but its prompts running out (failed, stopped, prompts refused by the server)."""
+        out = {}
+        for d in self.datasets.values():
+            state = d.state()
+            if state == "failed":
+                out[d.name] = f"failed: {d.failed}"
+            elif state == "exhausted" and d.refused:
+                out[d.name] = (
+                    f"ended short of its budget ({d.tokens_done} of {d.budget} tokens): "
+                    f"{d.refused} of its prompts were refused by the server (the run's errors)"
+                )
+            elif state not in ("budget_reached", "exhausted"):
+                why = d.note or state
+                out[d.name] = f"ended short of its budget ({d.tokens_done} of {d.budget}): {why}"
+        return out
+
     def progress(self) -> list[DatasetProgress]:
         now = time.time()
         return [d.progress(now) for d in self.datasets.values()]
@@ -143,6 +205,8 @@ class Runner:
             raise
         finally:
             await self._shutdown()
+        if self.internal is not None:
+            raise self.internal  # with its traceback: a bug in kit, no server's fault
 
     async def _schedule(self) -> None:
         """Admit, wait for completions (O(1) each, via done callbacks), write, repeat."""
@@ -231,10 +295,19 @@ class Runner:
             backend = None
             self._attempts[task] = (d, time.monotonic())
             try:
-                async with self.pool.acquire() as backend:
-                    comp = await backend.complete(
-                        messages, sampling, timeout=self.timeout, tools=tools
-                    )
+                try:
+                    async with self.pool.acquire() as backend:
+                        comp = await backend.complete(
+                            messages, sampling, timeout=self.timeout, tools=tools
+                        )
+                except BackendError:
+                    raise
+                except Exception as exc:
+                    err = None if backend is None else _server_error(exc, backend.url)
+                    if err is None:
+                        raise  # kit's own bug: _finish stops the run with it
+                    raise err.with_text(redact(str(err), self._secrets())[:500]) from exc
+                self._check(comp, backend)  # outside: loading the tokenizer is kit's side
                 self.pool.report(backend, True)
                 d.streak = 0
                 d.stall.ok()
@@ -244,9 +317,12 @@ class Runner:
                 if backend is not None:
                     self.pool.report(backend, False, e)
                 e.attempts = attempt
+                if isinstance(e, UnusableFinish):
+                    self.store.count_finish(d.name, e.finish)
                 self._judge(d, e, backend)
+                elsewhere = isinstance(e, BackendConfigError) and self.pool.elsewhere(backend)
                 if (
-                    not e.retryable
+                    not (e.retryable or elsewhere)
                     or attempt == self.config.max_attempts
                     or isinstance(e, NoEndpoint)
                     or self._stop_requested
@@ -258,6 +334,32 @@ class Runner:
                 self._attempts.pop(task, None)
             await asyncio.sleep(wait)
 
+    def _check(self, comp: Completion, backend) -> None:
+        """An answer kit can keep, else a BackendError: a finish that is data (DATA_FINISHES),
+        token ids in 0..2**32 - 1 and inside the tokenizer's vocabulary when known, a prompt
+        count that fits, and no empty answer (no content, thinking nor calls) counting
+        more than an end token."""
+        url = backend.url
+        if comp.finish_reason not in DATA_FINISHES:
+            msg = (
+                f"the answer from {url} ended with finish_reason {comp.finish_reason!r}: no "
+                "data (kit keeps stop, length and tool-call finishes)"
+            )
+            raise UnusableFinish(msg, comp.finish_reason)
+        if id(backend) not in self._vocab:
+            tok = backend.tokenizer if self.config.tokenizer else None
+            self._vocab[id(backend)] = len(tok) if tok is not None else None
+        limit = min(self._vocab[id(backend)] or ID_LIMIT, ID_LIMIT)
+        for what, ids in (("token ids", comp.output_ids), ("prompt token ids", comp.prompt_ids)):
+            if ids and (min(ids) < 0 or max(ids) >= limit):
+                bad = next(i for i in ids if not 0 <= i < limit)
+                raise MalformedAnswer(f"{what} from {url} hold {bad}, not an id in 0..{limit - 1}")
+        if comp.prompt_tokens is not None and comp.prompt_tokens >= ID_LIMIT:
+            raise MalformedAnswer(f"prompt_tokens={comp.prompt_tokens} from {url} is out of range")
+        if not (comp.text or comp.reasoning or comp.tool_calls) and comp.completion_tokens > 1:
+            msg = f"no content from {url} but {comp.completion_tokens} completion tokens counted"
+            raise MalformedAnswer(msg)
+
     def _judge(self, d: DatasetQueue, e: BackendError, backend) -> None:
         """Count failed attempts (the stall rules; a 429 never counts) and answers that cannot
         succeed (MalformedAnswer, or not retryable: a 4xx such as tools refused, no usage and
@@ -268,7 +370,8 @@ class Runner:
             now = time.monotonic()
             d.stall.fail(now, str(e))
             self._stall.fail(now, str(e))
-        if isinstance(e, MalformedAnswer) or not (e.retryable or isinstance(e, NoEndpoint)):
+        unusable = isinstance(e, (MalformedAnswer, UnusableFinish))
+        if unusable or not (e.retryable or isinstance(e, NoEndpoint)):
             d.streak += 1
             if d.streak >= self.config.max_consecutive_failures:
                 self._fail_dataset(
@@ -343,13 +446,13 @@ class Runner:
 
     def _finish(self, task: asyncio.Task) -> None:
         """Write the record (or error) of a finished request and update the accounting."""
-        d, prompt_id, sample, _ = task.meta
+        d = task.meta[0]
         d.release(task)
         if task.cancelled():
             return
         exc = task.exception()
         if exc is not None:
-            return self._fail(d, prompt_id, sample, exc)
+            return self._fail(d, task.meta[1:], exc)
         record = task.result()
         if self.config.policy == "cancel" and d.tokens_done >= d.budget:
             return  # budget reached while this one ran: cancelled results are not written
@@ -366,20 +469,34 @@ class Runner:
                 d.release(t)
                 d.queue.appendleft(t.meta[1:])
 
-    def _fail(self, d: DatasetQueue, prompt_id: str, sample: int, exc: BaseException) -> None:
-        """Log a request that failed every attempt. The endpoints are dead, so the run stops,
+    def _fail(self, d: DatasetQueue, item: tuple, exc: BaseException) -> None:
+        """Log a request that failed every attempt; its prompt is due again (the end of the
+        queue) unless the server refused it. The endpoints are dead, so the run stops,
         after max(8, concurrency) in a row failed unanswered or with a 5xx (a success or
         another answer ends the streak), or at once on NoEndpoint; a dataset whose prompts
-        ran out with every request failed and no record written fails."""
-        if isinstance(exc, BackendError):
-            message = str(exc)
-        else:
-            message = f"internal: {type(exc).__name__}: {exc}"
-        message = redact(message, self._secrets())
+        ran out with every request failed and no record written fails. Anything not a
+        BackendError is kit's own bug (or Ctrl-C inside a request): no error row, the prompt
+        stays due, the run stops (and re-raises a bug when it has stopped)."""
+        prompt_id, sample, _ = item
+        if not isinstance(exc, BackendError):
+            d.queue.appendleft(item)
+            if isinstance(exc, Exception) and self.internal is None:
+                self.internal = exc
+            self.request_stop(
+                f"internal error (a bug in kit): {type(exc).__name__}: {exc}"
+                if isinstance(exc, Exception)
+                else f"interrupted ({type(exc).__name__})"
+            )
+            return
+        message = redact(str(exc), self._secrets())
         attempts = getattr(exc, "attempts", 1)
         error = ErrorRecord(d.name, prompt_id, sample, message[:500], attempts, time.time())
         self.store.append_error(error)
         d.errors += 1
+        if _refused(exc):
+            d.refused += 1
+        else:
+            d.queue.append(item)
         self._dead = self._dead + 1 if _dead(exc) else 0  # another answer: alive
         if self._dead >= max(8, self.config.concurrency) or isinstance(exc, NoEndpoint):
             self.request_stop(f"{self._dead} requests in a row failed, last: {message[:200]}")

@@ -107,6 +107,7 @@ class RunStore:
         self._lock_fd: int | None = None
         self._records: list[Record] = []
         self._errors: list[ErrorRecord] = []
+        self._finishes: dict[tuple[str, str], int] = {}  # (dataset, finish) -> answers not kept
         self._last_flush = time.monotonic()
         self.rejected = 0  # records refused this session: their key was already stored
 
@@ -251,6 +252,11 @@ class RunStore:
         self._errors.append(error)
         self.maybe_flush()
 
+    def count_finish(self, dataset: str, finish: str) -> None:
+        """Count one answer whose finish is no data (committed with the records)."""
+        key = (dataset, finish)
+        self._finishes[key] = self._finishes.get(key, 0) + 1
+
     def maybe_flush(self) -> None:
         """Commit when `flush_every` rows are buffered or `flush_interval` has passed."""
         n = len(self._records) + len(self._errors)
@@ -266,8 +272,9 @@ class RunStore:
         """
         records, self._records = self._records, []
         errors, self._errors = self._errors, []
+        finishes, self._finishes = self._finishes, {}
         self._last_flush = time.monotonic()
-        if not records and not errors:
+        if not records and not errors and not finishes:
             return
         totals: dict[str, list[int]] = {}  # dataset -> [samples, tokens, truncated] added
         rejected = 0
@@ -285,6 +292,11 @@ class RunStore:
                 self.conn.executemany(
                     "INSERT INTO errors (dataset, prompt_id, sample, error, attempts, t) VALUES (?, ?, ?, ?, ?, ?)",
                     [astuple(e) for e in errors],  # ErrorRecord's fields, in order
+                )
+                self.conn.executemany(
+                    "INSERT INTO finish_counts VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET "
+                    "count = count + excluded.count",
+                    [(*key, n) for key, n in finishes.items()],
                 )
                 if rejected:
                     self._add_state_count("rejected", rejected)
