@@ -261,15 +261,11 @@ class RunConfig:
     """The one settings object of a run: what the CLI, the pilot, the notebooks and
     `kit.generate(prompts, config, run_dir=...)` all build. Validates on construction.
 
-    Stored in the run database (kit.run.db) (never an API key, only the NAME of its env var). The
-    fingerprint covers what changes outputs (model, sampling, chat template, sources);
+    Stored in the run database (kit.run.db), never an API key: only the NAME of its env var,
+    and endpoints without the credentials of their URL ("http://user:KEY@host/v1" is sent as
+    HTTP Basic, "?api_key=KEY" as that query string), so a resume needs such endpoints again.
+    The fingerprint covers what changes outputs (model, sampling, chat template, sources);
     budgets, endpoints, concurrency and timeouts may change on resume.
-
-    Credentials inside an endpoint URL ("http://user:KEY@host/v1" is sent as HTTP Basic,
-    "http://host/v1?api_key=KEY" as that query string) are sent but never written: to_dict()
-    (the run database) keeps "http://host/v1", so a resume needs the endpoints
-    given again. Better: keep the key in an environment variable
-    and pass its name as api_key_env.
 
     Example:
         >>> RunConfig(model="smol", endpoints="http://127.0.0.1:8000/v1", budgets=4000).endpoints
@@ -392,11 +388,8 @@ class RunConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_dict(self) -> dict:
-        """A plain dict for the run database: the key's env var NAME only, endpoints
-        without user:password@ (a resume must give such endpoints again)."""
-        d = asdict(self)
-        d["endpoints"] = [strip_userinfo(u) for u in self.endpoints]
-        return d
+        """A plain dict for the run database: endpoints without their credentials."""
+        return asdict(self) | {"endpoints": [strip_userinfo(u) for u in self.endpoints]}
 
     def __repr__(self) -> str:  # endpoints shown without credentials
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -548,8 +541,7 @@ _WARNED_URLS: set[str] = set()
 
 
 def _warn_url_credentials(endpoints) -> None:
-    """Warn once per endpoint that its URL credentials are used but never stored (the
-    warning shows the URL without them)."""
+    """Warn once per endpoint that its URL credentials are used but never stored."""
     if not isinstance(endpoints, list):
         return
     for url in endpoints:
