@@ -57,11 +57,6 @@ class Gateway(Kept):
     process: subprocess.Popen = field(repr=False)  # the keeper (kit/serve/watchdog.py)
     lifeline: int | None = field(default=None, repr=False)  # kit's end of the keeper's pipe
 
-    @property
-    def base_url(self) -> str:
-        """The one URL kit is given, e.g. "http://127.0.0.1:30000/v1"."""
-        return f"http://{self.host}:{self.port}/v1"
-
     def workers_state(self) -> list[dict]:
         """The gateway's view of its workers (GET /workers): url, is_healthy, load, ..."""
         return _get_json(f"http://{self.host}:{self.port}/workers", 5.0).get("workers", [])

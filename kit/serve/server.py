@@ -53,9 +53,12 @@ _RUNNING: set[EmbeddedServer] = set()  # servers to stop at interpreter exit
 
 
 class Kept:
-    """A process group under its keeper (kit/serve/watchdog.py): `process` is the keeper,
-    `lifeline` kit's end of its pipe, `log_path` the log; stop() it or use it in `with`."""
+    """A process group under its keeper (kit/serve/watchdog.py) serving at host:port:
+    `process` is the keeper, `lifeline` kit's end of its pipe, `log_path` the log; stop() it
+    or use it in `with`."""
 
+    host: str
+    port: int
     process: subprocess.Popen
     lifeline: int | None
     log_path: Path
@@ -63,6 +66,11 @@ class Kept:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL, e.g. "http://127.0.0.1:8123/v1"."""
+        return f"http://{self.host}:{self.port}/v1"
 
     def log_tail(self, n: int = 40) -> str:
         """The last n lines of the log."""
@@ -103,11 +111,6 @@ class EmbeddedServer(Kept):
     def api(self) -> str:
         """The RunConfig.api for this server: "vllm" (token ids returned) or "openai"."""
         return "vllm" if self.engine == "vllm" else "openai"
-
-    @property
-    def base_url(self) -> str:
-        """OpenAI base URL, e.g. "http://127.0.0.1:8123/v1"."""
-        return f"http://{self.host}:{self.port}/v1"
 
     @property
     def model(self) -> str:
