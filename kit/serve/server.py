@@ -149,28 +149,22 @@ def _kill_group(process: subprocess.Popen, grace: float) -> None:
             os.killpg(process.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-        try:
-            process.wait(timeout=wait)
-            if not _group_alive(process.pid):
-                return
-        except subprocess.TimeoutExpired:
-            continue
         deadline = time.monotonic() + wait
-        while _group_alive(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not _group_alive(process.pid):
-            return
+        while time.monotonic() < deadline:
+            if process.poll() is not None and not _group_alive(process.pid):
+                return
+            time.sleep(0.05)
 
 
 def _group_alive(pgid: int) -> bool:
     """True if a live (non-zombie) process still belongs to process group pgid."""
-    if not Path("/proc/self/stat").exists():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return bool(group_pids(pgid))
+    if Path("/proc/self/stat").exists():
+        return bool(group_pids(pgid))
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def group_pids(pgid: int) -> list[int]:
