@@ -92,21 +92,17 @@ def render(
     """Render conversations with the tokenizer's chat template: kit's one rendering.
 
     Equal to `tokenizer.apply_chat_template(m, tools=..., add_generation_prompt=...,
-    tokenize=tokenize, **kwargs)` row by row; rows sharing tools and template kwargs are
-    rendered by its batched form, a chunk at a time (row by row in a chunk that fails).
+    tokenize=tokenize, **kwargs)` row by row (`tokenize`: the template's own ids instead of
+    text); rows sharing tools and template kwargs are rendered by its batched form, a chunk
+    at a time (row by row in a chunk that fails).
 
     Args:
         conversations: each a non-empty list of {"role", "content"} dicts.
-        add_generation_prompt: append the assistant header (what a server does).
         on_error: "raise" (ValueError naming the row) or "skip" (None for that row).
-        tools: per conversation, its tool definitions (a list, JSON text, or None); the
-            template puts them into the prompt as a server would.
+        tools: per conversation, its tool definitions (a list, JSON text, or None), put
+            into the prompt by the template as a server would.
         template_kwargs: chat_template_kwargs (e.g. enable_thinking): one dict for every
             conversation, or a list with one dict (or None) per conversation.
-        tokenize: token ids (the template's own tokenization) instead of text.
-
-    Returns:
-        One rendered string (or id list) per conversation; None for skipped rows.
 
     Example:
         >>> render(tok, [[{"role": "user", "content": "hi"}]])[0][-52:]
