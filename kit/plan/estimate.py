@@ -202,15 +202,12 @@ def _rate(throughput: Any, concurrency: int | None) -> tuple[float | None, str |
     said = f"time from {rate:,.1f} tok/s measured with {measured} requests in flight"
     if concurrency is None:
         return rate, f"{said}; the run's concurrency is unknown (pass concurrency=)"
-    if measured > concurrency:
-        return rate, (
-            f"{said}, the run allows {concurrency}: hours are extrapolated (likely low: "
-            "throughput usually grows with concurrency)"
-        )
-    return rate, (
-        f"{said}, the run allows {concurrency}: hours are extrapolated (likely high: throughput "
-        f"usually grows with concurrency); pilot at least {concurrency} requests to measure it"
+    low = measured > concurrency
+    note = (
+        f"{said}, the run allows {concurrency}: hours are extrapolated (likely "
+        f"{'low' if low else 'high'}: throughput usually grows with concurrency)"
     )
+    return rate, note if low else f"{note}; pilot at least {concurrency} requests to measure it"
 
 
 _PLAN_COLUMNS = """dataset:String budget:Float64 n_pilot:Int64 mean:Float64 std:Float64 p50:Float64
