@@ -1,6 +1,7 @@
 """The target's tokenizer: loading, kit's one chat-template rendering (`render`), its one
 token count (`encode_lengths`, behind count_prompt_tokens / count_completion_tokens), its one
-check that output ids spell a text (`ids_spell`) and the chat-template hash.
+check that output ids spell a text (`ids_spell`) and the chat-template hash. Every
+`tokenizer` argument is a tokenizer or a path for load_tokenizer.
 
 Prompt counts equal `len(tokenizer.apply_chat_template(m, tokenize=True,
 add_generation_prompt=True))`, made by the batched template and the Rust batch encoder
@@ -42,15 +43,9 @@ _CHUNK = 2048  # conversations rendered / texts encoded per call (big batches en
 
 
 def load_tokenizer(name_or_path: str | Path | Any) -> Any:
-    """Load a tokenizer from local files only, cached per path.
-
-    Args:
-        name_or_path: a folder with tokenizer files, a `.gguf` file (via transformers'
-            gguf support), or a Hugging Face id already in the local cache; nothing is
-            downloaded. A tokenizer object is returned as it is.
-
-    Returns:
-        A transformers tokenizer (fast when the files allow it).
+    """A transformers tokenizer from local files only (nothing is downloaded), cached per
+    path: a folder with tokenizer files, a `.gguf` file or a Hugging Face id already in the
+    local cache; a tokenizer object is returned as it is.
 
     Example:
         >>> tok = load_tokenizer("data/models/SmolLM2-135M-Instruct")
@@ -66,7 +61,6 @@ def load_tokenizer(name_or_path: str | Path | Any) -> Any:
 
 @lru_cache(maxsize=8)
 def _load_cached(key: str) -> Any:
-    """Load one tokenizer (see load_tokenizer)."""
     from transformers import AutoTokenizer
 
     path = Path(key)
@@ -98,22 +92,17 @@ def render(
     """Render conversations with the tokenizer's chat template: kit's one rendering.
 
     Equal to `tokenizer.apply_chat_template(m, tools=..., add_generation_prompt=...,
-    tokenize=tokenize, **kwargs)` row by row; rows sharing tools and template kwargs are
-    rendered by its batched form, a chunk at a time (row by row in a chunk that fails).
+    tokenize=tokenize, **kwargs)` row by row (`tokenize`: the template's own ids instead of
+    text); rows sharing tools and template kwargs are rendered by its batched form, a chunk
+    at a time (row by row in a chunk that fails).
 
     Args:
-        tokenizer: a tokenizer or a path for load_tokenizer.
         conversations: each a non-empty list of {"role", "content"} dicts.
-        add_generation_prompt: append the assistant header (what a server does).
         on_error: "raise" (ValueError naming the row) or "skip" (None for that row).
-        tools: per conversation, its tool definitions (a list, JSON text, or None); the
-            template puts them into the prompt as a server would.
+        tools: per conversation, its tool definitions (a list, JSON text, or None), put
+            into the prompt by the template as a server would.
         template_kwargs: chat_template_kwargs (e.g. enable_thinking): one dict for every
             conversation, or a list with one dict (or None) per conversation.
-        tokenize: token ids (the template's own tokenization) instead of text.
-
-    Returns:
-        One rendered string (or id list) per conversation; None for skipped rows.
 
     Example:
         >>> render(tok, [[{"role": "user", "content": "hi"}]])[0][-52:]
@@ -185,14 +174,8 @@ def _render_one(tokenizer: Any, messages: Any, gen: dict, row: int, on_error: st
 
 
 def encode_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
-    """Token counts of texts (no special tokens added): kit's one count of a text's tokens.
-
-    Args:
-        tokenizer: a tokenizer or a path for load_tokenizer.
-        texts: the texts, e.g. rendered prompts.
-
-    Returns:
-        One count per text, equal to `len(tokenizer(t, add_special_tokens=False)["input_ids"])`.
+    """Token counts of texts, kit's one count of a text's tokens: each equal to
+    `len(tokenizer(t, add_special_tokens=False)["input_ids"])`.
 
     Example:
         >>> encode_lengths(tok, ["hello world", "<|im_start|>user\\nhi<|im_end|>"])
@@ -312,15 +295,8 @@ def count_prompt_tokens(
 ) -> pl.DataFrame:
     """Add a `prompt_tokens` column: the rendered prompt's length with the target's template.
 
-    Rows the template refuses get null and are reported in one warning (count + first row).
-
-    Args:
-        tokenizer: a tokenizer or a path for load_tokenizer.
-        frame: a prompt frame (kit.types) with a `messages` column.
-        column: the column holding the conversations.
-
-    Returns:
-        The frame with an Int64 `prompt_tokens` column.
+    `column` holds the conversations (a prompt frame's `messages`, kit.types); rows the
+    template refuses get null and are reported in one warning (count + first row).
 
     Example:
         >>> f = pl.DataFrame({"dataset": ["a"], "messages": [[{"role": "user", "content": "hi"}]]})
@@ -356,14 +332,7 @@ def count_completion_tokens(records: pl.DataFrame, tokenizer: Any = None) -> pl.
 
     Preference per row: len(output_ids) ("server_ids"), then a non-null
     `completion_tokens` (its own `count_source`, else "usage"), then re-tokenizing the
-    `completion` text ("retokenized", needs a tokenizer).
-
-    Args:
-        records: a frame of records (kit.types.Record columns; `completion` text at least).
-        tokenizer: a tokenizer or path, needed only for rows without a server count.
-
-    Returns:
-        The frame with Int64 `completion_tokens` and String `count_source` columns.
+    `completion` text ("retokenized": only these rows need the tokenizer).
 
     Example:
         >>> r = pl.DataFrame({"completion": ["Hello there", "ok"], "completion_tokens": [None, 7]})
@@ -400,13 +369,8 @@ def count_completion_tokens(records: pl.DataFrame, tokenizer: Any = None) -> pl.
 
 
 def chat_template_hash(tokenizer: Any) -> str:
-    """A short stable hash of the chat template and the special tokens it sees.
-
-    Args:
-        tokenizer: a tokenizer or a path for load_tokenizer.
-
-    Returns:
-        16 hex digits; they change when the template or a special token changes.
+    """16 hex digits of the chat template and the special tokens it sees: they change when
+    the template or a special token changes.
 
     Example:
         >>> chat_template_hash(tok)

@@ -16,7 +16,7 @@ import math
 import re
 import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args, get_origin, get_type_hints
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from kit.errors import ConfigError
@@ -252,25 +252,16 @@ class Budget:
                 )
 
 
-APIS = ("openai", "vllm", "sglang")
-POLICIES = ("drain", "cancel")
-TURNS = ("last_turn", "all_turns")
-
-
 @dataclass(slots=True)
 class RunConfig:
     """The one settings object of a run: what the CLI, the pilot, the notebooks and
     `kit.generate(prompts, config, run_dir=...)` all build. Validates on construction.
 
-    Stored in the run database (kit.run.db) (never an API key, only the NAME of its env var). The
-    fingerprint covers what changes outputs (model, sampling, chat template, sources);
+    Stored in the run database (kit.run.db), never an API key: only the NAME of its env var,
+    and endpoints without the credentials of their URL ("http://user:KEY@host/v1" is sent as
+    HTTP Basic, "?api_key=KEY" as that query string), so a resume needs such endpoints again.
+    The fingerprint covers what changes outputs (model, sampling, chat template, sources);
     budgets, endpoints, concurrency and timeouts may change on resume.
-
-    Credentials inside an endpoint URL ("http://user:KEY@host/v1" is sent as HTTP Basic,
-    "http://host/v1?api_key=KEY" as that query string) are sent but never written: to_dict()
-    (the run database) keeps "http://host/v1", so a resume needs the endpoints
-    given again. Better: keep the key in an environment variable
-    and pass its name as api_key_env.
 
     Example:
         >>> RunConfig(model="smol", endpoints="http://127.0.0.1:8000/v1", budgets=4000).endpoints
@@ -402,11 +393,8 @@ class RunConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_dict(self) -> dict:
-        """A plain dict for the run database: the key's env var NAME only, endpoints
-        without user:password@ (a resume must give such endpoints again)."""
-        d = asdict(self)
-        d["endpoints"] = [strip_userinfo(u) for u in self.endpoints]
-        return d
+        """A plain dict for the run database: endpoints without their credentials."""
+        return asdict(self) | {"endpoints": [strip_userinfo(u) for u in self.endpoints]}
 
     def __repr__(self) -> str:  # endpoints shown without credentials
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -440,10 +428,15 @@ def _url_ok(url) -> bool:
         return False
 
 
+_INTS = {"concurrency": 1, "max_attempts": 1, "max_consecutive_failures": 1}  # field -> least
+_OPTIONAL_INTS = {"per_endpoint_concurrency": 1, "max_context": 2, "max_body_bytes": 1024}
+_SECONDS = ("retry_base", "no_endpoint_timeout", "stall_timeout")
+
+
 def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
-    """field -> (valid?, what it must be); budgets are checked in detail by Budget."""
-    optional_int = lambda v, low: v is None or _is_int(v, low)  # noqa: E731
-    return {
+    """field -> (valid?, what it must be); budgets are checked in detail by Budget, a Literal
+    field against its values."""
+    checks = {
         "model": (isinstance(c.model, str) and c.model != "", "a non-empty model name"),
         "endpoints": (
             isinstance(c.endpoints, list)
@@ -456,30 +449,15 @@ def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
             "a positive number or a dict dataset -> tokens",
         ),
         "sampling": (isinstance(c.sampling, Sampling), "a kit.Sampling"),
-        "api": (c.api in APIS, f"one of {APIS}"),
         "api_key_env": (
             c.api_key_env is None or (isinstance(c.api_key_env, str) and c.api_key_env != ""),
             "the NAME of an environment variable (never the key itself)",
         ),
-        "concurrency": (_is_int(c.concurrency, 1), "an int >= 1"),
-        "per_endpoint_concurrency": (
-            optional_int(c.per_endpoint_concurrency, 1),
-            "None or an int >= 1",
-        ),
-        "policy": (c.policy in POLICIES, f"one of {POLICIES}"),
         "seed": (_is_int(c.seed, -(2**63)), "an int"),
-        "max_attempts": (_is_int(c.max_attempts, 1), "an int >= 1"),
-        "max_context": (optional_int(c.max_context, 2), "None or an int >= 2"),
         "timeout": (
             c.timeout is None or (_is_pos(c.timeout) and math.isfinite(c.timeout)),
             "None or a finite number of seconds > 0",
         ),
-        "max_body_bytes": (optional_int(c.max_body_bytes, 1024), "None or an int >= 1024"),
-        "retry_base": (_is_pos(c.retry_base), "seconds > 0"),
-        "no_endpoint_timeout": (_is_pos(c.no_endpoint_timeout), "seconds > 0"),
-        "max_consecutive_failures": (_is_int(c.max_consecutive_failures, 1), "an int >= 1"),
-        "stall_timeout": (_is_pos(c.stall_timeout), "seconds > 0"),
-        "turns": (c.turns in TURNS, f"one of {TURNS}"),
         "template_kwargs": (
             isinstance(c.template_kwargs, dict)
             and all(
@@ -489,6 +467,17 @@ def _config_checks(c: RunConfig) -> dict[str, tuple[bool, str]]:
         ),
         "tokenizer": (c.tokenizer is None or isinstance(c.tokenizer, str), "None or a local path"),
     }
+    for name, least in _INTS.items():
+        checks[name] = (_is_int(getattr(c, name), least), f"an int >= {least}")
+    for name, least in _OPTIONAL_INTS.items():
+        value = getattr(c, name)
+        checks[name] = (value is None or _is_int(value, least), f"None or an int >= {least}")
+    for name in _SECONDS:
+        checks[name] = (_is_pos(getattr(c, name)), "seconds > 0")
+    for name, hint in get_type_hints(RunConfig).items():
+        if get_origin(hint) is Literal:
+            checks[name] = (getattr(c, name) in get_args(hint), f"one of {get_args(hint)}")
+    return checks
 
 
 DatasetState = Literal["waiting", "running", "budget_reached", "exhausted", "stopped", "failed"]
@@ -573,8 +562,7 @@ _WARNED_URLS: set[str] = set()
 
 
 def _warn_url_credentials(endpoints) -> None:
-    """Warn once per endpoint that its URL credentials are used but never stored (the
-    warning shows the URL without them)."""
+    """Warn once per endpoint that its URL credentials are used but never stored."""
     if not isinstance(endpoints, list):
         return
     for url in endpoints:

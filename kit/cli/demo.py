@@ -51,17 +51,10 @@ def save_charts(run_dir: Path) -> list[Path]:
     out = run_dir / "charts"
     out.mkdir(parents=True, exist_ok=True)
     report = kit.audit(run_dir)
-    built = {
-        "budget_vs_actual": charts.budget_vs_actual(report),
-        "token_distributions": charts.token_distributions(report),
-        "finish_reasons": charts.finish_reasons(report),
-        "throughput": charts.throughput(report),
-    }
-    paths = []
-    for name, chart in built.items():
-        chart.save(out / f"{name}.png", scale_factor=1.5)
-        paths.append(out / f"{name}.png")
-    return paths
+    names = ("budget_vs_actual", "token_distributions", "finish_reasons", "throughput")
+    for name in names:
+        getattr(charts, name)(report).save(out / f"{name}.png", scale_factor=1.5)
+    return [out / f"{name}.png" for name in names]
 
 
 def notebook_parameters(nb) -> list[str]:

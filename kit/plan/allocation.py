@@ -26,23 +26,10 @@ def allocate(
     split: Literal["equal", "proportional"] = "equal",
     weights: dict[str, float] | None = None,
 ) -> pl.DataFrame:
-    """Tokens each dataset can get in `hours` at `throughput` tokens/s (budget the other way round).
-
-    A dataset never gets more than its prompts can give (prompts_available x mean); what it
-    cannot take goes to the others (water-filling).
-
-    Args:
-        hours: wall time of the run.
-        throughput: completion tokens/s of the whole run.
-        samples: completion lengths, as for budget().
-        prompts_available: dataset -> samples available, or a prompt frame.
-        split: "equal" shares, or "proportional" to weights (default: to what each
-            dataset's prompts can give).
-        weights: dataset -> weight, with split="proportional".
-
-    Returns:
-        One row per dataset plus "TOTAL": dataset, weight, tokens, samples_needed,
-        prompts_available, max_tokens_available, capped, hours.
+    """Tokens each dataset can get in `hours` at `throughput` tokens/s of the whole run, as
+    "equal" shares or "proportional" to `weights` (default: to what each dataset's prompts
+    can give, prompts_available x mean); `samples` and `prompts_available` as for budget().
+    One row per dataset plus "TOTAL".
 
     Example:
         >>> allocate(1, 100, {"a": [100], "b": [100]}, {"a": 10, "b": 10_000}).select("dataset", "tokens").rows()

@@ -112,12 +112,9 @@ def budget(
         done: progress so far, dataset -> (samples, tokens), or a frame (records, or
             samples_done/tokens_done columns). The remainder is planned at the sample mean.
         throughput: completion tokens/s of the whole run (for hours_to_go, cap_hours): a
-            number (taken as the rate at the run's concurrency), or a Throughput
-            (PilotResult.throughput), whose concurrency is checked against the run's.
-        concurrency: the run's requests in flight (default: a PilotResult's, i.e. the
-            RunConfig.concurrency it ran with). When a Throughput was measured at another
-            concurrency (or the run's is unknown) every row's note says the time is
-            extrapolated.
+            number (the rate at the run's concurrency), or a Throughput (a pilot's): when
+            measured at another concurrency, every row's note says the time is extrapolated.
+        concurrency: the run's requests in flight (default: a PilotResult's).
         max_tokens: the pilot's max_tokens (lengths >= it count as truncated; default: a
             PilotResult's own).
         confidence: one-sided level of samples_needed_upper (Student-t on the mean).
@@ -127,17 +124,12 @@ def budget(
             per-endpoint rate times servers (Throughput.servers; the note says so).
 
     Returns:
-        One row per dataset plus a "TOTAL" row: budget, n_pilot, mean, std, p50, p90, p99,
-        truncated_share, mean_lower, samples_done, tokens_done, tokens_remaining,
-        samples_needed (ceil(remaining / mean)), samples_needed_upper (ceil(remaining /
-        mean_lower)), samples_low, samples_high (the PREDICTION interval, see the module
-        docstring), prompts_available, shortfall, max_tokens_available, hours_to_go,
-        hours_low, hours_high, cap, cap_tokens, overshoot (cap_tokens / budget), cap_hours,
-        recommended_max_tokens, note. mean_lower, samples_needed_upper and the intervals
-        are null when the pilot cannot bound the mean:
-        fewer than 2 samples, no spread, or censored (truncated_share > CENSORED_SHARE:
-        the lengths were cut at max_tokens, the note says by how much and what to re-pilot
-        with; cap_tokens, max_tokens_available and cap_hours are then lower bounds).
+        One row per dataset plus a "TOTAL" row, columns plan_schema(): samples_needed is
+        ceil(remaining / mean), samples_needed_upper ceil(remaining / mean_lower),
+        overshoot cap_tokens / budget. mean_lower, samples_needed_upper and the intervals
+        are null when the pilot cannot bound the mean: fewer than 2 samples, no spread, or
+        censored (the note says by how much and what to re-pilot with; cap_tokens,
+        max_tokens_available and cap_hours are then lower bounds).
 
     Example:
         >>> t = budget({"sharegpt": 10_000_000}, {"sharegpt": [3793] * 50},
@@ -210,15 +202,12 @@ def _rate(throughput: Any, concurrency: int | None) -> tuple[float | None, str |
     said = f"time from {rate:,.1f} tok/s measured with {measured} requests in flight"
     if concurrency is None:
         return rate, f"{said}; the run's concurrency is unknown (pass concurrency=)"
-    if measured > concurrency:
-        return rate, (
-            f"{said}, the run allows {concurrency}: hours are extrapolated (likely low: "
-            "throughput usually grows with concurrency)"
-        )
-    return rate, (
-        f"{said}, the run allows {concurrency}: hours are extrapolated (likely high: throughput "
-        f"usually grows with concurrency); pilot at least {concurrency} requests to measure it"
+    low = measured > concurrency
+    note = (
+        f"{said}, the run allows {concurrency}: hours are extrapolated (likely "
+        f"{'low' if low else 'high'}: throughput usually grows with concurrency)"
     )
+    return rate, note if low else f"{note}; pilot at least {concurrency} requests to measure it"
 
 
 _PLAN_COLUMNS = """dataset:String budget:Float64 n_pilot:Int64 mean:Float64 std:Float64 p50:Float64

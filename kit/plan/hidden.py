@@ -154,8 +154,7 @@ def tokens_for_bytes(
 
 def convert_budgets(budgets, hidden, samples, shape: TargetShape) -> tuple[dict, list[str]]:
     """(dataset -> completion tokens, one line per conversion): the byte budgets (`hidden`:
-    one number for every dataset or dataset -> bytes) converted at the pilot's mean prompt
-    and completion lengths; token budgets (an int or a dict) kept as given."""
+    one number or dataset -> bytes) converted at the pilot's mean lengths; token budgets kept."""
     lengths = _means(samples)
     out, lines = {}, []
     for name in sorted(budgets) if isinstance(budgets, dict) else sorted(lengths):
@@ -174,18 +173,10 @@ def convert_budgets(budgets, hidden, samples, shape: TargetShape) -> tuple[dict,
 
 
 def hidden_states(table: pl.DataFrame, samples: Any, shape: TargetShape) -> pl.DataFrame:
-    """Per dataset and in total, the bytes an offline dump of the planned run would take.
-
-    Args:
-        table: kit.plan.budget()'s table (budget, samples_done, samples_needed,
-            prompts_available, max_tokens_available per dataset).
-        samples: the pilot (PilotResult or frame with prompt_tokens): mean prompt tokens.
-        shape: the target's TargetShape (target_shape(path)).
-    Returns:
-        dataset, samples (done + needed, at most the prompts), completion_tokens (the budget,
-        or what the prompts can give), prompt_tokens (samples x the pilot's mean prompt),
-        sequence_tokens, hidden_bytes (sequence_tokens x shape.bytes_per_token), and a TOTAL row.
-    """
+    """Per dataset of kit.plan.budget()'s `table`, and in total, the bytes an offline dump
+    of the planned run would take: samples (done + needed, at most the prompts),
+    completion_tokens (the budget, or what the prompts can give), prompt_tokens (samples x
+    the pilot's mean prompt), sequence_tokens, hidden_bytes (x shape.bytes_per_token)."""
     import polars as pl
 
     from kit.plan.estimate import TOTAL

@@ -21,17 +21,9 @@ def profile(
     by: str = "dataset",
     max_tokens: int | None = None,
 ) -> pl.DataFrame:
-    """Length statistics per dataset: n, mean, std, p50, p90, p99, max, truncated share.
-
-    Args:
-        frame: rows with `by` and `column`; a `finish_reason` column, if present, marks
-            truncation ("length").
-        column: the length column (completion_tokens, prompt_tokens, ...).
-        by: the grouping column.
-        max_tokens: lengths >= this also count as truncated.
-
-    Returns:
-        One row per dataset, sorted; `truncated_share` is null when nothing tells.
+    """Length statistics of `column` per `by`, sorted: n, mean, std, p50, p90, p99, max,
+    truncated_share (finish_reason "length", or a length >= max_tokens; null when nothing
+    tells).
 
     Example:
         >>> f = pl.DataFrame({"dataset": ["a", "a", "b"], "completion_tokens": [10, 30, 64]})

@@ -1,8 +1,10 @@
 """Altair chart builders for planning and auditing. They return charts and never display.
 
-Every builder takes polars frames (or an AuditReport) and imports altair inside the
-function, so `import kit` stays light. Render in a notebook by leaving the chart as the
-cell's value; save with `chart.save("x.png")` (vl-convert) or `chart.to_dict()`.
+The audit charts take a records frame (kit.run.reader.records_frame) or an AuditReport and
+aggregate in polars first (a chart's data holds bins, not records); the planning charts take
+kit.plan.budget()'s table. altair is imported inside each builder, so `import kit` stays
+light. Render in a notebook by leaving the chart as the cell's value; save with
+`chart.save("x.png")` (vl-convert) or `chart.to_dict()`.
 """
 
 from __future__ import annotations
@@ -12,13 +14,8 @@ from kit.types import record_columns
 
 
 def enable_offline() -> None:
-    """Draw charts in Jupyter without a CDN: altair's widget renderer with Vega bundled.
-
-    altair's default renderer loads Vega from cdn.jsdelivr.net, so on a machine without
-    internet (a cluster node, CI) every chart cell stays blank.
-
-    Example: `kit.report.charts.enable_offline()` once, in a notebook, before its first chart.
-    """
+    """Draw charts in Jupyter without a CDN (altair's default loads Vega from
+    cdn.jsdelivr.net, so offline every chart cell stays blank): once, before the first chart."""
     import altair as alt
 
     alt.renderers.enable("jupyter", offline=True)
@@ -26,33 +23,22 @@ def enable_offline() -> None:
 
 # ---------------------------------------------------------------- audit charts
 
-_AUDIT_COLUMNS = record_columns(
-    "dataset", "completion_tokens", "prompt_tokens", "finish_reason", "t_done"
-)
 
-
-def _records(records_or_report):
-    """The plain columns the charts use, of an AuditReport's records or a records frame.
-    Every chart aggregates them in polars first: its data holds bins, not records."""
+def _records(records_or_report, *columns: str):
+    """These record columns of an AuditReport's records or of a records frame."""
     frame = getattr(records_or_report, "records", records_or_report)
-    return frame.select([c for c in _AUDIT_COLUMNS if c in frame.columns])
+    return frame.select(record_columns(*columns))
 
 
 def token_distributions(records, *, bins: int = 40):
-    """Completion-length histogram per dataset (one row each) beside a box plot per dataset.
-
-    Args:
-        records: a records frame (kit.run.reader.records_frame) or an AuditReport.
-        bins: histogram bins (shared edges across datasets).
-    Returns:
-        alt.HConcatChart (histograms faceted by dataset | box plots: rule min-max, bar
-        q1-q3, tick median).
+    """Completion-length histograms faceted by dataset (`bins` shared edges) beside box
+    plots per dataset (rule min-max, bar q1-q3, tick median): an alt.HConcatChart.
 
     Example: token_distributions(kit.audit(run_dir)).save("lengths.png")
     """
     import altair as alt
 
-    data = _records(records).select("dataset", "completion_tokens")
+    data = _records(records, "dataset", "completion_tokens")
     boxes, hist = _spread(data, "completion_tokens", False, bins, "records", width=320)
     return alt.hconcat(hist, boxes).properties(title="completion-length distributions")
 
@@ -74,12 +60,9 @@ def budget_vs_actual(audit_or_frames):
     (max(1% of the budget, one max_tokens)) is "over_budget", over by more than 5% inside it
     is "overshoot" (a large share only when one max_tokens is large next to the budget).
 
-    Args:
-        audit_or_frames: an AuditReport (its findings say which datasets are over), or a
-            frame with dataset, tokens, budget columns (report.datasets; then any
-            dataset over by more than 5% is drawn as "over, inside the allowance").
-    Returns:
-        alt.LayerChart.
+    `audit_or_frames`: an AuditReport (its findings say which datasets are over), or a
+    frame with dataset, tokens, budget columns (report.datasets; then any dataset over by
+    more than 5% is drawn as "over, inside the allowance").
 
     Example: budget_vs_actual(kit.audit(run_dir))
     """
@@ -122,17 +105,16 @@ def budget_vs_actual(audit_or_frames):
 def finish_reasons(records):
     """Stacked bars of finish reasons (stop, length, ...) per dataset.
 
-    Args:
-        records: a records frame or an AuditReport.
-    Returns:
-        alt.Chart.
-
     Example: finish_reasons(records_frame(run_dir))
     """
     import altair as alt
     import polars as pl
 
-    data = _records(records).group_by("dataset", "finish_reason").agg(count=pl.len())
+    data = (
+        _records(records, "dataset", "finish_reason")
+        .group_by("dataset", "finish_reason")
+        .agg(count=pl.len())
+    )
     data = data.with_columns(share=pl.col("count") / pl.col("count").sum().over("dataset"))
     return (
         alt.Chart(data.sort("dataset", "finish_reason"))
@@ -148,20 +130,15 @@ def finish_reasons(records):
 
 
 def throughput(records, *, bins: int = 40):
-    """Completion tokens per second over the run, per dataset, from each record's t_done.
-
-    Args:
-        records: a records frame or an AuditReport.
-        bins: time buckets across the run (each at least one second wide).
-    Returns:
-        alt.Chart (stacked area: x = minutes since the first record, y = tokens/s).
+    """Completion tokens per second per dataset over the run (from each record's t_done), in
+    `bins` buckets of at least a second, as a stacked area over minutes since the first.
 
     Example: throughput(records_frame(run_dir))
     """
     import altair as alt
     import polars as pl
 
-    data = _records(records).select("dataset", "completion_tokens", "t_done")
+    data = _records(records, "dataset", "completion_tokens", "t_done")
     t0 = data["t_done"].min() or 0.0
     span = (data["t_done"].max() or 0.0) - t0
     width = max(span / bins, 1.0)
@@ -196,22 +173,14 @@ def throughput(records, *, bins: int = 40):
 
 
 def completion_vs_prompt(records, *, max_points: int = 5000, seed: int = 0):
-    """Scatter of completion tokens against prompt tokens, colored by dataset.
-
-    Args:
-        records: a records frame or an AuditReport; rows without prompt_tokens are left out.
-        max_points: a seeded sample keeps the chart light for large runs.
-        seed: sampling seed.
-    Returns:
-        alt.Chart (truncated records drawn as crosses).
+    """Completion tokens against prompt tokens, coloured by dataset, shaped by finish reason;
+    rows without prompt_tokens left out, a seeded sample of `max_points` for large runs.
 
     Example: completion_vs_prompt(records_frame(run_dir))
     """
     import altair as alt
 
-    data = _records(records).select(
-        "dataset", "prompt_tokens", "completion_tokens", "finish_reason"
-    )
+    data = _records(records, "dataset", "prompt_tokens", "completion_tokens", "finish_reason")
     data = data.drop_nulls("prompt_tokens")
     if data.height > max_points:
         data = data.sample(max_points, seed=seed)
@@ -300,16 +269,8 @@ def _spread(frame, column: str, log: bool, bins: int, unit: str, width: int = 42
 def length_distribution(
     frame, column: str = "completion_tokens", *, log: bool = False, bins: int = 40
 ):
-    """Per-dataset box plots above a per-dataset histogram of a length column.
-
-    Args:
-        frame: rows with `dataset` and `column` (a pilot frame, records, a prompt frame
-            with prompt_tokens).
-        column: the length column.
-        log: log-scale x axis (bins equal in log space).
-        bins: histogram bins (shared edges across datasets).
-    Returns:
-        alt.VConcatChart: box plots (rule min-max, bar q1-q3, tick median) | faceted histogram.
+    """Box plots per dataset above a histogram per dataset of a length column of `frame` (a
+    pilot frame, records, a prompt frame with prompt_tokens); `log`: bins equal in log space.
 
     Example: length_distribution(pilot_result.frame, log=True).save("pilot.png")
     """
@@ -323,11 +284,6 @@ def length_distribution(
 def samples_needed(plan_frame):
     """Samples each budget needs: a point at the estimate, an error bar up to the upper bound,
     a red tick at the prompts available.
-
-    Args:
-        plan_frame: the table from kit.plan.budget().
-    Returns:
-        alt.LayerChart (errorbar, point, tick), one row per dataset.
 
     Example: samples_needed(kit.plan.budget(budgets, pilot, prompts_available=prompts))
     """
@@ -356,12 +312,8 @@ def samples_needed(plan_frame):
 
 
 def budget_vs_cap(plan_frame):
-    """Each dataset's token budget beside what a per-dataset sample cap would produce.
-
-    Args:
-        plan_frame: the table from kit.plan.budget() (with cap_tokens and overshoot).
-    Returns:
-        alt.LayerChart: grouped bars (budget, sample cap) and an "2.66x" overshoot label.
+    """Each dataset's token budget beside what a per-dataset sample cap would produce, with
+    a "2.66x" overshoot label.
 
     Example: budget_vs_cap(kit.plan.budget(10_000_000, pilot, prompts_available=p, sample_cap=7000))
     """

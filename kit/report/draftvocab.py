@@ -124,15 +124,8 @@ def coverage(counts: TokenCounts, k: int) -> pl.DataFrame:
         rows.append(row(name, counts.records[name], counts.excluded[name], a, adds))
     excluded = sum(counts.excluded.values())
     rows.append(row("TOTAL", sum(counts.records.values()), excluded, total, None))
-    schema = {
-        "dataset": pl.String,
-        "records": pl.Int64,
-        "excluded": pl.Int64,
-        "tokens": pl.Int64,
-        "distinct": pl.Int64,
-        "in_top_k": pl.Float64,
-        "adds": pl.Int64,
-    }
+    counts = dict.fromkeys(["records", "excluded", "tokens", "distinct"], pl.Int64)
+    schema = {"dataset": pl.String, **counts, "in_top_k": pl.Float64, "adds": pl.Int64}
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from urllib.parse import urlsplit, urlunsplit
+
+from kit.types import strip_userinfo
 
 TOKEN_SOURCES = {
     "exact": "the server's prompt_ids + output_ids, verbatim",
@@ -29,14 +30,6 @@ _EXCEPTIONS = {  # token_rows count -> what the summary says about those rows
     "earlier_turns_fallback": "an earlier turn's tokens were not found in the server's prompt ids: re-tokenized instead",
     "earlier_turns_missing": "an earlier turn could not be located in the rendering: left out of every format",
 }
-
-
-def public_url(url: str) -> str:
-    """An endpoint without user:password@ or query string (never a secret in a manifest)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def turns_section(earlier: dict[str, int], mode: str) -> dict:
@@ -121,7 +114,7 @@ def build(run_dir, config, tok, counts, earlier, dropped, opts, files) -> dict:
         "run_dir": str(run_dir),
         "run_fingerprint": config.fingerprint(),
         "model": config.model,
-        "servers": {"api": config.api, "endpoints": [public_url(u) for u in config.endpoints]},
+        "servers": {"api": config.api, "endpoints": [strip_userinfo(u) for u in config.endpoints]},
         "sampling": sampling,
         "template_kwargs": dict(config.template_kwargs),
         "tokenizer": {

@@ -60,24 +60,12 @@ def _bar(done: float, total: float, width: int = 20) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-_SUMMED = (
-    "tokens_done",
-    "samples_done",
-    "in_flight",
-    "prompts_total",
-    "errors",
-    "retries",
-    "truncated",
-    "skipped",
-)
-
-
 def _totals(progress: Sequence[DatasetProgress]) -> DatasetProgress:
     """Sum of all datasets as one DatasetProgress named 'total' (state: the least advanced)."""
-    tot = DatasetProgress(dataset="total", budget=sum(p.budget for p in progress))
-    for f in _SUMMED:
-        setattr(tot, f, sum(getattr(p, f) for p in progress))
-    tot.tokens_per_s = sum(p.tokens_per_s for p in progress)
+    tot = DatasetProgress(dataset="total", budget=0)
+    for f in dataclasses.fields(DatasetProgress):
+        if f.type in ("int", "float"):  # every count, the budget and the rate
+            setattr(tot, f.name, sum(getattr(p, f.name) for p in progress))
     order = ("running", "waiting", "stopped", "failed", "exhausted", "budget_reached")
     states = {p.state for p in progress}
     tot.state = next((s for s in order if s in states), "waiting")
@@ -110,14 +98,7 @@ _LEFT = {0, 1, 10}  # left-aligned columns; numbers align right
 def text(progress: Sequence[DatasetProgress], width: int = 20) -> str:
     """Plain-text table: one line per dataset plus a total line when there are several,
     then one "note:" line per distinct DatasetProgress.note (why the run stopped, a server
-    asking for a Retry-After over the cap), naming its datasets.
-
-    Args:
-        progress: the list a progress callback receives.
-        width: characters in each bar.
-
-    Returns:
-        The table, lines joined by newlines (no trailing newline).
+    asking for a Retry-After over the cap), naming its datasets; `width`: each bar's.
 
     Example:
         >>> p = DatasetProgress("sharegpt", budget=10_000_000, tokens_done=6_524_000,
@@ -229,13 +210,9 @@ def _is_tty(file) -> bool:
 
 
 class ConsoleMonitor(Monitor):
-    """Text table on a terminal (redrawn in place) or plain blocks in a log file.
-
-    Args:
-        file: where to write; default sys.stderr.
-        min_interval: seconds between renders; default 1 on a tty, 30 otherwise
-            (a log gets one block per 30 s, plus the final one).
-        width: characters in each bar.
+    """Text table on a terminal (redrawn in place) or plain blocks in a log file (default
+    sys.stderr); min_interval defaults to 1 s on a tty, 30 s otherwise (a log gets one block
+    per 30 s, plus the final one).
 
     Example:
         >>> import io
@@ -272,14 +249,9 @@ class ConsoleMonitor(Monitor):
 class WidgetMonitor(Monitor):
     """ipywidgets panel: per dataset a bar of tokens vs budget and an HTML line of numbers.
 
-    Bar style: 'success' at budget, 'danger' while a dataset has errors, 'warning' when
-    its prompts ran out below budget. On close it prints the plain-text table (so a
-    headless notebook run keeps the numbers) unless `summary=False`.
-
-    Args:
-        display: show the panel on the first render (IPython.display); False to place it yourself
-            via `.box`.
-        summary: print `text(...)` of the final state on close.
+    Bar style: see _bar_style. The panel is shown on the first render (`display=False`:
+    place `.box` yourself); on close it prints the plain-text table (so a headless notebook
+    run keeps the numbers) unless `summary=False`.
     """
 
     def __init__(self, min_interval: float = 1.0, display: bool = True, summary: bool = True, **kw):

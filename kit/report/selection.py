@@ -58,6 +58,7 @@ def light_frame(run_dir, opts):
     with drop_duplicates, the duplicate flags, from hashes of the records' text read once."""
     import polars as pl
 
+    from kit.report.flags import dup_flags
     from kit.run.reader import done_records, owned, record_batches, record_schema
 
     light = done_records(run_dir).select(_LIGHT).with_row_index("_pos")
@@ -67,45 +68,31 @@ def light_frame(run_dir, opts):
     empty = pl.DataFrame(schema={c: schema[c] for c in _TEXT})  # a run without records
     parts = []
     for batch in itertools.chain([empty], record_batches(run_dir, columns=_TEXT)):
-        keys = _duplicate_keys(batch["completion"], batch["tool_calls"])
-        parts.append(owned(batch.select(keys)))
+        parts.append(owned(_duplicate_keys(batch["completion"], batch["tool_calls"])))
     hashes = pl.concat(parts).head(light.height)  # records committed since come after
-    return pl.concat([light, hashes], how="horizontal").with_columns(_duplicate_flags())
+    light = pl.concat([light, hashes], how="horizontal")
+    by_commit = light.with_columns(t_done=pl.col("_pos"))  # the first committed stays
+    return light.with_columns(dup_flags(by_commit))
 
 
-def _duplicate_keys(text, calls) -> list:
-    """empty, and 64-bit hashes of each completion (a String series; with its tool calls,
-    JSON text, when it has any) and of its normalized text, as the audit computes them
-    (kit.report.flags: blank, normalized; an answer of tool calls is not empty)."""
+def _duplicate_keys(text, calls):
+    """The columns kit.report.flags.dup_flags reads, of completions (a String series) and
+    their tool calls (JSON text), as the audit computes them: empty (an answer of tool calls
+    is not), text_hash (of the text, with its calls when it has any), norm_hash (of its
+    normalized text; null when that is empty)."""
     import polars as pl
 
     from kit.report.flags import blank, normalized
 
     c = pl.col
-    norm = normalized(text)
     has_calls = c("calls").fill_null("") != ""
     exact = pl.when(has_calls).then(pl.concat_str(c("text"), pl.lit("\x00"), c("calls")))
-    keys = pl.DataFrame({"text": text, "calls": calls}).select(
-        empty=blank(c("text")) & ~has_calls, _exact=exact.otherwise(c("text")).hash()
+    frame = pl.DataFrame({"text": text, "calls": calls, "norm": normalized(text)})
+    return frame.select(
+        empty=blank(c("text")) & ~has_calls,
+        text_hash=exact.otherwise(c("text")).hash(),
+        norm_hash=pl.when(c("norm") != "").then(c("norm").hash()),
     )
-    return [
-        keys["empty"],
-        keys["_exact"],
-        norm.hash().alias("_near"),
-        (norm == "").alias("_near_empty"),
-    ]
-
-
-def _duplicate_flags() -> list:
-    """dup_exact / dup_near as kit.report.flags defines them (the first committed stays)."""
-    import polars as pl
-
-    later_exact = pl.int_range(pl.len()).over(["dataset", "_exact"]) > 0
-    later_near = pl.int_range(pl.len()).over(["dataset", "_near"]) > 0
-    return [
-        (~pl.col("empty") & later_exact).alias("dup_exact"),
-        (~pl.col("empty") & ~pl.col("_near_empty") & later_near & ~later_exact).alias("dup_near"),
-    ]
 
 
 def _keep_prefix(frame, limits: dict[str, float]):

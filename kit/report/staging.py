@@ -32,11 +32,16 @@ def side(out_dir: Path, kind: str) -> Path:
     return out_dir.parent / f".{out_dir.name}.kit-{kind}"
 
 
-def _is_ours(folder: Path, out_dir: Path) -> bool:
+def _mark_line(folder: Path, i: int) -> str | None:
+    """Line i of folder's MARK: 0 the export it is for, 1 its holder; None when absent."""
     try:
-        return (folder / MARK).read_text().splitlines()[0] == str(out_dir.resolve())
+        return (folder / MARK).read_text().splitlines()[i]
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def _is_ours(folder: Path, out_dir: Path) -> bool:
+    return _mark_line(folder, 0) == str(out_dir.resolve())
 
 
 class Staged:
@@ -65,8 +70,9 @@ class Staged:
             os.close(fd)
             if e.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
+            holder = _mark_line(self.root, 1) or "holder unknown"
             raise ExportBusy(
-                f"export: another kit export is writing {self.out_dir} ({self._holder()}); wait for it to end"
+                f"export: another kit export is writing {self.out_dir} ({holder}); wait for it to end"
             ) from None
         self._fd = fd
         self._restore_previous()  # under the lock: no other exporter is swapping now
@@ -83,12 +89,6 @@ class Staged:
             f"{self.out_dir.resolve()}\npid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
         )
         return self
-
-    def _holder(self) -> str:
-        try:
-            return (self.root / MARK).read_text().splitlines()[1]
-        except (OSError, IndexError):
-            return "holder unknown"
 
     def _restore_previous(self) -> None:
         """A kill mid-swap left the previous export's files aside: put back the missing ones."""

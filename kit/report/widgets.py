@@ -11,18 +11,9 @@ from typing import Any
 
 
 class Planner:
-    """Widgets over kit.plan.budget.
-
-    Args:
-        budgets: dataset -> starting completion-token budget, or one number for every
-            dataset the samples have (a RunConfig's `budgets` as they come).
-        samples: completion-length samples (a PilotResult or a frame), as budget() takes them.
-        prompts_available: dataset -> samples available, or the prompt frame.
-        throughput: starting tokens/s (a kit.plan.Throughput: the pilot's, extrapolated to
-            `concurrency` while the box shows its rate).
-        max_tokens: the pilot's max_tokens.
-        sample_cap: the naive cap to compare against (default: every prompt).
-        concurrency: the run's concurrency.
+    """Widgets over kit.plan.budget, which takes the same arguments: `budgets` the starting
+    ones (a RunConfig's as they come), `throughput` the starting tokens/s (a pilot's
+    Throughput is extrapolated to `concurrency` while the box shows its rate).
 
     Example:
         planner = Planner(config.budgets, pilot, prompts_available=frame, throughput=120.0)

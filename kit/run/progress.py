@@ -15,7 +15,7 @@ import time
 
 from kit.errors import MissingPath
 from kit.run import db
-from kit.run.reader import config_doc, open_db, prompt_state, totals
+from kit.run.reader import config_doc, open_db, prompt_state, state, totals
 from kit.types import DatasetProgress, RunConfig
 
 
@@ -125,10 +125,8 @@ def finish_counts(run_dir) -> dict[tuple[str, str], int]:
 
 def stop_reason(run_dir) -> str | None:
     """Why the last run stopped early (the runner's status), None when it ran to the end."""
-    with open_db(run_dir) as conn:
-        row = conn.execute("SELECT value FROM state WHERE key = 'status'").fetchone()
     try:
-        return json.loads(row[0]).get("stop_reason") if row else None
+        return json.loads(state(run_dir, "status") or "{}").get("stop_reason")
     except ValueError:
         return None
 

@@ -59,18 +59,10 @@ def turn_dict(comp: Completion) -> dict:
 async def regenerate(
     complete: Callable[[list[Message]], Awaitable[Completion]], messages: list[Message]
 ) -> tuple[list[Message], list[dict], Completion, int]:
-    """Replay a conversation through the target, turn by turn.
-
-    Args:
-        complete: sends one conversation (ending in a user turn) and returns the Completion
-            (retries inside; raises when every attempt failed).
-        messages: the source conversation up to its last user turn.
-
-    Returns:
-        (prompt, turns, last, total): the final prompt with the target's own assistant
-        turns, the earlier generated turns (turn_dict each), the last Completion, and the
-        completion tokens of every generated turn together.
-    """
+    """Replay `messages` (up to the last user turn) through the target turn by turn, each
+    sent by `complete` (retries inside; raises when every attempt failed) -> (the final
+    prompt with the target's own assistant turns, the earlier generated turns as turn_dict
+    gives them, the last Completion, the completion tokens of every generated turn)."""
     prompt: list[Message] = []
     turns: list[dict] = []
     total = 0

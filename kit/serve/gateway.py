@@ -34,11 +34,8 @@ DEFAULT_ARGS = tuple(
 
 
 def _smg_command() -> str:
-    """The `smg` executable: next to this interpreter (the project's .venv), else on PATH.
-
-    Raises:
-        FileNotFoundError: it is not installed, with the command that installs it.
-    """
+    """The `smg` executable: next to this interpreter (the project's .venv), else on PATH;
+    MissingPath, with the command that installs it, when neither."""
     local = Path(sys.executable).with_name("smg")
     found = str(local) if local.is_file() else shutil.which("smg")
     if not found:
@@ -60,11 +57,6 @@ class Gateway(Kept):
     process: subprocess.Popen = field(repr=False)  # the keeper (kit/serve/watchdog.py)
     lifeline: int | None = field(default=None, repr=False)  # kit's end of the keeper's pipe
 
-    @property
-    def base_url(self) -> str:
-        """The one URL kit is given, e.g. "http://127.0.0.1:30000/v1"."""
-        return f"http://{self.host}:{self.port}/v1"
-
     def workers_state(self) -> list[dict]:
         """The gateway's view of its workers (GET /workers): url, is_healthy, load, ..."""
         return _get_json(f"http://{self.host}:{self.port}/workers", 5.0).get("workers", [])
@@ -82,21 +74,11 @@ def start(
 ) -> Gateway:
     """Start `smg launch` in front of worker_urls and wait until it lists them all healthy.
 
-    Args:
-        worker_urls: the workers' URLs ("http://h:8000" or "http://h:8000/v1").
-        port: the gateway's port (None: a free one).
-        host: its listen address.
-        backend: smg's --backend: "vllm" or "sglang" (the workers' engine; both balance and
-            pass kit's body through, token ids asked); "openai" does not balance.
-        extra_args: more `smg launch` flags; they come after DEFAULT_ARGS and win.
-        timeout: seconds to wait for every worker to be listed healthy.
-        log_path: the gateway's log (None: a temporary file under data/models/logs).
-
-    Returns:
-        A running Gateway (`.base_url` is what RunConfig.endpoints takes).
-
-    Raises:
-        ServerError: smg exited or was not ready in time (with its log tail).
+    `.base_url` of the Gateway is what RunConfig.endpoints takes; ServerError (with its
+    log tail) when smg exits or is not ready in time. `backend`: smg's --backend, "vllm" or
+    "sglang" (the workers' engine; both balance and pass kit's body through, token ids
+    asked; "openai" does not balance); `extra_args` come after DEFAULT_ARGS and win; the
+    log goes to data/models/logs/smg-<port>.log unless `log_path`.
 
     Example (two workers already running):
         with start(["http://127.0.0.1:8001", "http://127.0.0.1:8002"]) as gw:

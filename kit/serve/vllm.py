@@ -38,11 +38,8 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK"
 
 
 def _vllm_python() -> Path:
-    """The Python that runs vLLM: $KIT_VLLM_PYTHON, else the repo's .venv-vllm.
-
-    Raises:
-        FileNotFoundError: neither exists, with the command that installs it.
-    """
+    """The Python that runs vLLM: $KIT_VLLM_PYTHON, else the repo's .venv-vllm (MissingPath,
+    with the command that installs it, when it is not there)."""
     given = os.environ.get("KIT_VLLM_PYTHON")
     path = Path(given) if given else REPO / ".venv-vllm" / "bin" / "python"
     if not path.is_file():
