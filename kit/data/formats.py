@@ -109,17 +109,23 @@ def transcript_column(rows) -> str | None:
 def _advice(rows) -> str:
     """How to load an undetected source: its message-list columns as messages, else its text
     columns as the prompt (a transcript column is never offered as one turn)."""
-    lists, texts = [], []
+    lists, texts, transcripts = [], [], set()
     for row in _head(rows):
         for k, v in row.items():
             if isinstance(v, list) and v and isinstance(v[0], (dict, list)) and k not in lists:
                 lists.append(k)
-            elif isinstance(v, str) and v.strip() and k not in texts and not _is_transcript(v):
+            elif isinstance(v, str) and v.strip() and k not in texts:
                 texts.append(k)
+            if _is_transcript(v):
+                transcripts.add(k)
+    texts = [k for k in texts if k not in transcripts]
     if lists:
         return f"mapping={{'messages': {lists[0]!r}}} (a column of message lists)"
     text = f"<one of {texts}>" if texts else "<column>"
-    return f"mapping={{'prompt': {text}}} (add 'answer': <column> for the dataset's own answer)"
+    advice = f"mapping={{'prompt': {text}}} (add 'answer': <column> for the dataset's own answer)"
+    if transcripts:
+        advice += f", or mapping={{'transcript': <one of {sorted(transcripts)}>}} (Human:/Assistant: text)"
+    return advice
 
 
 _PROMPT_FIELDS = ("instruction", "input", "context", "instances", "problem")  # single-prompt

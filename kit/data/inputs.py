@@ -26,7 +26,8 @@ def check_format(format, mapping) -> str | None:
         return format
     if not isinstance(mapping, dict) or not mapping:
         raise ConfigError(f"mapping must be a non-empty dict, got {mapping!r}")
-    unknown = set(mapping) - {"prompt", "system", "messages", "turns", "transcript", "tools"}
+    keys = {"prompt", "system", "messages", "turns", "transcript", "tools", "answer"}
+    unknown = set(mapping) - keys
     unknown |= (
         set(mapping) - {"prompt", "system", "tools", "answer"} if "answer" in mapping else set()
     )
