@@ -259,7 +259,7 @@ def _system(row: dict, key: str | None, turns: list) -> list:
 
 
 def _transcript(row: dict, key: str) -> list:
-    """A "\n\nHuman: ... \n\nAssistant: ..." text -> [(role, text), ...]; text before its
+    r"""A "\n\nHuman: ... \n\nAssistant: ..." text -> [(role, text), ...]; text before its
     first turn is a bad_role skip.
 
     Example:

@@ -202,21 +202,25 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None, strip=False)
     """Load prompt datasets into one prompt frame.
 
     Args:
-        paths_or_mapping: a path, a directory (its .jsonl/.ndjson/.json/.parquet files), a
+        paths_or_mapping: a path, a directory (its .jsonl/.ndjson/.json/.parquet files, the
+            first three also as .gz or .zst, read streaming), a
             list of those, or {dataset_name: path or in-memory rows}
             (a list of dicts, a polars DataFrame, a Hugging Face `datasets.Dataset`).
         format: force one of FORMATS for every source, or {dataset: format} for some;
             None detects it per source.
         name: dataset name for a single source (default: the file stem, sanitized).
-        mapping: {"prompt": column, "system": column (optional)}, {"messages": column} or
-            {"turns": column} (a list of user turns); any may add "tools": column (default:
-            the `tools` column, if any). One for every source, or {dataset: mapping}.
+        mapping: {"prompt": column, "system": column (optional), "answer": column
+            (optional: the dataset's own answer)}, {"messages": column}, {"turns": column}
+            (a list of user turns) or {"transcript": column} (Human:/Assistant: text); any
+            may add "tools": column (default: the `tools` column, if any). One for every
+            source, or {dataset: mapping}.
         strip: str.strip() each message's content (off: content as the dataset has it);
             the prompts it changes are counted in LoadResult.stripped.
 
     Returns:
-        LoadResult with `.frame` (dataset, prompt_id, messages, n_turns, row, and `tools`
-        when some prompt has tool definitions), `.skipped`, `.duplicates`,
+        LoadResult with `.frame` (dataset, prompt_id, messages, n_turns, row, answer, and
+        `tools` when some prompt has tool definitions), `.skipped`, `.duplicates`,
+        `.unused` (text columns read into no prompt or answer), `.notes`,
         `.ignored_files`, `.specs` and `.summary()`.
 
     Raises:
@@ -227,7 +231,7 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None, strip=False)
     Example:
         >>> res = kit.load("data/samples/chat_general.jsonl")
         >>> res.frame.columns
-        ['dataset', 'prompt_id', 'messages', 'n_turns', 'row']
+        ['dataset', 'prompt_id', 'messages', 'n_turns', 'row', 'answer']
         >>> res.summary().select("dataset", "format", "prompts", "skipped").row(0)
         ('chat_general', 'openai', 80, 0)
     """
