@@ -260,3 +260,16 @@ def test_a_missing_path_says_it_does_not_exist(tmp_path, capsys):
         capsys,
     )
     assert code != 0 and "no such file or directory" in err and "unsupported" not in err
+
+
+def test_a_parquet_conversation_keeps_the_turn_after_its_last_user_turn(tmp_path):
+    """Parquet turn lists are cut in polars after the answer, not before it."""
+    turns = [("human", "Hi"), ("gpt", "Hello"), ("human", "Q"), ("gpt", "A"), ("human", "late")]
+    rows = [
+        {"conversations": [{"from": f, "value": v} for f, v in turns]},
+        {"conversations": [{"from": f, "value": v} for f, v in turns[:4]]},
+    ]
+    pl.DataFrame(rows).write_parquet(tmp_path / "sg.parquet")
+    res = kit.load(tmp_path / "sg.parquet")
+    assert res.frame["answer"].to_list() == [None, "A"]
+    assert [len(m) for m in res.frame["messages"].to_list()] == [5, 3]
