@@ -25,6 +25,7 @@ under --workdir and reused while complete, put back as written after a step that
 Then each step in a fresh interpreter, measuring the wall time of the call and the process's
 peak RSS (VmHWM, see measure()), with a plain baseline in the same run where there is one:
   load               kit.load of the prompt files (1.25 x records prompts) | plain_load: orjson
+  load_gz            kit.load of the same files gzipped (.jsonl.gz, written once beside them)
   fresh              kit.load of the prompt files, then kit.generate(LoadResult) into a new run
                      directory (one request a dataset): seconds from the load's call to the first
                      request, the prompts stored a part at a time on the way; its peak RSS is a
@@ -93,6 +94,7 @@ MODEL = "SmolLM2-135M-Instruct (fake fleet)"
 SPARE = 1.25  # part B: prompts per record (the unsent ones give a restart work to do)
 STEPS = [
     "load",
+    "load_gz",
     "plain_load",
     "fresh",
     "watch",
@@ -108,12 +110,14 @@ STEPS = [
 ]
 BASELINE = {
     "load": "plain_load",
+    "load_gz": "plain_load",
     "export_specforge": "plain_specforge",
     "export_token_ids": "plain_token_ids",
 }
 LABELS = {
     "imports": "imports only (no call)",
     "load": "kit.load prompts",
+    "load_gz": "kit.load prompts .jsonl.gz",
     "plain_load": "plain load",
     "fresh": "load+generate 1st request",
     "watch": "watch 1st read (writing)",
@@ -569,6 +573,22 @@ def run_dir_for(workdir: Path, n: int) -> tuple[Path, Path, dict]:
 # ---------------------------------------------------------------- part B: the steps (child side)
 
 
+def _gzipped(prompt_dir: Path) -> Path:
+    """A sibling directory of the prompt files as .jsonl.gz, written once (streamed)."""
+    import gzip
+    import shutil
+
+    out = prompt_dir.with_name(prompt_dir.name + "_gz")
+    out.mkdir(exist_ok=True)
+    for path in sorted(prompt_dir.glob("*.jsonl")):
+        target = out / (path.name + ".gz")
+        if not target.exists():
+            with open(path, "rb") as src, gzip.open(f"{target}.tmp", "wb", compresslevel=1) as dst:
+                shutil.copyfileobj(src, dst)
+            Path(f"{target}.tmp").rename(target)
+    return out
+
+
 def _plain_load(prompt_dir: Path) -> int:
     """The baseline of kit.load: each file's lines parsed by orjson into a polars frame
     (dataset, messages, tools), no checks, no ids."""
@@ -814,10 +834,12 @@ def child(args) -> None:
 
         profiler = cProfile.Profile()
         profiler.enable()
+    if step == "load_gz":  # the same files gzipped (before the clock: not the load's work)
+        prompt_dir = _gzipped(prompt_dir)
     t0, c0 = time.perf_counter(), time.process_time()
     if step == "imports":
         pass  # the modules above, nothing called: the floor every step's RSS stands on
-    elif step == "load":
+    elif step in ("load", "load_gz"):
         info["records"] = kit.load(prompt_dir).height
     elif step == "fresh":
         info |= _fresh(run_dir, prompt_dir, out, args)
@@ -1151,7 +1173,7 @@ def print_table(results: dict, sizes: list[int]) -> None:
                 if step == "restart"
                 else ""
             )
-            note = f"{d['records']:,} prompts" if step.endswith("load") else note
+            note = f"{d['records']:,} prompts" if step.endswith(("load", "load_gz")) else note
             note = (
                 f"{d['records']:,} prompts loaded in {d['load_s']:.0f} s, stored, queued"
                 if step == "fresh"

@@ -57,10 +57,10 @@ class DataError(InputError):
 class Undetectable(DataError):
     """No format fits a source's columns; `columns` are the ones found."""
 
-    def __init__(self, label: str, cols: list[str], formats: tuple[str, ...]) -> None:
+    def __init__(self, label: str, cols: list[str], formats: tuple[str, ...], advice: str) -> None:
         super().__init__(
             f"cannot detect the prompt format of {label}: columns found {cols}; "
-            f"pass format= (one of {formats}) or mapping={{'prompt': <column>}}"
+            f"pass format= (one of {formats}) or {advice}"
         )
         self.label, self.columns = label, cols
 

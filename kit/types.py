@@ -142,6 +142,9 @@ class Record:
     reasoning: str | None = column("text", None)
     # the tool definitions sent with the prompt
     tools: list[dict] | None = column("json", None, table="prompts")
+    # the dataset's own answer to the prompt (the prompts table's and kit.load's `answer`):
+    # shown beside the completion, never sent
+    dataset_answer: str | None = column("text", None, exported=False, table="prompts")
     # RunConfig.turns == "all_turns": the assistant turns the target wrote before the last
     # one, in order, each {"content", "reasoning", "finish_reason", "completion_tokens",
     # "count_source", "output_ids", "prompt_ids", "tool_calls"}; `messages` holds them as the

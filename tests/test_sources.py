@@ -241,6 +241,7 @@ def test_names_from_stems_sanitized_and_clashes_refused(tmp_path):
     write_jsonl(tmp_path / "same.jsonl", [row])
     with pytest.raises(ValueError, match="'same' used twice"):
         kit.load([tmp_path / "same.jsonl", tmp_path / "sub" / "same.jsonl"])
+    (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match="unsupported file type '.csv'"):
         kit.load(tmp_path / "x.csv")
 
@@ -395,9 +396,11 @@ def test_summary_and_reprs(tmp_path):
         "rows",
         "prompts",
         "with_tools",
+        "answers",
         "duplicates",
         "skipped",
         "skip_reasons",
+        "unused",
     ]
     text = repr(res)
     assert "1 prompts, 1 skipped, 1 duplicates" in text and "bad_json: 1" in text

@@ -141,8 +141,9 @@ def test_the_records_table_is_the_one_record_declares(tmp_path):
         c.name: (c.sql, KEY.index(c.name) + 1 if c.name in KEY else 0) for c in stored
     }
     assert reader.RECORD_COLUMNS == tuple(c.name for c in stored)
-    assert reader.PROMPT_COLUMNS == ("messages", "tools")
-    assert {n: made("prompts")[n][0] for n in reader.PROMPT_COLUMNS} == {
+    assert reader.PROMPT_COLUMNS == ("messages", "tools", "dataset_answer")
+    table = {"dataset_answer": "answer"}  # the prompts table's name of it
+    assert {n: made("prompts")[table.get(n, n)][0] for n in reader.PROMPT_COLUMNS} == {
         n: COLUMNS[n].sql for n in reader.PROMPT_COLUMNS
     }
     assert set(reader.record_schema()) == set(COLUMNS) == {f.name for f in fields(Record)}
@@ -491,8 +492,10 @@ def _m001_database(run_dir: Path, n: int = 5) -> None:
         "INSERT INTO config VALUES (1, ?, ?)",
         (_config().fingerprint(), json.dumps(_config().to_dict())),
     )
-    for rows in db.prompt_rows(_prompts(n)):
-        conn.executemany(db.PROMPT_SQL, rows)
+    for rows in db.prompt_rows(_prompts(n)):  # M001's eight columns (no answer)
+        conn.executemany(
+            "INSERT INTO prompts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [r[:8] for r in rows]
+        )
     conn.executemany(
         db.RECORD_SQL,
         [db.record_row(_record(ds, i, 3 + i)) for ds in ("alpaca", "chat") for i in range(3)],
@@ -513,7 +516,8 @@ def test_a_database_of_the_m001_schema_is_upgraded_whole(tmp_path, first):
     assert [n for (n,) in _sql(run_dir, "SELECT name FROM migrations ORDER BY t")] == [
         name for name, _ in db.MIGRATIONS
     ]
-    assert _sql(run_dir, "SELECT * FROM prompts ORDER BY dataset, prompt_id") == before
+    after = _sql(run_dir, "SELECT * FROM prompts ORDER BY dataset, prompt_id")
+    assert [r[:-1] for r in after] == before and {r[-1] for r in after} == {None}  # no answer
     assert db.integrity(run_dir) == []
     keys = reader.prompts_frame(run_dir, text=False)
     assert keys.columns == ["dataset", "prompt_id"] and keys.height == 10

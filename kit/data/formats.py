@@ -4,17 +4,26 @@
     openai            {"messages": [{"role": ..., "content": str}, ...]}
     ultrachat         {"data": [user, assistant, user, ...]}  (alternating strings)
     alpaca            {"instruction", "input"} -> instruction + "\n\n" + input, or
-                      {"instruction", "instances": [{"input"}, ...]}: a prompt per instance
+                      {"instruction", "instances": [{"input"}, ...]}: a prompt per instance;
+                      dolly's {"instruction", "context"}: context read as the input
     magicoder         {"problem": str} or {"instruction": str}
     opencodeinstruct  {"input": str}
     turns             {"turns": [user turn, ...]} (MT-bench; runs with turns="all_turns")
+    transcript        a text column of "\n\nHuman: ... \n\nAssistant: ..." (hh-rlhf's
+                      `chosen`): detected by its text, or mapping={"transcript": column}
     mapping           mapping={"prompt": column, "system": column} or {"messages": column}
 
 A valid prompt: at most one system turn, first, then user/assistant alternating from user;
 a prompt field the format does not read that holds a value is a conflicting_fields skip.
+A column of message lists ([[{role, content}, ...], ...], BFCL's `question`) is read as
+its first list (Nested counts the rest). The dataset's own answer is the assistant turn
+right after the prompt's last user turn: a conversation's next turn, a transcript's last
+Assistant turn, or the ANSWERS column of a single-prompt format (mapping "answer").
 """
 
 from __future__ import annotations
+
+import re
 
 import polars as pl
 
@@ -22,7 +31,7 @@ from kit.data.tools import tool_turn
 from kit.errors import Skip, Undetectable
 
 FORMATS = ("sharegpt", "openai", "ultrachat", "alpaca", "magicoder", "opencodeinstruct", "turns")
-FORMATS += ("mapping",)
+FORMATS += ("transcript", "mapping")
 DETECT_ROWS = 200  # rows whose keys decide the format
 _ROLES = {"user": "user", "human": "user", "system": "system"}  # a turn's role -> kit's
 _ROLES |= dict.fromkeys(("assistant", "gpt", "chatgpt", "model", "bot"), "assistant")
@@ -57,6 +66,7 @@ def detect(rows: list | pl.DataFrame, label: str) -> str | None:
         ("openai", {"messages"}),
         ("ultrachat", {"data"}),
         ("alpaca", {"instruction", "input"}),
+        ("alpaca", {"instruction", "context"}),  # databricks-dolly-15k
         ("alpaca", {"instruction", "instances"}),  # self-instruct seed tasks
         ("magicoder", {"problem"}),
         ("magicoder", {"instruction"}),
@@ -65,29 +75,91 @@ def detect(rows: list | pl.DataFrame, label: str) -> str | None:
     ):
         if needs <= cols:
             return fmt
-    raise Undetectable(label, sorted(cols), FORMATS)
+    if transcript_column(rows) is not None:
+        return "transcript"
+    raise Undetectable(label, sorted(cols), FORMATS, _advice(rows))
 
 
-_PROMPT_FIELDS = ("instruction", "input", "instances", "problem")  # single-prompt formats
+_HUMAN = re.compile(r"(?:\A|\n\n)Human:")
+_TRANSCRIPT_TURN = re.compile(r"(?:\A|\n\n)(Human|Assistant): ?")
+
+
+def _is_transcript(value) -> bool:
+    return isinstance(value, str) and bool(_HUMAN.search(value)) and "\n\nAssistant:" in value
+
+
+def _head(rows) -> list[dict]:
+    if isinstance(rows, pl.DataFrame):
+        return rows.head(DETECT_ROWS).to_dicts()
+    return [r for r in rows if isinstance(r, dict)][:DETECT_ROWS]
+
+
+def transcript_column(rows) -> str | None:
+    """The column of Human:/Assistant: transcripts in the first DETECT_ROWS rows (most of its
+    texts are ones): `chosen` first (hh-rlhf's preferred answer), else the first found."""
+    texts: dict[str, list[bool]] = {}
+    for row in _head(rows):
+        for k, v in row.items():
+            if isinstance(v, str) and v.strip():
+                texts.setdefault(k, []).append(_is_transcript(v))
+    found = [k for k, flags in texts.items() if 2 * sum(flags) > len(flags)]
+    return "chosen" if "chosen" in found else next(iter(found), None)
+
+
+def _advice(rows) -> str:
+    """How to load an undetected source: its message-list columns as messages, else its text
+    columns as the prompt (a transcript column is never offered as one turn)."""
+    lists, texts, transcripts = [], [], set()
+    for row in _head(rows):
+        for k, v in row.items():
+            if isinstance(v, list) and v and isinstance(v[0], (dict, list)) and k not in lists:
+                lists.append(k)
+            elif isinstance(v, str) and v.strip() and k not in texts:
+                texts.append(k)
+            if _is_transcript(v):
+                transcripts.add(k)
+    texts = [k for k in texts if k not in transcripts]
+    if lists:
+        return f"mapping={{'messages': {lists[0]!r}}} (a column of message lists)"
+    text = f"<one of {texts}>" if texts else "<column>"
+    advice = f"mapping={{'prompt': {text}}} (add 'answer': <column> for the dataset's own answer)"
+    if transcripts:
+        advice += f", or mapping={{'transcript': <one of {sorted(transcripts)}>}} (Human:/Assistant: text)"
+    return advice
+
+
+_PROMPT_FIELDS = ("instruction", "input", "context", "instances", "problem")  # single-prompt
 _READS = {  # single-prompt format -> the prompt fields it reads (others must be empty)
-    "alpaca": {"instruction", "input", "instances"},
+    "alpaca": {"instruction", "input", "context", "instances"},
     "magicoder": {"problem", "instruction"},
     "opencodeinstruct": {"input"},
+}
+ANSWERS = {  # single-prompt format -> its answer columns (the first holding text is used)
+    "alpaca": ("output", "response"),  # alpaca, CodeAlpaca; dolly's response
+    "magicoder": ("solution", "response"),  # OSS-Instruct; Evol-Instruct
+    "opencodeinstruct": ("output",),
 }
 _FIELDS = {  # format -> the columns its rows are read from (and checked)
     "sharegpt": ["conversations"],
     "openai": ["messages"],
     "ultrachat": ["data"],
     "turns": ["turns"],
-    **dict.fromkeys(_READS, list(_PROMPT_FIELDS)),
+    **{f: [*_PROMPT_FIELDS, *a] for f, a in ANSWERS.items()},
 }
 
 
+def read_columns(fmt: str | None, mapping: dict | None) -> list[str]:
+    """The columns a format reads into a prompt or its answer (tools included)."""
+    cols = list((mapping or {}).values()) if fmt in ("mapping", "transcript") else _FIELDS[fmt]
+    return [*cols, "tools", "functions"]
+
+
 def frame_rows(df: pl.DataFrame, fmt: str, mapping: dict | None) -> list[dict]:
-    """Rows of a columnar source: only the needed columns, turn lists cut after the last user turn."""
+    """Rows of a columnar source: only the needed columns, turn lists cut after the turn that
+    follows the last user turn (the answer)."""
     if fmt is None:
         return df.to_dicts()
-    wanted = [*(mapping.values() if fmt == "mapping" else _FIELDS[fmt]), "tools", "functions"]
+    wanted = read_columns(fmt, mapping)
     df = df.select([c for c in df.columns if c in wanted])
     trims = [_trim_turns(c, df.schema[c]) for c in df.columns]
     return df.with_columns([t for t in trims if t is not None]).to_dicts()
@@ -103,7 +175,8 @@ def _trim_turns(col: str, dtype) -> pl.Expr | None:
         return None
     role = pl.coalesce([pl.element().struct.field(k) for k in keys]).str.to_lowercase()
     user_at_or_after = role.is_in(["user", "human"]).reverse().cum_sum().reverse() > 0
-    cut = pl.col(col).list.eval(pl.element().filter(user_at_or_after))
+    keep = user_at_or_after | user_at_or_after.shift(1).fill_null(False)  # and the answer
+    cut = pl.col(col).list.eval(pl.element().filter(keep))
     return pl.when(cut.list.len() > 0).then(cut).otherwise(pl.col(col)).alias(col)
 
 
@@ -146,22 +219,61 @@ def _turn(obj) -> tuple:
     return (role, content)
 
 
+class Nested(list):
+    """The turns of a column of message lists: its first list; `rest` lists not read."""
+
+    rest = 0
+
+
 def _turn_list(row: dict, key: str) -> list:
-    """A conversation field -> list of (role, content) per turn."""
-    return [_turn(t) for t in _list(row, key)]
+    """A conversation field -> list of (role, content) per turn; a list of message lists
+    (BFCL's `question`) is its first list, a Nested counting the others."""
+    value = _list(row, key)
+    if not (value and all(isinstance(t, list) for t in value)):
+        return [_turn(t) for t in value]
+    turns = Nested(_turn(t) for t in value[0])
+    turns.rest = len(value) - 1
+    return turns
 
 
-def _single(row: dict, prompt_key: str, system_key: str | None = None) -> list:
-    """A single-prompt row -> [(system)?, (user, prompt)]; a blank or null system is no system."""
-    turns = [("user", _field(row, prompt_key))]
-    return _system(row, system_key) + turns
+def _single(row: dict, prompt_key: str, system_key: str | None = None, answers=()) -> list:
+    """A single-prompt row -> [(system)?, (user, prompt), (assistant, answer)?]; a blank or
+    null system is no system; the answer: the first of `answers` holding text."""
+    turns = [("user", _field(row, prompt_key)), *_answer_turn(row, answers)]
+    return _system(row, system_key, turns)
 
 
-def _system(row: dict, key: str | None) -> list:
-    """The optional system column as a leading turn, unless absent, null or blank."""
+def _answer_turn(row: dict, keys) -> list:
+    """[(assistant, text)] of the first column of `keys` holding text, else []."""
+    value = next((v for k in keys if isinstance(v := row.get(k), str) and v.strip()), None)
+    return [] if value is None else [("assistant", value)]
+
+
+def _system(row: dict, key: str | None, turns: list) -> list:
+    """turns with the optional system column as a leading turn, unless absent, null or blank
+    (inserted in place: a Nested stays one)."""
     value = row.get(key) if key else None
-    blank = value is None or (isinstance(value, str) and not value.strip())
-    return [] if blank else [("system", value)]
+    if not (value is None or (isinstance(value, str) and not value.strip())):
+        turns.insert(0, ("system", value))
+    return turns
+
+
+def _transcript(row: dict, key: str) -> list:
+    r"""A "\n\nHuman: ... \n\nAssistant: ..." text -> [(role, text), ...]; text before its
+    first turn is a bad_role skip.
+
+    Example:
+        >>> _transcript({"chosen": "\n\nHuman: Hi\n\nAssistant: Hello"}, "chosen")
+        [('user', 'Hi'), ('assistant', 'Hello')]
+    """
+    text = _field(row, key)
+    if not isinstance(text, str):
+        raise Skip("non_string_content", f"{key!r} is a {type(text).__name__}, not a string")
+    head, *parts = _TRANSCRIPT_TURN.split(text)
+    if head.strip() or not parts:
+        raise Skip("bad_role", f"{key!r}: text before its first 'Human:' or 'Assistant:' turn")
+    role = {"Human": "user", "Assistant": "assistant"}
+    return [(role[parts[i]], parts[i + 1]) for i in range(0, len(parts), 2)]
 
 
 def _alpaca(row: dict) -> list:
@@ -172,12 +284,21 @@ def _alpaca(row: dict) -> list:
     if not isinstance(instruction, str):
         raise Skip("non_string_content", f"'instruction' is a {type(instruction).__name__}")
     instances = row.get("instances")
+    key = "context" if _holds(row.get("context")) else "input"  # dolly's name for the input
+    if key == "context" and _holds(row.get("input")):
+        raise Skip("conflicting_fields", "both 'input' and 'context' hold a value: keep one")
     if instances is None:
-        return [_joined(instruction, row.get("input"), "'input'")]
-    if row.get("input") is not None:
-        raise Skip("conflicting_fields", "both 'input' and 'instances' hold a value: keep one")
+        answer = _answer_turn(row, ANSWERS["alpaca"])
+        return [_joined(instruction, row.get(key), f"{key!r}") + answer]
+    if row.get(key) is not None:
+        raise Skip("conflicting_fields", f"both {key!r} and 'instances' hold a value: keep one")
     prompts = [_instance(instruction, x, k) for k, x in enumerate(_list(row, "instances"))]
     return prompts or [[("user", instruction)]]
+
+
+def _holds(value) -> bool:
+    """A field holds a value: not null, not a blank string."""
+    return value is not None and not (isinstance(value, str) and not value.strip())
 
 
 def _instance(instruction: str, instance, k: int) -> list | Skip:
@@ -185,7 +306,8 @@ def _instance(instruction: str, instance, k: int) -> list | Skip:
     if not isinstance(instance, dict):
         return Skip("bad_type", f"instance {k} is a {type(instance).__name__}, not an object")
     try:
-        return _joined(instruction, instance.get("input"), f"instance {k} 'input'")
+        turns = _joined(instruction, instance.get("input"), f"instance {k} 'input'")
+        return turns + _answer_turn(instance, ("output",))
     except Skip as skip:
         return skip
 
@@ -203,12 +325,13 @@ def _magicoder(row: dict) -> list:
     """problem (OSS-Instruct) or instruction (Evol-Instruct); a row with both is ambiguous."""
     if row.get("problem") is not None and row.get("instruction") is not None:
         raise Skip("conflicting_fields", "both 'problem' and 'instruction' hold a value: keep one")
-    return _single(row, "problem" if row.get("problem") is not None else "instruction")
+    key = "problem" if row.get("problem") is not None else "instruction"
+    return _single(row, key, answers=ANSWERS["magicoder"])
 
 
 def _unread(row: dict, fmt: str) -> None:
     """A prompt field the format does not read, holding a value: a skip, never dropped unsaid."""
-    if extra := [k for k in _PROMPT_FIELDS if k not in _READS[fmt] and row.get(k) is not None]:
+    if extra := [k for k in _PROMPT_FIELDS if k not in _READS[fmt] and _holds(row.get(k))]:
         raise Skip(
             "conflicting_fields",
             f"{extra[0]!r} holds a value the {fmt} format does not read (load with mapping=)",
@@ -265,14 +388,18 @@ def _raw_turns(row: dict, fmt: str, mapping: dict | None) -> list:
     if fmt == "magicoder":
         return _magicoder(row)
     if fmt == "opencodeinstruct":
-        return _single(row, "input")
+        return _single(row, "input", answers=ANSWERS["opencodeinstruct"])
     if fmt == "turns":
         return _user_turns(row, "turns")
+    system = mapping.get("system")
+    if "transcript" in mapping:
+        return _system(row, system, _transcript(row, mapping["transcript"]))
     if "turns" in mapping:
-        return _system(row, mapping.get("system")) + _user_turns(row, mapping["turns"])
+        return _system(row, system, _user_turns(row, mapping["turns"]))
     if "messages" in mapping:
-        return _system(row, mapping.get("system")) + _turn_list(row, mapping["messages"])
-    return _single(row, mapping["prompt"], mapping.get("system"))
+        return _system(row, system, _turn_list(row, mapping["messages"]))
+    answer = (mapping["answer"],) if "answer" in mapping else ()
+    return _single(row, mapping["prompt"], system, answer)
 
 
 def prompt(turns: list, *, strip: bool = False, user_runs: bool = False) -> list[dict]:
@@ -303,6 +430,21 @@ def prompt(turns: list, *, strip: bool = False, user_runs: bool = False) -> list
         messages.append({"role": role, "content": content.strip() if strip else content})
     _check_order([m["role"] for m in messages], user_runs)
     return messages
+
+
+def answer(turns: list) -> str | None:
+    """The dataset's own answer to the prompt of raw turns: the text of the assistant turn
+    right after the last user turn, else None.
+
+    Example:
+        >>> answer([("user", "Hi"), ("assistant", "Hello!"), ("user", "Bye")]) is None
+        True
+    """
+    last = next((i for i in range(len(turns) - 1, -1, -1) if turns[i][0] == "user"), -1)
+    if last < 0 or last + 1 >= len(turns) or turns[last + 1][0] != "assistant":
+        return None
+    text = turns[last + 1][1]
+    return text if isinstance(text, str) and text.strip() else None
 
 
 def _check_order(roles: list[str], user_runs: bool = False) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from kit.data.formats import FORMATS, columns
-from kit.data.readers import list_dir
+from kit.data.readers import CODECS, list_dir
 from kit.errors import ConfigError
 
 _NAME_OK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -26,17 +26,23 @@ def check_format(format, mapping) -> str | None:
         return format
     if not isinstance(mapping, dict) or not mapping:
         raise ConfigError(f"mapping must be a non-empty dict, got {mapping!r}")
-    unknown = set(mapping) - {"prompt", "system", "messages", "turns", "tools"}
-    if unknown or sum(k in mapping for k in ("prompt", "messages", "turns")) != 1:
+    keys = {"prompt", "system", "messages", "turns", "transcript", "tools", "answer"}
+    unknown = set(mapping) - keys
+    unknown |= (
+        set(mapping) - {"prompt", "system", "tools", "answer"} if "answer" in mapping else set()
+    )
+    if unknown or sum(k in mapping for k in ("prompt", "messages", "turns", "transcript")) != 1:
         raise ConfigError(
-            "mapping needs exactly one of 'prompt', 'messages' or 'turns' (a list of user "
-            f"turns) plus optional 'system' and 'tools', got {mapping!r}"
+            "mapping needs exactly one of 'prompt', 'messages', 'turns' (a list of user turns) "
+            "or 'transcript' (Human:/Assistant: text) plus optional 'system' and 'tools' "
+            f"('answer' with 'prompt': the dataset's own answer), got {mapping!r}"
         )
     if not all(isinstance(v, str) and v for v in mapping.values()):
         raise ConfigError(f"mapping values must be column names, got {mapping!r}")
-    if format not in (None, "mapping"):
+    kind = "transcript" if "transcript" in mapping else "mapping"
+    if format not in (None, kind):
         raise ConfigError(f"format={format!r} conflicts with mapping={mapping!r}")
-    return "mapping"
+    return kind
 
 
 def _per_source(value) -> bool:
@@ -152,7 +158,10 @@ def check_name(name) -> str:
 
 def _stem_name(path: Path) -> str:
     """'my data (v2).jsonl' -> 'my_data_v2'."""
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.name[: -len(path.suffix) or None])
+    name = path.name
+    for _ in range(2 if path.suffix.lower() in CODECS else 1):  # "dolly.jsonl.gz" -> "dolly"
+        name = name[: -len(Path(name).suffix) or None]
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
     stem = stem.strip("_.-")
     if not stem:
         raise ConfigError(f"cannot make a dataset name from {str(path)!r}; pass name= or a dict")

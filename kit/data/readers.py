@@ -24,6 +24,7 @@ import polars as pl
 from kit.errors import DataError, MissingPath, Skip
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
+CODECS = (".gz", ".zst")  # a JSON or JSONL file compressed: read streaming (gzip, pyarrow's zstd)
 BLANK = object()  # a blank JSONL line: keeps row == line index, not counted as a row
 _TOO_DEEP = "nested too deep for the JSON parser"
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)  # strings and brackets
@@ -38,12 +39,11 @@ def read(source) -> Iterator[list | pl.DataFrame]:
     if not isinstance(source, Path):
         return iter([_read_memory(source)])
     if problem := _file_problem(source):
-        if problem == "no such file" and source.suffix.lower() not in SUFFIXES:
-            problem = _unsupported(source)  # the first thing to fix
-        elif problem == "no such file":
-            raise MissingPath(f"no such file: {source}")
+        if problem == "no such file":
+            also = f" (and {_unsupported(source)})" if source.suffix and not kind_of(source) else ""
+            raise MissingPath(f"{source}: no such file or directory{also}")
         raise DataError(f"{source}: {problem}")
-    kind = SUFFIXES[source.suffix.lower()]
+    kind = kind_of(source)
     if kind == "json":
         return iter([_read_json(source)])
     return _read_jsonl(source) if kind == "jsonl" else _read_parquet(source)
@@ -63,7 +63,7 @@ def _file_problem(path: Path) -> str | None:
         return f"cannot read it ({exc.strerror})"
     if stat.S_ISDIR(mode):
         return "a directory (directories are not searched inside; pass it on its own)"
-    if path.suffix.lower() not in SUFFIXES:
+    if kind_of(path) is None:
         return _unsupported(path)
     if not stat.S_ISREG(mode):
         return "not a regular file"
@@ -71,7 +71,37 @@ def _file_problem(path: Path) -> str | None:
 
 
 def _unsupported(path: Path) -> str:
-    return f"unsupported file type {path.suffix!r}; expected .jsonl, .ndjson, .json or .parquet"
+    codec = path.suffix.lower() in CODECS
+    suffix = "".join(path.suffixes[-2:]) if codec else path.suffix
+    return (
+        f"unsupported file type {suffix!r}; expected .jsonl, .ndjson, "
+        ".json or .parquet (a JSON or JSONL file may be compressed: .gz, .zst)"
+    )
+
+
+def kind_of(path: Path) -> str | None:
+    """ "jsonl", "json" or "parquet" from a file name (a .gz or .zst JSON/JSONL file is its
+    inner kind), or None for a type kit does not read."""
+    name = path.name.lower()
+    codec = next((c for c in CODECS if name.endswith(c)), "")
+    kind = SUFFIXES.get(Path(name.removesuffix(codec)).suffix)
+    return None if codec and kind == "parquet" else kind
+
+
+def _open(path: Path):
+    """A binary file object over a data file's bytes, decompressed as its name says."""
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rb")
+    if name.endswith(".zst"):
+        import io
+
+        import pyarrow as pa
+
+        return io.BufferedReader(pa.input_stream(str(path), compression="zstd"))
+    return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
 
 def list_dir(path: Path) -> tuple[list[Path], list[dict]]:
@@ -88,9 +118,15 @@ def list_dir(path: Path) -> tuple[list[Path], list[dict]]:
 def _read_jsonl(path: Path) -> Iterator[list]:
     """Rows of a JSONL file, BLOCK lines at a time (opened before the first); blank lines are
     ignored, row = 0-based line number."""
-    f = open(path, "rb")  # noqa: SIM115 - an error opening it is the caller's, now
+    f = _open(path)  # an error opening it is the caller's, now
 
     def blocks():
+        try:
+            yield from lines()
+        except (EOFError, OSError) as exc:  # a compressed file cut short or damaged
+            raise DataError(f"{path}: cannot read it ({type(exc).__name__}: {exc})") from None
+
+    def lines():
         with f:
             rows: list = []
             for i, line in enumerate(f):
@@ -120,7 +156,8 @@ def _jsonl_rows(path: Path) -> list:
 
 def _read_json(path: Path) -> list:
     """Rows of a JSON file: a list of objects or {"data": [...]}; JSONL misnamed .json also works."""
-    data = path.read_bytes()
+    with _open(path) as f:
+        data = f.read()
     try:
         doc = json.loads(data)
     except RecursionError:

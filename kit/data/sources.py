@@ -4,10 +4,12 @@ The frame is written as it is read, CHUNK prompts at a time, to temporary Parque
 LoadResult owns, so a million prompts load in the memory of a few thousand. A format is
 detected from the row keys (kit.data.formats) or forced with format=/mapping=. A prompt is
 the conversation up to its last user turn (a broken later answer costs no prompt), as
-given unless strip=True, with its tools in a `tools` column (kit.data.tools). prompt_id
-hashes turns and tools, not dataset, file or row order: stable across re-loads. Bad rows
-and duplicates are skipped and counted by reason (REASONS), unreadable sources reported
-in one error; reload(LoadResult.specs) loads the same prompts again.
+given unless strip=True, with its tools in a `tools` column (kit.data.tools) and the
+dataset's own answer in `answer` (never sent, never hashed). prompt_id hashes turns and
+tools, not dataset, file or row order: stable across re-loads. Bad rows and duplicates are
+skipped and counted by reason (REASONS), unreadable sources reported in one error, text
+columns read into no prompt nor answer named (LoadResult.unused); reload(LoadResult.specs)
+loads the same prompts again.
 """
 
 from __future__ import annotations
@@ -29,11 +31,15 @@ from kit.data import parts
 from kit.data.formats import (
     DETECT_ROWS,
     FORMATS,
+    Nested,
+    answer,
     columns,
     detect,
     frame_rows,
     prompt,
     raw_prompts,
+    read_columns,
+    transcript_column,
     user_runs,
 )
 from kit.data.inputs import check_format, check_mapping_columns, check_name, for_each, sources
@@ -64,6 +70,7 @@ SCHEMA = {
     "messages": MESSAGE_TYPE,
     "n_turns": pl.Int64,
     "row": pl.Int64,
+    "answer": pl.String,  # the dataset's own answer to the prompt, or null (kit.data.formats)
 }
 TOOLS = "tools"  # the optional column: compact JSON array of OpenAI tools, or null
 MAX_SKIP_ROWS = 1000  # skipped rows kept per dataset in LoadResult.skipped_rows (counts are exact)
@@ -90,6 +97,9 @@ class LoadResult:
     ignored_files: list[dict] = field(default_factory=list)  # [{"path", "reason"}] not loaded
     specs: dict[str, dict] = field(default_factory=dict)  # dataset -> path, format, mapping, strip
     stripped: dict[str, int] = field(default_factory=dict)  # dataset -> prompts strip changed
+    answers: dict[str, int] = field(default_factory=dict)  # dataset -> prompts with an answer
+    unused: dict[str, list[str]] = field(default_factory=dict)  # dataset -> text columns unread
+    notes: dict[str, list[str]] = field(default_factory=dict)  # dataset -> the rules it took
     spill: Path | None = None  # the temporary directory of `parts`, removed with this object
 
     @property
@@ -99,8 +109,9 @@ class LoadResult:
 
     @property
     def frame(self) -> pl.DataFrame:
-        """The prompt frame (dataset, prompt_id, messages, n_turns, row, and `tools` when some
-        prompt has tool definitions), read whole from the parts: each call reads it again."""
+        """The prompt frame (dataset, prompt_id, messages, n_turns, row, answer, and `tools`
+        when some prompt has tool definitions), read whole from the parts: each call reads
+        it again."""
         return self.scan().collect()
 
     def scan(self) -> pl.LazyFrame:
@@ -119,8 +130,9 @@ class LoadResult:
         return SCHEMA | ({TOOLS: pl.String} if any(self.with_tools.values()) else {})
 
     def summary(self) -> pl.DataFrame:
-        """One row per dataset: format, rows read, prompts kept, with_tools, duplicates,
-        (strip=True) stripped, skips by reason (ignored directory entries: `ignored_files`)."""
+        """One row per dataset: format, rows read, prompts kept, with_tools, answers (prompts
+        with the dataset's own answer), duplicates, (strip=True) stripped, skips by reason,
+        the text columns read into no prompt (ignored directory entries: `ignored_files`)."""
         kept, tooled = self.prompts, self.with_tools
         out = []
         for name, fmt in self.formats.items():
@@ -133,15 +145,17 @@ class LoadResult:
                     "rows": self.rows.get(name, 0),
                     "prompts": kept.get(name, 0),
                     "with_tools": tooled.get(name, 0),
+                    "answers": self.answers.get(name, 0),
                     "duplicates": self.duplicates.get(name, 0),
                     "skipped": sum(skips.values()),
                     "skip_reasons": reasons,
+                    "unused": ", ".join(self.unused.get(name, [])),
                 }
             )
         frame = pl.DataFrame(out, schema_overrides={"format": pl.String})
         if self.stripped:  # strip=True: the prompts it changed
             stripped = [self.stripped.get(name, 0) for name in self.formats]
-            frame = frame.insert_column(6, pl.Series("stripped", stripped, dtype=pl.Int64))
+            frame = frame.insert_column(7, pl.Series("stripped", stripped, dtype=pl.Int64))
         return frame
 
     def source_hashes(self) -> dict[str, str]:
@@ -158,7 +172,14 @@ class LoadResult:
         )
 
     def _ignored_lines(self) -> list[str]:
-        return [f"ignored {f['path']}: {f['reason']}" for f in self.ignored_files]
+        """The directory entries ignored, then each dataset's rules and unused text columns."""
+        lines = [f"ignored {f['path']}: {f['reason']}" for f in self.ignored_files]
+        lines += [f"{ds}: {note}" for ds, notes in self.notes.items() for note in notes]
+        return lines + [
+            f"{ds}: text columns in no prompt or answer (unused): {', '.join(cols)}"
+            for ds, cols in self.unused.items()
+            if cols
+        ]
 
     def __repr__(self) -> str:
         with pl.Config(
@@ -181,21 +202,25 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None, strip=False)
     """Load prompt datasets into one prompt frame.
 
     Args:
-        paths_or_mapping: a path, a directory (its .jsonl/.ndjson/.json/.parquet files), a
+        paths_or_mapping: a path, a directory (its .jsonl/.ndjson/.json/.parquet files, the
+            first three also as .gz or .zst, read streaming), a
             list of those, or {dataset_name: path or in-memory rows}
             (a list of dicts, a polars DataFrame, a Hugging Face `datasets.Dataset`).
         format: force one of FORMATS for every source, or {dataset: format} for some;
             None detects it per source.
         name: dataset name for a single source (default: the file stem, sanitized).
-        mapping: {"prompt": column, "system": column (optional)}, {"messages": column} or
-            {"turns": column} (a list of user turns); any may add "tools": column (default:
-            the `tools` column, if any). One for every source, or {dataset: mapping}.
+        mapping: {"prompt": column, "system": column (optional), "answer": column
+            (optional: the dataset's own answer)}, {"messages": column}, {"turns": column}
+            (a list of user turns) or {"transcript": column} (Human:/Assistant: text); any
+            may add "tools": column (default: the `tools` column, if any). One for every
+            source, or {dataset: mapping}.
         strip: str.strip() each message's content (off: content as the dataset has it);
             the prompts it changes are counted in LoadResult.stripped.
 
     Returns:
-        LoadResult with `.frame` (dataset, prompt_id, messages, n_turns, row, and `tools`
-        when some prompt has tool definitions), `.skipped`, `.duplicates`,
+        LoadResult with `.frame` (dataset, prompt_id, messages, n_turns, row, answer, and
+        `tools` when some prompt has tool definitions), `.skipped`, `.duplicates`,
+        `.unused` (text columns read into no prompt or answer), `.notes`,
         `.ignored_files`, `.specs` and `.summary()`.
 
     Raises:
@@ -206,7 +231,7 @@ def load(paths_or_mapping, *, format=None, name=None, mapping=None, strip=False)
     Example:
         >>> res = kit.load("data/samples/chat_general.jsonl")
         >>> res.frame.columns
-        ['dataset', 'prompt_id', 'messages', 'n_turns', 'row']
+        ['dataset', 'prompt_id', 'messages', 'n_turns', 'row', 'answer']
         >>> res.summary().select("dataset", "format", "prompts", "skipped").row(0)
         ('chat_general', 'openai', 80, 0)
     """
@@ -254,7 +279,7 @@ def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
     failures: list[Exception] = []
     for ds, source, fmt, mapping, strip in items:
         try:
-            rows, fmt, columnar, check = _read_source(ds, source, fmt, mapping)
+            rows, fmt, mapping, columnar, check = _read_source(ds, source, fmt, mapping)
         except (ValueError, OSError) as exc:
             failures.append(exc)
             continue
@@ -265,7 +290,8 @@ def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
             result.specs[ds]["strip"] = True
         try:
             _convert(ds, rows, (fmt, mapping, strip), columnar, cols, result, skip_rows)
-            check()
+            result.unused[ds], notes = check()
+            result.notes[ds] = notes + result.notes.get(ds, [])
         except (ValueError, OSError) as exc:  # a file that goes bad past its first block
             failures.append(exc)
     _raise_failures(failures)
@@ -280,10 +306,12 @@ def _load(items: list[tuple], ignored: list[dict]) -> LoadResult:
 
 
 def _read_source(ds: str, source, fmt: str | None, mapping: dict | None) -> tuple:
-    """(rows, format, columnar, check) of one source: rows an iterator (a block read at a
-    time), check() to call once they are read (a mapped tools column must be in some row).
-    Raises ValueError/OSError when it cannot be used at all. columnar: nested values came
-    from typed columns (kit.data.tools.drop_nulls)."""
+    """(rows, format, mapping, columnar, check) of one source: rows an iterator (a block
+    read at a time), check() to call once they are read (a mapped tools column must be in
+    some row), which returns the text columns no prompt or answer read. Raises
+    ValueError/OSError when it cannot be used at all. columnar: nested values came from
+    typed columns (kit.data.tools.drop_nulls). A transcript source's mapping names its
+    column."""
     label = str(source) if isinstance(source, Path) else f"in-memory dataset {ds!r}"
     blocks = read(source)
     head = next(blocks, [])
@@ -295,6 +323,12 @@ def _read_source(ds: str, source, fmt: str | None, mapping: dict | None) -> tupl
     columnar = isinstance(head, pl.DataFrame) or hasattr(source, "columns")  # pandas too
     columnar = columnar or hasattr(source, "column_names")  # datasets.Dataset
     fmt = fmt or detect(head, label)
+    if fmt == "transcript" and not mapping:
+        if (col := transcript_column(head)) is None:
+            raise DataError(f"{label}: no column of 'Human:' / 'Assistant:' transcripts found")
+        mapping = {"transcript": col}
+    used = set(read_columns(fmt, mapping)) if fmt else set()
+    unused: dict[str, None] = {}  # text columns no prompt or answer reads, in order found
     following = next(blocks, None)  # None: the head is every row
     key = (mapping or {}).get("tools")
     # a JSONL file's rows past its head: the mapped tools column is looked for as they stream
@@ -308,18 +342,50 @@ def _read_source(ds: str, source, fmt: str | None, mapping: dict | None) -> tupl
         rest = () if following is None else itertools.chain([following], blocks)
         for block in itertools.chain([head], rest):
             if isinstance(block, pl.DataFrame):
+                unused.update(dict.fromkeys(_text_columns(block, used | set(unused))))
                 block = frame_rows(block, fmt, mapping)
-            elif not seen[0]:
-                seen[0] = any(isinstance(r, dict) and key in r for r in block)
+            else:
+                seen[0] = seen[0] or any(isinstance(r, dict) and key in r for r in block)
+                for row in block:
+                    if isinstance(row, dict):
+                        unused.update(
+                            (k, None)
+                            for k, v in row.items()
+                            if type(v) is str and k not in used and k not in unused and v.strip()
+                        )
             yield from block
 
-    def check():
+    def check() -> tuple[list[str], list[str]]:
         if not seen[0] and (found := columns(head)):
             raise DataError(
                 f"mapping columns [{key!r}] not found in {label}; columns found {found}"
             )
+        return list(unused), _notes(fmt, mapping, columns(head))
 
-    return rows(), fmt, columnar, check
+    return rows(), fmt, mapping, columnar, check
+
+
+def _text_columns(frame: pl.DataFrame, skip: set) -> list[str]:
+    """The frame's string columns outside `skip` holding some non-blank text."""
+    strings = [c for c, t in frame.schema.items() if t == pl.String and c not in skip]
+    if not strings or frame.height == 0:
+        return []
+    held = frame.select(pl.col(strings).str.strip_chars().str.len_bytes().max() > 0).row(0)
+    return [c for c, h in zip(strings, held, strict=True) if h]
+
+
+def _notes(fmt: str | None, mapping: dict | None, cols: list[str]) -> list[str]:
+    """The rules a source's prompts and answers are read by that its columns do not say."""
+    if fmt == "alpaca" and "context" in cols:
+        return [
+            "prompt = instruction + blank line + context (dolly's layout; a blank context: the instruction alone)"
+        ]
+    if fmt == "transcript" or "transcript" in (mapping or {}):
+        return [
+            f"transcript column {mapping['transcript']!r}: prompt = the turns before its last "
+            "Assistant turn; answer = that turn (never in the prompt)"
+        ]
+    return []
 
 
 def _raise_failures(failures: list[Exception]) -> None:
@@ -445,12 +511,14 @@ def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> No
     runs = user_runs(fmt, mapping)
     seen: set[str] = set()
     skips: Counter = Counter()
-    dups = n_rows = stripped = kept = tooled = 0
+    dups = n_rows = stripped = kept = tooled = answered = nested = rest = 0
     for i, row in enumerate(rows):
         if row is BLANK:
             continue
         n_rows += 1
         for turns in _row_prompts(row, fmt, mapping):
+            if isinstance(turns, Nested):
+                nested, rest = nested + 1, rest + turns.rest
             try:
                 if isinstance(turns, Skip):
                     raise turns
@@ -476,8 +544,10 @@ def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> No
             seen.add(pid)
             kept += 1
             tooled += tools is not None
+            own = answer(turns)
+            answered += own is not None
             n_user = sum(m["role"] == "user" for m in messages)
-            for key, value in zip(SCHEMA, (ds, pid, messages, n_user, i), strict=True):
+            for key, value in zip(SCHEMA, (ds, pid, messages, n_user, i, own), strict=True):
                 cols[key].append(value)
             cols[TOOLS].append(tools)
             if len(cols["dataset"]) >= CHUNK:
@@ -486,5 +556,11 @@ def _convert(ds, rows, how, columnar, cols, result: LoadResult, skip_rows) -> No
     result.skipped[ds] = {r: skips[r] for r in REASONS if skips[r]}
     result.duplicates[ds] = dups
     result.rows[ds] = n_rows
+    result.answers[ds] = answered
+    if nested:
+        result.notes[ds] = [
+            f"{nested} rows hold a list of message lists: the first list is the conversation; "
+            f"{rest} later lists not read"
+        ]
     if strip:
         result.stripped[ds] = stripped

@@ -334,6 +334,12 @@ CREATE TABLE guard_datasets (
 ) WITHOUT ROWID;
 """
 
+# the dataset's own answer to each prompt (kit.load's `answer`): kept for reading, never sent
+# and not hashed (prompt ids and hashes stay as they were)
+_M005_PROMPT_ANSWERS = """
+ALTER TABLE prompts ADD COLUMN answer TEXT;
+"""
+
 # what a start or resume changed in the run's settings (kit.run.store.RunStore.init): the
 # config row holds the values in force; this table, when each changed and from what
 _M006_RUN_CHANGES = """
@@ -363,6 +369,7 @@ MIGRATIONS = [
     ("m002_prompt_keys", _M002_PROMPT_KEYS),
     ("m003_plan", _M003_PLAN),
     ("m004_guard_cache", _M004_GUARD_CACHE),
+    ("m005_prompt_answers", _M005_PROMPT_ANSWERS),
     ("m006_run_changes", _M006_RUN_CHANGES),
     ("m007_finish_counts", _M007_FINISH_COUNTS),
 ]
@@ -416,7 +423,10 @@ def integrity(run_dir, *, quick: bool = False) -> list[str]:
 PROMPT_CHUNK = 10_000  # prompts inserted per statement batch (a frame is streamed in)
 
 
-PROMPT_SQL = "INSERT OR IGNORE INTO prompts VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+PROMPT_SQL = (
+    "INSERT OR IGNORE INTO prompts (dataset, prompt_id, messages, tools, n_turns, row, hash, "
+    "content_id, answer) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 def content_hashes(messages, tools) -> list[str]:
@@ -441,7 +451,7 @@ def content_hashes(messages, tools) -> list[str]:
 def prompt_rows(frame):
     """PROMPT_SQL's rows of a prompt frame, a chunk at a time: dataset, prompt_id, messages
     as the compact JSON kit.load's prompt_id hashes (encoded by polars, byte for byte
-    json.dumps(ensure_ascii=False)), tools, n_turns, row, hash, content_id."""
+    json.dumps(ensure_ascii=False)), tools, n_turns, row, hash, content_id, answer."""
     import polars as pl
 
     pair = pl.concat_list(pl.element().struct.field("role"), pl.element().struct.field("content"))
@@ -453,9 +463,10 @@ def prompt_rows(frame):
         hashes = content_hashes(part["_json"], part["tools"])
         cols = [
             part[c].to_list() if c in part.columns else [None] * part.height
-            for c in ("dataset", "prompt_id", "_json", "tools", "n_turns", "row")
+            for c in ("dataset", "prompt_id", "_json", "tools", "n_turns", "row", "answer")
         ]
-        yield [(*row, h, int(h == row[1])) for *row, h in zip(*cols, hashes, strict=True)]
+        rows = zip(*cols, hashes, strict=True)
+        yield [(*row, h, int(h == row[1]), answer) for *row, answer, h in rows]
 
 
 STORED = record_columns(stored=True)  # the records table's columns (kit.types.Record)

@@ -30,6 +30,7 @@ _JOINED = {
     True: {
         "messages": "p.messages",
         "tools": "p.tools",
+        "dataset_answer": "p.answer",
         "_hash": "p.hash",
         "_content_id": "p.content_id",
     },
@@ -39,6 +40,7 @@ _JOINED = {
 _BY_SQL = {"TEXT": "String", "INTEGER": "Int64", "REAL": "Float64", "BLOB": "Binary"}
 _OTHERS = dict.fromkeys(["n_output_ids", "earlier", "_found", "_content_id", "_rowid"], "Int64")
 _OTHERS |= dict.fromkeys(["n_turns", "row", "content_id"], "Int64")  # the prompts table's
+_OTHERS |= {"answer": "String"}
 _OTHERS |= {"_dataset": "String", "_prompt_id": "String", "_hash": "String", "hash": "String"}
 _OTHERS |= {"error": "String", "t": "Float64", "resolved": "Boolean"}  # the errors table's
 
@@ -435,13 +437,13 @@ def as_sent(messages: list[dict], turns) -> list[dict]:
 
 def prompts_frame(run_dir, *, datasets=None, ids=None, text: bool = True):
     """The stored prompts in kit.load's columns (dataset, prompt_id, messages, n_turns, row,
-    tools), each text checked against its hash. text=False: dataset and prompt_id only, read
+    tools, answer), each text checked against its hash. text=False: dataset and prompt_id only, read
     from the key index (a resume's light view). `ids`: only these prompt ids (with one
     dataset), looked up by key."""
     import polars as pl
 
     cols = ["dataset", "prompt_id"]
-    cols += ["n_turns", "row", "messages", "tools", "hash", "content_id"] if text else []
+    cols += ["n_turns", "row", "messages", "tools", "answer", "hash", "content_id"] if text else []
     schema = _sql_schema(cols)
     if not text and ids is None:  # keys only: the key index, a JSON array per dataset
         where, args = _where("dataset", datasets)
