@@ -186,7 +186,9 @@ def test_stored_pilot_api_and_an_embedded_plan_reused_without_starting_a_server(
     server = {"embedded": True, "engine": "vllm"}
     plan.write_plan(run_dir, table, config, pilot=res, prompts=loaded, server=server)
 
-    before = RunConfig(model="embedded", endpoints="embedded", budgets=2000, sampling=sampling)
+    before = RunConfig(
+        model="embedded", endpoints="http://embedded/v1", budgets=2000, sampling=sampling
+    )
     again, cfg, why = plan.stored_pilot(run_dir, loaded, before, per_dataset=4, server=server)
     assert again is not None and why.startswith("reusing the pilot stored in")
     assert again.frame.equals(res.frame) and again.errors == res.errors

@@ -259,7 +259,7 @@ def test_a_missing_path_says_it_does_not_exist(tmp_path, capsys):
         ["plan", "--samples", "/nonexistent", "--run-dir", str(tmp_path / "r"), "--budget", "1000"],
         capsys,
     )
-    assert code != 0 and "no such file or directory" in err and "unsupported" not in err
+    assert code != 0 and "/nonexistent does not exist" in err and "unsupported" not in err
 
 
 def test_a_parquet_conversation_keeps_the_turn_after_its_last_user_turn(tmp_path):

@@ -122,7 +122,7 @@ def complete_with(answer: dict, tools=None):
     backend = VLLMChat("http://127.0.0.1:9/v1", "m")
     sent = {}
 
-    async def post(path, body, timeout):
+    async def post(path, body, timeout, max_tokens):
         sent.update(body)
         return answer
 

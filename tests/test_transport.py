@@ -189,7 +189,8 @@ def test_the_knob_reaches_a_run(tmp_path):
         )
         kit.generate_sync(prompts(4), cfg, run_dir=tmp_path / "run")
     errors = errors_frame(tmp_path / "run")["error"].to_list()
-    assert len(errors) == 4 and all("over 1024 bytes" in e for e in errors), errors
+    # retried (never burned) until the dataset's failure streak stops it: every attempt bounded
+    assert len(errors) >= 4 and all("over 1024 bytes" in e for e in errors), errors
 
 
 RSS_PROBE = """

@@ -172,6 +172,7 @@ class RunStore:
                 "fingerprint = excluded.fingerprint, doc = excluded.doc",
                 (config.fingerprint(), doc),
             )
+        self.checkpoint("PASSIVE")  # the migrations' and prompts' pages out of the WAL
 
     def add_prompts(self, frame) -> None:
         """Add a prompt frame's prompts (kit.load's columns), a chunk per transaction, and
