@@ -424,10 +424,9 @@ def test_reasoning_finish_class_and_think_markers(tmp_path):
         2,
     )
     found = {f["check"]: f["message"] for f in report.findings.iter_rows(named=True)}
-    assert (
-        "1 of 4 records (25.0%) finish_reason length with an empty answer"
-        in found["length_in_reasoning"]
-    )
+    msg = found["reasoning_only"]  # named as such, never plain "empty"
+    assert msg.startswith("1 of 4 records (25.0%) are reasoning only") and "empty" not in found
+    assert "0 ended the turn" in msg and "1 cut at max_tokens inside it" in msg
     assert "<think> / </think>" in found["think_markers"]
     assert report.records["finish_class"].to_list()[:2] == ["length_in_reasoning", "length"]
 

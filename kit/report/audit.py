@@ -17,6 +17,7 @@ from kit.errors import ConfigError
 from kit.report.draftvocab import TokenCounts, coverage, coverage_text
 from kit.report.findings import findings, run_findings, thinking_off
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
+    STOPS,
     AuditThresholds,
     dup_flags,
     finish_class,
@@ -38,7 +39,7 @@ CHECK_NOTE = (
 BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows as Python objects)
 # what the checks read from each record: not these; the answer's ids counted by SQL
 # (n_output_ids), read only for the draft-vocabulary table
-_UNREAD = record_columns("prompt_ids", "endpoint", "attempts", "tools")
+_UNREAD = record_columns("prompt_ids", "endpoint", "attempts")
 READ_COLUMNS = [
     "n_output_ids" if c == "output_ids" else c for c in record_columns() if c not in _UNREAD
 ]
@@ -49,6 +50,7 @@ LIGHT_COLUMNS = [
     *record_columns("count_source", "t_done", "latency_s"),
     *("empty", "echo", "think_marker", "has_reasoning", "has_ids", "ids_len_mismatch"),
     *("count_over_max", "has_tool_calls", "earlier_turns", "earlier_length"),
+    *("reasoning_only", "loop", "tools_sent", "call_attempt"),
     *("text_hash", "norm_hash"),
 ]
 
@@ -176,11 +178,17 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
         mean=n.mean(),
         **{f"p{q}": n.quantile(q / 100, "nearest") for q in (50, 90, 99)},
         max=n.max(),
-        **{f: (c("finish_reason") == f).sum() for f in ("stop", "length")},
+        stop=c("finish_reason").is_in(STOPS).sum(),
+        length=(c("finish_reason") == "length").sum(),
+        other_reasons=c("finish_reason").filter(~c("finish_reason").is_in([*STOPS, "length"])),
         length_in_reasoning=(c("finish_class") == "length_in_reasoning").sum(),
         think_markers=c("think_marker").sum(),
         reasoning=c("has_reasoning").sum(),
         tool_calls=c("has_tool_calls").sum(),
+        **summed("reasoning_only", "loop", "tools_sent", "call_attempt"),
+        loop_length=(c("loop") & (c("finish_reason") == "length")).sum(),
+        reasoning_only_length=(c("reasoning_only") & (c("finish_reason") == "length")).sum(),
+        **{f"ex_{f}": _example(c(f)) for f in EXAMPLED},
         **summed("earlier_turns", "earlier_length", "empty", "dup_exact", "dup_near", "echo"),
         **{s: (c("count_source") == s).sum() for s in ("server_ids", "usage", "retokenized")},
         with_ids=c("has_ids").sum(),
@@ -203,9 +211,9 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
     )
     table = base.join(agg, on="dataset", how="left").join(err, on="dataset", how="left")
     counts = [col for col in table.columns if col not in ("dataset", "budget", "prompts_total")]
-    table = table.with_columns(
-        [c(x).fill_null(0) for x in counts if x not in ("mean", "p50", "p90", "p99", "max")]
-    )
+    kept = ("mean", "p50", "p90", "p99", "max", "other_reasons", *(f"ex_{f}" for f in EXAMPLED))
+    table = table.with_columns([c(x).fill_null(0) for x in counts if x not in kept])
+    table = table.with_columns(other_reasons=_reason_counts(c("other_reasons")))
     return table.with_columns(
         other=c("records") - c("stop") - c("length"),
         budget_share=c("tokens") / c("budget"),
@@ -214,6 +222,33 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
         error_rate=c("errors") / pl.max_horizontal(c("records") + c("errors"), 1),
         retokenized_share=_share("retokenized"),
     )
+
+
+# flag columns whose finding names one example record (dataset-prompt_id-sample, the
+# export's row id): the dataset table's ex_<flag>
+EXAMPLED = ("empty", "reasoning_only", "loop", "call_attempt", "echo", "dup_exact", "dup_near")
+
+
+def _example(flag):
+    """The row id of the first record (in run order) where `flag` holds, or null."""
+    import polars as pl
+
+    from kit.report.convo import row_ids
+
+    return row_ids().filter(flag).first().cast(pl.String)
+
+
+def _reason_counts(reasons):
+    """A list of finish reasons -> "abort 3, content_filter 1" (most first; "" for none)."""
+    import polars as pl
+
+    counted = reasons.list.eval(
+        pl.element().value_counts(sort=True).struct.rename_fields(["r", "n"])
+    )
+    text = counted.list.eval(
+        pl.concat_str(pl.element().struct.field("r"), pl.element().struct.field("n"), separator=" ")
+    )
+    return text.list.join(", ").fill_null("")
 
 
 def _share(name: str):
