@@ -16,9 +16,7 @@ _COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message", "ex
 RUN = "(run)"  # the dataset column of findings about the run as a whole
 
 
-def findings(
-    table, th: AuditThresholds, max_tokens: int, run_rows=(), thinking_off=None, extra=()
-):
+def findings(table, th: AuditThresholds, max_tokens: int, run_rows=(), thinking_off=None, extra=()):
     """The findings frame: one row per check a dataset fails, then `run_rows` (the run's)
     and `extra` (those found with the tokenizer: kit.report.textchecks). `thinking_off`:
     dataset -> what the template check found (or "") for datasets sent enable_thinking
@@ -57,8 +55,45 @@ def _ids_findings(r: dict) -> list[tuple]:
         where = f"{of} records with ids"
         if checked < of:
             where = f"{checked} records with ids checked (a seeded sample of {of})"
-        msg = f"{n} of {where}: output_ids do not decode to the stored text"
-        out.append((r["dataset"], "ids_text_mismatch", float(n), 0.0, "error", msg))
+        msg = f"{n} of {where}: output_ids do not decode to the stored text; e.g. {r['ex_ids_text_mismatch']}"
+        out.append(
+            (
+                r["dataset"],
+                "ids_text_mismatch",
+                float(n),
+                0.0,
+                "error",
+                msg,
+                r["ex_ids_text_mismatch"],
+            )
+        )
+    if n := r["prompt_ids_differ"]:
+        checked, ex = r["prompt_checked"], r["ex_prompt_ids_differ"]
+        msg = (
+            f"{n} of {checked} records with prompt ids checked (a seeded sample of those with "
+            "server ids): the server's prompt_ids are not the stored prompt rendered by the chat "
+            "template (with its tools and template kwargs) and tokenized: the server ran "
+            f"another prompt, or another template; e.g. {ex}"
+        )
+        out.append((r["dataset"], "prompt_ids_differ", float(n), 0.0, "error", msg, ex))
+    return out
+
+
+def tools_findings(table, dropped: dict[str, str]) -> list[tuple]:
+    """Datasets sent tools that the chat template does not render (`dropped`: dataset ->
+    the record whose prompt rendered the same with and without its tools)."""
+    out = []
+    for r in table.iter_rows(named=True):
+        if (ex := dropped.get(r["dataset"])) is None:
+            continue
+        msg = (
+            f"{r['tools_sent']} of {r['records']} records were sent tools that the chat "
+            "template does not render (a prompt rendered with and without its tools is the "
+            f"same text, e.g. {ex}): the model never saw them; {r['tool_calls']} answers "
+            "called a tool. Use a template that renders tools (or leave the tools out)"
+        )
+        share = r["tools_sent"] / max(r["records"], 1)
+        out.append((r["dataset"], "tools_not_rendered", share, 0.0, "warn", msg, ex))
     return out
 
 
