@@ -231,6 +231,7 @@ def test_messy_run_flags_each_problem(messy_run, tok):
         ("messy", "under_budget"),
         ("over", "over_budget"),
         ("over", "truncation"),
+        ("over", "loop"),  # "alpha alpha ..." cut at max_tokens: a loop, told apart
     }
     assert found == expected, report.summary()
     assert not report.ok

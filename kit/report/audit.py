@@ -301,7 +301,9 @@ def _light_records(
     import polars as pl
 
     sample = (
-        TextSample(th.text_check_sample, partial(ids_by_key, run_dir), kwargs_for=kwargs_for)
+        TextSample(
+            th.text_check_sample, ids_for=partial(ids_by_key, run_dir), kwargs_for=kwargs_for
+        )
         if tok is not None
         else None
     )

@@ -37,7 +37,7 @@ def findings(table, th: AuditThresholds, max_tokens: int, run_rows=(), thinking_
         rows += _earlier_findings(r, th)
         rows += _count_findings(r, th, max_tokens)
         rows += _ids_findings(r)
-    rows += run_rows + list(extra)
+    rows += [*run_rows, *extra]
     types = [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String, pl.String]
     schema = dict(zip(_COLUMNS, types, strict=True))
     rows = [(*row, None) if len(row) == 6 else row for row in rows]  # no example record
