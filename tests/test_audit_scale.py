@@ -17,8 +17,8 @@ from test_audit import ANSWERS, T0, make_record, pid
 import kit
 from kit.report import audit as audit_mod
 from kit.report import charts
-from kit.report.findings import findings as findings_frame
 from kit.report.exactrows import prompt_ids_differ
+from kit.report.findings import findings as findings_frame
 from kit.report.flags import (
     AuditThresholds,
     _count_flags,
