@@ -879,6 +879,11 @@ def test_drop_duplicates_keys_tool_calls_as_the_audit_does(tmp_path):
     assert report.records["empty"].sum() == 0 and report.datasets["dup_exact"].to_list() == [1]
     result = export(run, tmp_path / "out", formats=("specforge",), drop_duplicates=True)
     assert result.dropped["duplicates"] == 1
-    rows = read_jsonl(tmp_path / "out" / "specforge" / "train.jsonl")
-    kept = sorted(r["conversations"][-1]["tool_calls"][0]["function"]["arguments"] for r in rows)
-    assert kept == ['{"city": "Oslo"}', '{"city": "Rome"}']
+    assert result.counts["fc"]["records"] == 2
+    # answers of tool calls alone: left out of the SpecForge JSONL (SpecForge would train a
+    # lone end-of-turn after the header), counted as such
+    assert read_jsonl(tmp_path / "out" / "specforge" / "train.jsonl") == []
+    no_text = result.manifest["trainers"]["no_text"]
+    assert no_text["rows"] == {"fc": {"train": {"tool_calls": 2}, "validation": {}}}
+    assert "2 rows with no answer text (tool_calls only 2) left out" in result.summary()
+    assert kit.validate(tmp_path / "out").ok

@@ -12,6 +12,7 @@ compared with prompt_ids ("prompt_render_differs").
 from __future__ import annotations
 
 from kit.report.convo import conversation, first_breaks, json_text, row_ids, tools_of
+from kit.report.flags import STOPS
 from kit.report.tokenrows import end_of_turn, token_rows
 from kit.tokens import encode_many, ids_spell_batch, render
 
@@ -193,7 +194,7 @@ def _exact(tok, exact, stats: dict, by_dataset: dict):
         appended = pl.lit(False)
     else:
         last = c("output_ids").list.last()
-        appended = (c("finish_reason") == "stop") & ~last.is_in(list(tok.all_special_ids))
+        appended = c("finish_reason").is_in(STOPS) & ~last.is_in(list(tok.all_special_ids))
     out = exact.with_columns(_app=appended.cast(pl.UInt32))
     out = out.with_columns(
         input_ids=pl.concat_list(
