@@ -8,6 +8,8 @@ thinking) where the server's behaviour matters.
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
 from test_audit import ANSWERS, make_record, plant_run
@@ -175,3 +177,63 @@ def test_tools_the_template_does_not_render_are_a_finding(tmp_path, tok, model_d
     assert f["message"].startswith("3 of 4 records were sent tools that the chat template")
     assert "0 answers called a tool" in f["message"]
     assert f["example"] == row_id(vars_of(recs[0]))
+
+
+@pytest.mark.slow
+def test_vllm_loop_cut_at_max_tokens_is_a_loop(vllm_server, tmp_path):
+    """The real model asked to repeat a word, greedy, runs into max_tokens repeating it: the
+    audit names the loop, apart from the plain truncation of a long story."""
+    from test_vllm import vllm_config
+
+    src = tmp_path / "loops.jsonl"
+    prompts = [
+        "Repeat the word baby forever: baby baby baby baby baby baby baby baby",
+        "Write the word hello one thousand times, separated by spaces.",
+        "Write a very long story about a lighthouse keeper and his life by the sea.",
+    ]
+    src.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    frame = kit.load(str(src)).frame
+    sampling = kit.Sampling(max_tokens=160, temperature=0.0, seed=1)
+    cfg = vllm_config(vllm_server, {"loops": 10_000}, sampling=sampling)
+    run = kit.generate_sync(frame, cfg, run_dir=tmp_path / "run")
+    assert run.stop_reason is None, run.stop_reason
+    report = kit.audit(tmp_path / "run")
+    recs = report.records.sort("prompt_id")
+    texts = report.texts(recs).sort("prompt_id")
+    loops = recs.filter(pl.col("loop"))
+    print(
+        "\nvLLM loops:",
+        [
+            (f, lp, t[-60:])
+            for f, lp, t in zip(recs["finish_reason"], recs["loop"], texts["completion"])
+        ],
+    )
+    assert loops.height >= 1 and (loops["finish_reason"] == "length").all(), texts["completion"]
+    f = findings(report)["loop"]
+    assert f"{loops.height} cut at max_tokens" in f["message"]
+    assert f["example"] in {row_id(r) for r in loops.iter_rows(named=True)}
+    assert "repetition loop: see loop" in findings(report)["truncation"]["message"]
+
+
+@pytest.mark.slow
+def test_vllm_reasoning_only_answers_are_named_as_such(vllm_thinking, tmp_path):
+    """The thinking model cut at max_tokens inside its thinking: every answer is reasoning
+    only, the audit says so (and how each ended), never "empty"."""
+    from test_vllm import SAMPLES, vllm_config
+
+    frame = kit.load(str(SAMPLES / "chat_general.jsonl")).frame.head(6)
+    sampling = kit.Sampling(max_tokens=12, temperature=0.7, seed=1)
+    cfg = vllm_config(vllm_thinking, {"chat_general": 10_000}, sampling=sampling)
+    run = kit.generate_sync(frame, cfg, run_dir=tmp_path / "run")
+    assert run.stop_reason is None, run.stop_reason
+    report = kit.audit(tmp_path / "run")
+    only = report.records.filter(pl.col("reasoning_only"))
+    cut = only.filter(pl.col("finish_reason") == "length").height
+    print(f"\nvLLM thinking, max_tokens 12: {only.height}/{report.records.height} reasoning only")
+    assert only.height >= report.records.height // 2 and cut, report.summary()
+    f = findings(report)
+    assert f["reasoning_only"]["message"].startswith(
+        f"{only.height} of {report.records.height} records"
+    )
+    assert f"{cut} cut at max_tokens inside it" in f["reasoning_only"]["message"]
+    assert report.records.filter(pl.col("empty")).height == 0 and "empty" not in f
