@@ -205,7 +205,9 @@ def test_vllm_loop_cut_at_max_tokens_is_a_loop(vllm_server, tmp_path):
         "\nvLLM loops:",
         [
             (f, lp, t[-60:])
-            for f, lp, t in zip(recs["finish_reason"], recs["loop"], texts["completion"])
+            for f, lp, t in zip(
+                recs["finish_reason"], recs["loop"], texts["completion"], strict=True
+            )
         ],
     )
     assert loops.height >= 1 and (loops["finish_reason"] == "length").all(), texts["completion"]

@@ -14,11 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kit.errors import ConfigError
-from kit.report.convo import row_id
+from kit.report.convo import STOPS, row_id
 from kit.report.draftvocab import TokenCounts, coverage, coverage_text
 from kit.report.findings import findings, run_findings, thinking_off, tools_findings
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
-    STOPS,
     AuditThresholds,
     dup_flags,
     finish_class,

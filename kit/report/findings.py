@@ -9,7 +9,8 @@ SQLite's integrity check, and duplicate records the database refused.
 
 from __future__ import annotations
 
-from kit.report.flags import LOOP_TAIL, STOPS, AuditThresholds
+from kit.report.convo import STOPS
+from kit.report.flags import LOOP_TAIL, AuditThresholds
 from kit.report.textchecks import THINK_MARKERS, opens_think_block
 
 _COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message", "example"]

@@ -32,8 +32,6 @@ _PUNCT_DIGITS = re.compile(r"[\d\W_]+", re.UNICODE)
 _W = r"\p{L}\p{Nl}\p{No}"
 _NOT_WORD_RUNS = rf"[^{_W}]*(?:[^{_W} ]|  )[^{_W}]*"
 _SPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace())  # what str.strip() strips
-# finishes that end the model's turn: OpenAI's "tool_calls" (and legacy "function_call") too
-STOPS = ("stop", "tool_calls", "function_call")
 # a loop: the answer's last LOOP_TAIL characters (answers of LOOP_MIN_CHARS or more) compress
 # with zlib to loop_ratio of their UTF-8 size or less; prose and code compress to 0.37-0.6 of
 # theirs, "babybaby..." or one line repeated to 0.03-0.09
@@ -179,7 +177,7 @@ def tail_ratio(text: str) -> float | None:
 
     Example:
         >>> round(tail_ratio("baby" * 100), 2), tail_ratio("short") is None
-        (0.05, True)
+        (0.04, True)
     """
     if len(text) < LOOP_MIN_CHARS:
         return None

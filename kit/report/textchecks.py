@@ -168,7 +168,7 @@ class TextSample:
         # holds the whole batch's text), so memory stays the sample's, not the run's
         rows = rows.with_columns(
             pl.Series(name, rows[name].to_list(), dtype=pl.String)
-            for name in ("completion", "reasoning", "tool_calls", "tools", "turns")
+            for name in record_columns("completion", "reasoning", "tool_calls", "tools", "turns")
         ).with_columns(pl.Series("messages", rows["messages"].to_list(), rows["messages"].dtype))
         for (name,), part in rows.partition_by("dataset", as_dict=True).items():
             if name in self.kept:

@@ -12,6 +12,7 @@ this module makes every other row.
 from __future__ import annotations
 
 from kit.report.convo import (
+    STOPS,
     conversation,
     earlier_turns,
     find_ids,
@@ -20,7 +21,6 @@ from kit.report.convo import (
     tools_of,
     with_tool_calls,
 )
-from kit.report.flags import STOPS
 from kit.tokens import ids_spell, ids_spell_batch, render, strip_end_ids
 
 _MARK = "\ue000kit-answer\ue000"  # stands in for the answer to find where the template puts it
