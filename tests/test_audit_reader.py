@@ -191,7 +191,7 @@ def test_vllm_loop_cut_at_max_tokens_is_a_loop(vllm_server, tmp_path):
         "Write the word hello one thousand times, separated by spaces.",
         "Write a very long story about a lighthouse keeper and his life by the sea.",
     ]
-    src.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    src.write_text("".join(json.dumps({"turns": [p]}) + "\n" for p in prompts))
     frame = kit.load(str(src)).frame
     sampling = kit.Sampling(max_tokens=160, temperature=0.0, seed=1)
     cfg = vllm_config(vllm_server, {"loops": 10_000}, sampling=sampling)
