@@ -64,9 +64,10 @@ class AuditReport:
     Frames: datasets (one row per dataset), lengths (completion-length distribution),
     finish (dataset x finish class counts: the finish_reason, or "length_in_reasoning" for a
     length finish with only reasoning), findings (dataset, check, value, threshold,
-    severity, message; empty when clean), and records: one light row per record, no text
-    (LIGHT_COLUMNS: keys, counts, finish, timing, the flags of kit.report.flags with
-    ids_text_mismatch and under_reported null outside the tokenizer checks' sample, and
+    severity, message, example: one record's row id or null; empty when clean), and
+    records: one light row per record, no text (LIGHT_COLUMNS: keys, counts, finish,
+    timing, the flags of kit.report.flags with SAMPLED's null outside the tokenizer
+    checks' sample, and
     text_hash and norm_hash, the duplicate keys). `texts(keys)` reads chosen records' text.
 
     Example:
