@@ -256,7 +256,7 @@ def _detail(check: str, r: dict, th: AuditThresholds) -> str:
         return (
             f" (the answer's last {LOOP_TAIL} characters, or its reasoning's when it has no "
             f"text, compress with zlib to {th.loop_ratio:.0%} of their size or less; prose "
-            f"and code: 37-60%): {cut} cut at max_tokens, {r['loop'] - cut} ended otherwise"
+            f"and code: 40% or more): {cut} cut at max_tokens, {r['loop'] - cut} ended otherwise"
         )
     if check == "reasoning_only":
         cut = r["reasoning_only_length"]
