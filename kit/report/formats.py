@@ -76,7 +76,6 @@ class SpecForgeWriter(JsonlWriter):
         super().write_split(out, part, split, later)
 
     def lines(self, part):
-
         from kit.report.convo import rendered, specforge_lines
 
         convs = part.filter(self._in_jsonl())
