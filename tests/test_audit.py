@@ -231,6 +231,7 @@ def test_messy_run_flags_each_problem(messy_run, tok):
         ("messy", "under_budget"),
         ("over", "over_budget"),
         ("over", "truncation"),
+        ("over", "loop"),  # "alpha alpha ..." cut at max_tokens: a loop, told apart
     }
     assert found == expected, report.summary()
     assert not report.ok
@@ -424,10 +425,9 @@ def test_reasoning_finish_class_and_think_markers(tmp_path):
         2,
     )
     found = {f["check"]: f["message"] for f in report.findings.iter_rows(named=True)}
-    assert (
-        "1 of 4 records (25.0%) finish_reason length with an empty answer"
-        in found["length_in_reasoning"]
-    )
+    msg = found["reasoning_only"]  # named as such, never plain "empty"
+    assert msg.startswith("1 of 4 records (25.0%) are reasoning only") and "empty" not in found
+    assert "0 ended the turn" in msg and "1 cut at max_tokens inside it" in msg
     assert "<think> / </think>" in found["think_markers"]
     assert report.records["finish_class"].to_list()[:2] == ["length_in_reasoning", "length"]
 

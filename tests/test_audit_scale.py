@@ -17,8 +17,16 @@ from test_audit import ANSWERS, T0, make_record, pid
 import kit
 from kit.report import audit as audit_mod
 from kit.report import charts
+from kit.report.exactrows import prompt_ids_differ
 from kit.report.findings import findings as findings_frame
-from kit.report.flags import AuditThresholds, _count_flags, finish_class, normalize_text
+from kit.report.flags import (
+    AuditThresholds,
+    _count_flags,
+    call_attempt,
+    finish_class,
+    normalize_text,
+    tail_ratio,
+)
 from kit.report.textchecks import (
     HASH_SEED,
     THINK_MARKERS,
@@ -43,6 +51,11 @@ FLAGS = [
     "finish_class",
     "think_marker",
     "has_reasoning",
+    "reasoning_only",
+    "loop",
+    "tools_sent",
+    "call_attempt",
+    "prompt_ids_differ",
 ]
 
 
@@ -71,8 +84,32 @@ def old_flags(records, tokenizer, th: AuditThresholds, max_tokens):
     pairs = zip(recs["messages"].to_list(), texts, strict=True)
     len_bad, over, n_earlier, n_length = _count_flags(recs, max_tokens)
     fin = zip(recs["finish_reason"].to_list(), texts, reasoning, strict=True)
+    calls = [bool(c) for c in recs["tool_calls"].to_list()]
+    thought = [bool((r or "").strip()) for r in reasoning]
+    tools = [t if t and t.strip() not in ("", "[]") else None for t in recs["tools"].to_list()]
+    answers = [t if t.strip() else (r or "") for t, r in zip(texts, reasoning, strict=True)]
+    blank = [not t.strip() and not c for t, c in zip(texts, calls, strict=True)]
+    prompts = recs.select("dataset", "messages", "tools", "prompt_ids").to_dicts()
+    differ = prompt_ids_differ(tokenizer, [p for p in prompts if p["prompt_ids"] is not None])
+    differ.reverse()
     recs = recs.with_columns(
-        pl.Series("empty", [not t.strip() for t in texts], dtype=pl.Boolean),
+        pl.Series("empty", [b and not r for b, r in zip(blank, thought, strict=True)]),
+        pl.Series("reasoning_only", [b and r for b, r in zip(blank, thought, strict=True)]),
+        pl.Series("loop", [(tail_ratio(a) or 1) <= th.loop_ratio for a in answers]),
+        pl.Series("tools_sent", [t is not None for t in tools], dtype=pl.Boolean),
+        pl.Series(
+            "call_attempt",
+            [
+                t is not None and not c and bool(x.strip()) and call_attempt(x, t)
+                for x, c, t in zip(texts, calls, tools, strict=True)
+            ],
+            dtype=pl.Boolean,
+        ),
+        pl.Series(
+            "prompt_ids_differ",
+            [None if p["prompt_ids"] is None else differ.pop() for p in prompts],
+            dtype=pl.Boolean,
+        ),
         pl.Series("_norm", [normalize_text(t) for t in texts], dtype=pl.String),
         pl.Series("echo", [old_is_echo(_last_user(m), c, th) for m, c in pairs], dtype=pl.Boolean),
         pl.Series("ids_len_mismatch", len_bad, dtype=pl.Boolean),
@@ -247,7 +284,8 @@ def test_streamed_audit_equals_the_whole_frame_checks(hostile_run, tok, monkeypa
     assert got["echo"] == [
         next(r.prompt_id for r in recs if r.messages[0]["content"].startswith(e)) for e in echoes
     ]
-    assert got["empty"] == [pid("q8"), pid("q9"), pid("q10")]
+    assert got["empty"] == [pid("q9"), pid("q10")]  # q8 holds reasoning: reasoning_only
+    assert report.records.filter(pl.col("reasoning_only"))["prompt_id"].to_list() == [pid("q8")]
     assert got["ids_len_mismatch"] == [pid("Name a color."), pid("multi 1")]
     assert got["count_over_max"] == [pid("q15"), pid("multi 2")]  # Greek capitals: many tokens
     # ids without the reasoning (q8, q17), other ids (a color), made-up ids (multi-turn)

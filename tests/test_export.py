@@ -879,6 +879,51 @@ def test_drop_duplicates_keys_tool_calls_as_the_audit_does(tmp_path):
     assert report.records["empty"].sum() == 0 and report.datasets["dup_exact"].to_list() == [1]
     result = export(run, tmp_path / "out", formats=("specforge",), drop_duplicates=True)
     assert result.dropped["duplicates"] == 1
-    rows = read_jsonl(tmp_path / "out" / "specforge" / "train.jsonl")
-    kept = sorted(r["conversations"][-1]["tool_calls"][0]["function"]["arguments"] for r in rows)
-    assert kept == ['{"city": "Oslo"}', '{"city": "Rome"}']
+    assert result.counts["fc"]["records"] == 2
+    # answers of tool calls alone: left out of the SpecForge JSONL (SpecForge would train a
+    # lone end-of-turn after the header), counted as such
+    assert read_jsonl(tmp_path / "out" / "specforge" / "train.jsonl") == []
+    no_text = result.manifest["trainers"]["no_text"]
+    assert no_text["rows"] == {"fc": {"train": {"tool_calls": 2}, "validation": {}}}
+    assert "2 rows with no answer text (tool_calls only 2) left out" in result.summary()
+    assert kit.validate(tmp_path / "out").ok
+
+
+def test_answers_without_text_leave_the_specforge_jsonl_and_are_counted(tmp_path):
+    """Tool calls only, reasoning only, and content null with tokens counted: SpecForge's
+    preprocessing would train a lone <|im_end|> after the assistant header, so the SpecForge
+    JSONL leaves them out and the manifest and summary count them; Parquet keeps every row;
+    validate refuses such a row in a SpecForge file."""
+    from kit.report.checks import check_specforge
+
+    calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    recs = [
+        make_record(None, "d", 0, "q0", ANSWERS[0], ids=False),
+        make_record(None, "d", 1, "q1", "", ids=False, tool_calls=calls, finish="tool_calls"),
+        make_record(None, "d", 2, "q2", "", ids=False, reasoning="I think so"),
+        make_record(None, "d", 3, "q3", "", ids=False, reasoning="Cut", finish="length"),
+        make_record(None, "d", 4, "q4", "", ids=False, completion_tokens=30),  # content null
+    ]
+    run = plant_run(tmp_path / "run", recs, budgets={"d": 10_000})
+    out = tmp_path / "out"
+    result = export(run, out, formats=("specforge", "parquet"))
+    rows = read_jsonl(out / "specforge/train.jsonl")
+    assert [r["id"].split("-")[1] for r in rows] == [recs[0].prompt_id]
+    assert pl.read_parquet(out / "parquet/train.parquet").height == 5
+    t = result.manifest["trainers"]
+    want = {"train": {"empty": 1, "reasoning": 1, "tool_calls": 1}, "validation": {}}
+    assert t["no_text"] == t["no_text"] | {"conversations": "left_out", "rows": {"d": want}}
+    assert t["length"]["rows"] == {"d": {"train": 1, "validation": 0}}  # the cut one, once
+    assert "3 rows with no answer text (empty 1, reasoning only 1, tool_calls only 1) left out" in (
+        result.summary()
+    )
+    assert validate(out).ok
+    bare = {"role": "assistant", "content": " ", "tool_calls": calls}
+    why = check_specforge({"id": "x", "conversations": [{"role": "user", "content": "q"}, bare]})
+    assert why.startswith("the last assistant message has no text")
+    row = rows[0]
+    row["conversations"][-1]["content"] = ""
+    (out / "specforge/train.jsonl").write_text(json.dumps(row) + "\n")
+    assert "specforge/train.jsonl line 1: the last assistant message has no text" in (
+        validate(out).summary()
+    )

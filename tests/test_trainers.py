@@ -19,6 +19,8 @@ from test_vllm import SAMPLES, read_jsonl, vllm_config
 from transformers import AutoTokenizer
 
 import kit
+from kit.report.convo import conversation, row_id, with_tool_calls
+from kit.report.manifest import trainer_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINERS = ROOT / ".venv-trainers" / "bin" / "python"
@@ -128,7 +130,9 @@ def trained_by(request):
     def get(which):
         if which not in done:
             out, result, server = request.getfixturevalue(which)
-            got = oracle(out, server.tokenizer_path, ROUTES, result.manifest, base_url(server))
+            empty = not (out / "specforge/train.jsonl").read_text()  # the trainers refuse it
+            routes = [r for r in ROUTES if not (empty and r.endswith("_conv"))]
+            got = oracle(out, server.tokenizer_path, routes, result.manifest, base_url(server))
             rows = {r["id"]: r for r in read_jsonl(out / "token_ids/train.jsonl")}
             sf = {r["id"]: r for r in read_jsonl(out / "specforge/train.jsonl")}
             done[which] = got, rows, sf, result.manifest, server
@@ -189,7 +193,13 @@ def test_conversation_route_trains_kits_tokens_but_what_the_manifest_counts(whic
     got, rows, sf_rows, manifest, server = trained_by(which)
     t = manifest["trainers"]
     cut = sum(sum(n.values()) for n in t["length"]["rows"].values())
-    assert t["length"]["conversations"] == "left_out" and len(sf_rows) == len(rows) - cut
+    bare = sum(sum(n.values()) for s in t["no_text"]["rows"].values() for n in s.values())
+    assert t["length"]["conversations"] == "left_out" and len(sf_rows) == len(rows) - cut - bare
+    if which == "reasoning" and not sf_rows:  # every answer thinking only: none to compare
+        held = {k for s in t["no_text"]["rows"].values() for n in s.values() for k in n}
+        assert bare and held == {"reasoning"} and "specforge_conv" not in got, t["no_text"]
+        print(f"\nreasoning: all {bare} uncut rows are reasoning only: none in the SpecForge JSONL")
+        return
     assert sf_rows, f"{which}: no stop row to compare"
     # SpecForge, data.chat_template the manifest names (registered as it says)
     sf = got["specforge_conv"]
@@ -202,6 +212,12 @@ def test_conversation_route_trains_kits_tokens_but_what_the_manifest_counts(whic
     if which == "plain":  # last_turn: the earlier (dataset) turns are rows of their own
         extra = sum(t["speculators"]["earlier_turn_rows"].values())
         assert extra and sp["n"] == len(sf_rows) + extra
+        said = "\n".join(trainer_lines(t))  # the export's summary says so, per dataset
+        for name, n in t["speculators"]["earlier_turn_rows"].items():
+            assert (
+                f"  {name}: {n} earlier assistant turn{'s' * (n != 1)} of the dataset's own (few-shot) answers become training rows of the speculators conversation route"
+                in said
+            )
         sp_rows = {k: v[-1:] for k, v in sp["rows"].items()}
     else:
         sp_rows = sp["rows"]
@@ -262,3 +278,68 @@ def test_retokenized_answers_are_compared_on_a_sample_then_in_full(model_dir, mo
         "a": {"rows": 5, "compared": 2, "differ": 0, "compared_all": False},
         "b": {"rows": 5, "compared": 5, "differ": 3, "compared_all": True},
     }
+
+
+def test_rows_without_answer_text_would_train_a_lone_end_of_turn(model_dir, tmp_path):
+    """Tool-call-only and reasoning-only rows: SpecForge's own preprocessing of their
+    conversation (kit's rendering of it) trains <|im_end|> alone after the assistant header,
+    not the target's tokens. So kit's SpecForge JSONL leaves them out, counted in the
+    manifest (trainers.no_text), and the token-id route trains the server's own ids."""
+    from test_audit import make_record, plant_run
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    call = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    calls = [{"id": "c0", "type": "function", "function": call}]
+    call_text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    recs = [
+        make_record(tok, "mixed", 0, "What is the capital of France?", "Paris."),
+        make_record(tok, "mixed", 1, "Weather in Oslo?", "", tool_calls=calls),
+        make_record(tok, "mixed", 2, "Is 7 prime?", "", reasoning="7 has no divisors but 1 and 7"),
+    ]
+    recs[1].output_ids = tok.encode(call_text, add_special_tokens=False) + [eot]
+    recs[2].output_ids = tok.encode(recs[2].reasoning, add_special_tokens=False) + [eot]
+    for r in recs:
+        r.completion_tokens = len(r.output_ids)
+        r.prompt_ids = tok.encode(kit.tokens.render(tok, [r.messages])[0], add_special_tokens=False)
+    run = plant_run(tmp_path / "run", recs, budgets={"mixed": 10_000}, tokenizer=str(model_dir))
+    out = tmp_path / "out"
+    result = kit.export(run, out, formats=("specforge", "token_ids"))
+    assert kit.validate(out).ok
+    ids = {r.key: row_id(_key(r)) for r in recs}
+    sf = read_jsonl(out / "specforge/train.jsonl")
+    assert [r["id"] for r in sf] == [ids[recs[0].key]]
+    t = result.manifest["trainers"]
+    assert t["no_text"]["rows"] == {
+        "mixed": {"train": {"reasoning": 1, "tool_calls": 1}, "validation": {}}
+    }
+    # what SpecForge would train had they been written: kit's own rendering of the two rows
+    bare = tmp_path / "bare"
+    (bare / "specforge").mkdir(parents=True)
+    lines = []
+    for r in recs[1:]:
+        conv = conversation(r.messages, r.completion, r.reasoning)
+        conv = with_tool_calls(conv, {"tool_calls": r.tool_calls})
+        lines.append(json.dumps({"id": ids[r.key], "conversations": conv}) + "\n")
+    (bare / "specforge/train.jsonl").write_text("".join(lines))
+    got = oracle(bare, model_dir, ["specforge_conv"], result.manifest)["specforge_conv"]
+    assert got["pipeline_same"] and got["n"] == 2
+    for r in recs[1:]:
+        assert trained(*got["rows"][ids[r.key]]) == [eot], r.key  # a lone end-of-turn
+    # the token-id route trains the server's ids of those answers, verbatim
+    rows = {r["id"]: r for r in read_jsonl(out / "token_ids/train.jsonl")}
+    by_ids = oracle(out, model_dir, ["specforge_ids"])["specforge_ids"]["rows"]
+    for r in recs:
+        row = rows[ids[r.key]]
+        assert row["ids_source"] == "server" and row["input_ids"] == r.prompt_ids + r.output_ids
+        assert trained(*by_ids[ids[r.key]]) == r.output_ids
+    print(
+        f"\nrows without answer text: SpecForge's conversation route trains {[eot]} alone on "
+        f"each of {len(recs) - 1} (tool calls only, reasoning only): left out of the SpecForge "
+        f"JSONL, counted; the token-id route trains their {[len(r.output_ids) for r in recs[1:]]} "
+        "server ids"
+    )
+
+
+def _key(r) -> dict:
+    return {"dataset": r.dataset, "prompt_id": r.prompt_id, "sample": r.sample}

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kit.errors import ConfigError
+from kit.report.convo import STOPS, row_id
 from kit.report.draftvocab import TokenCounts, coverage, coverage_text
-from kit.report.findings import findings, run_findings, thinking_off
+from kit.report.findings import findings, run_findings, thinking_off, tools_findings
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
     AuditThresholds,
     dup_flags,
@@ -23,7 +24,7 @@ from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.re
     normalize_text,
     record_flags,
 )
-from kit.report.textchecks import TextSample
+from kit.report.textchecks import TextSample, drops_tools
 from kit.report.tokenrows import load_tokenizer_for
 from kit.run.reader import (
     PROMPT_COLUMNS,
@@ -42,10 +43,12 @@ CHECK_NOTE = (
     "checked with SQLite's PRAGMA quick_check (pages and records; `sqlite3 run.sqlite "
     "'PRAGMA integrity_check'` also cross-checks every index against its table)"
 )
+# the flags the tokenizer checks set on their sample (null elsewhere)
+SAMPLED = ("ids_text_mismatch", "prompt_ids_differ", "under_reported")
 BATCH_SIZE = 5_000  # records read and flagged at once (memory: a batch of rows as Python objects)
 # what the checks read from each record: not these; the answer's ids counted by SQL
 # (n_output_ids), read only for the draft-vocabulary table
-_UNREAD = record_columns("prompt_ids", "endpoint", "attempts", "tools")
+_UNREAD = record_columns("prompt_ids", "endpoint", "attempts")
 READ_COLUMNS = [
     "n_output_ids" if c == "output_ids" else c for c in record_columns() if c not in _UNREAD
 ]
@@ -56,6 +59,7 @@ LIGHT_COLUMNS = [
     *record_columns("count_source", "t_done", "latency_s"),
     *("empty", "echo", "think_marker", "has_reasoning", "has_ids", "ids_len_mismatch"),
     *("count_over_max", "has_tool_calls", "earlier_turns", "earlier_length"),
+    *("reasoning_only", "loop", "tools_sent", "call_attempt"),
     *("text_hash", "norm_hash"),
 ]
 
@@ -67,9 +71,10 @@ class AuditReport:
     Frames: datasets (one row per dataset), lengths (completion-length distribution),
     finish (dataset x finish class counts: the finish_reason, or "length_in_reasoning" for a
     length finish with only reasoning), findings (dataset, check, value, threshold,
-    severity, message; empty when clean), and records: one light row per record, no text
-    (LIGHT_COLUMNS: keys, counts, finish, timing, the flags of kit.report.flags with
-    ids_text_mismatch and under_reported null outside the tokenizer checks' sample, and
+    severity, message, example: one record's row id or null; empty when clean), and
+    records: one light row per record, no text (LIGHT_COLUMNS: keys, counts, finish,
+    timing, the flags of kit.report.flags with SAMPLED's null outside the tokenizer
+    checks' sample, and
     text_hash and norm_hash, the duplicate keys). `texts(keys)` reads chosen records' text.
 
     Example:
@@ -183,16 +188,23 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
         mean=n.mean(),
         **{f"p{q}": n.quantile(q / 100, "nearest") for q in (50, 90, 99)},
         max=n.max(),
-        **{f: (c("finish_reason") == f).sum() for f in ("stop", "length")},
+        stop=c("finish_reason").is_in(STOPS).sum(),
+        length=(c("finish_reason") == "length").sum(),
+        other_reasons=c("finish_reason").filter(~c("finish_reason").is_in([*STOPS, "length"])),
         length_in_reasoning=(c("finish_class") == "length_in_reasoning").sum(),
         think_markers=c("think_marker").sum(),
         reasoning=c("has_reasoning").sum(),
         tool_calls=c("has_tool_calls").sum(),
+        **summed("reasoning_only", "loop", "tools_sent", "call_attempt"),
+        loop_length=(c("loop") & (c("finish_reason") == "length")).sum(),
+        reasoning_only_length=(c("reasoning_only") & (c("finish_reason") == "length")).sum(),
+        **{f"ex_{f}": _example(c(f)) for f in EXAMPLED},
         **summed("earlier_turns", "earlier_length", "empty", "dup_exact", "dup_near", "echo"),
         **{s: (c("count_source") == s).sum() for s in ("server_ids", "usage", "retokenized")},
         with_ids=c("has_ids").sum(),
-        **summed("ids_len_mismatch", "ids_text_mismatch"),
+        **summed("ids_len_mismatch", "ids_text_mismatch", "prompt_ids_differ"),
         ids_text_checked=c("ids_text_mismatch").is_not_null().sum(),
+        prompt_checked=c("prompt_ids_differ").is_not_null().sum(),
         **summed("count_over_max", "under_reported"),
         count_checked=c("under_reported").is_not_null().sum(),
         countable=c("count_source").ne_missing("retokenized").sum(),
@@ -210,9 +222,9 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
     )
     table = base.join(agg, on="dataset", how="left").join(err, on="dataset", how="left")
     counts = [col for col in table.columns if col not in ("dataset", "budget", "prompts_total")]
-    table = table.with_columns(
-        [c(x).fill_null(0) for x in counts if x not in ("mean", "p50", "p90", "p99", "max")]
-    )
+    kept = ("mean", "p50", "p90", "p99", "max", "other_reasons", *(f"ex_{f}" for f in EXAMPLED))
+    table = table.with_columns([c(x).fill_null(0) for x in counts if x not in kept])
+    table = table.with_columns(other_reasons=_reason_counts(c("other_reasons")))
     return table.with_columns(
         other=c("records") - c("stop") - c("length"),
         budget_share=c("tokens") / c("budget"),
@@ -221,6 +233,36 @@ def _dataset_table(flags, config, errors, totals: dict[str, int]):
         error_rate=c("errors") / pl.max_horizontal(c("records") + c("errors"), 1),
         retokenized_share=_share("retokenized"),
     )
+
+
+# flag columns whose finding names one example record (dataset-prompt_id-sample, the
+# export's row id): the dataset table's ex_<flag>
+EXAMPLED = (
+    *("empty", "reasoning_only", "loop", "call_attempt", "echo", "dup_exact", "dup_near"),
+    *("ids_text_mismatch", "prompt_ids_differ"),
+)
+
+
+def _example(flag):
+    """The row id of the first record (in run order) where `flag` holds, or null."""
+    import polars as pl
+
+    from kit.report.convo import row_ids
+
+    return row_ids().filter(flag).first().cast(pl.String)
+
+
+def _reason_counts(reasons):
+    """A list of finish reasons -> "abort 3, content_filter 1" (most first; "" for none)."""
+    import polars as pl
+
+    counted = reasons.list.eval(
+        pl.element().value_counts(sort=True).struct.rename_fields(["r", "n"])
+    )
+    text = counted.list.eval(
+        pl.concat_str(pl.element().struct.field("r"), pl.element().struct.field("n"), separator=" ")
+    )
+    return text.list.join(", ").fill_null("")
 
 
 def _share(name: str):
@@ -252,9 +294,11 @@ def _batches(run_dir, columns, datasets=None):
 
 
 def _light_records(
-    run_dir, th: AuditThresholds, max_tokens, tok, counts: dict[str, int], ids: TokenCounts | None
+    run_dir, th: AuditThresholds, max_tokens, tok, counts, ids, tool_prompts, kwargs_for
 ):
     """Stream the records: the light per-record frame (flags, no text) and the text sample.
+    `tool_prompts`: dataset -> its first record sent tools, filled in; `kwargs_for`:
+    dataset -> its chat template kwargs.
     A worker thread flags one batch (polars, outside the GIL) while the next one is read;
     a dataset's sample is checked once its `counts` records (the totals) have been read.
     `ids`: count the server ids into it (read only then; else their count alone)."""
@@ -264,13 +308,22 @@ def _light_records(
     import polars as pl
 
     sample = (
-        TextSample(th.text_check_sample, ids_for=partial(ids_by_key, run_dir))
+        TextSample(
+            th.text_check_sample, ids_for=partial(ids_by_key, run_dir), kwargs_for=kwargs_for
+        )
         if tok is not None
         else None
     )
     columns = [c if ids is None or c != "n_output_ids" else "output_ids" for c in READ_COLUMNS]
 
     def flag(batch, finished):
+        for row in (
+            batch.filter(~pl.col("dataset").is_in(list(tool_prompts)))
+            .filter(pl.col("tools").fill_null("").str.strip_chars().is_in(["", "[]"]).not_())
+            .unique("dataset", keep="first", maintain_order=True)
+            .iter_rows(named=True)
+        ):
+            tool_prompts[row["dataset"]] = row  # one prompt per dataset sent tools
         if ids is not None:
             ids.add(batch)
         if sample is not None:
@@ -298,12 +351,10 @@ def _light_records(
     light = pl.concat(parts, how="vertical_relaxed")
     light = light.with_columns(dup_flags(light))
     if sample is None:
-        return light.with_columns(
-            ids_text_mismatch=pl.lit(None, pl.Boolean), under_reported=pl.lit(None, pl.Boolean)
-        )
+        return light.with_columns(pl.lit(None, pl.Boolean).alias(f) for f in SAMPLED)
     checks = sample.checks(tok, th.under_report_ratio)
     found = light.select(KEYS).join(checks, on=KEYS, how="left", maintain_order="left")
-    return light.with_columns(found["ids_text_mismatch"], found["under_reported"])
+    return light.with_columns(found[f] for f in SAMPLED)
 
 
 def _sample_notes(table) -> list[str]:
@@ -364,11 +415,21 @@ def audit(
     tok = load_tokenizer_for(tokenizer, config)
     max_tokens = config.sampling.max_tokens
     totals, counts = _run_counts(run_dir)
+    tool_prompts: dict = {}  # dataset -> its first record sent tools
+
+    def kwargs_for(name):
+        return config.sampling_for(name).chat_template_kwargs
+
     with ThreadPoolExecutor(1, thread_name_prefix="kit-integrity") as pool:
         checked = pool.submit(integrity, run_dir, quick=True)  # every page: alongside the records
         ids = TokenCounts() if draft_vocab is not None else None
-        flags = _light_records(run_dir, th, max_tokens, tok, counts, ids)
+        flags = _light_records(run_dir, th, max_tokens, tok, counts, ids, tool_prompts, kwargs_for)
         problems = checked.result()
+    dropped = {  # dataset -> the record whose prompt renders the same without its tools
+        d: row_id(r)
+        for d, r in tool_prompts.items()
+        if tok is not None and drops_tools(tok, r["messages"], r["tools"], kwargs_for(d))
+    }
     notes = [] if flags.height else [f"no records in {run_dir}"]
     if tok is None and flags["has_ids"].any():
         notes.append("output_ids not decoded: no tokenizer given and none in config.tokenizer")
@@ -388,7 +449,7 @@ def audit(
         lengths=table.select("dataset", "records", "mean", "p50", "p90", "p99", "max"),
         finish=_finish_table(flags),
         records=flags,
-        findings=findings(table, th, max_tokens, run_rows, off),
+        findings=findings(table, th, max_tokens, run_rows, off, tools_findings(table, dropped)),
         thresholds=th,
         notes=notes + run_notes,
         draft_vocab=None if ids is None else coverage(ids, k := _draft_k(draft_vocab, config)),

@@ -20,8 +20,9 @@ FOLDERS = ("specforge", "token_ids", "parquet", "hf", "linehashes", "draft_vocab
 
 def check_specforge(row, rules=None, line: str = "") -> str | None:
     """Why a parsed SpecForge line breaks the format, or None: a non-empty id, conversations
-    of {role, content} ending with the assistant, a system turn only first, reasoning_content
-    a string, tool_calls a non-empty list of calls, tools a list of dicts."""
+    of {role, content} ending with the assistant's answer, with text, a system turn only
+    first, reasoning_content a string, tool_calls a non-empty list of calls, tools a list of
+    dicts."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
         return "'id' must be a non-empty string"
     conv = row.get("conversations")
@@ -47,6 +48,12 @@ def check_specforge(row, rules=None, line: str = "") -> str | None:
             return f"conversations[{j}].tool_calls must be a non-empty list of tool calls"
     if conv[-1]["role"] != "assistant":
         return "the last message must be the assistant completion"
+    if not conv[-1]["content"].strip():
+        return (
+            "the last assistant message has no text: SpecForge trains a lone end-of-turn after "
+            "its header, not the target's tokens (kit leaves such rows out: manifest "
+            "trainers.no_text)"
+        )
     tools = row.get("tools")
     if "tools" in row and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         return "'tools' must be a list of tool definitions (dicts)"

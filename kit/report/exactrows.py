@@ -11,7 +11,7 @@ compared with prompt_ids ("prompt_render_differs").
 
 from __future__ import annotations
 
-from kit.report.convo import conversation, first_breaks, json_text, row_ids, tools_of
+from kit.report.convo import STOPS, conversation, first_breaks, json_text, row_ids, tools_of
 from kit.report.tokenrows import end_of_turn, token_rows
 from kit.tokens import encode_many, ids_spell_batch, render
 
@@ -160,16 +160,27 @@ def _check_prompts(tok, exact, checks: Checks, by_dataset: dict, kwargs_for, fet
         .select("dataset", "messages", "tools", "prompt_ids")
         .to_dicts()
     )
+    for r, differs in zip(rows, prompt_ids_differ(tok, rows, kwargs_for), strict=True):
+        checks.rendered[r["dataset"]] = checks.rendered.get(r["dataset"], 0) + 1
+        if differs:
+            ds = by_dataset.setdefault(r["dataset"], {})
+            ds["prompt_render_differs"] = ds.get("prompt_render_differs", 0) + 1
+
+
+def prompt_ids_differ(tok, rows: list[dict], kwargs_for=None) -> list[bool]:
+    """Per row (dataset, messages, tools, prompt_ids): whether the server's prompt_ids are
+    not kit's rendering of the prompt (kit.tokens.render, the dataset's template kwargs),
+    tokenized; a prompt the template refuses differs. kit's one check of that fact, for the
+    export's token rows and kit.audit (prompt_ids_differ)."""
     kw = [(kwargs_for(r["dataset"]) if kwargs_for else None) or {} for r in rows]
     convs = [conversation(r["messages"], "")[:-1] for r in rows]
     tools = [tools_of(r) for r in rows]
     texts = render(tok, convs, True, on_error="skip", tools=tools, template_kwargs=kw)
     ids = encode_many(tok, [t or "" for t in texts])
-    for r, text, got in zip(rows, texts, ids, strict=True):
-        checks.rendered[r["dataset"]] = checks.rendered.get(r["dataset"], 0) + 1
-        if text is None or got != r["prompt_ids"]:
-            ds = by_dataset.setdefault(r["dataset"], {})
-            ds["prompt_render_differs"] = ds.get("prompt_render_differs", 0) + 1
+    return [
+        text is None or list(got) != list(r["prompt_ids"])
+        for r, text, got in zip(rows, texts, ids, strict=True)
+    ]
 
 
 def _exact(tok, exact, stats: dict, by_dataset: dict):
@@ -182,7 +193,7 @@ def _exact(tok, exact, stats: dict, by_dataset: dict):
         appended = pl.lit(False)
     else:
         last = c("output_ids").list.last()
-        appended = (c("finish_reason") == "stop") & ~last.is_in(list(tok.all_special_ids))
+        appended = c("finish_reason").is_in(STOPS) & ~last.is_in(list(tok.all_special_ids))
     out = exact.with_columns(_app=appended.cast(pl.UInt32))
     out = out.with_columns(
         input_ids=pl.concat_list(

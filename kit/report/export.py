@@ -363,20 +363,32 @@ def _kept(batch, kept, at: int):
 
 def _prepared(frame):
     """A batch with the columns every format reads: `tools_json` (when it has its prompts)
-    and `tool_calls_json` (kit.report.convo.tools_json), and `_cut`, a generated turn
-    stopped at max_tokens (kit.report.convo.cut_rows)."""
+    and `tool_calls_json` (kit.report.convo.tools_json), `_cut`, a generated turn
+    stopped at max_tokens (kit.report.convo.cut_rows), and `_bare`, an answer without text
+    (kit.report.flags.blank): what it holds instead, "tool_calls", "reasoning" or "empty"
+    (null for an answer with text)."""
     import polars as pl
 
     from kit.report.convo import cut_rows, tools_json
+    from kit.report.flags import blank
 
     if "tools" in frame.columns:  # messages come as sent already (kit.run.reader)
         frame = frame.with_columns(
             tools_json=pl.Series(tools_json(frame["tools"].to_list()), dtype=pl.String)
         )
-    return frame.with_columns(
+    c = pl.col
+    frame = frame.with_columns(
         tool_calls_json=pl.Series(tools_json(frame["tool_calls"].to_list()), dtype=pl.String),
         _cut=cut_rows(),
     )
+    held = (
+        pl.when(c("tool_calls_json").is_not_null())
+        .then(pl.lit("tool_calls"))
+        .when(~blank(c("reasoning")))
+        .then(pl.lit("reasoning"))
+        .otherwise(pl.lit("empty"))
+    )
+    return frame.with_columns(_bare=pl.when(blank(c("completion"))).then(held))
 
 
 def _draft_vocab(out_dir, counts, k, config, target_config, files) -> dict:

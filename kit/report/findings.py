@@ -9,17 +9,19 @@ SQLite's integrity check, and duplicate records the database refused.
 
 from __future__ import annotations
 
-from kit.report.flags import AuditThresholds
+from kit.report.convo import STOPS
+from kit.report.flags import LOOP_TAIL, AuditThresholds
 from kit.report.textchecks import THINK_MARKERS, opens_think_block
 
-_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message"]
+_COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message", "example"]
 RUN = "(run)"  # the dataset column of findings about the run as a whole
 
 
-def findings(table, th: AuditThresholds, max_tokens: int, run_rows=(), thinking_off=None):
-    """The findings frame: one row per check a dataset fails, then `run_rows` (the run's).
-    `thinking_off`: dataset -> what the template check found (or "") for datasets sent
-    enable_thinking False."""
+def findings(table, th: AuditThresholds, max_tokens: int, run_rows=(), thinking_off=None, extra=()):
+    """The findings frame: one row per check a dataset fails, then `run_rows` (the run's)
+    and `extra` (those found with the tokenizer: kit.report.textchecks). `thinking_off`:
+    dataset -> what the template check found (or "") for datasets sent enable_thinking
+    False. A row's `example` is one record it holds (dataset-prompt_id-sample), or null."""
     import polars as pl
 
     rows, thinking_off = [], thinking_off or {}
@@ -30,15 +32,16 @@ def findings(table, th: AuditThresholds, max_tokens: int, run_rows=(), thinking_
             msg = "no records: nothing was generated for this dataset (or none could be read)"
             rows.append((r["dataset"], "no_records", 0.0, 0.0, "warn", msg))
         ignored = r["dataset"] in thinking_off and r["reasoning"] > 0
-        rows += _share_findings(r, th, skip={"length_in_reasoning"} if ignored else set())
+        rows += _share_findings(r, th, skip={"reasoning_only"} if ignored else set())
         if ignored:
             rows.append(_thinking_finding(r, thinking_off[r["dataset"]]))
         rows += _earlier_findings(r, th)
         rows += _count_findings(r, th, max_tokens)
         rows += _ids_findings(r)
-    rows += run_rows
-    types = [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String]
+    rows += [*run_rows, *extra]
+    types = [pl.String, pl.String, pl.Float64, pl.Float64, pl.String, pl.String, pl.String]
     schema = dict(zip(_COLUMNS, types, strict=True))
+    rows = [(*row, None) if len(row) == 6 else row for row in rows]  # no example record
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
@@ -53,8 +56,45 @@ def _ids_findings(r: dict) -> list[tuple]:
         where = f"{of} records with ids"
         if checked < of:
             where = f"{checked} records with ids checked (a seeded sample of {of})"
-        msg = f"{n} of {where}: output_ids do not decode to the stored text"
-        out.append((r["dataset"], "ids_text_mismatch", float(n), 0.0, "error", msg))
+        msg = f"{n} of {where}: output_ids do not decode to the stored text; e.g. {r['ex_ids_text_mismatch']}"
+        out.append(
+            (
+                r["dataset"],
+                "ids_text_mismatch",
+                float(n),
+                0.0,
+                "error",
+                msg,
+                r["ex_ids_text_mismatch"],
+            )
+        )
+    if n := r["prompt_ids_differ"]:
+        checked, ex = r["prompt_checked"], r["ex_prompt_ids_differ"]
+        msg = (
+            f"{n} of {checked} records with prompt ids checked (a seeded sample of those with "
+            "server ids): the server's prompt_ids are not the stored prompt rendered by the chat "
+            "template (with its tools and template kwargs) and tokenized: the server ran "
+            f"another prompt, or another template; e.g. {ex}"
+        )
+        out.append((r["dataset"], "prompt_ids_differ", float(n), 0.0, "error", msg, ex))
+    return out
+
+
+def tools_findings(table, dropped: dict[str, str]) -> list[tuple]:
+    """Datasets sent tools that the chat template does not render (`dropped`: dataset ->
+    the record whose prompt rendered the same with and without its tools)."""
+    out = []
+    for r in table.iter_rows(named=True):
+        if (ex := dropped.get(r["dataset"])) is None:
+            continue
+        msg = (
+            f"{r['tools_sent']} of {r['records']} records were sent tools that the chat "
+            "template does not render (a prompt rendered with and without its tools is the "
+            f"same text, e.g. {ex}): the model never saw them; {r['tool_calls']} answers "
+            "called a tool. Use a template that renders tools (or leave the tools out)"
+        )
+        share = r["tools_sent"] / max(r["records"], 1)
+        out.append((r["dataset"], "tools_not_rendered", share, 0.0, "warn", msg, ex))
     return out
 
 
@@ -141,18 +181,30 @@ def _count_findings(r: dict, th: AuditThresholds, max_tokens: int) -> list[tuple
 
 _SHARE_CHECKS = [  # check, count column, threshold field, severity, what
     ("truncation", "length", "truncation_share", "warn", "finish_reason length (truncated)"),
-    ("empty", "empty", "empty_share", "warn", "empty responses"),
+    ("empty", "empty", "empty_share", "warn", "empty responses (no text, tool call or reasoning)"),
+    (
+        "reasoning_only",
+        "reasoning_only",
+        "reasoning_only_share",
+        "warn",
+        "are reasoning only: reasoning stored, no answer text nor tool call",
+    ),
+    (
+        "loop",
+        "loop",
+        "loop_share",
+        "warn",
+        "end in a repetition loop",
+    ),
     ("duplicate_exact", "dup_exact", "duplicate_share", "warn", "exact duplicate responses"),
     ("duplicate_near", "dup_near", "near_duplicate_share", "warn", "near-duplicate responses"),
     ("echo", "echo", "echo_share", "warn", "responses echoing the prompt"),
-    ("finish_other", "other", "other_finish_share", "warn", "finish reasons not stop/length"),
     (
-        "length_in_reasoning",
-        "length_in_reasoning",
-        "length_in_reasoning_share",
+        "finish_other",
+        "other",
+        "other_finish_share",
         "warn",
-        "finish_reason length with an empty answer and non-empty reasoning: the model spent "
-        "every token thinking (raise max_tokens or limit thinking)",
+        f"finish reasons other than {'/'.join(STOPS)} (a stop) or length",
     ),
     (
         "think_markers",
@@ -174,12 +226,50 @@ def _share_findings(r: dict, th: AuditThresholds, skip=frozenset()) -> list[tupl
             continue
         share, limit = r[col] / n, getattr(th, limit_name)
         if r[col] and share > limit:
-            msg = f"{r[col]} of {r['records']} records ({share:.1%}) {what}; threshold {limit:.1%}"
-            out.append((r["dataset"], check, share, float(limit), severity, msg))
+            msg = f"{r[col]} of {r['records']} records ({share:.1%}) {what}{_detail(check, r, th)}; threshold {limit:.1%}"
+            ex = r.get(f"ex_{col}")
+            msg += f"; e.g. {ex}" if ex else ""
+            out.append((r["dataset"], check, share, float(limit), severity, msg, ex))
+    rows = r["tools_sent"]
+    if r["call_attempt"] and r["call_attempt"] / max(rows, 1) > th.call_attempt_share:
+        share, ex = r["call_attempt"] / rows, r["ex_call_attempt"]
+        msg = (
+            f"{r['call_attempt']} of {rows} answers to prompts sent tools ({share:.1%}) try a "
+            "tool call in their text (a <tool_call> tag, JSON with a name and arguments, or a "
+            "tool called by name) but hold no parsed tool_calls: start the server with the "
+            "model's tool-call parser (vLLM: --enable-auto-tool-choice --tool-call-parser ...), "
+            f"or the model does not follow the tool format; threshold {th.call_attempt_share:.1%}; "
+            f"e.g. {ex}"
+        )
+        out.append((r["dataset"], "call_attempt", share, th.call_attempt_share, "warn", msg, ex))
     if r["errors"] and r["error_rate"] > th.error_rate:
         msg = f"{r['errors']} request{'s' * (r['errors'] != 1)} failed every attempt ({r['error_rate']:.1%}); threshold {th.error_rate:.1%}"
         out.append((r["dataset"], "error_rate", r["error_rate"], th.error_rate, "warn", msg))
     return out
+
+
+def _detail(check: str, r: dict, th: AuditThresholds) -> str:
+    """What a share finding adds to its count: how a loop was measured and how many were cut,
+    how reasoning-only answers ended, which finishes were other, the loops among cuts."""
+    if check == "loop":
+        cut = r["loop_length"]
+        return (
+            f" (the answer's last {LOOP_TAIL} characters, or its reasoning's when it has no "
+            f"text, compress with zlib to {th.loop_ratio:.0%} of their size or less; prose "
+            f"and code: 40% or more): {cut} cut at max_tokens, {r['loop'] - cut} ended otherwise"
+        )
+    if check == "reasoning_only":
+        cut = r["reasoning_only_length"]
+        return (
+            f" ({r['reasoning_only'] - cut} ended the turn after (or inside) the thinking; "
+            f"{cut} cut at max_tokens inside it, the think block never closed (finish class "
+            "length_in_reasoning: raise max_tokens or limit thinking))"
+        )
+    if check == "finish_other" and r["other_reasons"]:
+        return f": {r['other_reasons']}"
+    if check == "truncation" and r["loop_length"]:
+        return f" ({r['loop_length']} of them a repetition loop: see loop)"
+    return ""
 
 
 def thinking_off(config, table, tok) -> dict[str, str]:

@@ -1,9 +1,11 @@
 """Per-record checks of a run: the flag columns kit.audit counts and kit.export filters on.
 
-Empty answers (tool calls are not empty), duplicates (exact, and of the normalized text),
-echoes of the prompt, server ids against the counts, counts outside 0..max_tokens + 1, the
-finish class ("length_in_reasoning": every token spent thinking), <think> markers the
-reasoning parser left in the answer; multi-turn records per generated turn. The checks
+Empty answers (tool calls are not empty, reasoning-only answers are named apart),
+duplicates (exact, and of the normalized text), echoes of the prompt, repetition loops (a
+tail that compresses below loop_ratio), call attempts left as text on tool prompts, server
+ids against the counts, counts outside 0..max_tokens + 1, the finish class
+("length_in_reasoning": every token spent thinking), <think> markers the reasoning parser
+left in the answer; multi-turn records per generated turn. The checks
 are polars expressions over a batch (kit.audit streams a run), texts kept only as hashes;
 only echo candidates reach Python. The tokenizer checks live in kit/report/textchecks.py.
 """
@@ -11,9 +13,11 @@ only echo candidates reach Python. The tokenizer checks live in kit/report/textc
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 import unicodedata
+import zlib
 from dataclasses import dataclass, fields
 
 from kit.errors import ConfigError
@@ -28,6 +32,17 @@ _PUNCT_DIGITS = re.compile(r"[\d\W_]+", re.UNICODE)
 _W = r"\p{L}\p{Nl}\p{No}"
 _NOT_WORD_RUNS = rf"[^{_W}]*(?:[^{_W} ]|  )[^{_W}]*"
 _SPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace())  # what str.strip() strips
+# a loop: the answer's last LOOP_TAIL characters (answers of LOOP_MIN_CHARS or more) compress
+# with zlib (raw deflate, a 512-byte window: ~4 us a record) to loop_ratio of their UTF-8
+# size or less; prose and code compress to 0.4 or more of theirs (0.68 the median of kit's
+# own README and source), "babybaby..." or one line repeated to 0.02-0.08
+LOOP_TAIL, LOOP_MIN_CHARS = 600, 200
+# text that tries to call a tool: a <tool_call> / <function tag, or JSON naming a function
+# with its arguments (either order), or a call of one of the prompt's tools by name
+_CALL_TEXT = re.compile(
+    r'<tool_call>|<function[=\s>]|"name"\s*:\s*"[^"]+"[^{}]{0,200}"(?:arguments|parameters)"\s*:'
+    r'|"(?:arguments|parameters)"\s*:[\s\S]{0,400}?"name"\s*:\s*"[^"]+"'
+)
 
 
 @dataclass(slots=True)
@@ -58,7 +73,10 @@ class AuditThresholds:
     under_report_ratio: float = 0.5  # a server count below this x the re-tokenized text's
     echo_similarity: float = 0.9  # completion "mostly equals" the last user message
     echo_min_chars: int = 16  # shorter user messages are never called echoed
-    length_in_reasoning_share: float = 0.0  # "length" with no answer, only reasoning
+    reasoning_only_share: float = 0.0  # reasoning but no answer text nor tool call
+    loop_share: float = 0.0  # answers whose tail repeats (a loop)
+    loop_ratio: float = 0.2  # a tail compressing to this share of its size or less is a loop
+    call_attempt_share: float = 0.0  # tool-prompt answers trying a call in text, none parsed
     think_marker_share: float = 0.0  # answers holding <think> / </think>
     text_check_sample: int | None = 500  # records per dataset the tokenizer checks (None: all)
 
@@ -154,6 +172,74 @@ def _count_flags(recs, max_tokens) -> tuple[list, list, list, list]:
     return len_bad, over, n_earlier, n_length
 
 
+def tail_ratio(text: str) -> float | None:
+    """zlib's compressed size of the text's last LOOP_TAIL characters over their UTF-8 size
+    (None below LOOP_MIN_CHARS): a loop's tail repeats, so it compresses far below prose.
+
+    Example:
+        >>> round(tail_ratio("baby" * 100), 2), tail_ratio("short") is None
+        (0.03, True)
+    """
+    if len(text) < LOOP_MIN_CHARS:
+        return None
+    tail = text[-LOOP_TAIL:].encode()
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -9, 1)
+    return len(deflate.compress(tail) + deflate.flush()) / len(tail)
+
+
+def _loops(texts, ratio: float):
+    """loop per text (a String Series: the answer, or its reasoning when it has none)."""
+    import polars as pl
+
+    long = (texts.fill_null("").str.len_chars() >= LOOP_MIN_CHARS).arg_true()
+    out = pl.Series("loop", [False] * len(texts), dtype=pl.Boolean)
+    if len(long):
+        found = [(tail_ratio(t) or 1.0) <= ratio for t in texts[long].to_list()]
+        out = out.scatter(long, pl.Series(found, dtype=pl.Boolean))
+    return out
+
+
+def tool_names(tools) -> list[str]:
+    """The function names of a prompt's tool definitions (JSON text or a list)."""
+    tools = json.loads(tools) if isinstance(tools, str) and tools.strip() else tools
+    names = []
+    for t in tools if isinstance(tools, list) else []:
+        fn = t.get("function", t) if isinstance(t, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
+            names.append(fn["name"])
+    return names
+
+
+def call_attempt(text: str, tools) -> bool:
+    """Whether an answer's text looks like a tool call: a <tool_call> tag, JSON with a name
+    and arguments, or one of the prompt's tools called by name (`name(`).
+
+    Example:
+        >>> tools = [{"type": "function", "function": {"name": "area", "parameters": {}}}]
+        >>> call_attempt("[area(base=10, height=5)]", tools), call_attempt("It is 25.", tools)
+        (True, False)
+    """
+    if _CALL_TEXT.search(text):
+        return True
+    return any(re.search(rf"(?<![\w.]){re.escape(n)}\s*\(", text) for n in tool_names(tools))
+
+
+def _call_attempts(frame):
+    """call_attempt per row: answers to prompts sent tools, with text and no parsed call."""
+    import polars as pl
+
+    c = pl.col
+    sent = c("tools").fill_null("").str.strip_chars().is_in(["", "[]"]).not_()
+    cand = frame.select(sent & ~blank(c("completion")) & (c("tool_calls").fill_null("") == ""))
+    rows = cand.to_series().arg_true()
+    out = pl.Series("call_attempt", [False] * frame.height, dtype=pl.Boolean)
+    if len(rows):
+        pairs = frame[rows].select("completion", "tools").iter_rows()
+        found = [call_attempt(t, tools) for t, tools in pairs]
+        out = out.scatter(rows, pl.Series(found, dtype=pl.Boolean))
+    return out
+
+
 def _len(ids) -> int | None:
     return None if ids is None else len(ids)
 
@@ -195,7 +281,10 @@ def _echo(frame, th: AuditThresholds):
 def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=None):
     """The per-record flags of one batch of records, computed in polars (the answer's ids
     from output_ids, or their count alone from n_output_ids): the batch plus
-    empty, has_tool_calls, echo, ids_len_mismatch, count_over_max, finish_class,
+    empty (no answer, tool call nor reasoning), reasoning_only, loop (tail_ratio of the
+    answer, or of the reasoning of a reasoning-only one, at most loop_ratio), tools_sent,
+    call_attempt (a tools_sent answer with a call in its text and no parsed tool_calls),
+    has_tool_calls, echo, ids_len_mismatch, count_over_max, finish_class,
     think_marker, has_ids, has_reasoning, text_hash (hash of the completion, and of its tool
     calls when it has any), norm_hash (hash of its normalized text; null when that is
     empty), earlier_turns and earlier_length (all_turns: earlier generated turns, and those
@@ -223,9 +312,17 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
     length_only = (c("finish_reason") == "length") & blank(c("completion"))
     calls = c("tool_calls").fill_null("") != ""
     text = pl.when(calls).then(pl.concat_str(c("completion"), pl.lit("\x00"), c("tool_calls")))
+    thought = c("reasoning").fill_null("").str.strip_chars() != ""
+    answer = recs.select(
+        pl.when(blank(c("completion"))).then(c("reasoning")).otherwise(c("completion"))
+    ).to_series()
     recs = recs.with_columns(
         _echo(recs, th),
-        empty=blank(c("completion")) & ~calls,
+        _loops(answer, th.loop_ratio),
+        _call_attempts(recs),
+        empty=blank(c("completion")) & ~calls & ~thought,
+        reasoning_only=blank(c("completion")) & ~calls & thought,
+        tools_sent=c("tools").fill_null("").str.strip_chars().is_in(["", "[]"]).not_(),
         has_tool_calls=calls,
         ids_len_mismatch=(c("_n_ids") != c("completion_tokens")).fill_null(False),
         count_over_max=over,
@@ -236,7 +333,7 @@ def record_flags(records, thresholds: AuditThresholds | None = None, max_tokens=
             c("completion").str.contains(m, literal=True) for m in THINK_MARKERS
         ),
         has_ids=c("_n_ids").is_not_null(),
-        has_reasoning=c("reasoning").fill_null("").str.strip_chars() != "",
+        has_reasoning=thought,
         text_hash=text.otherwise(c("completion")).hash(HASH_SEED),
         norm_hash=pl.when(c("_norm") != "").then(c("_norm").hash(HASH_SEED)),
         earlier_turns=pl.lit(0, pl.Int64),

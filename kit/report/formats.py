@@ -28,8 +28,12 @@ class SpecForgeWriter(JsonlWriter):
     assistant turns ending with the target's completion, carrying its thinking as
     "reasoning_content" and its tool calls as "tool_calls"; "tools" when the record has any.
     Rows cut at max_tokens are left out unless keep_truncated_conversations (a trainer would
-    train an end-of-turn the model never emitted). SpecForge has no per-row switch for which
-    turns train: last_turn exports need train_only_last_turn (manifest "specforge").
+    train an end-of-turn the model never emitted); rows whose answer has no text (tool calls
+    only, reasoning only, or nothing with tokens counted) are always left out: SpecForge's
+    preprocessing trains a lone end-of-turn after their assistant header, not the target's
+    tokens (the token-id rows keep them). Both counted (manifest "trainers"). SpecForge has
+    no per-row switch for which turns train: last_turn exports need train_only_last_turn
+    (manifest "specforge").
     """
 
     name = "specforge"
@@ -39,17 +43,21 @@ class SpecForgeWriter(JsonlWriter):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self.keep = ctx.opts.keep_truncated_conversations
-        # dataset -> {"length": {split: cut rows}, "reasoning", "turns", "tool_calls"} of the
-        # rows in the JSONL; dataset -> re-tokenized answers compared, differing (kit.report.trainers)
+        # dataset -> {"length": {split: cut rows}, "bare": {split: {held: rows}} (answers
+        # without text, not cut), "reasoning", "turns", "tool_calls"} of the rows in the
+        # JSONL; dataset -> re-tokenized answers compared, differing (kit.report.trainers)
         self.trainer: dict[str, dict] = {}
         self.retokenized: dict[str, dict] = {}
 
     @staticmethod
     def left_out(manifest: dict, split: str) -> int:
-        length = manifest.get("trainers", {}).get("length", {})
+        t = manifest.get("trainers", {})
+        bare = t.get("no_text", {}).get("rows", {})
+        out = sum(sum(v.get(split, {}).values()) for v in bare.values())
+        length = t.get("length", {})
         if length.get("conversations") != "left_out":
-            return 0
-        return sum(v.get(split, 0) for v in length.get("rows", {}).values())
+            return out
+        return out + sum(v.get(split, 0) for v in length.get("rows", {}).values())
 
     def problems(self, frame) -> list[str]:
         from kit.report.convo import conversation_problems
@@ -68,29 +76,44 @@ class SpecForgeWriter(JsonlWriter):
         super().write_split(out, part, split, later)
 
     def lines(self, part):
-        import polars as pl
-
         from kit.report.convo import rendered, specforge_lines
 
-        convs = part if self.keep else part.filter(~pl.col("_cut"))
+        convs = part.filter(self._in_jsonl())
         return rendered(specforge_lines(convs)) if convs.height else None
+
+    def _in_jsonl(self):
+        """The rows the JSONL holds: an answer with text, not cut (or cut, kept)."""
+        import polars as pl
+
+        return (pl.lit(self.keep) | ~pl.col("_cut")) & pl.col("_bare").is_null()
 
     def _count(self, part, split: str) -> None:
         """What the manifest's "trainers" says of a split's rows (kit.report.trainers)."""
         import polars as pl
 
-        in_convs = pl.lit(self.keep) | ~pl.col("_cut")
+        in_convs, c = self._in_jsonl(), pl.col
         assistant = pl.col("messages").list.eval(pl.element().struct.field("role") == "assistant")
+        bare = c("_bare").filter(c("_bare").is_not_null() & (pl.lit(self.keep) | ~c("_cut")))
         per = part.group_by("dataset", maintain_order=True).agg(
+            bare=bare,
             length=pl.col("_cut").sum(),
             reasoning=((pl.col("reasoning").fill_null("") != "") & in_convs).sum(),
             tool_calls=(pl.col("tool_calls_json").is_not_null() & in_convs).sum(),
             turns=assistant.list.sum().filter(in_convs).sum(),
         )
-        for d, length, reasoning, calls, turns in per.iter_rows():
+        for d, bare, length, reasoning, calls, turns in per.iter_rows():
             t = self.trainer.setdefault(
-                d, {"length": dict.fromkeys(SPLITS, 0), "reasoning": 0, "turns": 0, "tool_calls": 0}
+                d,
+                {
+                    "length": dict.fromkeys(SPLITS, 0),
+                    "bare": {s: {} for s in SPLITS},
+                    "reasoning": 0,
+                    "turns": 0,
+                    "tool_calls": 0,
+                },
             )
+            for held in bare:
+                t["bare"][split][held] = t["bare"][split].get(held, 0) + 1
             t["length"][split] += length
             t["reasoning"] += reasoning
             t["tool_calls"] += calls

@@ -185,6 +185,24 @@ def trainer_lines(t: dict | None) -> list[str]:
         for name, c in t.get("tool_calls", {}).items()
         if c["template_renders_them"] is False
     ]
+    for name, splits in t.get("no_text", {}).get("rows", {}).items():
+        held: dict = {}  # what the answers hold -> rows, over the splits
+        for n in splits.values():
+            for k, v in n.items():
+                held[k] = held.get(k, 0) + v
+        what = ", ".join(f"{k} only {v}" if k != "empty" else f"empty {v}" for k, v in held.items())
+        lines.append(
+            f"  {name}: {_rows(sum(held.values()))} with no answer text ({what}) left out of the "
+            "SpecForge JSONL (it would train a lone end-of-turn after the assistant header); "
+            "the token-id rows keep them"
+        )
+    sp = t.get("speculators", {})
+    if t["specforge"].get("train_only_last_turn"):  # the earlier turns are the dataset's
+        lines += [
+            f"  {name}: {_rows(n, 'earlier assistant turn')} of the dataset's own (few-shot) answers become training rows of the speculators conversation route (one row per assistant turn, no last-turn switch): use the token-id route"
+            for name, n in sp.get("earlier_turn_rows", {}).items()
+            if n
+        ]
     how = {"left_out": "left out of", "kept": "kept in"}[t["length"]["conversations"]]
     lines += [
         f"  {name}: {_rows(sum(n.values()), '`length` row')} {how} the SpecForge JSONL"

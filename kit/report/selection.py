@@ -23,10 +23,12 @@ def select(light, budgets: dict, opts) -> tuple[object, dict[str, int]]:
     record in commit order, no text); returns (the rows kept, dropped counts)."""
     import polars as pl
 
+    from kit.report.convo import STOPS
+
     frame = light
     dropped = {}
     steps = [
-        ("errors", opts.drop_errors, ~pl.col("finish_reason").is_in(["stop", "length"])),
+        ("errors", opts.drop_errors, ~pl.col("finish_reason").is_in([*STOPS, "length"])),
         ("truncated", opts.drop_truncated, pl.col("finish_reason") == "length"),
         ("duplicates", opts.drop_duplicates, pl.col("dup_exact") | pl.col("dup_near")),
     ]

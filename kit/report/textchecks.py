@@ -1,6 +1,7 @@
 """The checks of a run's records that need the target's tokenizer: ids that decode to the
-stored text (and reasoning, and tool calls), server counts not far below the text's own,
-and whether a chat template opens a think block though told not to. kit.audit runs the
+stored text (and reasoning, and tool calls), prompt ids that are the prompt's rendering,
+server counts not far below the text's own, whether a chat template opens a think block
+though told not to, and whether it renders the tools a prompt was sent. kit.audit runs the
 per-record ones on a seeded sample per dataset (TextSample); kit.report.flags re-exports
 them.
 """
@@ -32,6 +33,25 @@ def opens_think_block(tokenizer, kwargs: dict | None) -> bool:
     except Exception:  # noqa: BLE001 - a template that refuses: no evidence either way
         return False
     return THINK_MARKERS[0] in text[text.rfind(mark) + len(mark) :]
+
+
+def drops_tools(tokenizer, messages, tools, kwargs: dict | None) -> bool:
+    """True when the chat template renders a prompt the same with and without its tools:
+    the model never sees them (SmolLM2's template has no tools). A template that refuses
+    either rendering: False (no evidence).
+
+    Example: drops_tools(smollm2_tok, [{"role": "user", "content": "hi"}], tools, None) -> True
+    """
+    from kit.tokens import parsed, render
+
+    conv = [{"role": m["role"], "content": m["content"]} for m in messages]
+    kw = kwargs or None
+    try:
+        with_tools = render(tokenizer, [conv], True, tools=[parsed(tools)], template_kwargs=kw)
+        without = render(tokenizer, [conv], True, template_kwargs=kw)
+    except Exception:  # noqa: BLE001 - a template that refuses: no evidence either way
+        return False
+    return with_tools[0] == without[0]
 
 
 def with_optional(records):
@@ -99,10 +119,12 @@ class TextSample:
     COLUMNS = record_columns(
         *KEY, "completion", "reasoning", "completion_tokens", "count_source", "tool_calls"
     )
+    PROMPT = record_columns("messages", "tools", "turns")  # the prompt check's
     KEYS = ["dataset", "prompt_id", "sample"]
 
-    def __init__(self, size: int | None, seed: int = HASH_SEED, ids_for=None) -> None:
+    def __init__(self, size: int | None, seed: int = HASH_SEED, ids_for=None, kwargs_for=None):
         self.size, self.seed, self.ids_for = size, seed, ids_for
+        self.kwargs_for = kwargs_for  # dataset -> its chat template kwargs (the prompt check)
         self.kept: dict = {}  # dataset -> its kept rows
         self.bound: dict = {"_ids": {}, "_count": {}}  # check -> dataset -> prio to be under
         self.done = None  # keys + ids_text_mismatch + under_reported of the rows checked
@@ -135,7 +157,7 @@ class TextSample:
         batch = with_optional(batch)
         ids = "output_ids" if "output_ids" in batch.columns else "n_output_ids"
         rows = batch.select(
-            *dict.fromkeys([*self.COLUMNS, *_SPELL_COLUMNS[1:]]),
+            *dict.fromkeys([*self.COLUMNS, *_SPELL_COLUMNS[1:], *self.PROMPT]),
             *(["output_ids"] if ids == "output_ids" else []),
             _prio=pl.struct(self.KEYS).hash(self.seed),
             _ids=c(ids).is_not_null(),
@@ -146,8 +168,8 @@ class TextSample:
         # holds the whole batch's text), so memory stays the sample's, not the run's
         rows = rows.with_columns(
             pl.Series(name, rows[name].to_list(), dtype=pl.String)
-            for name in ("completion", "reasoning", "tool_calls")
-        )
+            for name in record_columns("completion", "reasoning", "tool_calls", "tools", "turns")
+        ).with_columns(pl.Series("messages", rows["messages"].to_list(), rows["messages"].dtype))
         for (name,), part in rows.partition_by("dataset", as_dict=True).items():
             if name in self.kept:
                 part = self._keep(pl.concat([self.kept[name], part]))
@@ -170,15 +192,37 @@ class TextSample:
         if self.done is not None:
             rows = rows.join(self.done, on=self.KEYS, how="anti")
         ids, counts = rows.filter("_ids"), rows.filter("_count")
-        if "output_ids" not in ids.columns:  # read by key, the sample's alone
-            ids = ids.join(self.ids_for(ids.select(self.KEYS)), on=self.KEYS, how="left")
-        ids = ids.select(self.KEYS).with_columns(ids_text_flags(ids, tokenizer))
+        want = ("prompt_ids",) if "output_ids" in ids.columns else ("output_ids", "prompt_ids")
+        if self.ids_for is not None:  # read by key, the sample's alone
+            found = self.ids_for(ids.select(self.KEYS), want)
+            ids = ids.join(found, on=self.KEYS, how="left")
+        ids = ids.select(self.KEYS).with_columns(
+            ids_text_flags(ids, tokenizer), self._prompt_flags(ids, tokenizer)
+        )
         counts = counts.select(self.KEYS).with_columns(
             under_reported_flags(counts, tokenizer, ratio)
         )
         new = rows.select(self.KEYS).join(ids, on=self.KEYS, how="left")
         new = new.join(counts, on=self.KEYS, how="left")
         self.done = new if self.done is None else pl.concat([self.done, new])
+
+    def _prompt_flags(self, ids, tokenizer):
+        """prompt_ids_differ (kit.report.exactrows.prompt_ids_differ) of rows with prompt
+        ids, one generated turn (all_turns' earlier turns are checked by the export)."""
+        import polars as pl
+
+        from kit.report.exactrows import prompt_ids_differ
+
+        values = [None] * ids.height
+        if tokenizer is not None and "prompt_ids" in ids.columns:
+            one = ids["prompt_ids"].is_not_null() & (ids["turns"].fill_null("") == "")
+            rows = one.arg_true().to_list()
+            picked = ids[rows].select("dataset", "messages", "tools", "prompt_ids").to_dicts()
+            for i, bad in zip(
+                rows, prompt_ids_differ(tokenizer, picked, self.kwargs_for), strict=True
+            ):
+                values[i] = bad
+        return pl.Series("prompt_ids_differ", values, dtype=pl.Boolean)
 
     def checks(self, tokenizer, ratio: float):
         """The final sample's ids_text_mismatch and under_reported (null: not checked).
@@ -190,14 +234,14 @@ class TextSample:
         self.check(tokenizer, ratio)
         if not self.kept:
             keys = {"dataset": pl.String, "prompt_id": pl.String, "sample": pl.Int64}
-            return pl.DataFrame(
-                schema=keys | dict.fromkeys(["ids_text_mismatch", "under_reported"], pl.Boolean)
-            )
+            flags = ["ids_text_mismatch", "prompt_ids_differ", "under_reported"]
+            return pl.DataFrame(schema=keys | dict.fromkeys(flags, pl.Boolean))
         rows = pl.concat(self.kept.values())
         rows = rows.select(*self.KEYS, _ids=self._picked("_ids"), _count=self._picked("_count"))
         rows = rows.join(self.done, on=self.KEYS, how="left")
         return rows.select(
             *self.KEYS,
             ids_text_mismatch=pl.when("_ids").then("ids_text_mismatch"),
+            prompt_ids_differ=pl.when("_ids").then("prompt_ids_differ"),
             under_reported=pl.when("_count").then("under_reported"),
         )

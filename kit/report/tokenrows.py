@@ -12,6 +12,7 @@ this module makes every other row.
 from __future__ import annotations
 
 from kit.report.convo import (
+    STOPS,
     conversation,
     earlier_turns,
     find_ids,
@@ -158,7 +159,7 @@ def _server_row(tok, r, p_text, earlier, eot, special, stats, ds) -> dict | None
     not found in them."""
     p, o = list(r["prompt_ids"]), list(r["output_ids"])
     ids, mask = p + o, [0] * len(p) + [1] * len(o)
-    appended = r["finish_reason"] == "stop" and eot is not None and o[-1] not in special
+    appended = r["finish_reason"] in STOPS and eot is not None and o[-1] not in special
     if appended:
         ids, mask = ids + [eot], mask + [1]
     if earlier and not _mask_earlier(
@@ -208,7 +209,7 @@ def _text_row(tok, r, ctx, earlier, eot, stats, ds) -> dict | None:
     c_ids = _pick(gen, lead + r["completion"], tok, stats, "output_ids", r["finish_reason"])
     tail = tok.encode(f_text[len(head) :], add_special_tokens=False)
     calls = _rendered_calls(r, f_text[len(head) :], tail, eot, ds)  # tail tokens that are calls
-    closed = r["finish_reason"] == "stop" and eot is not None and tail[calls : calls + 1] == [eot]
+    closed = r["finish_reason"] in STOPS and eot is not None and tail[calls : calls + 1] == [eot]
     ids = p_ids + c_ids + tail
     mask = (
         [0] * len(p_ids)
@@ -264,7 +265,7 @@ def _earlier_spans(tok, ids, limit, earlier, eot) -> tuple[list | None, bool]:
             s = find_ids(ids, c, cursor, limit)
             if s is not None:
                 end = s + len(c)
-                if t["finish_reason"] == "stop" and end < limit and ids[end] == eot:
+                if t["finish_reason"] in STOPS and end < limit and ids[end] == eot:
                     end += 1
                 span, rendered = (s, end), True
         if span is None:

@@ -92,7 +92,8 @@ def _specforge_template(tok, name: str, thinking: bool) -> dict | None:
 
 def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
     """The manifest's "trainers": each trainer's route and what the conversation route loses.
-    `trainer`: dataset -> {"length": {split: cut rows}, "reasoning": rows, "turns": earlier
+    `trainer`: dataset -> {"length": {split: cut rows}, "bare": {split: {held: rows}} (the
+    answers without text left out, by what they hold), "reasoning": rows, "turns": earlier
     assistant turns} (reasoning and turns: of the SpecForge JSONL's rows);
     `retokenized`: dataset -> rows compared and differing (count_retokenized) (kit.report.export)."""
     from kit.tokens import chat_template_hash
@@ -144,6 +145,15 @@ def section(config, tok, trainer: dict, retokenized: dict, opts) -> dict:
             for d, t in sorted(trainer.items())
             if t.get("tool_calls")
         },
+        "no_text": {
+            "conversations": "left_out",
+            "rows": {
+                d: {s: dict(sorted(n.items())) for s, n in t["bare"].items()}
+                for d, t in sorted(trainer.items())
+                if any(t.get("bare", {}).values())
+            },
+            "note": _NO_TEXT_NOTE,
+        },
         "length": {
             "conversations": "kept" if keep else "left_out",
             "rows": {
@@ -168,6 +178,12 @@ _RETOKENIZED_NOTE = (
     "tool_calls rows when the template does not render them; retokenized_compared: of each "
     f"dataset's plain server-id rows, the first {RETOKENIZE_SAMPLE} (a seeded random draw) "
     "are compared, and all rows after one differs (compared_all)"
+)
+_NO_TEXT_NOTE = (
+    "rows whose answer has no text (tool_calls: tool calls only; reasoning: reasoning only; "
+    "empty: nothing, though tokens were counted), per split, are left out of the SpecForge "
+    "JSONL: SpecForge's preprocessing would train a lone end-of-turn right after the "
+    "assistant header, not the target's tokens; the token-id rows keep them (the server's ids)"
 )
 _LENGTH_NOTE = {  # keep_truncated_conversations -> what became of the `length` rows
     False: "left out of the SpecForge JSONL; the token-id rows keep them, the end-of-turn untrained",
@@ -217,10 +233,12 @@ def count_retokenized(tok, frame, out: dict, keep: bool) -> None:
 
     from kit.report.convo import cut_rows
     from kit.report.exactrows import widening_sample
+    from kit.report.flags import blank
 
     c = pl.col
     plain = (c("reasoning").fill_null("") == "") & c("tool_calls_json").is_null()
     plain &= (c("ids_source") == "server") & (pl.lit(keep) | ~cut_rows())
+    plain &= ~blank(c("completion"))  # not in the JSONL (the manifest's no_text)
     picked = frame.filter(plain)
     for d, n in picked["dataset"].value_counts().iter_rows():
         entry = out.setdefault(d, {"rows": 0, "compared": 0, "differ": 0, "compared_all": False})
@@ -247,7 +265,9 @@ def _differs(tok, rows):
     c = pl.col
     eot, _ = end_of_turn(tok)
     answers = pl.Series(encode_many(tok, rows["completion"].to_list()), dtype=pl.List(pl.Int64))
-    stop = c("finish_reason") == "stop"
+    from kit.report.convo import STOPS
+
+    stop = c("finish_reason").is_in(STOPS)
     at, one = pl.int_range(pl.len()), pl.element() == 1
     end = at.filter(one).max() + 1  # the mask's last run of ones: [start, end)
     start = at.filter(~one & (at < end)).max() + 1

@@ -211,12 +211,16 @@ def record_batches(
         yield _finish(raw, prompts)
 
 
-def ids_by_key(run_dir, keys):
-    """output_ids (lists) of chosen records, by key: keys, a frame of dataset, prompt_id,
-    sample -> those columns and output_ids, one row per key found (the audit's sample)."""
-    sql = "SELECT r.dataset, r.prompt_id, r.sample, r.output_ids FROM json_each(?) k JOIN records r ON r.dataset = json_extract(k.value, '$[0]') AND r.prompt_id = json_extract(k.value, '$[1]') AND r.sample = json_extract(k.value, '$[2]')"
+def ids_by_key(run_dir, keys, columns=("output_ids",)):
+    """Id columns (output_ids, prompt_ids: lists) of chosen records, by key: keys, a frame of
+    dataset, prompt_id, sample -> those columns and `columns`, one row per key found (the
+    audit's sample)."""
+    if bad := [c for c in columns if c not in ("output_ids", "prompt_ids")]:
+        raise ConfigError(f"ids_by_key reads output_ids and prompt_ids only, not {bad}")
+    cols = "".join(f", r.{c}" for c in columns)
+    sql = f"SELECT r.dataset, r.prompt_id, r.sample{cols} FROM json_each(?) k JOIN records r ON r.dataset = json_extract(k.value, '$[0]') AND r.prompt_id = json_extract(k.value, '$[1]') AND r.sample = json_extract(k.value, '$[2]')"
     args = [json.dumps(keys.select(KEY).rows())]
-    return _finish(_frame(run_dir, sql, args, _sql_schema([*KEY, "output_ids"])), False)
+    return _finish(_frame(run_dir, sql, args, _sql_schema([*KEY, *columns])), False)
 
 
 def owned(frame):
