@@ -22,7 +22,10 @@ from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 from kit.errors import ConfigError
 
 CountSource = Literal["server_ids", "usage", "retokenized"]
-FinishReason = str  # "stop" | "length" | "cancelled" | server-specific
+FinishReason = str  # "stop" | "length" | "tool_calls" | "abort" | ..., as the server sent it
+# the finishes that end the model's turn (OpenAI's "tool_calls", legacy "function_call");
+# with "length" the only ones kept as data (kit.run.runner), counted toward a budget
+STOPS = ("stop", "tool_calls", "function_call")
 Message = dict  # {"role": "system"|"user"|"assistant", "content": str}
 
 

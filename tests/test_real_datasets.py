@@ -139,7 +139,7 @@ def test_tool_calls_in_an_answer_are_kept_and_counted_as_the_server_counts():
     assert sent["tools"] == [WEATHER] and sent["return_token_ids"] is True
     assert comp.tool_calls == calls("Paris") and comp.text == ""
     assert (comp.finish_reason, comp.completion_tokens, comp.count_source) == (
-        "stop",
+        "tool_calls",
         21,
         "server_ids",
     )

@@ -16,9 +16,6 @@ import json
 
 from kit.tokens import parsed
 
-# finishes that end the model's turn: OpenAI's "tool_calls" (and legacy "function_call") too
-STOPS = ("stop", "tool_calls", "function_call")
-
 
 def row_id(r: dict) -> str:
     return f"{r['dataset']}-{r['prompt_id']}-{r['sample']}"

@@ -47,21 +47,17 @@ def status_error(status: int, text: str, retry_after: str | None, url: str) -> H
     return HTTPStatusError(msg, status=status, retry_after=after)
 
 
-_STOPS = {"tool_calls": "stop", "function_call": "stop"}  # the turn ended in tool calls
-
-
 def normalize_finish(reason: Any) -> str:
     """Normalize a finish reason: SGLang's {"type": "length", ...} -> "length"; None ->
-    "unknown"; OpenAI's "tool_calls" (and legacy "function_call") -> "stop": the model ended
-    its turn, with calls (the record keeps them in tool_calls).
+    "unknown"; any other kept as sent ("tool_calls" too: a stop for the budget, the audit and
+    the export, kit.report.convo.STOPS).
 
     Example:
         >>> normalize_finish({"type": "length", "length": 9}), normalize_finish("tool_calls")
-        ('length', 'stop')
+        ('length', 'tool_calls')
     """
     if isinstance(reason, dict):
         reason = reason.get("type")
-    reason = _STOPS.get(reason, reason) if isinstance(reason, str) else reason
     return str(reason)[:64] if reason else "unknown"
 
 

@@ -42,10 +42,10 @@ from kit.run.pool import EndpointPool, unanswered
 from kit.run.queues import DatasetQueue, Stall, dataset_paths, dataset_queues, prompt_frame
 from kit.run.store import RunStore
 from kit.secrets import redact
-from kit.types import Completion, DatasetProgress, ErrorRecord, Record, RunConfig
+from kit.types import STOPS, Completion, DatasetProgress, ErrorRecord, Record, RunConfig
 
 ID_LIMIT = 2**32  # token ids are stored as uint32 (kit.run.db)
-DATA_FINISHES = frozenset({"stop", "length", "tool_calls", "function_call"})  # kept as data
+DATA_FINISHES = frozenset({*STOPS, "length"})  # kept as data
 
 
 def _server_error(exc: Exception, url: str) -> BackendError | None:
