@@ -16,7 +16,7 @@
     ├── ServerError (RuntimeError) the embedded server failed to start or died
     ├── BackendError               a request failed; `retryable`, `kind` (its label)
     │   ├── ConnectError · RequestTimeout · HTTPStatusError (`status`)
-    │   └── MalformedAnswer · NoEndpoint · BackendConfigError
+    │   └── MalformedAnswer · NoEndpoint · BackendConfigError (└── NoScoring)
     ├── ExportError (RuntimeError)
     │   └── ExportBusy · ExportInvalid
     └── NotebookFailed (RuntimeError, exit_code 1)
@@ -181,6 +181,11 @@ class BackendConfigError(BackendError):
 
     kind = "config"
     retryable = False
+
+
+class NoScoring(BackendConfigError):
+    """The server cannot score a text (no prompt log-probabilities): regeneration value is
+    not measured there."""
 
 
 class ExportError(KitError, RuntimeError):

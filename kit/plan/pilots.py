@@ -80,6 +80,9 @@ class PilotResult:
     sampling: Sampling
     errors: list[str] = field(default_factory=list)  # "dataset/prompt_id[#sample]: kind: message"
     concurrency: int | None = None  # the run's RunConfig.concurrency, which the pilot ran with
+    # regeneration value per dataset (kit.plan.value.SCHEMA), scored after the completions
+    value: pl.DataFrame | None = None
+    value_s: float = 0.0  # seconds the scoring took (not in wall_s)
 
     @property
     def tokens_per_s(self) -> float:
@@ -156,6 +159,7 @@ class PilotResult:
             },
             "per_endpoint": {url: round(m.tokens_per_s, 2) for url, m in self.per_endpoint.items()},
             "sampling": asdict(self.sampling),
+            "value": None if self.value is None else self.value.to_dicts(),
         }
 
 
@@ -281,6 +285,7 @@ async def pilot(
     per_dataset: int | float | dict[str, int] = PILOT_PER_DATASET,
     progress: Callable[[int, int], None] | None = None,
     run_dir: Any = None,
+    value: bool = True,
 ) -> PilotResult:
     """Send a seeded random sample of each dataset's prompts to the target; measure lengths.
 
@@ -300,6 +305,9 @@ async def pilot(
             completions for a dataset (rows x sampling.n) warns: a weak estimate.
         progress: called as progress(done, total) while it runs and once at the end.
         run_dir: the pilot's own run directory (default: a temporary one, removed after).
+        value: after the completions, score each dataset's own answers and the pilot's
+            (kit.plan.value: PilotResult.value; False skips it). Extra requests only: the
+            completions, their records and wall_s are the same either way.
 
     Returns:
         A PilotResult: per-request frame, wall time, failed requests, and `throughput`
@@ -328,12 +336,14 @@ async def pilot(
     config = replace(config, budgets=budgets)
     report = _progress_adapter(progress, chosen.height * n)
     if run_dir is not None:
-        return await _run(chosen, Path(run_dir), config, report)
+        return await _run(chosen, Path(run_dir), config, report, value)
     with tempfile.TemporaryDirectory(prefix="kit-pilot-") as tmp:
-        return await _run(chosen, Path(tmp) / "pilot", config, report)
+        return await _run(chosen, Path(tmp) / "pilot", config, report, value)
 
 
-async def _run(chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report) -> PilotResult:
+async def _run(
+    chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report, value: bool
+) -> PilotResult:
     """kit.run.generate over the chosen prompts; its records and failures as a PilotResult."""
     import polars as pl
 
@@ -353,13 +363,31 @@ async def _run(chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report) -
         f"{d}/{p}{f'#{k}' if k else ''}: {e}"
         for d, p, k, e in failed.select("dataset", "prompt_id", "sample", "error").rows()
     ]
-    return PilotResult(
+    result = PilotResult(
         frame=frame,
         wall_s=wall,
         sampling=config.sampling,
         errors=sorted(errors),
         concurrency=config.concurrency,
     )
+    if value:
+        from kit.plan.value import measure
+
+        start = time.perf_counter()
+        answers = (
+            pl.concat(
+                record_batches(
+                    run_dir,
+                    columns=["output_ids", "completion", "finish_reason", "dataset", "prompt_id"],
+                ),
+                how="vertical_relaxed",
+            )
+            if parts
+            else None
+        )
+        result.value = await measure(chosen, answers if answers is not None else frame[:0], config)
+        result.value_s = time.perf_counter() - start
+    return result
 
 
 def _warn_weak(sizes: dict[str, int], n: int, available: dict[str, int]) -> None:
