@@ -29,7 +29,7 @@ RESAMPLES = 2000
 # gap = target's minus the dataset's mean log-probability per token (nats); the reading's bounds
 CLOSE, FAR = 0.5, 1.5
 NO_ANSWERS = "no own answers"
-SCHEMA = """dataset:String status:String prompts:Int64 tokens:Int64 cut:Int64 failed:Int64
+SCHEMA = """dataset:String status:String prompts:Int64 tokens:Int64 cut:Int64 failed:Int64 requests:Int64
     own_logprob:Float64 own_logprob_lo:Float64 own_logprob_hi:Float64
     target_logprob:Float64 target_logprob_lo:Float64 target_logprob_hi:Float64
     own_top1:Float64 own_top1_lo:Float64 own_top1_hi:Float64 target_top1:Float64 reading:String"""
@@ -114,6 +114,7 @@ async def _score_all(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig
     out: dict[str, dict] = {}
     for job, got in done:
         entry = out.setdefault(job["dataset"], {"own": [], "target": [], "cut": 0, "failed": 0})
+        entry["requests"] = entry.get("requests", 0) + 1
         if isinstance(got, BackendError):
             entry["failed"] += 1
             entry.setdefault("error", f"{type(got).__name__}: {got}")
@@ -194,6 +195,7 @@ def _row(dataset: str, status: str, got: dict | None) -> dict:
     row.update(
         prompts=len(own), tokens=sum(n for _, n, _ in own), cut=got["cut"], failed=got["failed"]
     )
+    row["requests"] = got.get("requests", 0)
     if not own:
         why = got.get("error", "no answer could be scored")
         return row | {"status": f"not measured: {why}", "reading": f"not measured: {why}"}
