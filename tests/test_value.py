@@ -117,10 +117,20 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     # the target's greedy answers, scored back from its own ids: top-1 but for named near-ties
     tok = load_tokenizer(config.tokenizer)
     backend = make_backend(config.api, config.endpoints[0], config.model)
+
+    def scored(p, ids):  # a fresh session per call: each asyncio.run has its own loop
+        async def go():
+            try:
+                return await score(backend, p, ids, timeout=300)
+            finally:
+                await backend.aclose()
+
+        return asyncio.run(go())
+
     ties, total = [], 0
     for msgs, ids in zip(frame["messages"][:12].to_list(), recs["output_ids"], strict=True):
         p = render(tok, [msgs], tokenize=True)[0]
-        lps, top = asyncio.run(score(backend, p, ids, timeout=300))
+        lps, top = scored(p, ids)
         total += len(ids)
         for j, ok in enumerate(top):
             if not ok:
@@ -171,9 +181,8 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     served = [
         e[str(t)]["logprob"] for t, e in zip(a, via["prompt_logprobs"][len(p) :], strict=True)
     ]
-    mine = asyncio.run(score(backend, p, a, timeout=300))[0]
+    mine = scored(p, a)[0]
     assert max(abs(x - y) for x, y in zip(served, mine, strict=True)) < 1e-4
-    asyncio.run(backend.aclose())
 
 
 def fault_config(srv, model_dir, api="sglang", **kw) -> kit.RunConfig:

@@ -261,6 +261,10 @@ def plan_run(
             "failed, see above): check the server (--base-url, --model), or raise --timeout"
         )
     print(_table(result.profile()))
+    if result.value is not None:
+        from kit.plan.value import value_text
+
+        print(value_text(result.value))
     for url, measured in result.per_endpoint.items():
         print(
             f"pilot throughput at {url}: {measured.tokens_per_s:,.1f} tok/s "

@@ -21,6 +21,8 @@ from kit.data.sources import LoadResult, reload
 from kit.errors import ConfigError, MissingPath
 from kit.plan.estimate import TOTAL, plan_schema
 from kit.plan.pilots import PilotResult
+from kit.plan.value import join_value, value_text
+from kit.plan.value import schema as value_schema
 from kit.run import db
 from kit.run.reader import config_doc, has_prompts, is_run_dir, open_db
 from kit.run.store import store_prompts
@@ -83,7 +85,8 @@ def write_plan(
         store_prompts(run_dir, frame)  # under the writer's lock: refused while a run writes
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     plan = [created, config.budgets, specs, server, pilot.summary() if pilot else None]
-    _store(run_dir, plan, plan_frame.to_dicts(), config)
+    rows = join_value(plan_frame, pilot.value if pilot else None)  # the regeneration value
+    _store(run_dir, plan, rows.to_dicts(), config)
     return db.db_path(run_dir)
 
 
@@ -227,7 +230,7 @@ def read_plan(run_dir: str | Path) -> dict:
 
 def show_plan(run_dir: str | Path) -> str:
     """The stored plan as text (`kit plan --show RUN_DIR`): when it was made, its server,
-    each dataset's budget and pilot mean, the run's config.
+    each dataset's budget and pilot mean, the regeneration value, the run's config.
 
     Example: print(kit.plan.show_plan("data/runs/demo"))
     """
@@ -245,6 +248,10 @@ def show_plan(run_dir: str | Path) -> str:
     for name, tokens in plan["budgets"].items():
         mean = f"{means[name]:.1f}" if name in means else "-"
         lines.append(f"  {name:<28}{tokens:>14,}{mean:>12}")
+    if (plan["pilot"] or {}).get("value"):
+        import polars as pl
+
+        lines.append(value_text(pl.DataFrame(plan["pilot"]["value"], schema=value_schema())))
     lines.append("config: " + json.dumps(config.to_dict(), indent=2))
     return "\n".join(lines)
 

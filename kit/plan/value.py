@@ -303,6 +303,7 @@ def join_value(table: pl.DataFrame, value: pl.DataFrame | None) -> pl.DataFrame:
         return table
     keep = [c for c in value.columns if c.startswith(("own_", "target_"))]
     extra = value.select("dataset", *keep, value="reading")
+    table = table.drop([c for c in extra.columns if c != "dataset"], strict=False)
     return table.join(extra, on="dataset", how="left", maintain_order="left")
 
 
