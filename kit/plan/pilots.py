@@ -374,18 +374,7 @@ async def _run(
         from kit.plan.value import measure
 
         start = time.perf_counter()
-        answers = (
-            pl.concat(
-                record_batches(
-                    run_dir,
-                    columns=["output_ids", "completion", "finish_reason", "dataset", "prompt_id"],
-                ),
-                how="vertical_relaxed",
-            )
-            if parts
-            else None
-        )
-        result.value = await measure(chosen, answers if answers is not None else frame[:0], config)
+        result.value = await measure(chosen, run_dir, config)
         result.value_s = time.perf_counter() - start
     return result
 

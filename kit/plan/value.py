@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from kit.errors import BackendError, NoScoring
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import polars as pl
 
     from kit.types import RunConfig
@@ -42,12 +44,12 @@ def schema() -> dict:
     return {n: getattr(pl, t) for n, t in (c.split(":") for c in SCHEMA.split())}
 
 
-async def measure(chosen: pl.DataFrame, records: pl.DataFrame, config: RunConfig) -> pl.DataFrame:
+async def measure(chosen: pl.DataFrame, run_dir: Path, config: RunConfig) -> pl.DataFrame:
     """Score the chosen prompts' own answers and the pilot's answers to them; a row per dataset.
 
     Args:
         chosen: the pilot's prompts (dataset, prompt_id, messages, tools?, answer?).
-        records: the pilot's records (dataset, prompt_id, output_ids, completion, finish_reason).
+        run_dir: the pilot's run directory (its records: the target's answers).
         config: the run's config (endpoints, api, model, tokenizer, max_context, concurrency).
 
     Returns:
@@ -65,13 +67,29 @@ async def measure(chosen: pl.DataFrame, records: pl.DataFrame, config: RunConfig
     if with_own:
         why = None if config.tokenizer else "no tokenizer (RunConfig.tokenizer) to render with"
         try:
-            rows = {} if why else await _score_all(has, records, config)
+            rows = {} if why else await _score_all(has, _answers(run_dir), config)
         except NoScoring as err:
             why = str(err)
         for d in with_own:
             status[d] = f"not measured: {why}" if why else status.get(d, "measured")
     out = [_row(d, status[d], rows.get(d)) for d in names]
     return pl.DataFrame(out, schema=schema())
+
+
+def _answers(run_dir: Path) -> pl.DataFrame:
+    """The pilot's records: the columns the target's side is scored from."""
+    import polars as pl
+
+    from kit.run.reader import record_batches
+    from kit.types import record_columns
+
+    names = record_columns("dataset", "prompt_id", "output_ids", "completion", "finish_reason")
+    parts = list(record_batches(run_dir, columns=list(names)))
+    return (
+        pl.concat(parts, how="vertical_relaxed")
+        if parts
+        else pl.DataFrame(schema=dict.fromkeys(names, pl.String))
+    )
 
 
 async def _score_all(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig) -> dict:
@@ -157,8 +175,7 @@ def _jobs(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig, context: 
     own = [ids + eos for ids in encode_many(tok, has[ANSWER].to_list())]
     keyed = {k: i for i, k in enumerate(has.select("dataset", "prompt_id").iter_rows())}
     answers = [(i, "own", a) for i, a in enumerate(own)]
-    cols = [c for c in ("output_ids", "completion", "finish_reason") if c in records.columns]
-    mine = records.select("dataset", "prompt_id", *cols).rows(named=True)
+    mine = records.rows(named=True)
     texts = [r.get("completion") or "" for r in mine]
     encoded = encode_many(tok, texts) if texts else []
     for r, ids in zip(mine, encoded, strict=True):
