@@ -128,7 +128,9 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
         return asyncio.run(go())
 
     ties, total = [], 0
-    for msgs, ids in zip(frame["messages"][:12].to_list(), recs["output_ids"], strict=True):
+    for msgs, ids in zip(
+        frame["messages"][:12].to_list(), recs["output_ids"].to_list(), strict=True
+    ):
         p = render(tok, [msgs], tokenize=True)[0]
         lps, top = scored(p, ids)
         total += len(ids)
@@ -160,6 +162,7 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     assert v["shuffled"]["own_top1"] < v["paraphrase"]["own_top1"] < v["true"]["own_top1"]
     assert "regenerate" in v["shuffled"]["reading"]
     text = pv.value_text(res.value)
+    print(text, f"\nnamed near-ties: {ties} of {total} tokens")
     assert "none: no own answers" in text and "shuffled: own" in text
     # scores identical whether the prompt is sent as messages or as kit's rendered ids
     msgs, answer = frame["messages"].to_list()[idx[0]], texts[0]
@@ -312,3 +315,48 @@ def test_interval_and_reading():
     assert pv.reading(row).startswith("own answers close")
     assert "regeneration helps" in pv.reading(row | {"own_logprob": -1.5})
     assert pv.reading(row | {"own_logprob": -3.0}).endswith(": regenerate")
+
+
+def test_kit_plan_prints_and_stores_the_value(tmp_path, monkeypatch, capsys):
+    from test_cli import CHAT, fake_pilot, run_main
+
+    def pilot_with_value(prompts, config, **kw):
+        res = fake_pilot(prompts, config, **kw)
+        scored = {
+            "own": [("p1", [-2.0, -3.0], [True, False]), ("p2", [-2.5], [False])],
+            "target": [("p1", [-0.5, -0.4], [True, True]), ("p2", [-0.3], [True])],
+            "cut": 1,
+            "failed": 0,
+            "requests": 4,
+        }
+        res.value = pl.DataFrame([pv._row("chat_general", "measured", scored)], schema=pv.schema())
+        return res
+
+    fake_pilot.calls = []
+    monkeypatch.setattr(kit.plan, "pilot_sync", pilot_with_value)
+    run_dir = tmp_path / "run"
+    argv = [
+        "plan",
+        "--samples",
+        str(CHAT),
+        "--run-dir",
+        str(run_dir),
+        "--budget",
+        "3000",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--max-tokens",
+        "64",
+    ]
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert "chat_general: own -2.50" in out and "1 cut to the context" in out
+    assert "far from the target's" in out and ": regenerate" in out
+    table = kit.plan.read_plan(run_dir)["table"]
+    row = table.filter(pl.col("dataset") == "chat_general").row(0, named=True)
+    assert row["own_logprob"] == -2.5 and row["value"].startswith("far from the target's")
+    assert kit.plan.read_plan(run_dir)["pilot"]["value"][0]["own_top1"] == pytest.approx(1 / 3)
+    code, out, _ = run_main(["plan", "--show", str(run_dir)], capsys)
+    assert code == 0 and "chat_general: own -2.50" in out
