@@ -36,9 +36,9 @@ QUESTIONS = [
     "Which animal says moo?",
     "What color is the sky on a clear day?",
 ]
-TIE = (
-    0.05  # nats: a rank-2 token this close to the top-1 is a near-tie (prefill vs decode numerics)
-)
+# nats: a missed token this close to the top-1 is a near-tie: the embedded model's bf16 logits
+# move in steps of 1/16 to 1/8 here, and a prefill's sums differ from the decode's by a step
+TIE = 0.15
 
 
 def prompts(dataset: str, answers: list[str | None]) -> pl.DataFrame:
