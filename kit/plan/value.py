@@ -140,6 +140,10 @@ async def _score_all(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig
         entry[job["side"]].append((job["prompt_id"], *got))
     for d, cut in jobs["cut"].items():
         out.setdefault(d, {"own": [], "target": [], "cut": 0, "failed": 0})["cut"] = cut
+    for d, n in jobs["failed"].items():
+        entry = out.setdefault(d, {"own": [], "target": [], "cut": 0, "failed": 0})
+        entry["failed"] += n
+        entry.setdefault("error", "the chat template could not render the prompt")
     return out
 
 
@@ -169,7 +173,12 @@ def _jobs(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig, context: 
     tools = has["tools"].to_list() if "tools" in has.columns else None
     kwargs = [config.sampling_for(d).chat_template_kwargs for d in has["dataset"].to_list()]
     prompts = render(
-        tok, has["messages"].to_list(), tools=tools, template_kwargs=kwargs, tokenize=True
+        tok,
+        has["messages"].to_list(),
+        tools=tools,
+        template_kwargs=kwargs,
+        tokenize=True,
+        on_error="skip",  # a prompt the template refuses: counted as failed, not scored
     )
     eos = [tok.eos_token_id] if isinstance(getattr(tok, "eos_token_id", None), int) else []
     own = [ids + eos for ids in encode_many(tok, has[ANSWER].to_list())]
@@ -183,9 +192,12 @@ def _jobs(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig, context: 
         if i is not None:
             end = eos if r.get("finish_reason") == "stop" else []
             answers.append((i, "target", r.get("output_ids") or ids + end))
-    jobs, cut = [], {}
+    jobs, cut, failed = [], {}, {}
     for i, side, answer in answers:
         dataset, prompt_id = has["dataset"][i], has["prompt_id"][i]
+        if prompts[i] is None:
+            failed[dataset] = failed.get(dataset, 0) + 1
+            continue
         room = (context - len(prompts[i]) - 1) if context else len(answer)
         if room < len(answer):
             cut[dataset] = cut.get(dataset, 0) + (side == "own")
@@ -200,7 +212,7 @@ def _jobs(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig, context: 
                     "answer": answer,
                 }
             )
-    return {"jobs": jobs, "cut": cut}
+    return {"jobs": jobs, "cut": cut, "failed": failed}
 
 
 def _row(dataset: str, status: str, got: dict | None) -> dict:
