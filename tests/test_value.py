@@ -150,7 +150,8 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     assert all(gap < TIE for _, gap in ties), ties  # every miss a named near-tie
     assert len(ties) <= total * 0.05, (ties, total)
     # the pilot's own answers to the same prompts (greedy again) scored alike
-    assert v["true"]["target_top1"] >= 1 - (len(ties) + 2) / total
+    # (a second greedy pass, batched otherwise: its own near-ties, at most the same 5%)
+    assert v["true"]["target_top1"] >= 0.95
     # true answers re-tokenized from text: about the target's own
     assert v["true"]["own_top1"] >= 0.9
     assert abs(v["true"]["own_logprob"] - v["true"]["target_logprob"]) < 0.3
