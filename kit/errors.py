@@ -19,7 +19,7 @@
     ├── BackendError               a request failed; `retryable`, `kind` (its label)
     │   ├── ConnectError · RequestTimeout · HTTPStatusError (`status`) · UnusableFinish
     │   └── MalformedAnswer · NoEndpoint · BackendConfigError
-    │                                  └── Redirected
+    │                                  └── Redirected · NoScoring
     ├── ExportError (RuntimeError)
     │   └── ExportBusy · ExportInvalid
     └── NotebookFailed (RuntimeError, exit_code 1)
@@ -216,6 +216,11 @@ class Redirected(BackendConfigError):
     """The server redirected a POST: kit follows no redirect (the message names both URLs)."""
 
     kind = "redirect"
+
+
+class NoScoring(BackendConfigError):
+    """The server cannot score a text (no prompt log-probabilities): regeneration value is
+    not measured there."""
 
 
 class ExportError(KitError, RuntimeError):

@@ -8,7 +8,8 @@ Routes:
     POST /v1/chat/completions   OpenAI shape; with "return_token_ids": true also the vLLM
                                 fields (top-level prompt_token_ids, choices[0].token_ids)
     POST /generate              SGLang shape: text, output_ids, meta_info{finish_reason dict,
-                                prompt_tokens, completion_tokens}
+                                prompt_tokens, completion_tokens}; with return_logprob also
+                                input_token_logprobs / input_top_logprobs (FaultConfig.logprobs)
     GET  /health, /v1/models    200 unless the server is "down"; /v1/models lists `models`
     GET  /workers               {"workers": [{"url": u}, ...]} from `workers` (a gateway's list)
     GET  /stats                 {"requests": n, "outcomes": {outcome: n}, "paths": {path: n},
@@ -182,6 +183,10 @@ class FaultConfig:
     redirect_to: str | None = None  # the root URL the redirect modes send the client to
     bad_id: int = 2**32  # the id bad_id / bad_prompt_id put first
     finish: str = "abort"  # the finish_reason of mode "finish"
+    # /generate with "return_logprob": "ok" (meta_info input_token_logprobs and, with
+    # top_logprobs_num, input_top_logprobs from logprob_start_len on), "none" (an SGLang
+    # that ignores it), "short" (the last position missing)
+    logprobs: str = "ok"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -299,7 +304,38 @@ def generate_response(body: dict, cfg: FaultConfig, *, mismatch: bool = False) -
     )
     meta = {"id": "fault", "finish_reason": reason, "prompt_tokens": len(ids)}
     meta["completion_tokens"] = len(out_ids) // 2 if mismatch else len(out_ids)
+    if body.get("return_logprob") and cfg.logprobs != "none":
+        meta.update(input_logprobs(ids, body, cfg))
     return {"text": text, "output_ids": out_ids, "meta_info": meta}
+
+
+def input_logprobs(ids: list[int], body: dict, cfg: FaultConfig) -> dict:
+    """SGLang's input logprob fields for ids from logprob_start_len on: [logprob, id, None]
+    per position (None logprob at position 0), and with top_logprobs_num the top list
+    per position. Deterministic: token_logprob(pos, id); the token is its top-1 when
+    is_top1(pos, id), else id + 1 is, 0.5 more likely."""
+    start = max(0, body.get("logprob_start_len") or 0)
+    positions = range(start, len(ids) - (cfg.logprobs == "short"))
+    tokens = [[token_logprob(p, ids[p]) if p else None, ids[p], None] for p in positions]
+    out: dict = {"input_token_logprobs": tokens}
+    if body.get("top_logprobs_num"):
+        out["input_top_logprobs"] = [
+            None
+            if lp is None
+            else [[lp, tok, None] if is_top1(p, tok) else [lp + 0.5, tok + 1, None]]
+            for p, (lp, tok, _) in zip(positions, tokens, strict=True)
+        ]
+    return out
+
+
+def token_logprob(pos: int, token: int) -> float:
+    """The fault server's log-probability of token at pos: in [-4.0, -0.5]."""
+    return -0.5 - (_digest("lp", pos, token) % 36) / 10
+
+
+def is_top1(pos: int, token: int) -> bool:
+    """Whether the fault server ranks token first at pos (about half the time)."""
+    return _digest("top", pos, token) % 2 == 0
 
 
 def _rotated(ids: list[int]) -> list[int]:

@@ -303,6 +303,10 @@ def plan_run(
         print(f"pilot: {len(result.errors)} requests failed, first: {result.errors[0]}")
     _pilot_answered(result, names)
     print(_table(result.profile()))
+    if result.value is not None:
+        from kit.plan.value import value_text
+
+        print(value_text(result.value))
     for url, measured in result.per_endpoint.items():
         print(
             f"pilot throughput at {url}: {measured.tokens_per_s:,.1f} tok/s "

@@ -85,6 +85,9 @@ class PilotResult:
     concurrency: int | None = None  # the run's RunConfig.concurrency, which the pilot ran with
     chosen: dict[str, int] = field(default_factory=dict)  # dataset -> prompts sent (n times each)
     stop_reason: str | None = None  # why the pilot's run stopped early (kit.generate's Run)
+    # regeneration value per dataset (kit.plan.value.SCHEMA), scored after the completions
+    value: pl.DataFrame | None = None
+    value_s: float = 0.0  # seconds the scoring took (not in wall_s)
 
     @property
     def tokens_per_s(self) -> float:
@@ -163,6 +166,7 @@ class PilotResult:
             "sampling": asdict(self.sampling),
             "chosen": self.chosen,
             "stop_reason": self.stop_reason,
+            "value": None if self.value is None else self.value.to_dicts(),
         }
 
 
@@ -298,6 +302,7 @@ async def pilot(
     per_dataset: int | float | dict[str, int] = PILOT_PER_DATASET,
     progress: Callable[[int, int], None] | None = None,
     run_dir: Any = None,
+    value: bool = True,
 ) -> PilotResult:
     """Send a seeded random sample of each dataset's prompts to the target; measure lengths.
 
@@ -317,6 +322,9 @@ async def pilot(
             completions for a dataset (rows x sampling.n) warns: a weak estimate.
         progress: called as progress(done, total) while it runs and once at the end.
         run_dir: the pilot's own run directory (default: a temporary one, removed after).
+        value: after the completions, score each dataset's own answers and the pilot's
+            (kit.plan.value: PilotResult.value; False skips it). Extra requests only: the
+            completions, their records and wall_s are the same either way.
 
     Returns:
         A PilotResult: per-request frame, wall time, failed requests, and `throughput`
@@ -351,10 +359,10 @@ async def pilot(
     report = _progress_adapter(progress, chosen.height * n)
     await _refuse_dead(config.endpoints)
     if run_dir is not None:
-        result = await _run(chosen, Path(run_dir), config, report)
+        result = await _run(chosen, Path(run_dir), config, report, value)
     else:
         with tempfile.TemporaryDirectory(prefix="kit-pilot-") as tmp:
-            result = await _run(chosen, Path(tmp) / "pilot", config, report)
+            result = await _run(chosen, Path(tmp) / "pilot", config, report, value)
     result.chosen = sizes
     _raise_if_interrupted(result, chosen.height * n)
     return result
@@ -400,7 +408,9 @@ def _raise_if_interrupted(result: PilotResult, total: int) -> None:
     )
 
 
-async def _run(chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report) -> PilotResult:
+async def _run(
+    chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report, value: bool
+) -> PilotResult:
     """kit.run.generate over the chosen prompts; its records and failures as a PilotResult."""
     import polars as pl
 
@@ -418,7 +428,7 @@ async def _run(chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report) -
         f"{d}/{p}{f'#{k}' if k else ''}: {e}"
         for d, p, k, e in failed.select("dataset", "prompt_id", "sample", "error").rows()
     ]
-    return PilotResult(
+    result = PilotResult(
         frame=frame,
         wall_s=wall,
         sampling=config.sampling,
@@ -426,6 +436,13 @@ async def _run(chosen: pl.DataFrame, run_dir: Path, config: RunConfig, report) -
         concurrency=config.concurrency,
         stop_reason=run.stop_reason,
     )
+    if value:
+        from kit.plan.value import measure
+
+        start = time.perf_counter()
+        result.value = await measure(chosen, run_dir, config)
+        result.value_s = time.perf_counter() - start
+    return result
 
 
 def _warn_weak(sizes: dict[str, int], n: int, available: dict[str, int]) -> None:

@@ -23,6 +23,8 @@ from kit.data.sources import LoadResult, reload
 from kit.errors import ConfigError, MissingPath
 from kit.plan.estimate import TOTAL, plan_schema
 from kit.plan.pilots import PILOT_PER_DATASET, PilotResult, pilot_frame, pilot_size
+from kit.plan.value import join_value, value_text
+from kit.plan.value import schema as value_schema
 from kit.run import db
 from kit.run.reader import config_doc, has_prompts, is_run_dir, open_db
 from kit.run.store import store_prompts
@@ -85,7 +87,8 @@ def write_plan(
         store_prompts(run_dir, frame)  # under the writer's lock: refused while a run writes
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     plan = [created, config.budgets, specs, server, _pilot_doc(pilot, config, server)]
-    _store(run_dir, plan, plan_frame.to_dicts(), config)
+    rows = join_value(plan_frame, pilot.value if pilot else None)  # the regeneration value
+    _store(run_dir, plan, rows.to_dicts(), config)
     return db.db_path(run_dir)
 
 
@@ -122,6 +125,13 @@ def _made_with(sampling, config: RunConfig, server: dict | None) -> dict:
         urls = config.to_dict()["endpoints"]  # without credentials
         where = {"model": config.model, "server": f"{', '.join(urls)} ({config.api} api)"}
     return {**where, "sampling": asdict(sampling), "turns": config.turns}
+
+
+def _value_frame(rows: list[dict] | None) -> pl.DataFrame | None:
+    """A stored pilot's regeneration value (PilotResult.summary()["value"]) as its frame."""
+    import polars as pl
+
+    return pl.DataFrame(rows, schema=value_schema()) if rows else None
 
 
 def _pilot_doc(pilot: PilotResult | None, config: RunConfig, server: dict | None) -> dict | None:
@@ -185,6 +195,7 @@ def stored_pilot(
         errors=doc["failed"],
         concurrency=doc["concurrency"],
         chosen=doc["chosen"],
+        value=_value_frame(doc.get("value")),
     )
     if server and server.get("embedded"):
         old = plan["config"]
@@ -355,7 +366,7 @@ def read_plan(run_dir: str | Path) -> dict:
 
 def show_plan(run_dir: str | Path) -> str:
     """The stored plan as text (`kit plan --show RUN_DIR`): when it was made, its server,
-    each dataset's budget and pilot mean, the run's config.
+    each dataset's budget and pilot mean, the regeneration value, the run's config.
 
     Example: print(kit.plan.show_plan("data/runs/demo"))
     """
@@ -373,6 +384,10 @@ def show_plan(run_dir: str | Path) -> str:
     for name, tokens in plan["budgets"].items():
         mean = f"{means[name]:.1f}" if name in means else "-"
         lines.append(f"  {name:<28}{tokens:>14,}{mean:>12}")
+    if (plan["pilot"] or {}).get("value"):
+        import polars as pl
+
+        lines.append(value_text(pl.DataFrame(plan["pilot"]["value"], schema=value_schema())))
     lines.append("config: " + json.dumps(config.to_dict(), indent=2))
     return "\n".join(lines)
 

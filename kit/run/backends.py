@@ -33,7 +33,9 @@ from kit.errors import (
     BackendError,
     ConfigError,
     ConnectError,
+    HTTPStatusError,
     MalformedAnswer,
+    NoScoring,
     Redirected,
     RequestTimeout,
 )
@@ -618,4 +620,86 @@ def make_backend(
     raise ConfigError(f"api must be one of 'openai', 'vllm', 'sglang', got {api!r}")
 
 
-__all__ = ["OpenAIChat", "SGLangGenerate", "VLLMChat", "make_backend"]
+async def score(
+    backend: Backend, prompt_ids: list[int], answer_ids: list[int], *, timeout: float
+) -> tuple[list[float], list[bool]]:
+    """The target's log-probability of each answer token after the prompt, and whether it
+    is the target's top-1 there: one prefill, one token generated (kit.plan.value).
+
+    vLLM (and any server of the OpenAI family): POST {base}/completions with prompt =
+    the ids, "prompt_logprobs": 1 (each entry {id: {"logprob", "rank"}}, rank 1 = top-1).
+    SGLang: POST /generate with "return_logprob", "logprob_start_len" and
+    "top_logprobs_num": 1 (meta_info "input_token_logprobs" [[logprob, id, text], ...] and
+    "input_top_logprobs" [[[logprob, id, text]], ...]). A server that gives no prompt
+    log-probabilities, or refuses the request (a 4xx), raises NoScoring.
+    """
+    ids, n = list(prompt_ids) + list(answer_ids), len(answer_ids)
+    try:
+        if isinstance(backend, SGLangGenerate):
+            body = {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                "return_logprob": True,
+                "logprob_start_len": max(0, len(prompt_ids) - 1),
+                "top_logprobs_num": 1,
+            }
+            return _sglang_scores(await _scoring_post(backend, "/generate", body, timeout), ids, n)
+        body = {"model": backend.model, "prompt": ids, "max_tokens": 1, "temperature": 0}
+        data = await _scoring_post(backend, "/completions", body | {"prompt_logprobs": 1}, timeout)
+        return _vllm_scores(data, backend.url, ids, n)
+    except BackendError as err:
+        raise backend.redacted(err) from None
+
+
+async def _scoring_post(backend: Any, path: str, body: dict, timeout: float) -> dict:
+    """POST a scoring request; a refusal (a 4xx that no retry helps) is NoScoring."""
+    try:
+        return await backend._post(path, body, timeout)
+    except HTTPStatusError as err:
+        if err.retryable:
+            raise
+        raise NoScoring(f"{backend.url}{path} refused a scoring request: {err}") from None
+
+
+def _vllm_scores(data: dict, url: str, ids: list[int], n: int) -> tuple[list, list]:
+    choices = data.get("choices")
+    entries = (
+        choices[0].get("prompt_logprobs") if choices and isinstance(choices[0], dict) else None
+    )
+    if not isinstance(entries, list):
+        raise NoScoring(f"{url}/completions gave no prompt_logprobs: it cannot score text")
+    if len(entries) != len(ids):
+        msg = f"{url}: {len(entries)} prompt_logprobs for {len(ids)} prompt tokens"
+        raise MalformedAnswer(msg)
+    logprobs, top1 = [], []
+    for token, entry in zip(ids[len(ids) - n :], entries[len(ids) - n :], strict=True):
+        got = entry.get(str(token)) if isinstance(entry, dict) else None
+        if not isinstance(got, dict) or not isinstance(got.get("logprob"), int | float):
+            raise MalformedAnswer(f"{url}: no prompt_logprobs entry for token {token}")
+        logprobs.append(float(got["logprob"]))
+        top1.append(got.get("rank") == 1)
+    return logprobs, top1
+
+
+def _sglang_scores(data: dict, ids: list[int], n: int) -> tuple[list, list]:
+    meta = data.get("meta_info") if isinstance(data, dict) else None
+    tokens = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
+    tops = meta.get("input_top_logprobs") if isinstance(meta, dict) else None
+    if not isinstance(tokens, list) or not isinstance(tops, list):
+        raise NoScoring("/generate gave no input_token_logprobs/input_top_logprobs")
+    if len(tokens) < n or len(tops) != len(tokens):
+        msg = (
+            f"/generate: {len(tokens)} input logprobs, {len(tops)} top lists for {n} answer tokens"
+        )
+        raise MalformedAnswer(msg)
+    logprobs, top1 = [], []
+    for token, entry, top in zip(ids[len(ids) - n :], tokens[-n:], tops[-n:], strict=True):
+        ok = isinstance(entry, list | tuple) and len(entry) >= 2 and entry[1] == token
+        if not ok or not isinstance(entry[0], int | float) or not isinstance(top, list) or not top:
+            raise MalformedAnswer(f"/generate: input logprob entry {entry!r} is not token {token}")
+        logprobs.append(float(entry[0]))
+        top1.append(max(top, key=lambda t: t[0])[1] == token)
+    return logprobs, top1
+
+
+__all__ = ["OpenAIChat", "SGLangGenerate", "VLLMChat", "make_backend", "score"]
