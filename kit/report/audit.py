@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kit.errors import ConfigError
-from kit.report.convo import STOPS, row_id
+from kit.report.convo import row_id
 from kit.report.draftvocab import TokenCounts, coverage, coverage_text
 from kit.report.findings import findings, run_findings, thinking_off, tools_findings
 from kit.report.flags import (  # noqa: F401 - re-exported for callers of kit.report.audit
@@ -34,7 +34,7 @@ from kit.run.reader import (
     record_batches,
     record_schema,
 )
-from kit.types import KEY, record_columns
+from kit.types import KEY, STOPS, record_columns
 
 KEYS = list(KEY)
 # the audit's check of the database file: PRAGMA quick_check (every page and record) not

@@ -11,9 +11,10 @@ compared with prompt_ids ("prompt_render_differs").
 
 from __future__ import annotations
 
-from kit.report.convo import STOPS, conversation, first_breaks, json_text, row_ids, tools_of
+from kit.report.convo import conversation, first_breaks, json_text, row_ids, tools_of
 from kit.report.tokenrows import end_of_turn, token_rows
 from kit.tokens import encode_many, ids_spell_batch, render
+from kit.types import STOPS
 
 CHECK_SAMPLE = 500  # eligible rows per dataset whose ids are decoded and prompt rendered (as the audit samples)
 

@@ -9,9 +9,9 @@ SQLite's integrity check, and duplicate records the database refused.
 
 from __future__ import annotations
 
-from kit.report.convo import STOPS
 from kit.report.flags import LOOP_TAIL, AuditThresholds
 from kit.report.textchecks import THINK_MARKERS, opens_think_block
+from kit.types import STOPS
 
 _COLUMNS = ["dataset", "check", "value", "threshold", "severity", "message", "example"]
 RUN = "(run)"  # the dataset column of findings about the run as a whole

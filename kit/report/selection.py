@@ -23,7 +23,7 @@ def select(light, budgets: dict, opts) -> tuple[object, dict[str, int]]:
     record in commit order, no text); returns (the rows kept, dropped counts)."""
     import polars as pl
 
-    from kit.report.convo import STOPS
+    from kit.types import STOPS
 
     frame = light
     dropped = {}

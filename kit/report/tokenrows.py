@@ -12,7 +12,6 @@ this module makes every other row.
 from __future__ import annotations
 
 from kit.report.convo import (
-    STOPS,
     conversation,
     earlier_turns,
     find_ids,
@@ -22,6 +21,7 @@ from kit.report.convo import (
     with_tool_calls,
 )
 from kit.tokens import ids_spell, ids_spell_batch, render, strip_end_ids
+from kit.types import STOPS
 
 _MARK = "\ue000kit-answer\ue000"  # stands in for the answer to find where the template puts it
 

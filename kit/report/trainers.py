@@ -265,7 +265,7 @@ def _differs(tok, rows):
     c = pl.col
     eot, _ = end_of_turn(tok)
     answers = pl.Series(encode_many(tok, rows["completion"].to_list()), dtype=pl.List(pl.Int64))
-    from kit.report.convo import STOPS
+    from kit.types import STOPS
 
     stop = c("finish_reason").is_in(STOPS)
     at, one = pl.int_range(pl.len()), pl.element() == 1

@@ -50,7 +50,7 @@ def status_error(status: int, text: str, retry_after: str | None, url: str) -> H
 def normalize_finish(reason: Any) -> str:
     """Normalize a finish reason: SGLang's {"type": "length", ...} -> "length"; None ->
     "unknown"; any other kept as sent ("tool_calls" too: a stop for the budget, the audit and
-    the export, kit.report.convo.STOPS).
+    the export, kit.types.STOPS).
 
     Example:
         >>> normalize_finish({"type": "length", "length": 9}), normalize_finish("tool_calls")
