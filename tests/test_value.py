@@ -161,7 +161,8 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     assert v["shuffled"]["own_logprob"] < v["true"]["own_logprob"] - 1.0
     assert v["shuffled"]["own_logprob"] < v["paraphrase"]["own_logprob"] < v["true"]["own_logprob"]
     assert v["paraphrase"]["own_top1"] < v["true"]["own_top1"]
-    assert "regenerate" in v["shuffled"]["reading"]
+    # over 1 nat/token below: read as apart (regeneration helps) or far (regenerate)
+    assert v["shuffled"]["reading"].startswith(("own answers apart", "far from")), v["shuffled"]
     text = pv.value_text(res.value)
     print(text, f"\nnamed near-ties: {ties} of {total} tokens")
     assert "none: no own answers" in text and "shuffled: own" in text
