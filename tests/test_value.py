@@ -218,7 +218,8 @@ ANSWERS = [
 def test_sglang_generate_logprob_shapes_scored_and_aligned(model_dir, tmp_path):
     frame = pl.concat([prompts("own", ANSWERS), prompts("bare", [None] * 6)])
     with FaultServer(FaultConfig(min_words=4, max_words=12)) as srv:
-        config = fault_config(srv, model_dir)
+        # temperature 1: /generate's output logprobs are the raw ones, as a prefill's
+        config = fault_config(srv, model_dir, sampling=kit.Sampling(max_tokens=16, temperature=1))
         off = kit.plan.pilot_sync(
             frame, config, per_dataset=6, run_dir=tmp_path / "off", value=False
         )
@@ -226,6 +227,10 @@ def test_sglang_generate_logprob_shapes_scored_and_aligned(model_dir, tmp_path):
         on = kit.plan.pilot_sync(frame, config, per_dataset=6, run_dir=tmp_path / "on")
         requests_on = srv.stats()["paths"]["/generate"] - requests_off
         body = srv.last_body
+        # at 0.7 they are scaled: the pilot's answers are scored by prefill as the dataset's
+        warm = kit.plan.pilot_sync(frame, fault_config(srv, model_dir), per_dataset=6)
+        requests_warm = srv.stats()["paths"]["/generate"] - requests_off - requests_on
+    assert requests_warm == 12 + 6 + 6 and warm.value["requests"].to_list() == [None, 12]
     # the measurement changes no completion, record or budget
     keep = [
         "dataset",
@@ -247,8 +252,8 @@ def test_sglang_generate_logprob_shapes_scored_and_aligned(model_dir, tmp_path):
     b_on = kit.plan.budget({"own": 500, "bare": 500}, on, prompts_available={"own": 6, "bare": 6})
     b_off = kit.plan.budget({"own": 500, "bare": 500}, off, prompts_available={"own": 6, "bare": 6})
     assert b_on.equals(b_off)
-    # one request per own answer and per pilot answer to it
-    assert requests_on == 12 + 6 + 6 and on.value["requests"].to_list() == [None, 12]
+    # one request per own answer; the pilot's answers came with their logprobs
+    assert requests_on == 12 + 6 and on.value["requests"].to_list() == [None, 6]
     assert body["return_logprob"] is True and body["top_logprobs_num"] == 1
     assert body["sampling_params"]["max_new_tokens"] == 1
     # the numbers are the server's, token by token (aligned on the answer's own positions)
@@ -261,11 +266,23 @@ def test_sglang_generate_logprob_shapes_scored_and_aligned(model_dir, tmp_path):
             want_lp += token_logprob(len(p) + j, t)
             want_top += is_top1(len(p) + j, t)
             n += 1
+    # the pilot's answers: the output logprobs /generate returned with them, same positions
+    mine = pl.concat(
+        record_batches(tmp_path / "on", columns=["dataset", "prompt_ids", "output_ids"])
+    ).filter(pl.col("dataset") == "own")
+    got_lp, got_top, m = 0.0, 0, 0
+    for p, out in mine.select("prompt_ids", "output_ids").rows():
+        for j, t in enumerate(out):
+            got_lp += token_logprob(len(p) + j, t)
+            got_top += is_top1(len(p) + j, t)
+            m += 1
     v = {r["dataset"]: r for r in on.value.iter_rows(named=True)}
     assert v["bare"]["status"] == "no own answers"
     assert v["own"]["status"] == "measured" and v["own"]["tokens"] == n
     assert v["own"]["own_logprob"] == pytest.approx(want_lp / n)
     assert v["own"]["own_top1"] == pytest.approx(want_top / n)
+    assert v["own"]["target_logprob"] == pytest.approx(got_lp / m)
+    assert v["own"]["target_top1"] == pytest.approx(got_top / m)
     assert v["own"]["own_logprob_lo"] <= v["own"]["own_logprob"] <= v["own"]["own_logprob_hi"]
     assert on.summary()["value"][1]["own_logprob"] == v["own"]["own_logprob"]
 
