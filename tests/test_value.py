@@ -113,6 +113,8 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     for name in ("true", "shuffled", "paraphrase"):
         assert v[name]["status"] == "measured", v[name]
         assert v[name]["prompts"] == stopped.height and v[name]["cut"] == 0
+        # one request per own answer: vLLM returned the pilot's answers' logprobs, aligned
+        assert v[name]["requests"] == stopped.height, v[name]
     # the target's greedy answers, scored back from its own ids: top-1 but for named near-ties
     tok = load_tokenizer(config.tokenizer)
     backend = make_backend(config.api, config.endpoints[0], config.model)
@@ -187,6 +189,50 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     ]
     mine = scored(p, a)[0]
     assert max(abs(x - y) for x, y in zip(served, mine, strict=True)) < 1e-4
+
+
+@pytest.mark.server
+def test_vllm_returned_logprobs_agree_with_a_prefill_of_the_same_answer(vllm_server):
+    """The two methods of kit.plan.value on one server: sampled answers' logprobs as vLLM
+    returns them (own_logprobs) and the same ids scored back by prefill (score)."""
+    from kit.run.backends import own_logprobs
+
+    backend = make_backend(vllm_server.api, vllm_server.base_url, vllm_server.model)
+    sampling = kit.Sampling(max_tokens=48, temperature=0.7, seed=3)
+
+    async def go():
+        try:
+            with own_logprobs() as returned:
+                for q in QUESTIONS[:6]:
+                    msgs = [{"role": "user", "content": q}]
+                    await backend.complete(msgs, sampling, timeout=300)
+            return [
+                (key, got, await score(backend, *key, timeout=300)) for key, got in returned.items()
+            ]
+        finally:
+            await backend.aclose()
+
+    pairs = asyncio.run(go())
+    assert len(pairs) == 6  # every answer came with its logprobs, aligned on its ids
+    gaps, flips, total, tops = [], [], 0, [0, 0]
+    for (_, answer), (lp_dec, top_dec), (lp_pre, top_pre) in pairs:
+        total += len(answer)
+        tops[0] += sum(top_dec)
+        tops[1] += sum(top_pre)
+        gaps += [abs(a - b) for a, b in zip(lp_dec, lp_pre, strict=True)]
+        flips += [
+            (t, round(a - b, 4))
+            for t, a, b, x, y in zip(answer, lp_dec, lp_pre, top_dec, top_pre, strict=True)
+            if x != y
+        ]
+    print(
+        f"{total} tokens: max |decode - prefill| {max(gaps):.4f} nats, top-1 {tops}, flips {flips}"
+    )
+    assert max(gaps) < pv.AGREE, max(gaps)
+    assert sum(tops) < 2 * total  # sampled at 0.7: some tokens are not the top-1
+    # top-1 the same token by token but for near-ties the two sums order apart (each a
+    # token within AGREE of the top, by the bound above), so the top-1 shares within 5%
+    assert len(flips) <= total * 0.05, (tops, flips)
 
 
 def fault_config(srv, model_dir, api="sglang", **kw) -> kit.RunConfig:

@@ -72,8 +72,8 @@ BODY_PER_REQUEST_BYTE = 8  # and per byte sent (prompt ids echoed: one id per by
 ERROR_BODY = 64 * 1024  # bytes of an error status's body read (the message keeps fewer)
 _BROKEN = (aiohttp.ClientError, ValueError, UnicodeError, LookupError, OverflowError)
 # body bytes allowed per max_token on top of BODY_PER_TOKEN while own_logprobs() asks for
-# each token's logprob and top-1 (an entry and its top-1 with ids and bytes: ~150-300 bytes)
-LOGPROB_BODY_PER_TOKEN = 512
+# each token's logprob and top-1 (an entry and two top ones with ids and bytes: ~350 bytes)
+LOGPROB_BODY_PER_TOKEN = 768
 _OWN_LOGPROBS: ContextVar[dict | None] = ContextVar("kit_own_logprobs", default=None)
 
 
@@ -105,7 +105,8 @@ def _file_logprobs(prompt_ids, output_ids, logprobs: list | None, top1: list | N
 def _vllm_own_logprobs(choice: dict, ids: list[int]) -> tuple[list, list] | tuple[None, None]:
     """choices[0].logprobs.content (with return_tokens_as_token_ids: "token_id:N") ->
     (logprob of each sampled id, whether it is the top-1 there); (None, None) when absent
-    or not these ids."""
+    or not these ids. vLLM lists the sampled token first in top_logprobs, then the top
+    ones: with top_logprobs 2 the list holds the top-1 whichever was sampled."""
     lp = choice.get("logprobs")
     content = lp.get("content") if isinstance(lp, dict) else None
     if not isinstance(content, list) or len(content) != len(ids):
@@ -116,11 +117,11 @@ def _vllm_own_logprobs(choice: dict, ids: list[int]) -> tuple[list, list] | tupl
         value, tops = entry.get("logprob"), entry.get("top_logprobs")
         if entry.get("token") != f"token_id:{token}" or not isinstance(value, int | float):
             return None, None
-        best = tops[0] if isinstance(tops, list) and tops and isinstance(tops[0], dict) else {}
-        if not isinstance(best.get("logprob"), int | float):
+        values = [t.get("logprob") for t in tops or () if isinstance(t, dict)]
+        if not values or not all(isinstance(v, int | float) for v in values):
             return None, None
         logprobs.append(float(value))
-        top1.append(best.get("token") == entry["token"] or best["logprob"] <= value)
+        top1.append(max(values) <= value)
     return logprobs, top1
 
 
@@ -514,7 +515,7 @@ class VLLMChat(OpenAIChat):
         body = super()._body(messages, sampling, tools)
         body.setdefault("return_token_ids", True)  # extra_body may turn it off
         if _OWN_LOGPROBS.get() is not None:  # vLLM's default logprobs_mode: raw logprobs
-            body |= {"logprobs": True, "top_logprobs": 1, "return_tokens_as_token_ids": True}
+            body |= {"logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True}
         return body
 
     def _completion(
