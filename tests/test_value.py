@@ -163,7 +163,8 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     assert v["shuffled"]["own_logprob"] < v["true"]["own_logprob"] - 1.0
     assert v["shuffled"]["own_logprob"] < v["paraphrase"]["own_logprob"] < v["true"]["own_logprob"]
     assert v["paraphrase"]["own_top1"] < v["true"]["own_top1"]
-    assert "regenerate" in v["shuffled"]["reading"]
+    # not "close" (how far it reads depends on the model: the 135M one is flat, ~1.2 nats)
+    assert "regenerat" in v["shuffled"]["reading"] and "close" not in v["shuffled"]["reading"]
     text = pv.value_text(res.value)
     print(text, f"\nnamed near-ties: {ties} of {total} tokens")
     assert "none: no own answers" in text and "shuffled: own" in text
@@ -226,9 +227,12 @@ def test_vllm_returned_logprobs_agree_with_a_prefill_of_the_same_answer(vllm_ser
             if x != y
         ]
     print(
-        f"{total} tokens: max |decode - prefill| {max(gaps):.4f} nats, top-1 {tops}, flips {flips}"
+        f"{total} tokens: |decode - prefill| max {max(gaps):.4f} mean {sum(gaps) / total:.5f} "
+        f"nats, top-1 {tops}, flips {flips}"
     )
     assert max(gaps) < pv.AGREE, max(gaps)
+    # what the measure reports, the mean per token, the same within 0.01 nats
+    assert sum(gaps) / total < 0.01, sum(gaps) / total
     assert sum(tops) < 2 * total  # sampled at 0.7: some tokens are not the top-1
     # top-1 the same token by token but for near-ties the two sums order apart (each a
     # token within AGREE of the top, by the bound above), so the top-1 shares within 5%
