@@ -9,7 +9,8 @@ Routes:
                                 fields (top-level prompt_token_ids, choices[0].token_ids)
     POST /generate              SGLang shape: text, output_ids, meta_info{finish_reason dict,
                                 prompt_tokens, completion_tokens}; with return_logprob also
-                                input_token_logprobs / input_top_logprobs (FaultConfig.logprobs)
+                                input_token_logprobs / input_top_logprobs (FaultConfig.logprobs),
+                                or with logprob_start_len -1 the output_* ones
     GET  /health, /v1/models    200 unless the server is "down"; /v1/models lists `models`
     GET  /workers               {"workers": [{"url": u}, ...]} from `workers` (a gateway's list)
     GET  /stats                 {"requests": n, "outcomes": {outcome: n}, "paths": {path: n},
@@ -306,7 +307,20 @@ def generate_response(body: dict, cfg: FaultConfig, *, mismatch: bool = False) -
     meta["completion_tokens"] = len(out_ids) // 2 if mismatch else len(out_ids)
     if body.get("return_logprob") and cfg.logprobs != "none":
         meta.update(input_logprobs(ids, body, cfg))
+        if body.get("logprob_start_len") == -1:  # SGLang's default: the output's only
+            meta.update(output_logprobs(len(ids), out_ids))
     return {"text": text, "output_ids": out_ids, "meta_info": meta}
+
+
+def output_logprobs(start: int, out_ids: list[int]) -> dict:
+    """SGLang's output logprob fields, the values input_logprobs gives the same ids at the
+    same positions (a prefill and the decode agree here)."""
+    tokens = [[token_logprob(start + j, t), t, None] for j, t in enumerate(out_ids)]
+    tops = [
+        [[lp, t, None] if is_top1(start + j, t) else [lp + 0.5, t + 1, None]]
+        for j, (lp, t, _) in enumerate(tokens)
+    ]
+    return {"output_token_logprobs": tokens, "output_top_logprobs": tops}
 
 
 def input_logprobs(ids: list[int], body: dict, cfg: FaultConfig) -> dict:
@@ -314,7 +328,8 @@ def input_logprobs(ids: list[int], body: dict, cfg: FaultConfig) -> dict:
     per position (None logprob at position 0), and with top_logprobs_num the top list
     per position. Deterministic: token_logprob(pos, id); the token is its top-1 when
     is_top1(pos, id), else id + 1 is, 0.5 more likely."""
-    start = max(0, body.get("logprob_start_len") or 0)
+    start = body.get("logprob_start_len") or 0
+    start = len(ids) if start < 0 else start  # -1: no input position
     positions = range(start, len(ids) - (cfg.logprobs == "short"))
     tokens = [[token_logprob(p, ids[p]) if p else None, ids[p], None] for p in positions]
     out: dict = {"input_token_logprobs": tokens}

@@ -113,6 +113,8 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     for name in ("true", "shuffled", "paraphrase"):
         assert v[name]["status"] == "measured", v[name]
         assert v[name]["prompts"] == stopped.height and v[name]["cut"] == 0
+        # one request per own answer: vLLM returned the pilot's answers' logprobs, aligned
+        assert v[name]["requests"] == stopped.height, v[name]
     # the target's greedy answers, scored back from its own ids: top-1 but for named near-ties
     tok = load_tokenizer(config.tokenizer)
     backend = make_backend(config.api, config.endpoints[0], config.model)
@@ -161,8 +163,8 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     assert v["shuffled"]["own_logprob"] < v["true"]["own_logprob"] - 1.0
     assert v["shuffled"]["own_logprob"] < v["paraphrase"]["own_logprob"] < v["true"]["own_logprob"]
     assert v["paraphrase"]["own_top1"] < v["true"]["own_top1"]
-    # over 1 nat/token below: read as apart (regeneration helps) or far (regenerate)
-    assert v["shuffled"]["reading"].startswith(("own answers apart", "far from")), v["shuffled"]
+    # not "close" (how far it reads depends on the model: the 135M one is flat, ~1.2 nats)
+    assert "regenerat" in v["shuffled"]["reading"] and "close" not in v["shuffled"]["reading"]
     text = pv.value_text(res.value)
     print(text, f"\nnamed near-ties: {ties} of {total} tokens")
     assert "none: no own answers" in text and "shuffled: own" in text
@@ -188,6 +190,53 @@ def test_vllm_greedy_answers_are_top1_shuffled_far_paraphrase_between(greedy, vl
     ]
     mine = scored(p, a)[0]
     assert max(abs(x - y) for x, y in zip(served, mine, strict=True)) < 1e-4
+
+
+@pytest.mark.server
+def test_vllm_returned_logprobs_agree_with_a_prefill_of_the_same_answer(vllm_server):
+    """The two methods of kit.plan.value on one server: sampled answers' logprobs as vLLM
+    returns them (own_logprobs) and the same ids scored back by prefill (score)."""
+    from kit.run.backends import own_logprobs
+
+    backend = make_backend(vllm_server.api, vllm_server.base_url, vllm_server.model)
+    sampling = kit.Sampling(max_tokens=48, temperature=0.7, seed=3)
+
+    async def go():
+        try:
+            with own_logprobs() as returned:
+                for q in QUESTIONS[:6]:
+                    msgs = [{"role": "user", "content": q}]
+                    await backend.complete(msgs, sampling, timeout=300)
+            return [
+                (key, got, await score(backend, *key, timeout=300)) for key, got in returned.items()
+            ]
+        finally:
+            await backend.aclose()
+
+    pairs = asyncio.run(go())
+    assert len(pairs) == 6  # every answer came with its logprobs, aligned on its ids
+    gaps, flips, total, tops = [], [], 0, [0, 0]
+    for (_, answer), (lp_dec, top_dec), (lp_pre, top_pre) in pairs:
+        total += len(answer)
+        tops[0] += sum(top_dec)
+        tops[1] += sum(top_pre)
+        gaps += [abs(a - b) for a, b in zip(lp_dec, lp_pre, strict=True)]
+        flips += [
+            (t, round(a - b, 4))
+            for t, a, b, x, y in zip(answer, lp_dec, lp_pre, top_dec, top_pre, strict=True)
+            if x != y
+        ]
+    print(
+        f"{total} tokens: |decode - prefill| max {max(gaps):.4f} mean {sum(gaps) / total:.5f} "
+        f"nats, top-1 {tops}, flips {flips}"
+    )
+    assert max(gaps) < pv.AGREE, max(gaps)
+    # what the measure reports, the mean per token, the same within 0.01 nats
+    assert sum(gaps) / total < 0.01, sum(gaps) / total
+    assert sum(tops) < 2 * total  # sampled at 0.7: some tokens are not the top-1
+    # top-1 the same token by token but for near-ties the two sums order apart (each a
+    # token within AGREE of the top, by the bound above), so the top-1 shares within 5%
+    assert len(flips) <= total * 0.05, (tops, flips)
 
 
 def fault_config(srv, model_dir, api="sglang", **kw) -> kit.RunConfig:
@@ -219,7 +268,8 @@ ANSWERS = [
 def test_sglang_generate_logprob_shapes_scored_and_aligned(model_dir, tmp_path):
     frame = pl.concat([prompts("own", ANSWERS), prompts("bare", [None] * 6)])
     with FaultServer(FaultConfig(min_words=4, max_words=12)) as srv:
-        config = fault_config(srv, model_dir)
+        # temperature 1: /generate's output logprobs are the raw ones, as a prefill's
+        config = fault_config(srv, model_dir, sampling=kit.Sampling(max_tokens=16, temperature=1))
         off = kit.plan.pilot_sync(
             frame, config, per_dataset=6, run_dir=tmp_path / "off", value=False
         )
@@ -227,6 +277,10 @@ def test_sglang_generate_logprob_shapes_scored_and_aligned(model_dir, tmp_path):
         on = kit.plan.pilot_sync(frame, config, per_dataset=6, run_dir=tmp_path / "on")
         requests_on = srv.stats()["paths"]["/generate"] - requests_off
         body = srv.last_body
+        # at 0.7 they are scaled: the pilot's answers are scored by prefill as the dataset's
+        warm = kit.plan.pilot_sync(frame, fault_config(srv, model_dir), per_dataset=6)
+        requests_warm = srv.stats()["paths"]["/generate"] - requests_off - requests_on
+    assert requests_warm == 12 + 6 + 6 and warm.value["requests"].to_list() == [None, 12]
     # the measurement changes no completion, record or budget
     keep = [
         "dataset",
@@ -248,8 +302,8 @@ def test_sglang_generate_logprob_shapes_scored_and_aligned(model_dir, tmp_path):
     b_on = kit.plan.budget({"own": 500, "bare": 500}, on, prompts_available={"own": 6, "bare": 6})
     b_off = kit.plan.budget({"own": 500, "bare": 500}, off, prompts_available={"own": 6, "bare": 6})
     assert b_on.equals(b_off)
-    # one request per own answer and per pilot answer to it
-    assert requests_on == 12 + 6 + 6 and on.value["requests"].to_list() == [None, 12]
+    # one request per own answer; the pilot's answers came with their logprobs
+    assert requests_on == 12 + 6 and on.value["requests"].to_list() == [None, 6]
     assert body["return_logprob"] is True and body["top_logprobs_num"] == 1
     assert body["sampling_params"]["max_new_tokens"] == 1
     # the numbers are the server's, token by token (aligned on the answer's own positions)
@@ -262,11 +316,23 @@ def test_sglang_generate_logprob_shapes_scored_and_aligned(model_dir, tmp_path):
             want_lp += token_logprob(len(p) + j, t)
             want_top += is_top1(len(p) + j, t)
             n += 1
+    # the pilot's answers: the output logprobs /generate returned with them, same positions
+    mine = pl.concat(
+        record_batches(tmp_path / "on", columns=["dataset", "prompt_ids", "output_ids"])
+    ).filter(pl.col("dataset") == "own")
+    got_lp, got_top, m = 0.0, 0, 0
+    for p, out in mine.select("prompt_ids", "output_ids").rows():
+        for j, t in enumerate(out):
+            got_lp += token_logprob(len(p) + j, t)
+            got_top += is_top1(len(p) + j, t)
+            m += 1
     v = {r["dataset"]: r for r in on.value.iter_rows(named=True)}
     assert v["bare"]["status"] == "no own answers"
     assert v["own"]["status"] == "measured" and v["own"]["tokens"] == n
     assert v["own"]["own_logprob"] == pytest.approx(want_lp / n)
     assert v["own"]["own_top1"] == pytest.approx(want_top / n)
+    assert v["own"]["target_logprob"] == pytest.approx(got_lp / m)
+    assert v["own"]["target_top1"] == pytest.approx(got_top / m)
     assert v["own"]["own_logprob_lo"] <= v["own"]["own_logprob"] <= v["own"]["own_logprob_hi"]
     assert on.summary()["value"][1]["own_logprob"] == v["own"]["own_logprob"]
 
@@ -362,26 +428,3 @@ def test_kit_plan_prints_and_stores_the_value(tmp_path, monkeypatch, capsys):
     assert kit.plan.read_plan(run_dir)["pilot"]["value"][0]["own_top1"] == pytest.approx(1 / 3)
     code, out, _ = run_main(["plan", "--show", str(run_dir)], capsys)
     assert code == 0 and "chat_general: own -2.50" in out
-
-
-def test_chart_draws_measured_datasets_and_nothing_when_none_is():
-    """A server that cannot score leaves no dataset measured: no empty chart (value_text
-    says why); measured datasets draw both sides, each with its interval."""
-    row = {
-        "dataset": "a",
-        "status": "measured",
-        "own_logprob": -2.0,
-        "own_logprob_lo": -2.5,
-        "own_logprob_hi": -1.5,
-        "target_logprob": -0.5,
-        "target_logprob_lo": -0.7,
-        "target_logprob_hi": -0.3,
-    }
-    frame = pl.DataFrame([row, row | {"dataset": "b", "status": "not measured: no logprobs"}])
-    spec = pv.chart(frame).to_dict()
-    values = next(iter(spec["datasets"].values()))
-    assert {(v["dataset"], v["answers"]) for v in values} == {
-        ("a", "dataset's answers"),
-        ("a", "target's answers"),
-    }
-    assert pv.chart(frame.with_columns(status=pl.lit("not measured: 404"))) is None

@@ -9,6 +9,7 @@ measured while the run's concurrency was in flight (PilotResult.throughput says 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
@@ -87,7 +88,7 @@ class PilotResult:
     stop_reason: str | None = None  # why the pilot's run stopped early (kit.generate's Run)
     # regeneration value per dataset (kit.plan.value.SCHEMA), scored after the completions
     value: pl.DataFrame | None = None
-    value_s: float = 0.0  # seconds the scoring took (not in wall_s)
+    value_s: float = 0.0  # seconds the scoring after the completions took (not in wall_s)
 
     @property
     def tokens_per_s(self) -> float:
@@ -322,9 +323,10 @@ async def pilot(
             completions for a dataset (rows x sampling.n) warns: a weak estimate.
         progress: called as progress(done, total) while it runs and once at the end.
         run_dir: the pilot's own run directory (default: a temporary one, removed after).
-        value: after the completions, score each dataset's own answers and the pilot's
-            (kit.plan.value: PilotResult.value; False skips it). Extra requests only: the
-            completions, their records and wall_s are the same either way.
+        value: score each dataset's own answers after the completions, the pilot's own
+            from the logprobs the server returns with them (kit.plan.value:
+            PilotResult.value; False skips it). The sampling, the completions and their
+            records are the same either way.
 
     Returns:
         A PilotResult: per-request frame, wall time, failed requests, and `throughput`
@@ -414,11 +416,13 @@ async def _run(
     """kit.run.generate over the chosen prompts; its records and failures as a PilotResult."""
     import polars as pl
 
+    from kit.run.backends import own_logprobs
     from kit.run.generate import generate
     from kit.run.reader import errors_frame, record_batches
 
     start = time.perf_counter()
-    run = await generate(chosen, config, run_dir=run_dir, progress=report)
+    with own_logprobs() if value else contextlib.nullcontext() as own:
+        run = await generate(chosen, config, run_dir=run_dir, progress=report)
     wall = time.perf_counter() - start
     parts = list(record_batches(run_dir, columns=list(pilot_frame().columns)))
     frame = pilot_frame(pl.concat(parts) if parts else None).sort("dataset", "prompt_id")
@@ -440,7 +444,7 @@ async def _run(
         from kit.plan.value import measure
 
         start = time.perf_counter()
-        result.value = await measure(chosen, run_dir, config)
+        result.value = await measure(chosen, run_dir, config, own)
         result.value_s = time.perf_counter() - start
     return result
 

@@ -3,12 +3,19 @@
 For each pilot prompt with the dataset's own answer (kit.load's `answer` column), the server
 scores that answer as the assistant turn of the prompt rendered by kit.tokens.render: the
 target's log-probability of each token and whether it is the target's top-1 there
-(kit.run.backends.score: one prefill per answer, after the pilot's completions, so nothing
-the pilot measured or stored changes). The pilot's own answers are scored the same way.
-Per dataset: mean log-probability per token of both sides and the share of the dataset's
-answer tokens that are the target's top-1, each with a 90% percentile bootstrap interval
-over the pilot's prompts (token-weighted: the resampled unit is a prompt). A proxy for how
-much regenerating buys, not an acceptance length.
+(kit.run.backends.score: one prefill per answer, after the pilot's completions). The
+pilot's own answers come with the same two numbers from the server as it writes them
+(kit.run.backends.own_logprobs: each sampled token's logprob and the top-1, asked with the
+completions, which changes no sampling, count or record); an answer the server gave none
+for is scored by a prefill like the dataset's. Both are the target's raw distribution at
+each position (vLLM's default logprobs_mode; SGLang's only at temperature 0 or 1, else
+prefilled), so one method: on the embedded vLLM a pilot answer scored back by prefill
+matches its returned logprobs within AGREE nats a token (0.01 on average) and on the same
+top-1 tokens but for near-ties, at most 5% (tests/test_value.py). Per dataset: mean
+log-probability per token of both sides and the share of the dataset's answer tokens that
+are the target's top-1, each with a 90% percentile bootstrap interval over the pilot's
+prompts (token-weighted: the resampled unit is a prompt). A proxy for how much
+regenerating buys, not an acceptance length.
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ RESAMPLES = 2000
 # gap = target's minus the dataset's mean log-probability per token (nats); the reading's bounds
 CLOSE, FAR = 0.5, 1.5
 NO_ANSWERS = "no own answers"
+# nats: a prefill and the decode that wrote the same token agree this closely, token by
+# token (two steps of bf16 logits, 1/8 each at the embedded model's), and on average within
+# 0.01 (tests/test_value.py holds the embedded vLLM to both)
+AGREE = 0.25
 SCHEMA = """dataset:String status:String prompts:Int64 tokens:Int64 cut:Int64 failed:Int64 requests:Int64
     own_logprob:Float64 own_logprob_lo:Float64 own_logprob_hi:Float64
     target_logprob:Float64 target_logprob_lo:Float64 target_logprob_hi:Float64
@@ -44,13 +55,17 @@ def schema() -> dict:
     return {n: getattr(pl, t) for n, t in (c.split(":") for c in SCHEMA.split())}
 
 
-async def measure(chosen: pl.DataFrame, run_dir: Path, config: RunConfig) -> pl.DataFrame:
+async def measure(
+    chosen: pl.DataFrame, run_dir: Path, config: RunConfig, own: dict | None = None
+) -> pl.DataFrame:
     """Score the chosen prompts' own answers and the pilot's answers to them; a row per dataset.
 
     Args:
         chosen: the pilot's prompts (dataset, prompt_id, messages, tools?, answer?).
         run_dir: the pilot's run directory (its records: the target's answers).
         config: the run's config (endpoints, api, model, tokenizer, max_context, concurrency).
+        own: the logprobs the server returned with the pilot's answers (own_logprobs()'s
+            dict); an answer not in it is scored by a request.
 
     Returns:
         The SCHEMA frame: status "measured", "no own answers" or "not measured: <why>"
@@ -67,7 +82,7 @@ async def measure(chosen: pl.DataFrame, run_dir: Path, config: RunConfig) -> pl.
     if with_own:
         why = None if config.tokenizer else "no tokenizer (RunConfig.tokenizer) to render with"
         try:
-            rows = {} if why else await _score_all(has, _answers(run_dir), config)
+            rows = {} if why else await _score_all(has, _answers(run_dir), config, own or {})
         except NoScoring as err:
             why = str(err)
         for d in with_own:
@@ -83,7 +98,9 @@ def _answers(run_dir: Path) -> pl.DataFrame:
     from kit.run.reader import record_batches
     from kit.types import record_columns
 
-    names = record_columns("dataset", "prompt_id", "output_ids", "completion", "finish_reason")
+    names = record_columns(
+        "dataset", "prompt_id", "output_ids", "prompt_ids", "completion", "finish_reason"
+    )
     parts = list(record_batches(run_dir, columns=list(names)))
     return (
         pl.concat(parts, how="vertical_relaxed")
@@ -92,7 +109,9 @@ def _answers(run_dir: Path) -> pl.DataFrame:
     )
 
 
-async def _score_all(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig) -> dict:
+async def _score_all(
+    has: pl.DataFrame, records: pl.DataFrame, config: RunConfig, own: dict
+) -> dict:
     """dataset -> {"own": [(prompt_id, logprobs, top1)], "target": [...], cut, failed}."""
     from kit.run.backends import make_backend, score
 
@@ -105,7 +124,7 @@ async def _score_all(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig
     ]
     try:
         context = await _context(backends[0], config)
-        jobs = _jobs(has, records, config, context)
+        jobs = _jobs(has, records, config, context, own)
         gate = asyncio.Semaphore(max(1, config.concurrency))
 
         async def one(i: int, job: dict):
@@ -138,6 +157,9 @@ async def _score_all(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig
             entry.setdefault("error", f"{type(got).__name__}: {got}")
             continue
         entry[job["side"]].append((job["prompt_id"], *got))
+    for dataset, prompt_id, got in jobs["returned"]:
+        entry = out.setdefault(dataset, {"own": [], "target": [], "cut": 0, "failed": 0})
+        entry["target"].append((prompt_id, *got))
     for d, cut in jobs["cut"].items():
         out.setdefault(d, {"own": [], "target": [], "cut": 0, "failed": 0})["cut"] = cut
     for d, n in jobs["failed"].items():
@@ -163,10 +185,13 @@ async def _context(backend: Any, config: RunConfig) -> int | None:
     return model_context(config.tokenizer)
 
 
-def _jobs(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig, context: int | None) -> dict:
+def _jobs(
+    has: pl.DataFrame, records: pl.DataFrame, config: RunConfig, context: int | None, own: dict
+) -> dict:
     """The scoring requests: each prompt rendered once (kit.tokens.render), its own answer
     (text ids + the end-of-turn token, as the target ends its own) and each pilot answer
-    (the server's output_ids, else the text's ids), cut to fit the context."""
+    the server returned no logprobs for (its output_ids, else the text's ids), cut to fit
+    the context; "returned": (dataset, prompt_id, (logprobs, top1)) of the others."""
     from kit.tokens import encode_many, load_tokenizer, render
 
     tok = load_tokenizer(config.tokenizer)
@@ -181,15 +206,19 @@ def _jobs(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig, context: 
         on_error="skip",  # a prompt the template refuses: counted as failed, not scored
     )
     eos = [tok.eos_token_id] if isinstance(getattr(tok, "eos_token_id", None), int) else []
-    own = [ids + eos for ids in encode_many(tok, has[ANSWER].to_list())]
+    theirs = [ids + eos for ids in encode_many(tok, has[ANSWER].to_list())]
     keyed = {k: i for i, k in enumerate(has.select("dataset", "prompt_id").iter_rows())}
-    answers = [(i, "own", a) for i, a in enumerate(own)]
+    answers = [(i, "own", a) for i, a in enumerate(theirs)]
     mine = records.rows(named=True)
     texts = [r.get("completion") or "" for r in mine]
     encoded = encode_many(tok, texts) if texts else []
+    returned = []
     for r, ids in zip(mine, encoded, strict=True):
         i = keyed.get((r["dataset"], r["prompt_id"]))
-        if i is not None:
+        got = own.get((tuple(r.get("prompt_ids") or ()), tuple(r.get("output_ids") or ())))
+        if i is not None and got is not None and prompts[i] is not None:
+            returned.append((r["dataset"], r["prompt_id"], got))
+        elif i is not None:
             end = eos if r.get("finish_reason") == "stop" else []
             answers.append((i, "target", r.get("output_ids") or ids + end))
     jobs, cut, failed = [], {}, {}
@@ -212,7 +241,7 @@ def _jobs(has: pl.DataFrame, records: pl.DataFrame, config: RunConfig, context: 
                     "answer": answer,
                 }
             )
-    return {"jobs": jobs, "cut": cut, "failed": failed}
+    return {"jobs": jobs, "cut": cut, "failed": failed, "returned": returned}
 
 
 def _row(dataset: str, status: str, got: dict | None) -> dict:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -69,6 +71,58 @@ BODY_PER_TOKEN = 256  # and per max_token (text, escapes, ids, in answer and thi
 BODY_PER_REQUEST_BYTE = 8  # and per byte sent (prompt ids echoed: one id per byte at most)
 ERROR_BODY = 64 * 1024  # bytes of an error status's body read (the message keeps fewer)
 _BROKEN = (aiohttp.ClientError, ValueError, UnicodeError, LookupError, OverflowError)
+# body bytes allowed per max_token on top of BODY_PER_TOKEN while own_logprobs() asks for
+# each token's logprob and top-1 (an entry and two top ones with ids and bytes: ~350 bytes)
+LOGPROB_BODY_PER_TOKEN = 768
+_OWN_LOGPROBS: ContextVar[dict | None] = ContextVar("kit_own_logprobs", default=None)
+
+
+@contextlib.contextmanager
+def own_logprobs():
+    """While open (in this task and the tasks it starts), VLLMChat and SGLangGenerate ask
+    for each sampled token's log-probability and the top-1 there, and file them in the
+    yielded dict: (prompt ids, output ids) -> (logprobs, top1 flags). The sampling and
+    the Completion are unchanged; an answer whose logprobs are missing, do not align with
+    its ids, or are not the raw distribution's (SGLang at a temperature other than 0 or
+    1 scales them) is not filed. kit.plan.value scores the pilot's answers from it."""
+    sink: dict = {}
+    token = _OWN_LOGPROBS.set(sink)
+    try:
+        yield sink
+    finally:
+        _OWN_LOGPROBS.reset(token)
+
+
+def _file_logprobs(prompt_ids, output_ids, logprobs: list | None, top1: list | None) -> None:
+    """File one answer's logprobs for own_logprobs() when they cover its ids."""
+    sink = _OWN_LOGPROBS.get()
+    if sink is None or not prompt_ids or not output_ids or logprobs is None:
+        return
+    if len(logprobs) == len(output_ids) == len(top1):
+        sink[(tuple(prompt_ids), tuple(output_ids))] = (logprobs, top1)
+
+
+def _vllm_own_logprobs(choice: dict, ids: list[int]) -> tuple[list, list] | tuple[None, None]:
+    """choices[0].logprobs.content (with return_tokens_as_token_ids: "token_id:N") ->
+    (logprob of each sampled id, whether it is the top-1 there); (None, None) when absent
+    or not these ids. vLLM lists the sampled token first in top_logprobs, then the top
+    ones: with top_logprobs 2 the list holds the top-1 whichever was sampled."""
+    lp = choice.get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else None
+    if not isinstance(content, list) or len(content) != len(ids):
+        return None, None
+    logprobs, top1 = [], []
+    for token, entry in zip(ids, content, strict=True):
+        entry = entry if isinstance(entry, dict) else {}
+        value, tops = entry.get("logprob"), entry.get("top_logprobs")
+        if entry.get("token") != f"token_id:{token}" or not isinstance(value, int | float):
+            return None, None
+        values = [t.get("logprob") for t in tops or () if isinstance(t, dict)]
+        if not values or not all(isinstance(v, int | float) for v in values):
+            return None, None
+        logprobs.append(float(value))
+        top1.append(max(values) <= value)
+    return logprobs, top1
 
 
 def body_limit(max_tokens: int, sent: int, override: int | None = None) -> int:
@@ -418,7 +472,7 @@ class OpenAIChat(_HTTPBackend):
         tools: list[dict] | None = None,
     ) -> Completion:
         body = self._body(messages, sampling, tools)
-        data = await self._post(self.path, body, timeout, sampling.max_tokens)
+        data = await self._post(self.path, body, timeout, _room(body, sampling.max_tokens))
         choice, text, reasoning = message_parts(data, self.url)
         comp = self._completion(data, choice, text, reasoning, sampling)
         comp.tool_calls = tool_calls_of(choice, self.url)
@@ -460,6 +514,8 @@ class VLLMChat(OpenAIChat):
     ) -> dict:
         body = super()._body(messages, sampling, tools)
         body.setdefault("return_token_ids", True)  # extra_body may turn it off
+        if _OWN_LOGPROBS.get() is not None:  # vLLM's default logprobs_mode: raw logprobs
+            body |= {"logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True}
         return body
 
     def _completion(
@@ -478,6 +534,7 @@ class VLLMChat(OpenAIChat):
         finish = normalize_finish(choice.get("finish_reason"))
         n_prompt = len(prompt_ids) if prompt_ids is not None else None
         comp = Completion(text, finish, n, "server_ids", n_prompt, ids, prompt_ids, reasoning)
+        _file_logprobs(prompt_ids, ids, *_vllm_own_logprobs(choice, ids))
         return self._with_ids(comp, tool_calls_of(choice, self.url))
 
 
@@ -578,11 +635,16 @@ class SGLangGenerate(_HTTPBackend):
             params["sampling_seed"] = sampling.seed
         params.update(penalties(sampling))  # SGLang's SamplingParams has both, same names
         body = {"input_ids": ids, "sampling_params": params}
-        data = await self._post(self.path, body, timeout, sampling.max_tokens)
+        if _OWN_LOGPROBS.get() is not None and sampling.temperature in (0, 1):
+            # SGLang's output logprobs are the temperature-scaled ones: raw only at 0 and 1
+            body |= {"return_logprob": True, "top_logprobs_num": 1, "logprob_start_len": -1}
+        data = await self._post(self.path, body, timeout, _room(body, sampling.max_tokens))
         meta, out_ids, text = data.get("meta_info"), data.get("output_ids"), data.get("text")
         if not isinstance(meta, dict) or not isinstance(text, str):
             msg = f"no text/meta_info in /generate answer from {self.url}"
             raise MalformedAnswer(msg)
+        if body.get("return_logprob") and ids_ok(out_ids):
+            _file_logprobs(ids, out_ids, *_sglang_output_logprobs(meta, out_ids))
         finish = normalize_finish(meta.get("finish_reason"))
         count = meta.get("completion_tokens")
         if out_ids is not None:
@@ -593,6 +655,31 @@ class SGLangGenerate(_HTTPBackend):
             n = self._usage(count, "meta_info.completion_tokens", (text,), sampling)
             return Completion(text, finish, n, "usage", len(ids), None, ids)
         return Completion(text, finish, self._retokenize(text), "retokenized", len(ids))
+
+
+def _room(body: dict, max_tokens: int) -> int:
+    """max_tokens as body_limit counts it: more room per token when logprobs are asked."""
+    asked = body.get("logprobs") or body.get("return_logprob")
+    return max_tokens * (1 + LOGPROB_BODY_PER_TOKEN // BODY_PER_TOKEN) if asked else max_tokens
+
+
+def _sglang_output_logprobs(meta: dict, ids: list[int]) -> tuple[list, list] | tuple[None, None]:
+    """meta_info output_token_logprobs [[logprob, id, text], ...] and output_top_logprobs
+    [[[logprob, id, text]], ...] -> (logprobs, top1 flags); (None, None) when not these ids."""
+    tokens, tops = meta.get("output_token_logprobs"), meta.get("output_top_logprobs")
+    if not isinstance(tokens, list) or not isinstance(tops, list):
+        return None, None
+    if not len(tokens) == len(tops) == len(ids):
+        return None, None
+    logprobs, top1 = [], []
+    for token, entry, top in zip(ids, tokens, tops, strict=True):
+        ok = isinstance(entry, list | tuple) and len(entry) >= 2 and entry[1] == token
+        if not ok or not isinstance(entry[0], int | float) or not isinstance(top, list) or not top:
+            return None, None
+        best = max(top, key=lambda t: t[0])
+        logprobs.append(float(entry[0]))
+        top1.append(best[1] == token or best[0] <= entry[0])
+    return logprobs, top1
 
 
 def make_backend(
@@ -705,4 +792,4 @@ def _sglang_scores(data: dict, ids: list[int], n: int) -> tuple[list, list]:
     return logprobs, top1
 
 
-__all__ = ["OpenAIChat", "SGLangGenerate", "VLLMChat", "make_backend", "score"]
+__all__ = ["OpenAIChat", "SGLangGenerate", "VLLMChat", "make_backend", "own_logprobs", "score"]
