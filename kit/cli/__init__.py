@@ -142,6 +142,13 @@ def parser() -> argparse.ArgumentParser:
         default="vllm",
         help="vllm (faster, returns token ids; `make vllm`) or transformers",
     )
+    s.add_argument(
+        "engine_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- ENGINE FLAGS",
+        help="flags for the engine after `--`, e.g. `kit serve -- --reasoning-parser qwen3 "
+        "--enable-scale-out` (vLLM's own; kit sets the model, its name, host and port)",
+    )
     s.set_defaults(fn=cmd_serve)
 
     d = sub.add_parser(

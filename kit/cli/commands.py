@@ -646,9 +646,13 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from kit.serve.server import serve_forever
+    from kit.serve.server import engine_flags, serve_forever
 
+    flags = args.engine_args
+    if flags and flags[0] != "--":
+        raise UsageError(f"engine flags go after `--`: kit serve [options] -- {' '.join(flags)}")
     return serve_forever(
+        engine_args=engine_flags(flags[1:]),
         port=args.port,
         host=args.host,
         temperature=args.temperature,
