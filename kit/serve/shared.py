@@ -129,10 +129,12 @@ def find(
     given), answering /health; said on stderr, as is one that serves something else."""
     for doc in announced():
         url = doc["base_url"]
-        want = {"model": model, "engine": engine, "engine_args": list(engine_args)}
+        want = {"engine": engine, "engine_args": list(engine_args)}
         if engine == "transformers":
             want["sampling"] = sampling
         differs = [key for key, value in want.items() if doc.get(key) != value]
+        if Path(doc.get("model") or "").resolve() != Path(model).resolve():  # a symlink's
+            differs.insert(0, "model")
         at = urlsplit(url)
         if at.hostname != host or port not in (None, at.port):
             differs.append("host:port")
@@ -151,8 +153,8 @@ def find(
             file=sys.stderr,
             flush=True,
         )
-        return SharedServer(
-            url, model, engine, int(doc["pid"]), Path(doc["log"]), doc.get("sampling") or {}
+        return SharedServer(  # the model as the server names it: requests carry that
+            url, doc["model"], engine, int(doc["pid"]), Path(doc["log"]), doc.get("sampling") or {}
         )
     return None
 
