@@ -141,3 +141,16 @@ def test_kit_serve_passes_engine_flags_and_start_reuses_it(model_dir, runtime, t
         if kit.poll() is None:
             kit.kill()
             kit.wait(10)
+
+
+@pytest.mark.server
+def test_transformers_gets_the_flags_too_and_one_it_refuses_is_said(model_dir, tmp_path):
+    """`transformers serve` is given the flags as well: one it does not know ends it at once,
+    and the ServerError carries its own words about that flag."""
+    from kit.errors import ServerError
+
+    log = tmp_path / "serve.log"
+    flags = ["--no-such-flag", "1"]
+    with pytest.raises(ServerError, match="exited with code") as caught:
+        start(model_dir, engine="transformers", extra_args=flags, log_path=log, reuse=False)
+    assert "--no-such-flag" in caught.value.log  # the engine's own words, in the message too
