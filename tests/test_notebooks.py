@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 from pathlib import Path
 
 import nbformat
@@ -73,8 +74,12 @@ def test_notebooks_run_cold_in_order(embedded_server, tmp_path):
             for o in c.get("outputs", [])
             if o.output_type == "stream"
         )
-        for name in ("02_generate", "04_export")
+        for name in ("01_plan", "02_generate", "04_export")
     }
+    # the pilot's monitor, left as text under its bars: every request of both datasets done
+    bar = re.compile(rf"^({'|'.join(budgets)}) +\[[#.]+\] ", re.M)
+    pilot_rows = [line for line in text["01_plan"].splitlines() if bar.match(line)]
+    assert len(pilot_rows) == 2 and all(" 100% " in r and " 3/3 " in r for r in pilot_rows), text
     assert all(f"{d} " in text["02_generate"] for d in budgets), text["02_generate"]
     assert "budget_reached" in text["02_generate"] and "the run is complete" in text["02_generate"]
     assert ": OK" in text["04_export"] and "ValidationResult(" not in text["04_export"]
