@@ -393,7 +393,8 @@ def serve_forever(
     if note is None:
         print("kit serve: no private runtime folder: kit.serve.start() will not reuse this")
     else:
-        print(f"kit.serve.start() with this model and engine reuses it ({note})", flush=True)
+        print(f"kit.serve.start() with this model, engine and flags reuses it ({note})")
+    sys.stdout.flush()
     try:
         while server.alive():
             time.sleep(0.5)
