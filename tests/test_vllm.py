@@ -273,7 +273,7 @@ def test_vllm_tool_dataset_end_to_end(vllm_server, tmp_path):
     called = [r for r in records if r["tool_calls"]]
     tok = kit.tokens.load_tokenizer(vllm_server.tokenizer_path)
     for r in called:  # counted as the server counts: its ids, which hold the call as written
-        assert r["completion_tokens"] == len(r["output_ids"]) and r["finish_reason"] == "stop"
+        assert r["completion_tokens"] == len(r["output_ids"]) and r["finish_reason"] == "tool_calls"
         assert all(c["function"]["name"] in tok.decode(r["output_ids"]) for c in r["tool_calls"])
     print(
         f"\nvLLM tool run: {len(called)}/{len(records)} records answered with tool calls "

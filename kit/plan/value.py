@@ -338,7 +338,8 @@ def join_value(table: pl.DataFrame, value: pl.DataFrame | None) -> pl.DataFrame:
 
 def chart(frame: pl.DataFrame):
     """Mean log-probability per token, the dataset's answers vs the target's, with their
-    90% intervals, one row per measured dataset (altair)."""
+    90% intervals, one row per measured dataset (altair); None when no dataset was measured
+    (value_text says why), so a notebook draws no empty chart."""
     import altair as alt
     import polars as pl
 
@@ -368,6 +369,8 @@ def chart(frame: pl.DataFrame):
             "hi": pl.Float64,
         },
     )
+    if data.is_empty():
+        return None
     base = alt.Chart(data).encode(
         y=alt.Y("dataset:N", title=None),
         color=alt.Color("answers:N", title=None),

@@ -643,18 +643,21 @@ async def score(
                 "logprob_start_len": max(0, len(prompt_ids) - 1),
                 "top_logprobs_num": 1,
             }
-            return _sglang_scores(await _scoring_post(backend, "/generate", body, timeout), ids, n)
+            data = await _scoring_post(backend, "/generate", body, timeout, len(ids))
+            return _sglang_scores(data, ids, n)
         body = {"model": backend.model, "prompt": ids, "max_tokens": 1, "temperature": 0}
-        data = await _scoring_post(backend, "/completions", body | {"prompt_logprobs": 1}, timeout)
+        body |= {"prompt_logprobs": 1}
+        data = await _scoring_post(backend, "/completions", body, timeout, len(ids))
         return _vllm_scores(data, backend.url, ids, n)
     except BackendError as err:
         raise backend.redacted(err) from None
 
 
-async def _scoring_post(backend: Any, path: str, body: dict, timeout: float) -> dict:
-    """POST a scoring request; a refusal (a 4xx that no retry helps) is NoScoring."""
+async def _scoring_post(backend: Any, path: str, body: dict, timeout: float, n: int) -> dict:
+    """POST a scoring request of `n` tokens, each scored as a generated one is bounded; a
+    refusal (a 4xx that no retry helps) is NoScoring."""
     try:
-        return await backend._post(path, body, timeout)
+        return await backend._post(path, body, timeout, n)
     except HTTPStatusError as err:
         if err.retryable:
             raise
