@@ -64,6 +64,45 @@ def test_a_matching_server_that_does_not_answer_is_not_reused(runtime, capsys):
     assert "reusing" not in capsys.readouterr().err
 
 
+def test_start_reuses_a_live_matching_announcement_and_starts_nothing(
+    runtime, tmp_path, monkeypatch, capsys
+):
+    """start() finds the announcement of a live process whose server answers /health (a
+    stdlib one here: the real vLLM case is below) and returns it without spawning; through a
+    symlink to its model folder too; its stop() is a no-op."""
+    import http.server
+    import threading
+
+    from kit.serve import server as serve_module
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (tmp_path / "link").symlink_to(model)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_port}/v1"
+    monkeypatch.setattr(serve_module, "_spawn", lambda *a: pytest.fail("a server was started"))
+    try:
+        write(runtime, os.getpid(), base_url=url, model=str(model), engine_args=["--x", "1"])
+        server = start(tmp_path / "link", extra_args=("--x", "1"))
+        with server:
+            assert (server.base_url, server.model, server.pid) == (url, str(model), os.getpid())
+        assert server.alive() and server.api == "vllm"
+    finally:
+        httpd.shutdown()
+    assert (
+        f"reusing the server kit serve runs at {url} (pid {os.getpid()})" in capsys.readouterr().err
+    )
+
+
 def test_a_folder_others_can_read_is_neither_read_nor_written(runtime):
     write(runtime, os.getpid())
     runtime.chmod(0o755)

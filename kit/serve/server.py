@@ -220,9 +220,6 @@ def start(
             # ('http://127.0.0.1:41873/v1', '/.../data/models/SmolLM2-135M-Instruct')
     """
     model_dir = Path(model_dir).resolve() if model_dir is not None else prepare_model()
-    port = port or free_port(host)
-    log_path = Path(log_path) if log_path else models_root() / "logs" / f"serve-{port}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 10):
         raise ConfigError(f"start: temperature must be in [0, 10], got {temperature!r}")
     if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
@@ -233,6 +230,9 @@ def start(
     sampling = {"temperature": float(temperature), "top_p": float(top_p)}
     if reuse and (found := shared.find(str(model_dir), engine, extra_args, sampling, host, port)):
         return found
+    port = port or free_port(host)
+    log_path = Path(log_path) if log_path else models_root() / "logs" / f"serve-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     timeout = START_TIMEOUT[engine] if timeout is None else timeout
     server = _spawn(model_dir, port, host, log_path, extra_args, engine)
     server.sampling, server.engine_args = sampling, extra_args
