@@ -103,6 +103,39 @@ def test_start_reuses_a_live_matching_announcement_and_starts_nothing(
     )
 
 
+def test_kit_serve_announces_while_it_serves_and_removes_it_at_the_end(runtime, monkeypatch):
+    """serve_forever's announcement (what start() reads) exists while its server lives, holds
+    what is matched on and nothing else, and is gone once it ends; the server is stopped."""
+    from kit.serve import server as serve_module
+
+    seen = []
+
+    class Served:  # what start() returns, minus the engine
+        base_url, model, engine, engine_args = "http://127.0.0.1:9/v1", "/m", "vllm", ("--x",)
+        sampling, log_path = {"temperature": 0.7, "top_p": 1.0}, Path("/l")
+
+        def alive(self):
+            seen.append([json.loads(p.read_text()) for p in runtime.glob("serve-*.json")])
+            return len(seen) < 2
+
+        def log_tail(self):
+            return ""
+
+        def stop(self):
+            seen.append("stopped")
+
+    monkeypatch.setattr(serve_module, "start", lambda *a, **kw: Served())
+    monkeypatch.setattr(serve_module.signal, "signal", lambda *a: None)
+    assert serve_module.serve_forever(engine_args=("--x",)) == 1  # its server ended
+    (doc,) = seen[0]
+    assert set(doc) == {"pid", "start", "base_url", "model", "engine", "engine_args"} | {
+        "sampling",
+        "log",
+    }
+    assert (doc["pid"], doc["engine_args"], doc["model"]) == (os.getpid(), ["--x"], "/m")
+    assert seen[-1] == "stopped" and list(runtime.glob("serve-*")) == []
+
+
 def test_a_folder_others_can_read_is_neither_read_nor_written(runtime):
     write(runtime, os.getpid())
     runtime.chmod(0o755)

@@ -389,13 +389,14 @@ def serve_forever(
         return 1
     flags = f"  engine flags {' '.join(server.engine_args)}" if server.engine_args else ""
     print(f"serving {server.base_url}  model {server.model}{flags}  (log {server.log_path})")
-    note = shared.announce(server, server.engine_args)
-    if note is None:
-        print("kit serve: no private runtime folder: kit.serve.start() will not reuse this")
-    else:
-        print(f"kit.serve.start() with this model, engine and flags reuses it ({note})")
-    sys.stdout.flush()
+    note = None
     try:
+        note = shared.announce(server, server.engine_args)
+        if note is None:
+            print("kit serve: no private runtime folder: kit.serve.start() will not reuse this")
+        else:
+            print(f"kit.serve.start() with this model, engine and flags reuses it ({note})")
+        sys.stdout.flush()
         while server.alive():
             time.sleep(0.5)
         print(f"kit serve: server exited\n{server.log_tail()}", file=sys.stderr)
