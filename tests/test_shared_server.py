@@ -185,7 +185,7 @@ def test_kit_serve_passes_engine_flags_and_start_reuses_it(model_dir, runtime, t
         with urllib.request.urlopen(f"{base_url}/models", timeout=10) as response:
             assert json.loads(response.read())["data"][0]["max_model_len"] == 1024
         before, processes = vllm_pids(), tree(kit.pid)
-        assert len(before & processes) == 1  # the one vLLM, kit serve's
+        assert before & processes  # kit serve's vLLM (its engine core may share the name)
         server = start(Path(model_dir).resolve(), extra_args=["--max-model-len", "1024"])
         assert isinstance(server, shared.SharedServer) and server.base_url == base_url
         assert server.pid == kit.pid and server.api == "vllm" and server.model == str(model_dir)
