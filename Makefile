@@ -16,7 +16,7 @@ VLLM_STAMP := $(VLLM_VENV)/.kit-vllm
 TRAINERS_VENV ?= .venv-trainers
 TRAINERS_STAMP := $(TRAINERS_VENV)/.kit-trainers
 
-.PHONY: setup demo test unit lint serve clean-runs browser screenshots vllm trainers
+.PHONY: setup demo test unit lint serve lab clean-runs browser screenshots vllm trainers
 
 setup: $(STAMP) $(VLLM_STAMP) data/models/.prepared
 
@@ -84,6 +84,10 @@ unit: $(STAMP) data/models/.prepared
 
 serve: setup
 	HF_HUB_OFFLINE=1 $(BIN)/kit serve
+
+# JupyterLab on notebooks/, which it saves without outputs (the page keeps showing them)
+lab: setup
+	HF_HUB_OFFLINE=1 $(BIN)/kit lab
 
 # Regenerate docs/img/01_plan.png .. 04_export.png: the browser test, screenshots kept.
 screenshots: setup browser

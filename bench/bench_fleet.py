@@ -165,7 +165,7 @@ def start_workers() -> list:
     out: list = [None, None]
 
     def one(i: int) -> None:
-        out[i] = start(engine="vllm")
+        out[i] = start(engine="vllm", reuse=False)  # two servers, never a shared one
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     for t in threads:

@@ -131,7 +131,11 @@ def main() -> None:
     for engine in args.engines:
         t0 = time.perf_counter()
         server = start(
-            extra_args=shlex.split(args.extra_args), engine=engine, timeout=1200, temperature=0.0
+            extra_args=shlex.split(args.extra_args),
+            engine=engine,
+            timeout=1200,
+            temperature=0.0,
+            reuse=False,  # its own start is what it times
         )
         startup = time.perf_counter() - t0
         rss = PeakRSS(server.pid)

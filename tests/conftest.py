@@ -8,6 +8,8 @@ vllm_thinking    the same with the thinking variant (<think> template) and
                  `--reasoning-parser deepseek_r1`: output lands in message.reasoning
 free_port        a function returning an unused TCP port
 
+Each server fixture starts its own (reuse=False: never a `kit serve` someone runs).
+
 A test that uses model_dir or embedded_server (directly or through another fixture) is
 marked `server` even if it forgot the mark, so `make unit` (-m "not server ...") never
 prepares the model or starts a server.
@@ -50,7 +52,7 @@ def embedded_server(model_dir):
     """One `transformers serve` for the whole session, stopped at the end."""
     from kit.serve import start
 
-    server = start(model_dir, timeout=SERVER_TIMEOUT, engine="transformers")
+    server = start(model_dir, timeout=SERVER_TIMEOUT, engine="transformers", reuse=False)
     yield server
     server.stop()
 
@@ -60,7 +62,7 @@ def vllm_server(model_dir):
     """One vLLM server (its own virtualenv, .venv-vllm) on the embedded model, per session."""
     from kit.serve import start
 
-    server = start(model_dir, engine="vllm", timeout=VLLM_TIMEOUT, extra_args=RENDER)
+    server = start(model_dir, engine="vllm", timeout=VLLM_TIMEOUT, extra_args=RENDER, reuse=False)
     yield server
     server.stop()
 
@@ -74,7 +76,7 @@ def vllm_thinking(model_dir):
 
     folder = prepare_thinking_model(model_dir)
     args = ("--reasoning-parser", "deepseek_r1", *RENDER)
-    server = start(folder, engine="vllm", timeout=VLLM_TIMEOUT, extra_args=args)
+    server = start(folder, engine="vllm", timeout=VLLM_TIMEOUT, extra_args=args, reuse=False)
     yield server
     server.stop()
 

@@ -276,7 +276,40 @@ def test_serve_passes_host_and_port_through(monkeypatch):
         "top_p": 1.0,
         "timeout": None,
         "engine": "vllm",
+        "engine_args": (),
     }
+
+
+def test_serve_passes_the_flags_after_double_dash_to_the_engine(monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr("kit.serve.server.serve_forever", lambda **kw: seen.update(kw) or 0)
+    flags = ["--reasoning-parser", "qwen3", "--enable-scale-out"]
+    assert cli.main(["serve", "--port", "8123", "--", *flags]) == 0
+    assert seen["engine_args"] == tuple(flags) and seen["port"] == 8123
+    seen.clear()  # kit's own flags, and flags without `--`, are refused before any start
+    assert cli.main(["serve", "--", "--port=9000"]) == 2
+    with pytest.raises(SystemExit, match="2"):
+        cli.main(["serve", "--max-model-len", "1024"])
+    assert cli.main(["serve", "x"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert seen == {} and len(err) == 3, err
+    assert "engine flag --port=9000 is set by kit itself" in err[0]
+    assert "unrecognized arguments: --max-model-len" in err[1]
+    assert "engine flags go after `--`: kit serve [options] -- x" in err[2]
+
+
+def test_start_refuses_engine_flags_it_cannot_pass(tmp_path):
+    """Before anything starts: one string (not split), a non-string, a flag kit sets."""
+    from kit.errors import ConfigError
+    from kit.serve import start
+
+    for flags, needle in (
+        ("--max-model-len 1024", "must be a list of strings"),
+        (["--max-model-len", 1024], "must be a list of strings"),
+        (["--served-model-name", "x"], "--served-model-name is set by kit itself"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            start(tmp_path, extra_args=flags, engine="transformers")
 
 
 # ------------------------------------------------------------- plan -> generate, faked

@@ -5,6 +5,8 @@ cold, in order, against one embedded server with papermill-style injected parame
 from __future__ import annotations
 
 import ast
+import copy
+import re
 from pathlib import Path
 
 import nbformat
@@ -72,8 +74,47 @@ def test_notebooks_run_cold_in_order(embedded_server, tmp_path):
             for o in c.get("outputs", [])
             if o.output_type == "stream"
         )
-        for name in ("02_generate", "04_export")
+        for name in ("01_plan", "02_generate", "04_export")
     }
+    # the pilot's monitor, left as text under its bars: every request of both datasets done
+    bar = re.compile(rf"^({'|'.join(budgets)}) +\[[#.]+\] ", re.M)
+    pilot_rows = [line for line in text["01_plan"].splitlines() if bar.match(line)]
+    assert len(pilot_rows) == 2 and all(" 100% " in r and " 3/3 " in r for r in pilot_rows), text
     assert all(f"{d} " in text["02_generate"] for d in budgets), text["02_generate"]
     assert "budget_reached" in text["02_generate"] and "the run is complete" in text["02_generate"]
     assert ": OK" in text["04_export"] and "ValidationResult(" not in text["04_export"]
+
+
+def test_kit_lab_saves_notebooks_without_outputs(tmp_path, monkeypatch):
+    """Jupyter's own contents manager, with the hook `kit lab` configures: a notebook saved
+    into notebooks/ loses its outputs, counts and widget state; one saved elsewhere keeps
+    them; `kit lab` runs JupyterLab rooted there with that hook."""
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+
+    from kit import cli
+    from kit.cli import lab
+
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.setattr(lab, "NOTEBOOKS", tmp_path / "notebooks")
+    cell = nbformat.v4.new_code_cell("1 + 1", execution_count=3)
+    cell.outputs = [
+        nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=3)
+    ]
+    cell.metadata["execution"] = {"iopub.status.idle": "2026-12-07T20:00:00Z"}
+    nb = nbformat.v4.new_notebook(cells=[cell], metadata={"widgets": {"state": {}}})
+    manager = FileContentsManager(root_dir=str(tmp_path), pre_save_hook=lab.HOOK)
+    for where in ("notebooks/a.ipynb", "scratch/a.ipynb"):
+        manager.save({"type": "notebook", "format": "json", "content": copy.deepcopy(nb)}, where)
+    clean = nbformat.read(tmp_path / "notebooks/a.ipynb", as_version=4)
+    kept = nbformat.read(tmp_path / "scratch/a.ipynb", as_version=4)
+    assert clean.cells[0].outputs == [] and clean.cells[0].execution_count is None
+    assert "execution" not in clean.cells[0].metadata and "widgets" not in clean.metadata
+    assert clean.cells[0].source == "1 + 1"
+    assert kept.cells[0].outputs[0]["data"] == {"text/plain": "2"} and "widgets" in kept.metadata
+    ran = []
+    monkeypatch.setattr(lab.os, "execv", lambda exe, argv: ran.append(argv))
+    assert cli.main(["lab", "--", "--no-browser"]) == 0
+    assert ran[0][1:3] == ["-m", "jupyterlab"] and ran[0][-1] == "--no-browser"
+    assert f"--ContentsManager.pre_save_hook={lab.HOOK}" in ran[0]
+    assert f"--notebook-dir={tmp_path / 'notebooks'}" in ran[0]

@@ -504,6 +504,41 @@ def test_pilot_takes_n_samples_per_prompt_like_a_run():
     assert len(res.errors) == 6 and sum("#2:" in e for e in res.errors) == 2
 
 
+def test_pilot_progress_is_the_runs_monitor_counting_every_request():
+    """The pilot reports through kit.generate's progress callback, so the run's monitor draws
+    it; with no budget (budget 0) each dataset's row counts the requests done, answered or
+    failed, of all it sends, and the last report counts every one."""
+    import io
+
+    from faultserver import FaultConfig, FaultServer
+
+    from kit.report.monitor import ConsoleMonitor
+
+    seen, out = [], io.StringIO()
+    monitor = ConsoleMonitor(out, min_interval=0)
+
+    def progress(rows):
+        seen.append(rows)
+        monitor(rows)
+
+    sampling = Sampling(max_tokens=16, n=2)
+    with FaultServer(FaultConfig(mode="400", fraction=0.5, latency=0.01)) as srv:
+        cfg = config(endpoints=srv.base_url, sampling=sampling, concurrency=3)
+        res = plan.pilot_sync(_prompts({"a": 6, "b": 6}), cfg, per_dataset=4, progress=progress)
+    monitor.close()
+    assert res.errors and res.frame.height  # some answered, some failed (400, not retried)
+    assert len(seen) >= 2  # while it ran, and once at the end
+    last = {p.dataset: p for p in seen[-1]}
+    block = out.getvalue().rsplit("[kit ", 1)[1].splitlines()
+    for name in ("a", "b"):
+        p = last[name]
+        answered = res.frame.filter(pl.col("dataset") == name).height
+        assert (p.budget, p.prompts_total, p.samples_done) == (0, 8, answered)
+        assert p.errors == sum(e.startswith(f"{name}/") for e in res.errors) == 8 - answered
+        line = next(line for line in block if line.startswith(f"{name} "))
+        assert "[####################]  100%" in line and f" {answered}/8 " in line
+
+
 def test_pilot_keeps_its_records_in_run_dir_and_resumes(tmp_path):
     from faultserver import FaultConfig, FaultServer
 
@@ -528,11 +563,10 @@ def test_pilot_against_the_embedded_server(embedded_server):
         concurrency=4,
     )
     seen = []
-    res = asyncio.run(
-        plan.pilot(prompts, cfg, per_dataset=3, progress=lambda d, t: seen.append((d, t)))
-    )
+    res = asyncio.run(plan.pilot(prompts, cfg, per_dataset=3, progress=seen.append))
     assert res.errors == [] and res.frame.height == 6
-    assert seen[-1] == (6, 6)
+    last = [(p.dataset, p.samples_done, p.prompts_total, p.budget) for p in seen[-1]]
+    assert sorted(last) == [("a", 3, 3, 0), ("b", 3, 3, 0)]  # every request, counted
     assert res.frame["dataset"].to_list() == ["a"] * 3 + ["b"] * 3
     assert set(res.frame["prompt_id"]) == set(plan.pilot_sample(prompts, 3, seed=1)["prompt_id"])
     assert all(0 < n <= 16 for n in res.frame["completion_tokens"])

@@ -135,7 +135,7 @@ def test_max_tokens_gives_finish_reason_length(embedded_server):
 
 @pytest.mark.server
 def test_start_and_stop_leave_no_process(model_dir):
-    with serve.start(model_dir, timeout=300, engine="transformers") as server:
+    with serve.start(model_dir, timeout=300, engine="transformers", reuse=False) as server:
         assert server.alive() and server.pid in group_pids(server.pid)  # the keeper leads
         assert serve_pids(server.port) and set(serve_pids(server.port)) < set(
             group_pids(server.pid)
@@ -168,7 +168,7 @@ def test_start_validates_sampling(model_dir):
 def test_normal_exit_leaves_no_orphan(model_dir):
     code = textwrap.dedent(f"""
         from kit.serve import start
-        server = start({str(model_dir)!r}, timeout=300, engine="transformers")
+        server = start({str(model_dir)!r}, timeout=300, engine="transformers", reuse=False)
         print(server.port, server.pid, flush=True)
     """)  # exits without stop(): the atexit hook must stop the server
     out = subprocess.run(

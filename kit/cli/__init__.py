@@ -1,4 +1,4 @@
-"""The `kit` command: prepare, serve, demo, plan, generate, watch, audit, records, export,
+"""The `kit` command: prepare, serve, lab, demo, plan, generate, watch, audit, records, export,
 validate.
 
 Every subcommand is a thin wrapper over the package (kit.cli.commands; the demo in
@@ -36,6 +36,7 @@ from kit.cli.commands import (
     cmd_watch,
 )
 from kit.cli.demo import cmd_demo
+from kit.cli.lab import cmd_lab
 from kit.data.formats import FORMATS
 from kit.errors import KitError
 from kit.plan.pilots import PILOT_PER_DATASET
@@ -142,7 +143,25 @@ def parser() -> argparse.ArgumentParser:
         default="vllm",
         help="vllm (faster, returns token ids; `make vllm`) or transformers",
     )
+    s.add_argument(
+        "engine_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- ENGINE FLAGS",
+        help="flags for the engine after `--`, e.g. `kit serve -- --reasoning-parser qwen3 "
+        "--enable-scale-out` (vLLM's own; kit sets the model, its name, host and port)",
+    )
     s.set_defaults(fn=cmd_serve)
+
+    lab = sub.add_parser(
+        "lab", help="JupyterLab on notebooks/, which it saves without outputs (kept on screen)"
+    )
+    lab.add_argument(
+        "jupyter_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- JUPYTER ARGS",
+        help="JupyterLab's own options after `--`, e.g. `kit lab -- --port 8890 --no-browser`",
+    )
+    lab.set_defaults(fn=cmd_lab)
 
     d = sub.add_parser(
         "demo", help="run the four notebooks (plan -> generate -> audit -> export) on the samples"

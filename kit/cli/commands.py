@@ -247,18 +247,6 @@ def _table(frame) -> str:
         return str(frame)
 
 
-def _counter(label: str):
-    """A progress callback printing `label: done/total` in place on a terminal's stderr."""
-    last = [-1]
-
-    def show(done: int, total: int) -> None:
-        if done != last[0] and sys.stderr.isatty():
-            print(f"\r{label}: {done}/{total} requests", end="", file=sys.stderr, flush=True)
-        last[0] = done
-
-    return show
-
-
 # ------------------------------------------------------------------------------ plan
 
 
@@ -284,6 +272,7 @@ def plan_run(
     folder when it holds one)."""
     from kit import plan
     from kit.plan import hidden as hs
+    from kit.report.monitor import ConsoleMonitor
     from kit.report.widgets import summary_text
 
     shape = hs.shape_for(target_config, config.tokenizer, needed=bool(hidden))
@@ -295,10 +284,8 @@ def plan_run(
     result = pilot
     if result is None:
         print(f"pilot: up to {per_dataset} prompts per dataset ...", file=sys.stderr, flush=True)
-        result = plan.pilot_sync(
-            loaded, config, per_dataset=per_dataset, progress=_counter("pilot")
-        )
-        print(file=sys.stderr)
+        with ConsoleMonitor() as progress:
+            result = plan.pilot_sync(loaded, config, per_dataset=per_dataset, progress=progress)
     if result.errors:
         print(f"pilot: {len(result.errors)} requests failed, first: {result.errors[0]}")
     _pilot_answered(result, names)
@@ -646,9 +633,13 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from kit.serve.server import serve_forever
+    from kit.serve.server import engine_flags, serve_forever
 
+    flags = args.engine_args
+    if flags and flags[0] != "--":
+        raise UsageError(f"engine flags go after `--`: kit serve [options] -- {' '.join(flags)}")
     return serve_forever(
+        engine_args=engine_flags(flags[1:]),
         port=args.port,
         host=args.host,
         temperature=args.temperature,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kit.errors import ConfigError, ConnectError, Interrupted
-from kit.types import RunConfig, Sampling
+from kit.types import DatasetProgress, RunConfig, Sampling
 
 if TYPE_CHECKING:
     import polars as pl
@@ -301,7 +301,7 @@ async def pilot(
     config: RunConfig,
     *,
     per_dataset: int | float | dict[str, int] = PILOT_PER_DATASET,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[list[DatasetProgress]], None] | None = None,
     run_dir: Any = None,
     value: bool = True,
 ) -> PilotResult:
@@ -321,7 +321,10 @@ async def pilot(
         per_dataset: rows per dataset, a fraction of each, or a dict (see pilot_sample);
             default 30 (all of a dataset's prompts when it has fewer). Fewer than 30
             completions for a dataset (rows x sampling.n) warns: a weak estimate.
-        progress: called as progress(done, total) while it runs and once at the end.
+        progress: kit.generate's progress callback, e.g. kit.report.monitor.auto() (a widget
+            in a notebook, a console table elsewhere), at most once a second and once at
+            the end; each dataset's row has budget 0 (a pilot sends every chosen prompt),
+            so the monitor counts its requests done of prompts_total.
         run_dir: the pilot's own run directory (default: a temporary one, removed after).
         value: score each dataset's own answers after the completions, the pilot's own
             from the logprobs the server returns with them (kit.plan.value:
@@ -358,7 +361,7 @@ async def pilot(
     # budgets no pilot can reach: every chosen prompt is sent n times, then its dataset is exhausted
     budgets = {d: k * n * (max_tokens + 64) + 1 for d, k in sizes.items()}
     config = replace(config, budgets=budgets)
-    report = _progress_adapter(progress, chosen.height * n)
+    report = _progress_adapter(progress)
     await _refuse_dead(config.endpoints)
     if run_dir is not None:
         result = await _run(chosen, Path(run_dir), config, report, value)
@@ -467,13 +470,14 @@ def _warn_weak(sizes: dict[str, int], n: int, available: dict[str, int]) -> None
     )
 
 
-def _progress_adapter(progress: Callable[[int, int], None] | None, total: int):
-    """The runner's per-dataset progress as progress(done, total) calls."""
+def _progress_adapter(progress: Callable[[list[DatasetProgress]], None] | None):
+    """The runner's per-dataset progress without the pilot's unreachable budgets (budget 0:
+    the monitor then counts requests, not tokens against a budget)."""
     if progress is None:
         return None
 
-    def report(datasets: list) -> None:
-        progress(sum(d.samples_done + d.errors for d in datasets), total)
+    def report(datasets: list[DatasetProgress]) -> None:
+        progress([replace(d, budget=0) for d in datasets])
 
     return report
 

@@ -60,6 +60,14 @@ def _bar(done: float, total: float, width: int = 20) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def _scale(p: DatasetProgress) -> tuple[int, int]:
+    """(done, total) a row's bar and % measure: tokens against the budget; with no budget (a
+    pilot, which sends every chosen prompt) requests answered, failed or skipped of all."""
+    if p.budget > 0:
+        return p.tokens_done, p.budget
+    return p.samples_done + p.errors + p.skipped, p.prompts_total
+
+
 def _totals(progress: Sequence[DatasetProgress]) -> DatasetProgress:
     """Sum of all datasets as one DatasetProgress named 'total' (state: the least advanced)."""
     tot = DatasetProgress(dataset="total", budget=0)
@@ -74,13 +82,14 @@ def _totals(progress: Sequence[DatasetProgress]) -> DatasetProgress:
 
 def _row(p: DatasetProgress, width: int) -> list[str]:
     """The cells of one table row."""
-    pct = 100 * p.tokens_done / p.budget if p.budget > 0 else 0.0
+    done, total = _scale(p)
+    pct = 100 * done / total if total > 0 else 0.0
     samples = f"{p.samples_done:,}" + (f"/{p.prompts_total:,}" if p.prompts_total else "")
     return [
         p.dataset,
-        _bar(p.tokens_done, p.budget, width),
+        _bar(done, total, width),
         f"{pct:.0f}%",
-        f"{_fmt_count(p.tokens_done)}/{_fmt_count(p.budget)}",
+        f"{_fmt_count(p.tokens_done)}/{_fmt_count(p.budget) if p.budget else '-'}",
         samples,
         f"{p.mean_completion:,.0f}",
         _fmt_count(p.tokens_per_s),
@@ -247,7 +256,8 @@ class ConsoleMonitor(Monitor):
 
 
 class WidgetMonitor(Monitor):
-    """ipywidgets panel: per dataset a bar of tokens vs budget and an HTML line of numbers.
+    """ipywidgets panel: per dataset a bar of tokens vs budget (a pilot's, with no budget:
+    requests done of all) and an HTML line of numbers.
 
     Bar style: see _bar_style. The panel is shown on the first render (`display=False`:
     place `.box` yourself); on close it prints the plain-text table (so a headless notebook
@@ -288,9 +298,9 @@ class WidgetMonitor(Monitor):
     def render(self, progress: list[DatasetProgress]) -> None:
         self._build(progress)
         for p in progress:
-            b = self.bars[p.dataset]
-            b.max = max(int(p.budget), 1)
-            b.value = min(max(int(p.tokens_done), 0), b.max)
+            b, (done, total) = self.bars[p.dataset], _scale(p)
+            b.max = max(int(total), 1)
+            b.value = min(max(int(done), 0), b.max)
             b.bar_style = _bar_style(p)
             self.labels[p.dataset].value = _html(p)
         self.total.value = (
@@ -304,7 +314,8 @@ class WidgetMonitor(Monitor):
 
 def _bar_style(p: DatasetProgress) -> str:
     """'success' at budget, else 'danger' with errors, 'warning' when exhausted, else ''."""
-    if p.state == "budget_reached" or p.tokens_done >= p.budget:
+    done, total = _scale(p)
+    if p.state == "budget_reached" or done >= total:
         return "success"
     if p.errors or p.state == "failed":
         return "danger"
@@ -313,10 +324,13 @@ def _bar_style(p: DatasetProgress) -> str:
 
 def _html(p: DatasetProgress) -> str:
     """One dataset's numbers as a compact HTML line."""
-    pct = 100 * p.tokens_done / p.budget if p.budget > 0 else 0.0
+    done, total = _scale(p)
+    pct = 100 * done / total if total > 0 else 0.0
     err = f"<span style='color:#c00'>{p.errors:,} errors</span>" if p.errors else "0 errors"
+    tokens = "" if p.budget else f"{_fmt_count(p.tokens_done)} tokens &middot; "
     return (
-        f"{_fmt_count(p.tokens_done)} / {_fmt_count(p.budget)} tokens ({pct:.0f}%) &middot; "
+        f"{_fmt_count(done)} / {_fmt_count(total)} {'tokens' if p.budget else 'requests'} "
+        f"({pct:.0f}%) &middot; {tokens}"
         f"{p.samples_done:,} samples &middot; mean {p.mean_completion:,.0f} &middot; "
         f"{_fmt_count(p.tokens_per_s)} tok/s &middot; ETA {_fmt_duration(p.eta_s)} &middot; {err} "
         f"&middot; {100 * p.truncation_share:.1f}% truncated &middot; {p.state}"

