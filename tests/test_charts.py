@@ -158,3 +158,16 @@ def test_throughput_of_staggered_requests_is_the_pilots_rate():
     full = [r for m, r in steps.items() if m * 60 + width <= full_until]
     assert len(full) >= 20 and full == pytest.approx([pilot.tokens_per_s] * len(full), rel=0.01)
     assert sum(steps.values()) * width == pytest.approx(frame["completion_tokens"].sum())
+
+
+def test_planner_charts_share_a_row_that_wraps():
+    """The planner's two charts side by side where the notebook is wide enough, one under the
+    other where it is not: never one chart twice their width, cut by the output area."""
+    from kit.report.widgets import Planner
+
+    samples = {name: [40 + 9 * k for k in range(30)] for name in ("alpaca_tasks", "essays")}
+    planner = Planner(
+        1000, samples, prompts_available={"alpaca_tasks": 74, "essays": 75}, throughput=250.0
+    )
+    row = planner.widget.children[-1]
+    assert row.layout.flex_flow == "row wrap" and list(row.children) == planner.charts

@@ -47,7 +47,8 @@ def _tokens(title: str, top: float | None = None, width: int | None = None) -> d
     scale from 0 that leaves LABEL_PX after `top` inside the chart, so no label runs past it."""
     import altair as alt
 
-    out = {"axis": alt.Axis(title=title, format="~s")}
+    zero = "datum.value == 0 ? '0' : datum.label"  # "0", not "0k"
+    out = {"axis": alt.Axis(title=title, format="~s", labelExpr=zero)}
     if top is not None and width is not None:
         out["scale"] = alt.Scale(domain=[0, (top or 1) * width / (width - LABEL_PX)])
     return out
