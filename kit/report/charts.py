@@ -292,12 +292,13 @@ def _spread(frame, column: str, log: bool, bins: int, unit: str, width: int = 42
     hist, box = _length_bins(frame, column, log, bins)
     scale = alt.Scale(type="log") if log else alt.Scale(zero=True)
     x_title = column.replace("_", " ") + (" (log)" if log else "")
+    axis = _tokens(x_title)["axis"]
     color = alt.Color("dataset:N", legend=None)
     base = alt.Chart(box).encode(
         y=alt.Y("dataset:N", title=None), color=color, tooltip=list(box.columns)
     )
     boxes = alt.layer(
-        base.mark_rule().encode(x=alt.X("min:Q", scale=scale, title=x_title), x2="max:Q"),
+        base.mark_rule().encode(x=alt.X("min:Q", scale=scale, axis=axis), x2="max:Q"),
         base.mark_bar(size=12).encode(x="q1:Q", x2="q3:Q"),
         base.mark_tick(size=14, thickness=2).encode(x="median:Q", color=alt.value("black")),
     ).properties(width=width, title=f"{x_title} per dataset")
@@ -305,7 +306,7 @@ def _spread(frame, column: str, log: bool, bins: int, unit: str, width: int = 42
         alt.Chart(hist)
         .mark_bar()
         .encode(
-            x=alt.X("start:Q", bin="binned", scale=scale, title=x_title),
+            x=alt.X("start:Q", bin="binned", scale=scale, axis=axis),
             x2="end:Q",
             y=alt.Y("count:Q", axis=_counts(unit)),
             y2=alt.datum(0),
