@@ -328,7 +328,7 @@ OVERRUN_JS = """(root) => {
   const right = el => el.getBoundingClientRect().right;
   for (const [n, embed] of Array.from(root.querySelectorAll('.vega-embed')).entries()) {
     const svg = embed.querySelector('svg');
-    if (!svg) continue;
+    if (!svg) { out.push({chart: n, not_svg: 'its marks cannot be measured'}); continue; }
     for (const el of svg.querySelectorAll('g.mark-rect.role-mark > path, g.mark-text.role-mark > text')) {
       const group = el.closest('g.mark-group');
       const plot = group && group.querySelector(':scope > g > path.background');

@@ -171,3 +171,16 @@ def test_planner_charts_share_a_row_that_wraps():
     )
     row = planner.widget.children[-1]
     assert row.layout.flex_flow == "row wrap" and list(row.children) == planner.charts
+
+
+def test_notebook_charts_are_svg():
+    """enable_offline draws in SVG, where the browser test measures each bar and label."""
+    import altair as alt
+
+    before, options = alt.renderers.active, dict(alt.renderers.options)
+    try:
+        charts.enable_offline()
+        assert alt.renderers.active == "jupyter"
+        assert alt.renderers.options == {"offline": True, "embed_options": {"renderer": "svg"}}
+    finally:
+        alt.renderers.enable(before, **options)
