@@ -158,6 +158,8 @@ def test_throughput_of_staggered_requests_is_the_pilots_rate():
     full = [r for m, r in steps.items() if m * 60 + width <= full_until]
     assert len(full) >= 20 and full == pytest.approx([pilot.tokens_per_s] * len(full), rel=0.01)
     assert sum(steps.values()) * width == pytest.approx(frame["completion_tokens"].sum())
+    drawn = next(iter(charts.throughput(frame, bins=40).to_dict()["datasets"].values()))
+    assert min(v["tokens_per_s"] for v in drawn) >= 0  # a dataset done draws 0, not -1e-12
 
 
 def test_planner_charts_share_a_row_that_wraps():
