@@ -320,6 +320,38 @@ def drawn_charts(locator) -> list[dict]:
     return locator.evaluate(DRAWN_MARKS_JS)
 
 
+OVERRUN_JS = """(root) => {
+  // bars (vega draws rects as svg paths) and text labels, each against its own view's plot
+  // (the background of its nearest vega group); then each chart against every box that
+  // clips it (an ancestor whose overflow is not visible, and its notebook cell)
+  const out = [];
+  const right = el => el.getBoundingClientRect().right;
+  for (const [n, embed] of Array.from(root.querySelectorAll('.vega-embed')).entries()) {
+    const svg = embed.querySelector('svg');
+    if (!svg) { out.push({chart: n, not_svg: 'its marks cannot be measured'}); continue; }
+    for (const el of svg.querySelectorAll('g.mark-rect.role-mark > path, g.mark-text.role-mark > text')) {
+      const group = el.closest('g.mark-group');
+      const plot = group && group.querySelector(':scope > g > path.background');
+      if (plot && right(el) > right(plot) + 2)
+        out.push({chart: n, mark: el.tagName, text: el.textContent, past: right(el) - right(plot)});
+    }
+    const cell = embed.closest('.jp-Cell');
+    for (let box = svg.parentElement; box; box = box.parentElement) {
+      const clips = getComputedStyle(box).overflowX !== 'visible' || box === cell;
+      if (clips && right(svg) > right(box) + 1)
+        out.push({chart: n, clipped_by: box.className, past: right(svg) - right(box)});
+      if (box === cell) break;
+    }
+  }
+  return out;
+}"""
+
+
+def overruns(locator) -> list[dict]:
+    """Bars or labels past their chart's plot, and charts wider than a box that clips them."""
+    return locator.evaluate(OVERRUN_JS)
+
+
 PROGRESS_JS = """(root) => Array.from(root.querySelectorAll('.widget-hprogress')).map(el => {
   const bar = el.querySelector('.progress-bar');
   const track = bar ? bar.parentElement : null;

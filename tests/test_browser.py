@@ -29,6 +29,7 @@ from browser_helpers import (
     chromium_missing_message,
     drawn_charts,
     launch_chromium,
+    overruns,
 )
 
 from kit.cli.demo import DEMO_BUDGETS, DEMO_PARAMETERS, NOTEBOOKS, parameterized
@@ -128,12 +129,15 @@ def run_notebook(browser, lab, name: str, poll=None) -> NotebookPage:
 
 
 def assert_charts_drawn(nb: NotebookPage, at_least: int) -> list[dict]:
-    """At least `at_least` vega-embed charts, each with drawn marks (svg marks or inked canvas)."""
+    """At least `at_least` vega-embed charts, each with drawn marks (svg marks or inked canvas),
+    no bar or label past its plot and no chart cut by the box it is drawn in."""
     deadline = time.monotonic() + 60
     while True:
         charts = drawn_charts(nb.notebook)
         drawn = [c for c in charts if c["marks"] > 0 or c["inked"] > 0]
         if len(drawn) >= at_least and len(drawn) == len(charts):
+            past = overruns(nb.notebook)
+            assert not past, f"{nb.path}: drawn past its chart or cut: {past}"
             return charts
         if time.monotonic() > deadline:
             raise AssertionError(f"{nb.path}: want {at_least} drawn charts, saw {charts}")
@@ -198,7 +202,7 @@ def wait_table(nb: NotebookPage, dataset: str, budget: int, timeout: float = 60)
 
 def check_plan(nb: NotebookPage, run_dir: Path, shots: Path) -> None:
     """Widgets answer a typed budget; charts drawn; the re-run write cell stores it."""
-    assert_charts_drawn(nb, at_least=3)  # prompt lengths, pilot lengths, the planner
+    assert_charts_drawn(nb, at_least=4)  # prompt lengths, pilot lengths, the planner's two
     before = planner_table(nb)
     datasets = [name for name in before if name.lower() != "total"]
     assert len(datasets) >= 2, f"plan table rows: {list(before)}"
@@ -208,7 +212,7 @@ def check_plan(nb: NotebookPage, run_dir: Path, shots: Path) -> None:
         box.press("Enter")
         after = wait_table(nb, name, TYPED_BUDGETS[name])
         assert after != before[name], f"{name}: plan row unchanged after typing a budget"
-    assert_charts_drawn(nb, at_least=3)  # the planner chart was redrawn, not lost
+    assert_charts_drawn(nb, at_least=4)  # the planner's charts were redrawn, not lost
     nb.screenshot(shots / "01_plan.png", cell_index=planner_cell(nb))
     rerun_last_cell(nb)
     plan = read_plan(run_dir)
@@ -255,8 +259,11 @@ BARS_BY_CELL_JS = """() => {
     const bars = Array.from(cell.querySelectorAll('.widget-hprogress')).map(el => {
       const bar = el.querySelector('.progress-bar');
       const track = bar && bar.parentElement;
+      const name = el.previousElementSibling;  // the monitor's grid: name, bar, numbers
       return {
-        label: ((el.querySelector('.widget-label') || {}).innerText || '').trim(),
+        label: ((name && name.innerText) || '').trim(),
+        cut: !!name && name.scrollWidth > name.clientWidth,  // an ellipsis hides the rest
+        past: el.getBoundingClientRect().right > cell.getBoundingClientRect().right,
         fraction: track && track.clientWidth ? bar.clientWidth / track.clientWidth : 0,
         success: !!bar && bar.classList.contains('progress-bar-success'),
       };
@@ -294,7 +301,8 @@ def check_generate(browser, lab, run_dir: Path, shots: Path) -> None:
     last_cell = max(final, key=int)
     bars = final[last_cell]["bars"]
     plan = read_plan(run_dir)
-    assert sorted(b["label"] for b in bars) == sorted(plan["budgets"])
+    assert sorted(b["label"] for b in bars) == sorted(plan["budgets"])  # whole names ...
+    assert not [b for b in bars if b["cut"] or b["past"]], bars  # ... none cut, inside the cell
     assert all(b["fraction"] > 0.99 and b["success"] for b in bars), bars
     assert "budget_reached" in final[last_cell]["text"], final[last_cell]["text"]
     nb.screenshot(shots / "02_generate.png", cell_index=int(last_cell))

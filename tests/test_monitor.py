@@ -265,7 +265,8 @@ def test_widget_monitor_builds_and_updates(capsys):
     assert isinstance(bar, ipywidgets.IntProgress)
     assert (bar.max, bar.value, bar.bar_style) == (10_000_000, 6_523_960, "")
     assert "6.52M / 10.0M tokens (65%)" in mon.labels["opencode"].value
-    assert len(mon.box.children) == 2  # one row + totals
+    assert len(mon.grid.children) == 3  # one row: name, bar, numbers
+    assert mon.names["opencode"].value == "opencode"  # the whole name, in its own column
 
     clock.t += 1
     mon([a, b])  # a has 3 errors; b appears, over budget
@@ -273,7 +274,7 @@ def test_widget_monitor_builds_and_updates(capsys):
     assert "3 errors" in mon.labels["opencode"].value
     sb = mon.bars["sharegpt"]
     assert (sb.max, sb.value, sb.bar_style) == (2_000_000, 2_000_000, "success")  # clipped
-    assert len(mon.box.children) == 3
+    assert len(mon.grid.children) == 6 and mon.box.children[-1] is mon.total
     assert "8.52M / 12.0M tokens (71%)" in mon.total.value
 
     a_done = dataclasses.replace(a, tokens_done=10_000_100, state="budget_reached", in_flight=2)

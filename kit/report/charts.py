@@ -9,16 +9,19 @@ light. Render in a notebook by leaving the chart as the cell's value; save with
 
 from __future__ import annotations
 
+import math
+
 from kit.errors import ConfigError
 from kit.types import record_columns
 
 
 def enable_offline() -> None:
     """Draw charts in Jupyter without a CDN (altair's default loads Vega from
-    cdn.jsdelivr.net, so offline every chart cell stays blank): once, before the first chart."""
+    cdn.jsdelivr.net, so offline every chart cell stays blank): once, before the first chart.
+    They are drawn as SVG: sharp at any zoom, and each mark's place can be read in the page."""
     import altair as alt
 
-    alt.renderers.enable("jupyter", offline=True)
+    alt.renderers.enable("jupyter", offline=True, embed_options={"renderer": "svg"})
 
 
 # ---------------------------------------------------------------- audit charts
@@ -28,6 +31,28 @@ def _records(records_or_report, *columns: str):
     """These record columns of an AuditReport's records or of a records frame."""
     frame = getattr(records_or_report, "records", records_or_report)
     return frame.select(record_columns(*columns))
+
+
+LABEL_PX = 52  # room right of a bar's end for its text label ("4.62x", "113%")
+
+
+def _counts(title: str):
+    """An axis of counts: whole-number ticks only (never 0.5 records), thousands separated."""
+    import altair as alt
+
+    return alt.Axis(title=title, tickMinStep=1, format=",d")
+
+
+def _tokens(title: str, top: float | None = None, width: int | None = None) -> dict:
+    """alt.X keywords for a token axis in short numbers (5k, 1.2M); with `top` and `width` a
+    scale from 0 that leaves LABEL_PX after `top` inside the chart, so no label runs past it."""
+    import altair as alt
+
+    zero = "datum.value == 0 ? '0' : datum.label"  # "0", not "0k"
+    out = {"axis": alt.Axis(title=title, format="~s", labelExpr=zero)}
+    if top is not None and width is not None:
+        out["scale"] = alt.Scale(domain=[0, (top or 1) * width / (width - LABEL_PX)])
+    return out
 
 
 def token_distributions(records, *, bins: int = 40):
@@ -88,8 +113,10 @@ def budget_vs_actual(audit_or_frames):
     base = alt.Chart(data).encode(y=alt.Y("dataset:N", title=None))
     scale = alt.Scale(domain=list(BUDGET_STATES), range=list(BUDGET_STATES.values()))
     legend = alt.Legend(orient="bottom", columns=2)
+    width = 420
+    top = max(data["tokens"].max() or 0, data["budget"].max() or 0)
     bars = base.mark_bar().encode(
-        x=alt.X("tokens:Q", title="completion tokens"),
+        x=alt.X("tokens:Q", **_tokens("completion tokens", top, width)),
         color=alt.Color("state:N", scale=scale, title="against the budget", legend=legend),
         tooltip=["dataset", "tokens", "budget", "state", alt.Tooltip("share:Q", format=".1%")],
     )
@@ -98,7 +125,7 @@ def budget_vs_actual(audit_or_frames):
         x="tokens:Q", text=alt.Text("share:Q", format=".0%")
     )
     return (bars + budget + label).properties(
-        title="completion tokens vs budget (tick = budget, label = tokens / budget)", width=420
+        title="completion tokens vs budget (tick = budget, label = tokens / budget)", width=width
     )
 
 
@@ -120,7 +147,7 @@ def finish_reasons(records):
         alt.Chart(data.sort("dataset", "finish_reason"))
         .mark_bar()
         .encode(
-            x=alt.X("count:Q", stack="zero", title="records"),
+            x=alt.X("count:Q", stack="zero", axis=_counts("records")),
             y=alt.Y("dataset:N", title=None),
             color=alt.Color("finish_reason:N", title="finish reason"),
             tooltip=["dataset", "finish_reason", "count", alt.Tooltip("share:Q", format=".1%")],
@@ -130,46 +157,73 @@ def finish_reasons(records):
 
 
 def throughput(records, *, bins: int = 40):
-    """Completion tokens per second per dataset over the run (from each record's t_done), in
-    `bins` buckets of at least a second, as a stacked area over minutes since the first.
+    """Completion tokens per second per dataset over the run, stacked, flat over each of
+    `bins` buckets (of at least a second): the rate kit.plan.measure_throughput averages (the
+    pilot's), each record's tokens spread evenly over its request's time in flight (t_done -
+    latency_s to t_done), so a batch finishing together is no spike. A record without a
+    latency counts at its t_done.
 
     Example: throughput(records_frame(run_dir))
     """
     import altair as alt
+    import numpy as np
     import polars as pl
 
-    data = _records(records, "dataset", "completion_tokens", "t_done")
-    t0 = data["t_done"].min() or 0.0
+    data = _records(records, "dataset", "completion_tokens", "latency_s", "t_done")
+    data = data.with_columns(
+        pl.col("latency_s").fill_null(0.0).clip(lower_bound=0.0),
+        pl.col("completion_tokens").fill_null(0).cast(pl.Float64),
+    ).with_columns(t_sent=pl.col("t_done") - pl.col("latency_s"))
+    t0 = data["t_sent"].min() or 0.0
     span = (data["t_done"].max() or 0.0) - t0
     width = max(span / bins, 1.0)
-    sums = (
-        data.with_columns(bucket=((pl.col("t_done") - t0) / width).floor().cast(pl.Int64))
-        .group_by("dataset", "bucket")
-        .agg(tokens=pl.col("completion_tokens").sum())
-    )
-    grid = data.select(pl.col("dataset").unique()).join(  # every bucket for every dataset
-        pl.DataFrame({"bucket": range(int(span / width) + 1)}, schema={"bucket": pl.Int64}),
-        how="cross",
-    )
-    data = (
-        grid.join(sums, on=["dataset", "bucket"], how="left")
-        .with_columns(pl.col("tokens").fill_null(0))
-        .with_columns(
-            minutes=pl.col("bucket") * width / 60.0, tokens_per_s=pl.col("tokens") / width
-        )
-        .sort("dataset", "bucket")
-    )
+    edges = width * np.arange(max(1, math.ceil(span / width)) + 1)  # seconds since t0
+    parts = []
+    for (name,), part in sorted(data.partition_by("dataset", as_dict=True).items()):
+        sent, done = (part[c].to_numpy() - t0 for c in ("t_sent", "t_done"))
+        got = _delivered(sent, done, part["completion_tokens"].to_numpy(), edges)
+        rate = np.clip(np.diff(got) / width, 0.0, None)  # no -1e-12 from rounding
+        rate = np.append(rate, rate[-1])  # the last edge closes the last step
+        parts.append(pl.DataFrame({"dataset": name, "minutes": edges / 60, "tokens_per_s": rate}))
+    schema = {"dataset": pl.String, "minutes": pl.Float64, "tokens_per_s": pl.Float64}
+    data = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
     return (
         alt.Chart(data)
         .mark_area(interpolate="step-after", opacity=0.8)
         .encode(
-            x=alt.X("minutes:Q", title="minutes since first record"),
-            y=alt.Y("tokens_per_s:Q", stack="zero", title="completion tokens / s"),
+            x=alt.X("minutes:Q", title="minutes since the first request"),
+            y=alt.Y(
+                "tokens_per_s:Q",
+                stack="zero",
+                title="completion tokens / s",
+                axis=alt.Axis(format="~s"),
+            ),
             color=alt.Color("dataset:N"),
             tooltip=["dataset", "minutes", alt.Tooltip("tokens_per_s:Q", format=".1f")],
         )
-        .properties(title=f"throughput ({width:.0f} s buckets)", width=480)
+        .properties(
+            title=f"throughput (each request's tokens over its time in flight; {width:.0f} s steps)",
+            width=480,
+        )
     )
+
+
+def _delivered(sent, done, tokens, at):
+    """Tokens delivered by each time in `at` when each request's tokens arrive evenly from
+    `sent` to `done` (all at `done` when they are equal): one sorted pass, any row count."""
+    import numpy as np
+
+    span = done - sent
+    rate = np.divide(tokens, span, out=np.zeros_like(tokens), where=span > 0)
+    times = np.concatenate([sent, done])
+    order = np.argsort(times, kind="stable")
+    slope = np.concatenate([rate, -rate])[order].cumsum()  # tokens/s of requests in flight
+    offset = np.concatenate([rate * sent, -rate * sent])[order].cumsum()
+    finished = np.concatenate([np.where(span > 0, 0.0, tokens), np.where(span > 0, tokens, 0.0)])
+    finished = finished[order].cumsum()
+    i = np.searchsorted(times[order], at, side="right") - 1
+    j = np.clip(i, 0, None)
+    return np.where(i >= 0, finished[j] + at * slope[j] - offset[j], 0.0)
 
 
 def completion_vs_prompt(records, *, max_points: int = 5000, seed: int = 0):
@@ -188,8 +242,8 @@ def completion_vs_prompt(records, *, max_points: int = 5000, seed: int = 0):
         alt.Chart(data)
         .mark_point(filled=True, opacity=0.6)
         .encode(
-            x=alt.X("prompt_tokens:Q", title="prompt tokens"),
-            y=alt.Y("completion_tokens:Q", title="completion tokens"),
+            x=alt.X("prompt_tokens:Q", **_tokens("prompt tokens")),
+            y=alt.Y("completion_tokens:Q", **_tokens("completion tokens")),
             color=alt.Color("dataset:N"),
             shape=alt.Shape("finish_reason:N", title="finish reason"),
             tooltip=data.columns,
@@ -239,12 +293,13 @@ def _spread(frame, column: str, log: bool, bins: int, unit: str, width: int = 42
     hist, box = _length_bins(frame, column, log, bins)
     scale = alt.Scale(type="log") if log else alt.Scale(zero=True)
     x_title = column.replace("_", " ") + (" (log)" if log else "")
+    axis = _tokens(x_title)["axis"]
     color = alt.Color("dataset:N", legend=None)
     base = alt.Chart(box).encode(
         y=alt.Y("dataset:N", title=None), color=color, tooltip=list(box.columns)
     )
     boxes = alt.layer(
-        base.mark_rule().encode(x=alt.X("min:Q", scale=scale, title=x_title), x2="max:Q"),
+        base.mark_rule().encode(x=alt.X("min:Q", scale=scale, axis=axis), x2="max:Q"),
         base.mark_bar(size=12).encode(x="q1:Q", x2="q3:Q"),
         base.mark_tick(size=14, thickness=2).encode(x="median:Q", color=alt.value("black")),
     ).properties(width=width, title=f"{x_title} per dataset")
@@ -252,9 +307,9 @@ def _spread(frame, column: str, log: bool, bins: int, unit: str, width: int = 42
         alt.Chart(hist)
         .mark_bar()
         .encode(
-            x=alt.X("start:Q", bin="binned", scale=scale, title=x_title),
+            x=alt.X("start:Q", bin="binned", scale=scale, axis=axis),
             x2="end:Q",
-            y=alt.Y("count:Q", title=unit),
+            y=alt.Y("count:Q", axis=_counts(unit)),
             y2=alt.datum(0),
             color=color,
             tooltip=["dataset", "start", "end", "count"],
@@ -300,7 +355,7 @@ def samples_needed(plan_frame):
     base = alt.Chart(data).encode(y=alt.Y("dataset:N", title=None))
     return alt.layer(
         base.mark_errorbar(ticks=True).encode(
-            x=alt.X("samples_needed:Q", title="samples"), x2="samples_needed_upper:Q"
+            x=alt.X("samples_needed:Q", axis=_counts("samples")), x2="samples_needed_upper:Q"
         ),
         base.mark_point(filled=True, size=80).encode(
             x="samples_needed:Q",
@@ -308,7 +363,7 @@ def samples_needed(plan_frame):
             tooltip=list(data.columns),
         ),
         base.mark_tick(color="red", thickness=2, size=18).encode(x="prompts_available:Q"),
-    ).properties(width=420, title="samples needed (point, upper bound) vs prompts available (red)")
+    ).properties(width=360, title="samples needed (point, upper bound) vs prompts available (red)")
 
 
 def budget_vs_cap(plan_frame):
@@ -331,14 +386,16 @@ def budget_vs_cap(plan_frame):
         "dataset", "cap_tokens", pl.format("{}x", pl.col("overshoot").round(2)).alias("label")
     )
     y = alt.Y("dataset:N", title=None)
+    width = 360
+    top = long["tokens"].max() or 0
     bars = (
         alt.Chart(long)
         .mark_bar()
         .encode(
-            x=alt.X("tokens:Q", title="completion tokens"),
+            x=alt.X("tokens:Q", **_tokens("completion tokens", top, width)),
             y=y,
             yOffset="kind:N",
-            color=alt.Color("kind:N", title=None),
+            color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="bottom")),
             tooltip=["dataset", "kind", "tokens", "cap"],
         )
     )
@@ -348,5 +405,5 @@ def budget_vs_cap(plan_frame):
         .encode(x="cap_tokens:Q", y=y, text="label:N")
     )
     return alt.layer(bars, text).properties(
-        width=420, title="token budget vs a sample cap (overshoot)"
+        width=width, title="token budget vs a sample cap (overshoot)"
     )

@@ -256,8 +256,9 @@ class ConsoleMonitor(Monitor):
 
 
 class WidgetMonitor(Monitor):
-    """ipywidgets panel: per dataset a bar of tokens vs budget (a pilot's, with no budget:
-    requests done of all) and an HTML line of numbers.
+    """ipywidgets panel: per dataset its name, a bar of tokens vs budget (a pilot's, with no
+    budget: requests done of all) and an HTML line of numbers, in a grid whose name column is
+    as wide as the longest name (never cut).
 
     Bar style: see _bar_style. The panel is shown on the first render (`display=False`:
     place `.box` yourself); on close it prints the plain-text table (so a headless notebook
@@ -271,8 +272,10 @@ class WidgetMonitor(Monitor):
         self.display, self.summary = display, summary
         self.bars: dict = {}  # dataset -> ipywidgets.IntProgress
         self.labels: dict = {}  # dataset -> ipywidgets.HTML
+        self.names: dict = {}  # dataset -> ipywidgets.Label
+        self.grid = None  # ipywidgets.GridBox: name, bar, numbers per dataset
         self.total = None  # ipywidgets.HTML, the totals line
-        self.box = None  # ipywidgets.VBox holding everything
+        self.box = None  # ipywidgets.VBox holding the grid and the totals
 
     def _build(self, progress: list[DatasetProgress]) -> None:
         """Create rows for datasets seen for the first time and (re)lay out the box."""
@@ -280,20 +283,26 @@ class WidgetMonitor(Monitor):
 
         new = [p.dataset for p in progress if p.dataset not in self.bars]
         for name in new:
-            self.bars[name] = w.IntProgress(
-                min=0, max=1, description=name, layout=w.Layout(width="45%")
-            )
+            self.names[name] = w.Label(name)
+            self.bars[name] = w.IntProgress(min=0, max=1, layout=w.Layout(width="auto"))
             self.labels[name] = w.HTML()
         if self.box is None:
             self.total = w.HTML()
-            self.box = w.VBox()
+            columns = "max-content minmax(120px, 40%) minmax(0, 1fr)"
+            self.grid = w.GridBox(
+                layout=w.Layout(
+                    grid_template_columns=columns, grid_gap="0 8px", align_items="center"
+                )
+            )
+            self.box = w.VBox([self.grid, self.total])
             if self.display:
                 from IPython.display import display
 
                 display(self.box)
-        if new or not self.box.children:
-            rows = [w.HBox([self.bars[n], self.labels[n]]) for n in self.bars]
-            self.box.children = (*rows, self.total)
+        if new:
+            self.grid.children = tuple(
+                c for n in self.bars for c in (self.names[n], self.bars[n], self.labels[n])
+            )
 
     def render(self, progress: list[DatasetProgress]) -> None:
         self._build(progress)

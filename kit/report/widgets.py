@@ -55,13 +55,15 @@ class Planner:
         self.confidence = w.FloatSlider(
             value=0.95, min=0.5, max=0.995, step=0.005, description="confidence", **look
         )
-        self.output = w.Output()
+        self.output = w.Output()  # the plan table
+        self.charts = [w.Output(), w.Output()]  # side by side where they fit, else stacked
         self.message = w.HTML()
         controls = [*self.budget_inputs.values(), self.throughput, self.confidence]
         for control in controls:
             control.observe(self._changed, names="value")
         title = w.HTML("<b>Token budget per dataset</b>")
-        self.widget = w.VBox([title, *controls, self.message, self.output])
+        row = w.HBox(self.charts, layout=w.Layout(flex_flow="row wrap"))
+        self.widget = w.VBox([title, *controls, self.message, self.output, row])
         self.table = self.compute()
         self._draw()
 
@@ -105,7 +107,12 @@ class Planner:
         self.output.clear_output(wait=True)
         with self.output:
             display(HTML(tables.html(summary_frame(self.table))))
-            display(charts.samples_needed(self.table) | charts.budget_vs_cap(self.table))
+        for out, chart in zip(
+            self.charts, (charts.samples_needed, charts.budget_vs_cap), strict=True
+        ):
+            out.clear_output(wait=True)
+            with out:
+                display(chart(self.table))
 
     def summary(self) -> str:
         """The plan as plain text, for headless runs."""
