@@ -238,6 +238,11 @@ def cmd_demo(args) -> int:
     print(f"  executed notebooks  {executed}/ ({', '.join(n + '.ipynb' for n in NOTEBOOKS)})")
     print(f"  charts              {run_dir / 'charts'}/ ({', '.join(p.name for p in pngs)})")
     print(f"  export              {run_dir / 'export'}/ (manifest.json inside)", flush=True)
+    from kit.run.progress import stop_reason
+
+    if (stopped := stop_reason(run_dir)) is not None:  # the run's own word, after the audit's
+        print(f"kit demo: the run stopped early: {stopped}", file=sys.stderr)
+        return 1
     if report.ok:
         return 0
     print(audit_failure(report), file=sys.stderr)
