@@ -208,14 +208,18 @@ def parser() -> argparse.ArgumentParser:
         help="completion tokens per request at most",
     )
     pl_.add_argument(
-        "--temperature", type=float, default=default(Sampling, "temperature"), help="sampling"
+        "--temperature",
+        type=float,
+        default=default(Sampling, "temperature"),
+        help="sampling temperature",
     )
     pl_.add_argument(
         "--frequency-penalty",
         type=float,
         default=default(Sampling, "frequency_penalty"),
         help="OpenAI frequency_penalty in [-2, 2]: lowers tokens by how often the answer has used "
-        "them; 0.3-0.5 breaks a small model's loops (sent only when not 0)",
+        "them, which breaks a small model's loops; 0 for a target served without it (sent only "
+        "when not 0)",
     )
     pl_.add_argument(
         "--presence-penalty",
