@@ -12,7 +12,8 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.kit-vllm
 # The trainers' own data code (SpecForge, speculators), the oracle of kit's exports
 # (tests/test_trainers.py): their pins clash with ours and pull GPU-only packages (sglang,
-# yunchang, torchvision...), so the wheels go in --no-deps with only what their data path imports
+# yunchang, torchvision...), so the wheels go in --no-deps with only what their data path imports,
+# and last: pip checks no pins of a --no-deps install, so it prints no resolver ERROR for them
 TRAINERS_VENV ?= .venv-trainers
 TRAINERS_STAMP := $(TRAINERS_VENV)/.kit-trainers
 
@@ -48,10 +49,10 @@ trainers: $(TRAINERS_STAMP)
 $(TRAINERS_STAMP):
 	test -x $(TRAINERS_VENV)/bin/python || $(PYTHON) -m venv $(TRAINERS_VENV)
 	$(TRAINERS_VENV)/bin/python -m pip install -q --upgrade pip
-	$(TRAINERS_VENV)/bin/python -m pip install -q --no-deps specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0
 	$(TRAINERS_VENV)/bin/python -m pip install -q torch==2.13.0 transformers==5.8.1 datasets==5.1.0 \
 		tqdm==4.70.1 numpy==2.4.6 pydantic==2.14.4 pyyaml==6.0.4 safetensors==0.8.0 huggingface-hub==1.33.0 \
 		typer==0.29.2 loguru==0.7.3 rich==15.0.0 click==8.5.1 psutil==7.2.2 openai==3.63.0 httpx==0.29.0 aiohttp==3.14.5
+	$(TRAINERS_VENV)/bin/python -m pip install -q --no-deps specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0
 	$(TRAINERS_VENV)/bin/python -c "import specforge.data.preprocessing, specforge.data.prompt_builder, \
 		speculators.data_generation.preprocessing, speculators.cli.prepare_data; print('trainers ok')"
 	touch $@

@@ -42,15 +42,19 @@ class Sampling:
         kit.errors.ConfigError: Sampling.top_p must be in (0, 1], got 0
     """
 
-    max_tokens: int = 512
-    temperature: float = 0.7
+    # kit's one set of defaults (`kit plan` and 01_plan read them: kit.types.default): sampled
+    # answers, not greedy ones, with a mild frequency penalty (-0.3 on a token's logit per use
+    # in the answer) that ends the loops of small models, one line repeated until max_tokens
+    # (SmolLM2-135M at 0.7 without it: 30-50% of long answers cut); a target served without
+    # a penalty takes frequency_penalty=0, so its drafter learns what it is served with
+    max_tokens: int = 1024
+    temperature: float = 0.5
     top_p: float = 1.0
     seed: int | None = None
     n: int = 1  # samples per prompt
-    # OpenAI's penalties on tokens already in the answer, by count and by presence, in [-2, 2]:
-    # they break the loops of small models (an answer repeating one line until max_tokens);
+    # OpenAI's penalties on tokens already in the answer, by count and by presence, in [-2, 2];
     # sent only when not 0, so a server without them sees the request it always saw
-    frequency_penalty: float = 0.0
+    frequency_penalty: float = 0.3
     presence_penalty: float = 0.0
     # sent as the request's chat_template_kwargs and used by kit's own renderings of the
     # template, e.g. {"enable_thinking": False}; RunConfig.template_kwargs adds per dataset
@@ -74,6 +78,18 @@ class Sampling:
         kw = self.chat_template_kwargs
         if kw is not None and not (isinstance(kw, dict) and all(isinstance(k, str) for k in kw)):
             raise ConfigError(f"Sampling.chat_template_kwargs must be None or a dict, got {kw!r}")
+
+
+def default(cls, name: str):
+    """The default a dataclass of kit declares for its field `name`: the one place kit's
+    defaults are stated, read by `kit plan`'s flags and 01_plan's parameters (None there).
+
+    Example:
+        >>> default(RunConfig, "concurrency") == RunConfig("m", ["http://h/v1"], 1).concurrency
+        True
+    """
+    f = {f.name: f for f in fields(cls)}[name]
+    return f.default_factory() if f.default is MISSING else f.default
 
 
 @dataclass(slots=True)
@@ -409,9 +425,13 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
-        """Inverse of to_dict; unknown keys (from other kit versions) are ignored."""
+        """Inverse of to_dict; unknown keys (from other kit versions) are ignored, and a
+        sampling stored before the penalties existed had none (0, not today's default)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        d = {k: v for k, v in d.items() if k in names}
+        if isinstance(d.get("sampling"), dict):
+            d["sampling"] = {"frequency_penalty": 0.0, "presence_penalty": 0.0} | d["sampling"]
+        return cls(**d)
 
 
 def _is_int(value, low: int) -> bool:

@@ -567,6 +567,41 @@ def test_injected_values_override_the_defaults():
     assert names["val_fraction"] == 0.1  # a default left alone
 
 
+def test_kit_plan_01_plan_and_run_config_share_their_defaults(tmp_path):
+    """max_tokens, temperature, penalties and concurrency: 01_plan's config as shipped (its
+    parameters cell, then its own code up to the RunConfig), `kit plan`'s flags and
+    kit.RunConfig / kit.Sampling agree; only the demo sets its own."""
+    import ast
+
+    from kit.types import RunConfig, default
+
+    nb = read_nb("01_plan")
+    names = {"__name__": "nb"}
+    exec(nb.cells[1].source, names)  # noqa: S102 - the notebook's own parameters
+    names.update(data=str(REPO / "data" / "samples"), run_dir=str(tmp_path))
+    cell = next(c for c in nb.cells if "config = kit.RunConfig(" in c.source)
+    body = ast.parse(cell.source).body
+    built = next(
+        i
+        for i, n in enumerate(body)
+        if "config" in {getattr(t, "id", "") for t in getattr(n, "targets", [])}
+    )
+    exec(compile(ast.Module(body[: built + 1], []), "01_plan", "exec"), names)  # noqa: S102
+    notebook = names["config"]
+    args = cli.parser().parse_args(["plan", "--run-dir", "r", "--budget", "1"])
+
+    sampling = ("max_tokens", "temperature", "frequency_penalty", "presence_penalty")
+    declared = {name: default(kit.Sampling, name) for name in sampling}
+    declared["concurrency"] = default(RunConfig, "concurrency")
+    in_notebook = {name: getattr(notebook.sampling, name) for name in sampling}
+    in_notebook["concurrency"] = notebook.concurrency
+    assert in_notebook == declared
+    assert {name: getattr(args, name) for name in declared} == declared
+    assert notebook.sampling == kit.Sampling()  # top_p, seed, n... as declared too
+    overridden = set(declared) & set(demo.DEMO_PARAMETERS)  # the demo's, stated in kit.cli.demo
+    assert all(demo.DEMO_PARAMETERS[name] != declared[name] for name in overridden)
+
+
 def test_the_demo_parameters_are_notebook_parameters():
     """Everything the demo injects is a parameter of some notebook (no typo goes unseen)."""
     known = {n for name in demo.NOTEBOOKS for n in demo.notebook_parameters(read_nb(name))}
@@ -808,7 +843,7 @@ def test_every_option_has_help_and_every_command_is_named(capsys):
     assert all(name in p.description for name in sub.choices)
     code, out, _ = run_main(["plan", "--help"], capsys)
     shown = " ".join(out.split())
-    assert code == 0 and "(default: 512)" in shown  # --max-tokens
+    assert code == 0 and f"(default: {kit.Sampling().max_tokens})" in shown  # --max-tokens
     assert "prompt order and pilot sample (default: 0)" in shown  # a 0 is shown too
 
 

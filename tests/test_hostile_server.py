@@ -56,7 +56,8 @@ def config(endpoints, **kw) -> RunConfig:
         model="fake",
         endpoints=endpoints,
         budgets={"a": 1_000_000},
-        sampling=Sampling(max_tokens=MAX_TOKENS),
+        # no penalty: the request bodies the fault server's seeded draws were chosen for
+        sampling=Sampling(max_tokens=MAX_TOKENS, frequency_penalty=0),
         concurrency=4,
         retry_base=0.01,
     )

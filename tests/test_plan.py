@@ -693,3 +693,21 @@ def test_a_plan_json_of_an_older_kit_is_imported_once(tmp_path):
     assert back["config"] == cfg and back["created"] == doc["created"]
     assert back["server"] == doc["server"] and plan.pilot_means(back) == {"a": 100.0}
     assert plan.read_plan(tmp_path)["table"].equals(back["table"])  # from the database now
+
+
+def test_a_prompt_frame_gives_n_samples_a_prompt():
+    """With sampling.n = 2 a dataset of 3 prompts gives 6 samples: a budget needing 5 is no
+    shortfall (a frame counted as prompts said so); a count given as a dict is taken as is."""
+    prompts = pl.DataFrame({"dataset": ["a"] * 3, "prompt_id": ["p0", "p1", "p2"]})
+    lengths = pl.DataFrame({"dataset": ["a"] * 4, "completion_tokens": [90, 100, 110, 100]})
+
+    def planned(n, available):
+        pilot = PilotResult(frame=lengths, wall_s=1.0, sampling=Sampling(max_tokens=512, n=n))
+        return plan.budget({"a": 500}, pilot, prompts_available=available).row(0, named=True)
+
+    two = planned(2, prompts)
+    assert (two["prompts_available"], two["shortfall"]) == (6, False)
+    one = planned(1, prompts)
+    assert (one["prompts_available"], one["shortfall"]) == (3, True)
+    assert "3 samples left" in one["note"]
+    assert planned(2, {"a": 3})["prompts_available"] == 3

@@ -41,6 +41,7 @@ from kit.data.formats import FORMATS
 from kit.errors import KitError
 from kit.plan.pilots import PILOT_PER_DATASET
 from kit.secrets import redact, redacted_output
+from kit.types import RunConfig, Sampling, default
 
 __all__ = ["main", "parser"]
 
@@ -89,10 +90,11 @@ def _server_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     )
 
 
-def _run_args(p: argparse.ArgumentParser, default) -> None:
-    """The RunConfig flags kit plan sets and kit generate may change (default: None there)."""
-    d = default
-    p.add_argument("--concurrency", type=int, default=d(32), help="requests in flight")
+def _run_args(p: argparse.ArgumentParser, d) -> None:
+    """The RunConfig flags kit plan sets and kit generate may change (d: their default,
+    RunConfig's for kit plan, None for kit generate)."""
+    concurrency = d(default(RunConfig, "concurrency"))
+    p.add_argument("--concurrency", type=int, default=concurrency, help="requests in flight")
     p.add_argument(
         "--policy",
         choices=["drain", "cancel"],
@@ -219,20 +221,29 @@ def parser() -> argparse.ArgumentParser:
         "hidden-state disk of the plan (default: the tokenizer's folder when it holds one)",
     )
     pl_.add_argument(
-        "--max-tokens", type=int, default=512, help="completion tokens per request at most"
+        "--max-tokens",
+        type=int,
+        default=default(Sampling, "max_tokens"),
+        help="completion tokens per request at most",
     )
-    pl_.add_argument("--temperature", type=float, default=0.7, help="sampling temperature")
+    pl_.add_argument(
+        "--temperature",
+        type=float,
+        default=default(Sampling, "temperature"),
+        help="sampling temperature",
+    )
     pl_.add_argument(
         "--frequency-penalty",
         type=float,
-        default=0.0,
+        default=default(Sampling, "frequency_penalty"),
         help="OpenAI frequency_penalty in [-2, 2]: lowers tokens by how often the answer has used "
-        "them; 0.3-0.5 breaks a small model's loops (sent only when not 0)",
+        "them, which breaks a small model's loops; 0 for a target served without it (sent only "
+        "when not 0)",
     )
     pl_.add_argument(
         "--presence-penalty",
         type=float,
-        default=0.0,
+        default=default(Sampling, "presence_penalty"),
         help="OpenAI presence_penalty in [-2, 2]: lowers tokens the answer has used at all "
         "(sent only when not 0)",
     )

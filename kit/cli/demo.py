@@ -20,25 +20,29 @@ from kit.errors import NotebookFailed, UsageError
 
 NOTEBOOKS = ("01_plan", "02_generate", "03_audit", "04_export")
 
-# `kit demo`'s own parameters (injected into the notebooks): budgets of 10-20 answers a
-# dataset; max_tokens above SmolLM2-135M's answers to the samples (200-600 tokens); a
-# temperature and frequency penalty that break its loops (README "The two commands")
-DEMO_BUDGETS = {  # dataset -> completion tokens
-    "alpaca_tasks": 1_000,
-    "chat_general": 1_000,
-    "code_instruct": 4_000,
-    "code_problems": 5_000,
-    "essays": 5_000,
-    "math_word": 4_000,
-    "multi_turn": 1_500,
-    "sharegpt_chat": 3_000,
+# `kit demo`'s own parameters (injected into the notebooks), its only settings that are not
+# kit's defaults (kit.Sampling, kit.RunConfig), chosen to run in minutes on 2 CPU cores: a
+# max_tokens of 512 (the samples' answers are mostly 20-500 tokens), budgets of 8-12 of it a
+# dataset, so one max_tokens, the budget rule's allowance, is a small share of each; two
+# samples a prompt, as the short-answer sets (alpaca_tasks: about 40 tokens an answer, 74
+# prompts) hold under 8 max_tokens of answers with one; a pilot of 15 prompts (30 answers) a
+# dataset
+DEMO_MAX_TOKENS = 512
+DEMO_BUDGETS = {  # dataset -> completion tokens, in max_tokens
+    "alpaca_tasks": 8 * DEMO_MAX_TOKENS,
+    "chat_general": 8 * DEMO_MAX_TOKENS,
+    "code_instruct": 10 * DEMO_MAX_TOKENS,
+    "code_problems": 10 * DEMO_MAX_TOKENS,
+    "essays": 12 * DEMO_MAX_TOKENS,
+    "math_word": 10 * DEMO_MAX_TOKENS,
+    "multi_turn": 8 * DEMO_MAX_TOKENS,
+    "sharegpt_chat": 10 * DEMO_MAX_TOKENS,
 }
 DEMO_PARAMETERS = {
     "budgets": DEMO_BUDGETS,
-    "max_tokens": 1024,
-    "temperature": 0.5,
-    "frequency_penalty": 0.3,
-    "concurrency": 32,
+    "max_tokens": DEMO_MAX_TOKENS,
+    "n": 2,
+    "pilot_per_dataset": 15,
 }
 DEMO_MARK = ".kit-demo"  # in a run directory `kit demo` made, and may therefore clear
 
@@ -234,6 +238,11 @@ def cmd_demo(args) -> int:
     print(f"  executed notebooks  {executed}/ ({', '.join(n + '.ipynb' for n in NOTEBOOKS)})")
     print(f"  charts              {run_dir / 'charts'}/ ({', '.join(p.name for p in pngs)})")
     print(f"  export              {run_dir / 'export'}/ (manifest.json inside)", flush=True)
+    from kit.run.progress import stop_reason
+
+    if (stopped := stop_reason(run_dir)) is not None:  # the run's own word, after the audit's
+        print(f"kit demo: the run stopped early: {stopped}", file=sys.stderr)
+        return 1
     if report.ok:
         return 0
     print(audit_failure(report), file=sys.stderr)

@@ -108,7 +108,8 @@ def budget(
         budgets: dataset -> completion tokens, or one number for every sampled dataset.
         samples: completion lengths: a frame (dataset, completion_tokens[, finish_reason]),
             a PilotResult, or a dict dataset -> list of lengths.
-        prompts_available: dataset -> samples the prompts can give, or a prompt frame.
+        prompts_available: dataset -> samples the prompts can give, or a prompt frame (its
+            prompts times a PilotResult's samples a prompt, sampling.n).
         done: progress so far, dataset -> (samples, tokens), or a frame (records, or
             samples_done/tokens_done columns). The remainder is planned at the sample mean.
         throughput: completion tokens/s of the whole run (for hours_to_go, cap_hours): a
@@ -154,6 +155,9 @@ def budget(
         for row in profile(frame, max_tokens=max_tokens).iter_rows(named=True)
     }
     available = inputs.counts(prompts_available, "prompts_available")
+    per_prompt = samples.sampling.n if isinstance(samples, PilotResult) else 1
+    if per_prompt > 1 and not isinstance(prompts_available, dict):  # a frame counts prompts
+        available = {name: count * per_prompt for name, count in available.items()}
     wanted = inputs.budgets(budgets, sorted(stats))
     inputs.check_known(wanted, stats, available)
     inputs.positive(sample_cap, "sample_cap")
@@ -307,10 +311,10 @@ def _note(st, needed, upper, left, most, remaining, recommend, max_tokens) -> st
         parts.append("mean completion length is 0: no number of samples reaches the budget")
     elif needed > left:
         parts.append(
-            f"shortfall: needs ~{needed:,} samples, {left:,} prompts left (at most {most:,.0f} tokens)"
+            f"shortfall: needs ~{needed:,} samples, {left:,} samples left (at most {most:,.0f} tokens)"
         )
     elif upper is not None and upper > left:
-        parts.append(f"may run short: upper bound {upper:,} samples > {left:,} prompts left")
+        parts.append(f"may run short: upper bound {upper:,} samples > {left:,} samples left")
     if st["n"] < 2:
         parts.append("one pilot sample: no confidence bound")
     elif st["std"] == 0 and recommend is None:
