@@ -43,10 +43,8 @@ class Sampling:
     """
 
     # kit's one set of defaults (`kit plan` and 01_plan read them: kit.types.default): sampled
-    # answers, not greedy ones, with a mild frequency penalty (-0.3 on a token's logit per use
-    # in the answer) that ends the loops of small models, one line repeated until max_tokens
-    # (SmolLM2-135M at 0.7 without it: 30-50% of long answers cut); a target served without
-    # a penalty takes frequency_penalty=0, so its drafter learns what it is served with
+    # answers, not greedy ones, and no penalty, so a drafter learns what the target writes as
+    # served; the small embedded model loops without one (kit demo sets its own, kit.cli.demo)
     max_tokens: int = 1024
     temperature: float = 0.5
     top_p: float = 1.0
@@ -54,7 +52,7 @@ class Sampling:
     n: int = 1  # samples per prompt
     # OpenAI's penalties on tokens already in the answer, by count and by presence, in [-2, 2];
     # sent only when not 0, so a server without them sees the request it always saw
-    frequency_penalty: float = 0.3
+    frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     # sent as the request's chat_template_kwargs and used by kit's own renderings of the
     # template, e.g. {"enable_thinking": False}; RunConfig.template_kwargs adds per dataset
