@@ -112,7 +112,7 @@ def test_a_larger_or_new_pilot_is_run_when_asked(tmp_path, two_sets, capsys):
     [
         (("--max-tokens", "16"), "sampling.max_tokens 32 -> 16"),
         (("--temperature", "0.2"), "sampling.temperature 0.5 -> 0.2"),
-        (("--frequency-penalty", "0"), "sampling.frequency_penalty 0.3 -> 0.0"),
+        (("--frequency-penalty", "0.3"), "sampling.frequency_penalty 0.0 -> 0.3"),
         (("--turns", "all_turns"), "turns 'last_turn' -> 'all_turns'"),
         (("--api", "vllm"), "(openai api)' -> "),
     ],

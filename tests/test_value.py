@@ -231,8 +231,9 @@ def test_vllm_returned_logprobs_agree_with_a_prefill_of_the_same_answer(vllm_ser
         f"nats, top-1 {tops}, flips {flips}"
     )
     assert max(gaps) < pv.AGREE, max(gaps)
-    # what the measure reports, the mean per token, the same within 0.01 nats
-    assert sum(gaps) / total < 0.01, sum(gaps) / total
+    # what the measure reports, the mean per token, the same within 0.05 nats (0.01 and 0.022
+    # measured in two runs: batching moves bf16 rounding), a tenth of the CLOSE reading's 0.5
+    assert sum(gaps) / total < 0.05, sum(gaps) / total
     assert sum(tops) < 2 * total  # sampled at 0.7: some tokens are not the top-1
     # top-1 the same token by token but for near-ties the two sums order apart (each a
     # token within AGREE of the top, by the bound above), so the top-1 shares within 5%
