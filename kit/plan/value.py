@@ -10,7 +10,7 @@ completions, which changes no sampling, count or record); an answer the server g
 for is scored by a prefill like the dataset's. Both are the target's raw distribution at
 each position (vLLM's default logprobs_mode; SGLang's only at temperature 0 or 1, else
 prefilled), so one method: on the embedded vLLM a pilot answer scored back by prefill
-matches its returned logprobs within AGREE nats a token (0.01 on average) and on the same
+matches its returned logprobs within AGREE nats a token (0.05 on average) and on the same
 top-1 tokens but for near-ties, at most 5% (tests/test_value.py). Per dataset: mean
 log-probability per token of both sides and the share of the dataset's answer tokens that
 are the target's top-1, each with a 90% percentile bootstrap interval over the pilot's
@@ -40,7 +40,7 @@ CLOSE, FAR = 0.5, 1.5
 NO_ANSWERS = "no own answers"
 # nats: a prefill and the decode that wrote the same token agree this closely, token by
 # token (two steps of bf16 logits, 1/8 each at the embedded model's), and on average within
-# 0.01 (tests/test_value.py holds the embedded vLLM to both)
+# 0.05 (tests/test_value.py holds the embedded vLLM to both)
 AGREE = 0.25
 SCHEMA = """dataset:String status:String prompts:Int64 tokens:Int64 cut:Int64 failed:Int64 requests:Int64
     own_logprob:Float64 own_logprob_lo:Float64 own_logprob_hi:Float64
