@@ -91,7 +91,7 @@ class Kept:
 
 
 @dataclass(eq=False)
-class EmbeddedServer(Kept):
+class EmbeddedServer(Kept, shared.Served):
     """A running vLLM (or `transformers serve`) under its keeper, one process group; stop()
     it or use it as a context manager. `process` and `pid` are the keeper's (the group's
     leader); it exits with the server's code."""
@@ -109,18 +109,8 @@ class EmbeddedServer(Kept):
     lifeline: int | None = field(default=None, repr=False)
 
     @property
-    def api(self) -> str:
-        """The RunConfig.api for this server: "vllm" (token ids returned) or "openai"."""
-        return "vllm" if self.engine == "vllm" else "openai"
-
-    @property
     def model(self) -> str:
         """The `model` field requests must carry: the server is pinned to the model path."""
-        return str(self.model_dir)
-
-    @property
-    def tokenizer_path(self) -> str:
-        """Local folder with the model's tokenizer and chat template."""
         return str(self.model_dir)
 
     def alive(self) -> bool:

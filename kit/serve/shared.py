@@ -23,8 +23,26 @@ from urllib.parse import urlsplit
 from kit.run.db import process_start
 
 
+class Served:
+    """What callers read of an embedded server, whoever runs it: `model` (the name requests
+    carry, the model folder's path) and `engine`."""
+
+    model: str
+    engine: str
+
+    @property
+    def api(self) -> str:
+        """The RunConfig.api for this server: "vllm" (token ids returned) or "openai"."""
+        return "vllm" if self.engine == "vllm" else "openai"
+
+    @property
+    def tokenizer_path(self) -> str:
+        """Local folder with the model's tokenizer and chat template."""
+        return self.model
+
+
 @dataclass
-class SharedServer:
+class SharedServer(Served):
     """An embedded server another process (`kit serve`, pid) runs: EmbeddedServer's shape;
     stop() and `with` leave it running."""
 
@@ -36,17 +54,8 @@ class SharedServer:
     sampling: dict = field(default_factory=dict)
 
     @property
-    def api(self) -> str:
-        """The RunConfig.api for this server: "vllm" (token ids returned) or "openai"."""
-        return "vllm" if self.engine == "vllm" else "openai"
-
-    @property
     def model_dir(self) -> Path:
         return Path(self.model)
-
-    @property
-    def tokenizer_path(self) -> str:
-        return self.model
 
     def alive(self) -> bool:
         return process_start(self.pid) is not None
