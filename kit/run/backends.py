@@ -671,15 +671,24 @@ def _sglang_output_logprobs(meta: dict, ids: list[int]) -> tuple[list, list] | t
         return None, None
     if not len(tokens) == len(tops) == len(ids):
         return None, None
-    logprobs, top1 = [], []
+    got = _sglang_positions(ids, tokens, tops)
+    if got is None:
+        return None, None
+    return [lp for lp, _ in got], [
+        best[1] == t or best[0] <= lp for t, (lp, best) in zip(ids, got, strict=True)
+    ]
+
+
+def _sglang_positions(ids: list[int], tokens: list, tops: list) -> list[tuple] | None:
+    """SGLang's per-position logprob lists against `ids`: (each id's logprob, the best
+    [logprob, id, ...] listed there); None at the first entry that is not that id's."""
+    out = []
     for token, entry, top in zip(ids, tokens, tops, strict=True):
         ok = isinstance(entry, list | tuple) and len(entry) >= 2 and entry[1] == token
         if not ok or not isinstance(entry[0], int | float) or not isinstance(top, list) or not top:
-            return None, None
-        best = max(top, key=lambda t: t[0])
-        logprobs.append(float(entry[0]))
-        top1.append(best[1] == token or best[0] <= entry[0])
-    return logprobs, top1
+            return None
+        out.append((float(entry[0]), max(top, key=lambda t: t[0])))
+    return out
 
 
 def make_backend(
@@ -782,14 +791,11 @@ def _sglang_scores(data: dict, ids: list[int], n: int) -> tuple[list, list]:
             f"/generate: {len(tokens)} input logprobs, {len(tops)} top lists for {n} answer tokens"
         )
         raise MalformedAnswer(msg)
-    logprobs, top1 = [], []
-    for token, entry, top in zip(ids[len(ids) - n :], tokens[-n:], tops[-n:], strict=True):
-        ok = isinstance(entry, list | tuple) and len(entry) >= 2 and entry[1] == token
-        if not ok or not isinstance(entry[0], int | float) or not isinstance(top, list) or not top:
-            raise MalformedAnswer(f"/generate: input logprob entry {entry!r} is not token {token}")
-        logprobs.append(float(entry[0]))
-        top1.append(max(top, key=lambda t: t[0])[1] == token)
-    return logprobs, top1
+    answer = ids[len(ids) - n :]
+    got = _sglang_positions(answer, tokens[-n:], tops[-n:])
+    if got is None:
+        raise MalformedAnswer("/generate: input logprob entries are not the answer's tokens")
+    return [lp for lp, _ in got], [best[1] == t for t, (_, best) in zip(answer, got, strict=True)]
 
 
 __all__ = ["OpenAIChat", "SGLangGenerate", "VLLMChat", "make_backend", "own_logprobs", "score"]
