@@ -423,13 +423,9 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
-        """Inverse of to_dict; unknown keys (from other kit versions) are ignored, and a
-        sampling stored before the penalties existed had none (0, not today's default)."""
+        """Inverse of to_dict; unknown keys (from other kit versions) are ignored."""
         names = {f.name for f in fields(cls)}
-        d = {k: v for k, v in d.items() if k in names}
-        if isinstance(d.get("sampling"), dict):
-            d["sampling"] = {"frequency_penalty": 0.0, "presence_penalty": 0.0} | d["sampling"]
-        return cls(**d)
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def _is_int(value, low: int) -> bool:
