@@ -209,18 +209,19 @@ def _jobs(
     theirs = [ids + eos for ids in encode_many(tok, has[ANSWER].to_list())]
     keyed = {k: i for i, k in enumerate(has.select("dataset", "prompt_id").iter_rows())}
     answers = [(i, "own", a) for i, a in enumerate(theirs)]
-    mine = records.rows(named=True)
-    texts = [r.get("completion") or "" for r in mine]
-    encoded = encode_many(tok, texts) if texts else []
-    returned = []
-    for r, ids in zip(mine, encoded, strict=True):
+    returned, scored = [], []  # pilot answers with the server's logprobs / to be prefilled
+    for r in records.rows(named=True):
         i = keyed.get((r["dataset"], r["prompt_id"]))
         got = own.get((tuple(r.get("prompt_ids") or ()), tuple(r.get("output_ids") or ())))
         if i is not None and got is not None and prompts[i] is not None:
             returned.append((r["dataset"], r["prompt_id"], got))
         elif i is not None:
-            end = eos if r.get("finish_reason") == "stop" else []
-            answers.append((i, "target", r.get("output_ids") or ids + end))
+            scored.append((i, r))
+    texts = [r.get("completion") or "" for _, r in scored if not r.get("output_ids")]
+    encoded = iter(encode_many(tok, texts) if texts else [])  # only answers without ids
+    for i, r in scored:
+        end = eos if r.get("finish_reason") == "stop" else []
+        answers.append((i, "target", r.get("output_ids") or next(encoded) + end))
     jobs, cut, failed = [], {}, {}
     for i, side, answer in answers:
         dataset, prompt_id = has["dataset"][i], has["prompt_id"][i]
